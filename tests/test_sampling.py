@@ -1,0 +1,110 @@
+import math
+
+import pytest
+import torch
+
+from latentkv.engine.sampler import sample, truncate
+from latentkv.engine.sequence import Sequence
+from latentkv.sampling import SamplingParams
+
+
+def seq(params, prompt=(1, 2, 3), outputs=()):
+    s = Sequence("r", list(prompt), params)
+    for t in outputs:
+        s.append_token(t)
+    return s
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2), dict(min_p=2),
+    dict(max_tokens=0), dict(min_tokens=5, max_tokens=2), dict(n=0), dict(repetition_penalty=0),
+    dict(presence_penalty=3), dict(logprobs=-1), dict(stop=[""]),
+])
+def test_invalid_params_rejected(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_stop_normalised():
+    assert SamplingParams(stop="x").stop == ["x"]
+    assert SamplingParams(top_k=-1).top_k == 0
+
+
+def test_greedy_and_top_k_1_agree():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    greedy = [seq(SamplingParams(temperature=0)) for _ in range(6)]
+    top1 = [seq(SamplingParams(temperature=1.3, top_k=1)) for _ in range(6)]
+    a = sample(logits, greedy, []).token_ids
+    b = sample(logits, top1, [], torch.Generator().manual_seed(1)).token_ids
+    assert a == logits.argmax(-1).tolist() == b
+
+
+def test_seeded_rows_independent_of_batch():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 40, generator=gen)
+    draws_alone, draws_batched = [], []
+    s_alone = seq(SamplingParams(temperature=1.0, seed=7))
+    s_batched = seq(SamplingParams(temperature=1.0, seed=7))
+    others = [seq(SamplingParams(temperature=1.0)) for _ in range(4)]
+    for _ in range(20):
+        draws_alone.append(sample(logits[2:3], [s_alone], [], gen).token_ids[0])
+        batch = others[:2] + [s_batched] + others[2:]
+        draws_batched.append(sample(logits, batch, [], gen).token_ids[2])
+    assert draws_alone == draws_batched
+    assert len(set(draws_alone)) > 1  # it really samples
+
+
+def test_sampling_matches_distribution():
+    logits = torch.tensor([[0.0, math.log(3.0), -1e9, math.log(6.0)]]).repeat(4000, 1)
+    seqs = [seq(SamplingParams(temperature=1.0)) for _ in range(4000)]
+    tokens = torch.tensor(sample(logits, seqs, [], torch.Generator().manual_seed(3)).token_ids)
+    freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    assert freq[2] == 0
+    assert torch.allclose(freq, torch.tensor([0.1, 0.3, 0.0, 0.6]), atol=0.03)
+
+
+def test_truncation_top_k_top_p_min_p():
+    probs = torch.tensor([[0.5, 0.25, 0.15, 0.1]])
+    logits = probs.log()
+    kept = lambda x: (x > float("-inf")).squeeze(0).tolist()
+    assert kept(truncate(logits, [2], [1.0], [0.0])) == [True, True, False, False]
+    # nucleus 0.7: 0.5 + 0.25 reaches it, so the third is dropped
+    assert kept(truncate(logits, [0], [0.7], [0.0])) == [True, True, False, False]
+    assert kept(truncate(logits, [0], [0.8], [0.0])) == [True, True, True, False]
+    # min_p 0.4: floor 0.2
+    assert kept(truncate(logits, [0], [1.0], [0.4])) == [True, True, False, False]
+
+
+def test_penalties():
+    logits = torch.tensor([[2.0, 2.0, -1.0, 1.9]])
+    # token 0 in the prompt, token 1 twice in the output
+    s = seq(SamplingParams(temperature=0, repetition_penalty=2.0), prompt=(0,), outputs=(1, 1))
+    assert sample(logits, [s], []).token_ids == [3]
+    s = seq(SamplingParams(temperature=0, frequency_penalty=0.1), prompt=(0,), outputs=(1, 1))
+    # token 1: 2.0 - 0.2 = 1.8 < token 0's 2.0 (the prompt is not frequency-penalised)
+    assert sample(logits, [s], []).token_ids == [0]
+    s = seq(SamplingParams(temperature=0, presence_penalty=0.15), prompt=(3,), outputs=(0, 1))
+    assert sample(logits, [s], []).token_ids == [3]
+
+
+def test_min_tokens_masks_eos_and_stop_ids():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0.0]])
+    s = seq(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1]), outputs=(2,))
+    assert sample(logits, [s], eos_token_ids=[0]).token_ids == [2]
+    s = seq(SamplingParams(temperature=0, min_tokens=1), outputs=(2,))
+    assert sample(logits, [s], eos_token_ids=[0]).token_ids == [0]
+
+
+def test_logprobs_include_chosen_and_top_n():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    s = seq(SamplingParams(temperature=0, logprobs=2, presence_penalty=2.0), prompt=(5,), outputs=(1,))
+    out = sample(logits, [s], [])
+    lp = torch.log_softmax(logits, -1)[0]
+    assert out.token_ids == [2]   # token 1 penalised 3 -> 1
+    d = out.logprobs[0]
+    assert set(d) == {1, 2}
+    assert d[1].rank == 1 and d[2].rank == 2
+    assert d[2].logprob == pytest.approx(lp[2].item())  # raw, before penalties
+    s = seq(SamplingParams(temperature=0, logprobs=1, repetition_penalty=100.0), prompt=(1, 2))
+    out = sample(logits, [s], [])
+    assert out.token_ids == [0] and set(out.logprobs[0]) == {1, 0} and out.logprobs[0][0].rank == 3
