@@ -1,0 +1,54 @@
+"""KV-cache bytes per token: MLA latent (any cache dtype) against MHA / GQA equivalents."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ModelConfig
+from .latent_cache import check_cache_dtype
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SCALE_BYTES = 4  # one float32 scale per token per layer for a quantized latent
+
+
+@dataclass
+class KVAccount:
+    elements_per_token: int  # cached values per token over all layers (scales not counted)
+    bytes_per_token: int  # including quantization scales
+    mha_elements_per_token: int  # an MHA model of the same shape: 2·H·d_h per layer
+    mha_bytes_per_token: int  # MHA at the model dtype
+
+    @property
+    def ratio_vs_mha(self) -> float:
+        return self.mha_bytes_per_token / self.bytes_per_token
+
+    def tokens_in(self, nbytes: int) -> int:
+        return nbytes // self.bytes_per_token
+
+
+def latent_bytes_per_token(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:
+    """Bytes one token occupies in the latent cache, all layers: c (+ scale) and k_r."""
+    check_cache_dtype(cache_dtype)
+    elt = DTYPE_BYTES[model_dtype]
+    total = 0
+    for layer in range(cfg.num_hidden_layers):
+        rank, rope = cfg.kv_rank(layer), cfg.qk_rope_head_dim
+        total += (rank + rope) * elt if cache_dtype == "auto" else rank + SCALE_BYTES + rope * elt
+    return total
+
+
+def gqa_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, model_dtype: str = "bfloat16") -> int:
+    """Standard K and V cache: 2 · Hkv · d per layer (MHA when Hkv = H)."""
+    return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[model_dtype]
+
+
+def account(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> KVAccount:
+    """MLA cache cost of `cfg` against MHA of the same shape (H heads of v_head_dim, as
+    the DeepSeek-V2 paper counts it: 2·128·128 = 32768 elements per layer)."""
+    elements = sum(cfg.kv_rank(i) + cfg.qk_rope_head_dim for i in range(cfg.num_hidden_layers))
+    mha = 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.v_head_dim
+    return KVAccount(
+        elements_per_token=elements,
+        bytes_per_token=latent_bytes_per_token(cfg, cache_dtype, model_dtype),
+        mha_elements_per_token=mha,
+        mha_bytes_per_token=gqa_bytes_per_token(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.v_head_dim, model_dtype),
+    )

@@ -1,0 +1,101 @@
+"""Paged storage of one layer's MLA cache: the latent `c` and the shared rope key `k_r`.
+
+Unquantized: one tensor [num_blocks, block_size, kv_rank + rope_dim] in the model dtype,
+so the absorbed path reads key rows `[c ; k_r]` with no copy.
+Quantized (`int8`, `fp8_e4m3`): `c` in one byte per element with a float32 scale per
+token (`scale = max|c| / qmax`), `k_r` kept in the model dtype (it is small and RoPE
+makes it sensitive); dequantized when attention gathers it.
+"""
+from __future__ import annotations
+
+import torch
+
+CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
+
+
+def check_cache_dtype(cache_dtype: str) -> str:
+    if cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {cache_dtype!r} is not supported; expected one of {CACHE_DTYPES}")
+    return cache_dtype
+
+
+class LatentCache:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        kv_rank: int,
+        rope_dim: int,
+        dtype: torch.dtype = torch.float32,
+        cache_dtype: str = "auto",
+        device: torch.device | str = "cpu",
+    ):
+        self.block_size, self.kv_rank, self.rope_dim = block_size, kv_rank, rope_dim
+        self.dtype, self.cache_dtype = dtype, check_cache_dtype(cache_dtype)
+        if cache_dtype == "auto":
+            self.kv = torch.zeros(num_blocks, block_size, kv_rank + rope_dim, dtype=dtype, device=device)
+        else:
+            # fp8 is stored as raw bytes: index_put on float8 tensors is not implemented everywhere.
+            self.latent = torch.zeros(num_blocks, block_size, kv_rank, dtype=torch.int8 if cache_dtype == "int8" else torch.uint8, device=device)
+            self.scale = torch.zeros(num_blocks, block_size, dtype=torch.float32, device=device)
+            self.rope = torch.zeros(num_blocks, block_size, rope_dim, dtype=dtype, device=device)
+
+    @property
+    def quantized(self) -> bool:
+        return self.cache_dtype != "auto"
+
+    def write(self, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store c [T, kv_rank] and k_r [T, rope_dim] at flat slots [T]."""
+        blocks, offsets = slot_mapping // self.block_size, slot_mapping % self.block_size
+        if not self.quantized:
+            self.kv[blocks, offsets] = torch.cat((c, k_r), dim=-1).to(self.dtype)
+            return
+        q, scale = quantize_latent(c, self.cache_dtype)
+        self.latent[blocks, offsets] = q
+        self.scale[blocks, offsets] = scale
+        self.rope[blocks, offsets] = k_r.to(self.dtype)
+
+    def gather(self, block_tables: torch.Tensor) -> torch.Tensor:
+        """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype."""
+        b, nb = block_tables.shape
+        if not self.quantized:
+            return self.kv[block_tables].view(b, nb * self.block_size, -1)
+        c = dequantize_latent(self.latent[block_tables], self.scale[block_tables], self.cache_dtype, self.dtype)
+        kv = torch.cat((c, self.rope[block_tables]), dim=-1)
+        return kv.view(b, nb * self.block_size, -1)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block (for copy-on-write of shared blocks)."""
+        for t in self.tensors():
+            t[dst] = t[src]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.kv] if not self.quantized else [self.latent, self.scale, self.rope]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def quantize_latent(c: torch.Tensor, cache_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """c [T, r] -> (one-byte codes [T, r], scale [T]) with a per-token dynamic scale."""
+    cf = c.float()
+    scale = cf.abs().amax(dim=-1).clamp_min(1e-12) / _QMAX[cache_dtype]
+    scaled = cf / scale[:, None]
+    if cache_dtype == "int8":
+        return scaled.round().clamp(-127, 127).to(torch.int8), scale
+    return scaled.to(torch.float8_e4m3fn).view(torch.uint8), scale
+
+
+def dequantize_latent(q: torch.Tensor, scale: torch.Tensor, cache_dtype: str, dtype: torch.dtype) -> torch.Tensor:
+    """codes [..., r] and scale [...] -> values [..., r] in dtype."""
+    values = q.float() if cache_dtype == "int8" else q.view(torch.float8_e4m3fn).float()
+    return (values * scale[..., None]).to(dtype)
+
+
+def allocate_caches(cfg, num_blocks: int, block_size: int, dtype: torch.dtype, cache_dtype: str = "auto", device="cpu") -> list[LatentCache]:
+    """One LatentCache per layer (per-layer ranks allowed)."""
+    return [
+        LatentCache(num_blocks, block_size, cfg.kv_rank(i), cfg.qk_rope_head_dim, dtype, cache_dtype, device)
+        for i in range(cfg.num_hidden_layers)
+    ]

@@ -1,0 +1,232 @@
+"""Model settings read from a checkpoint's config.json, validated with clear messages.
+
+Field names follow transformers' DeepseekV2Config / DeepseekV3Config; the optional
+`latentkv` block carries the native extensions of converted models
+(docs/internals.md).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+class ConfigError(ValueError):
+    """A config that cannot describe a model we can run; the message names the field."""
+
+
+@dataclass
+class RopeScaling:
+    """YaRN parameters (DeepSeek-V2/V3 style). `factor == 1` means plain RoPE."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+@dataclass
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    rope_interleave: bool = True
+    # MoE
+    n_routed_experts: int | None = None
+    n_shared_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 0
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    topk_method: str = "greedy"
+    scoring_func: str = "softmax"
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    # tokens
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    # latentkv extensions (native converted checkpoints)
+    kv_a_layernorm: bool = True
+    kv_lora_ranks: list[int] | None = None
+    rope_inv_freq: list[list[float]] | None = None
+    q_bias: bool = False
+    extensions: dict = field(default_factory=dict)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def kv_rank(self, layer: int) -> int:
+        """Latent width of one layer (per-layer ranks come from native checkpoints)."""
+        return self.kv_lora_ranks[layer] if self.kv_lora_ranks else self.kv_lora_rank
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return bool(self.n_routed_experts) and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ModelConfig":
+        model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"config.json: model_type {model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES} "
+                "(convert Llama-family models with `latentkv convert`)"
+            )
+        is_v3 = model_type == "deepseek_v3"
+        ext = raw.get("latentkv") or {}
+        rope_theta, scaling = _read_rope(raw)
+        cfg = cls(
+            model_type=model_type,
+            vocab_size=_req(raw, "vocab_size"),
+            hidden_size=_req(raw, "hidden_size"),
+            intermediate_size=_req(raw, "intermediate_size"),
+            num_hidden_layers=_req(raw, "num_hidden_layers"),
+            num_attention_heads=_req(raw, "num_attention_heads"),
+            kv_lora_rank=_req(raw, "kv_lora_rank"),
+            qk_nope_head_dim=_req(raw, "qk_nope_head_dim"),
+            qk_rope_head_dim=_req(raw, "qk_rope_head_dim"),
+            v_head_dim=_req(raw, "v_head_dim"),
+            q_lora_rank=raw.get("q_lora_rank"),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            attention_bias=raw.get("attention_bias", False),
+            hidden_act=raw.get("hidden_act", "silu"),
+            rope_theta=rope_theta,
+            rope_scaling=scaling,
+            rope_interleave=raw.get("rope_interleave", True) if is_v3 else True,
+            n_routed_experts=raw.get("n_routed_experts"),
+            n_shared_experts=raw.get("n_shared_experts") or 0,
+            num_experts_per_tok=raw.get("num_experts_per_tok") or 1,
+            moe_intermediate_size=raw.get("moe_intermediate_size") or 0,
+            first_k_dense_replace=raw.get("first_k_dense_replace", 0),
+            moe_layer_freq=raw.get("moe_layer_freq", 1),
+            n_group=raw.get("n_group") or 1,
+            topk_group=raw.get("topk_group") or 1,
+            topk_method=raw.get("topk_method") or ("noaux_tc" if is_v3 else "greedy"),
+            scoring_func=raw.get("scoring_func") or ("sigmoid" if is_v3 else "softmax"),
+            norm_topk_prob=raw.get("norm_topk_prob", is_v3),
+            routed_scaling_factor=raw.get("routed_scaling_factor", 1.0),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_id=raw.get("eos_token_id"),
+            kv_a_layernorm=ext.get("kv_a_layernorm", True),
+            kv_lora_ranks=ext.get("kv_lora_ranks"),
+            rope_inv_freq=ext.get("rope_inv_freq"),
+            q_bias=ext.get("q_bias", False),
+            extensions=ext,
+        )
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: not valid JSON ({err})") from err
+        try:
+            return cls.from_dict(raw)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from err
+
+    def validate(self) -> None:
+        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "v_head_dim"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"qk_rope_head_dim must be even (RoPE rotates pairs), got {self.qk_rope_head_dim}")
+        if self.qk_nope_head_dim + self.qk_rope_head_dim <= 0:
+            raise ConfigError("qk_nope_head_dim + qk_rope_head_dim must be positive")
+        if self.hidden_act != "silu":
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; expected 'silu'")
+        if self.kv_lora_ranks is not None and len(self.kv_lora_ranks) != self.num_hidden_layers:
+            raise ConfigError(
+                f"latentkv.kv_lora_ranks has {len(self.kv_lora_ranks)} entries; expected num_hidden_layers={self.num_hidden_layers}"
+            )
+        if self.rope_inv_freq is not None:
+            if len(self.rope_inv_freq) != self.num_hidden_layers:
+                raise ConfigError(f"latentkv.rope_inv_freq needs one list per layer ({self.num_hidden_layers})")
+            bad = [i for i, f in enumerate(self.rope_inv_freq) if len(f) != self.qk_rope_head_dim // 2]
+            if bad:
+                raise ConfigError(f"latentkv.rope_inv_freq[{bad[0]}] must have qk_rope_head_dim/2 = {self.qk_rope_head_dim // 2} entries")
+        if self.n_routed_experts:
+            self._validate_moe()
+
+    def _validate_moe(self) -> None:
+        if self.moe_intermediate_size <= 0:
+            raise ConfigError("moe_intermediate_size must be positive when n_routed_experts is set")
+        if not 1 <= self.num_experts_per_tok <= self.n_routed_experts:
+            raise ConfigError(f"num_experts_per_tok must be in 1..n_routed_experts ({self.n_routed_experts})")
+        if self.n_routed_experts % self.n_group:
+            raise ConfigError(f"n_routed_experts ({self.n_routed_experts}) must be divisible by n_group ({self.n_group})")
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ConfigError(f"topk_group must be in 1..n_group ({self.n_group}), got {self.topk_group}")
+        methods = ("greedy", "group_limited_greedy", "noaux_tc")
+        if self.topk_method not in methods:
+            raise ConfigError(f"topk_method {self.topk_method!r} is not supported; expected one of {methods}")
+        if self.scoring_func not in ("softmax", "sigmoid"):
+            raise ConfigError(f"scoring_func {self.scoring_func!r} is not supported; expected 'softmax' or 'sigmoid'")
+
+
+def _req(raw: dict, key: str):
+    if raw.get(key) is None:
+        raise ConfigError(f"missing required field {key!r}")
+    return raw[key]
+
+
+def _read_rope(raw: dict) -> tuple[float, RopeScaling]:
+    """Read rope_theta and YaRN settings from either transformers-5 `rope_parameters`
+    or the older `rope_theta` + `rope_scaling` pair that DeepSeek's checkpoints use."""
+    params = dict(raw.get("rope_parameters") or {})
+    legacy = raw.get("rope_scaling") or {}
+    params = {**legacy, **params}
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type == "default":
+        return theta, RopeScaling()
+    if rope_type != "yarn":
+        raise ConfigError(f"rope type {rope_type!r} is not supported; expected 'default' or 'yarn'")
+    original = params.get("original_max_position_embeddings", 4096)
+    factor = params.get("factor") or raw.get("max_position_embeddings", original) / original
+    return theta, RopeScaling(
+        rope_type="yarn",
+        factor=float(factor),
+        original_max_position_embeddings=original,
+        beta_fast=params.get("beta_fast") or 32.0,
+        beta_slow=params.get("beta_slow") or 1.0,
+        mscale=params.get("mscale") or 0.0,
+        mscale_all_dim=params.get("mscale_all_dim") or 0.0,
+        attention_factor=params.get("attention_factor"),
+        truncate=params.get("truncate", True),
+    )

@@ -1,0 +1,91 @@
+"""The attention metadata of one flat, token-major batch (the runner builds it).
+
+A step feeds T new tokens from B sequences; each sequence has `query_len` new tokens
+at the end of `context_len` tokens whose latents are (after this step's writes) in the
+paged cache. Padded per-sequence views ([B, Qmax]) let attention run as a few tensor
+ops with no Python loop over sequences or tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionBatch:
+    query_start: torch.Tensor  # [B+1] offsets of each sequence's new tokens in the flat batch
+    context_lens: torch.Tensor  # [B] tokens in cache after this step's writes
+    block_tables: torch.Tensor  # [B, nb] physical block ids, only as many columns as needed
+    slot_mapping: torch.Tensor  # [T] flat cache slot of each new token
+    query_index: torch.Tensor  # [B, Qmax] flat token index of each padded query (0 where padding)
+    query_valid: torch.Tensor  # [B, Qmax] bool
+    query_pos: torch.Tensor  # [B, Qmax] absolute position of each padded query
+    max_query_len: int
+    max_context_len: int
+    path: str = "auto"  # "naive" | "absorbed" | "auto"
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+    def key_mask(self, key_len: int) -> torch.Tensor:
+        """[B, Qmax, L] bool: key j is visible to a query at position p iff j <= p."""
+        keys = torch.arange(key_len, device=self.query_pos.device)
+        return keys[None, None, :] <= self.query_pos[:, :, None]
+
+
+def build_attention_batch(
+    query_lens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+    path: str = "auto",
+) -> tuple[AttentionBatch, torch.Tensor]:
+    """Build the metadata and the positions [T] of the new tokens.
+
+    query_lens[b] new tokens of sequence b sit at positions
+    context_lens[b] - query_lens[b] .. context_lens[b] - 1.
+    """
+    if not (len(query_lens) == len(context_lens) == len(block_tables)):
+        raise ValueError("query_lens, context_lens and block_tables must have one entry per sequence")
+    q = torch.tensor(query_lens, dtype=torch.long)
+    ctx = torch.tensor(context_lens, dtype=torch.long)
+    if bool((q <= 0).any()) or bool((q > ctx).any()):
+        raise ValueError("each sequence needs 0 < query_len <= context_len")
+    q_max, ctx_max = int(q.max()), int(ctx.max())
+    num_blocks = -(-ctx_max // block_size)
+    tables = torch.zeros(len(block_tables), num_blocks, dtype=torch.long)
+    for b, table in enumerate(block_tables):
+        need = -(-context_lens[b] // block_size)
+        if len(table) < need:
+            raise ValueError(f"sequence {b} has {len(table)} blocks; {need} needed for {context_lens[b]} tokens")
+        tables[b, :need] = torch.tensor(table[:need], dtype=torch.long)
+
+    query_start = torch.zeros(len(query_lens) + 1, dtype=torch.long)
+    query_start[1:] = q.cumsum(0)
+    offsets = torch.arange(q_max)
+    valid = offsets[None, :] < q[:, None]
+    query_pos = (ctx - q)[:, None] + offsets[None, :]
+    query_index = torch.where(valid, query_start[:-1, None] + offsets[None, :], torch.zeros_like(query_pos))
+    query_pos = torch.where(valid, query_pos, torch.zeros_like(query_pos))
+
+    positions = query_pos[valid]  # row-major over (b, i): the flat order
+    seq_of = torch.repeat_interleave(torch.arange(len(query_lens)), q)
+    block_ids = tables[seq_of, positions // block_size]
+    slot_mapping = block_ids * block_size + positions % block_size
+
+    batch = AttentionBatch(
+        query_start=query_start.to(device),
+        context_lens=ctx.to(device),
+        block_tables=tables.to(device),
+        slot_mapping=slot_mapping.to(device),
+        query_index=query_index.to(device),
+        query_valid=valid.to(device),
+        query_pos=query_pos.to(device),
+        max_query_len=q_max,
+        max_context_len=ctx_max,
+        path=path,
+    )
+    return batch, positions.to(device)

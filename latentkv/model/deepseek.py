@@ -1,0 +1,146 @@
+"""The DeepSeek-V2/V3 decoder: MLA attention, SwiGLU MLP, MoE with shared experts.
+
+Module and parameter names match the Hugging Face checkpoints, so loading is a
+name-for-name copy.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .batch import AttentionBatch, build_attention_batch
+from .mla import MLAttention
+from .norm import RMSNorm
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dim: int, inter_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, inter_dim, bias=False)
+        self.up_proj = nn.Linear(dim, inter_dim, bias=False)
+        self.down_proj = nn.Linear(inter_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Gate(nn.Module):
+    """Router: softmax (V2) or sigmoid + bias-corrected choice (V3), group-limited top-k."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        # Routing decisions are precision-sensitive: the gate stays in float32 whatever the model dtype.
+        self.weight = nn.Parameter(torch.zeros(cfg.n_routed_experts, cfg.hidden_size, dtype=torch.float32))
+        if cfg.topk_method == "noaux_tc":
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] -> weights [T, k] (float32), expert ids [T, k]."""
+        cfg = self.cfg
+        logits = F.linear(x.float(), self.weight.float())
+        scores = logits.softmax(-1) if cfg.scoring_func == "softmax" else logits.sigmoid()
+        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
+        if cfg.topk_method != "greedy" and cfg.n_group > 1:
+            choice = self.limit_groups(choice)
+        ids = choice.topk(cfg.num_experts_per_tok, dim=-1)[1]
+        weights = scores.gather(1, ids)
+        if cfg.norm_topk_prob and (cfg.model_type == "deepseek_v3" or cfg.num_experts_per_tok > 1):
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * cfg.routed_scaling_factor, ids
+
+    def limit_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """Keep experts of the best `topk_group` groups only."""
+        cfg = self.cfg
+        grouped = choice.view(choice.shape[0], cfg.n_group, -1)
+        if cfg.topk_method == "noaux_tc":  # V3: a group scores by its two best experts
+            group_scores = grouped.topk(2, dim=-1)[0].sum(-1)
+            fill = float("-inf")
+        else:  # V2 group_limited_greedy: by its best expert
+            group_scores = grouped.amax(-1)
+            fill = 0.0
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(cfg.topk_group, dim=-1)[1], True)
+        return grouped.masked_fill(~keep[:, :, None], fill).view_as(choice)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = Gate(cfg)
+        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.n_routed_experts))
+        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
+        self.shared_experts = MLP(cfg.hidden_size, shared) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = torch.zeros_like(x)
+        for e in ids.unique().tolist():  # only the experts this batch routes to
+            token, slot = torch.where(ids == e)
+            out.index_add_(0, token, self.experts[e](x[token]) * weights[token, slot, None].to(x.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.self_attn = MLAttention(cfg, layer)
+        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, batch, cache):
+        x = x + self.self_attn(self.input_layernorm(x), positions, batch, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, batch, caches):
+        x = self.embed_tokens(input_ids)
+        for layer, cache in zip(self.layers, caches):
+            x = layer(x, positions, batch, cache)
+        return self.norm(x)
+
+
+class MLAForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = DeepseekModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, caches: list) -> torch.Tensor:
+        """input_ids, positions [T] (flat batch) -> final hidden states [T, hidden]."""
+        return self.model(input_ids, positions, batch, caches)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] in float32."""
+        return self.lm_head(hidden).float()
+
+    @torch.inference_mode()
+    def full_logits(self, token_ids: torch.Tensor, path: str = "naive", cache_dtype: str = "auto") -> torch.Tensor:
+        """Score whole sequences with a throwaway cache: token_ids [B, S] -> logits [B, S, vocab]."""
+        from ..cache.latent_cache import allocate_caches
+
+        b, s = token_ids.shape
+        device = self.lm_head.weight.device
+        caches = allocate_caches(self.config, b, s, self.lm_head.weight.dtype, cache_dtype, device)
+        batch, positions = build_attention_batch([s] * b, [s] * b, [[i] for i in range(b)], s, device, path)
+        hidden = self(token_ids.reshape(-1).to(device), positions, batch, caches)
+        return self.compute_logits(hidden).view(b, s, -1)

@@ -1,0 +1,155 @@
+"""Load a Hugging Face folder (config.json + safetensors) into an MLAForCausalLM.
+
+Safetensors only: pickled `.bin`/`.pt` weights are refused, never unpickled. Every
+tensor is checked by name and shape; errors name the tensor and the file. DeepSeek's
+own checkpoints are accepted as published: fp8 weights with `weight_scale_inv` block
+scales are dequantized, and the multi-token-prediction layers past
+`num_hidden_layers` are skipped.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..config import ModelConfig
+from .deepseek import MLAForCausalLM
+from .rope import layer_inv_freq
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+FP8_BLOCK = 128
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its config; the message names file and tensor."""
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype == "auto":
+            dtype = "bfloat16" if device.type == "cpu" else "float16"
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported; expected one of {list(DTYPES)} or 'auto'")
+        dtype = DTYPES[dtype]
+    if dtype == torch.float16 and device.type == "cpu":
+        raise ValueError("dtype float16 is only supported on CUDA; on CPU use float32 or bfloat16 (float16 matmul is ~1000x slower there)")
+    return dtype
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors shards of a folder (from the index when there is one)."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).exists()]
+        if missing:
+            raise CheckpointError(f"{index}: lists shard {missing[0]} which is not in {folder}")
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise CheckpointError(
+            f"{folder}: only pickled weights ({', '.join(pickled)}); latentkv loads safetensors only and never unpickles "
+            "(convert them with a tool you trust, e.g. transformers' save_pretrained(safe_serialization=True))"
+        )
+    raise CheckpointError(f"{folder}: no *.safetensors weight files")
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu") -> MLAForCausalLM:
+    """Read config.json and the safetensors shards of `path` into a model on device/dtype."""
+    folder = Path(path)
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
+    cfg = ModelConfig.from_file(folder / "config.json")
+    device = torch.device(device)
+    dtype = resolve_dtype(dtype, device)
+    with torch.device("meta"):
+        model = MLAForCausalLM(cfg)
+    model.to_empty(device=device)
+    load_weights(model, weight_files(folder), dtype)
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.inv_freq = layer_inv_freq(cfg, i).to(device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
+
+
+def load_weights(model: MLAForCausalLM, files: list[Path], dtype: torch.dtype) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = model.config.tie_word_embeddings
+    expected = {n for n in params if not (tied and n == "lm_head.weight")}
+    seen: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            names = set(f.keys())
+            for name in sorted(names):
+                for target, tensor in read_tensor(f, name, names, model.config):
+                    if tied and target == "lm_head.weight":
+                        continue  # some tied checkpoints still carry a copy
+                    copy_param(params, target, tensor, file, dtype)
+                    seen.add(target)
+    missing = sorted(expected - seen)
+    if missing:
+        shape = tuple(params[missing[0]].shape)
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing tensor {missing[0]} (expected shape {shape}){more} in {', '.join(str(f) for f in files)}")
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_SKIP_SUFFIXES = ("weight_scale_inv", "rotary_emb.inv_freq")
+
+
+def read_tensor(f, name: str, names: set[str], cfg: ModelConfig):
+    """Yield (parameter name, tensor) for one stored tensor; normalizes storage variants."""
+    if name.endswith(_SKIP_SUFFIXES):
+        return
+    layer = _LAYER.match(name)
+    if layer and int(layer.group(1)) >= cfg.num_hidden_layers:
+        return  # multi-token-prediction layers: not part of next-token inference
+    tensor = f.get_tensor(name)
+    if tensor.dtype == torch.float8_e4m3fn:
+        tensor = dequantize_fp8(tensor, f, name, names)
+    fused = _FUSED.match(name)
+    if fused is None:
+        yield name, tensor
+        return
+    prefix, kind = fused.groups()
+    for e in range(tensor.shape[0]):
+        if kind == "down_proj":
+            yield f"{prefix}.{e}.down_proj.weight", tensor[e]
+        else:
+            gate, up = tensor[e].chunk(2, dim=0)
+            yield f"{prefix}.{e}.gate_proj.weight", gate
+            yield f"{prefix}.{e}.up_proj.weight", up
+
+
+def dequantize_fp8(weight: torch.Tensor, f, name: str, names: set[str]) -> torch.Tensor:
+    """DeepSeek-V3's fp8 checkpoints: one float32 scale per 128x128 block."""
+    scale_name = name.removesuffix(".weight") + ".weight_scale_inv"
+    if scale_name not in names:
+        raise CheckpointError(f"{name} is float8 but {scale_name} is missing in the same file")
+    scale = f.get_tensor(scale_name).float()
+    rows, cols = weight.shape
+    full = scale.repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)[:rows, :cols]
+    return weight.float() * full
+
+
+def copy_param(params: dict, name: str, tensor: torch.Tensor, file: Path, dtype: torch.dtype) -> None:
+    if name not in params:
+        raise CheckpointError(f"unexpected tensor {name} in {file} (shape {tuple(tensor.shape)}): not part of this model's config")
+    param = params[name]
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise CheckpointError(
+            f"tensor {name} in {file} has shape {tuple(tensor.shape)}; the config expects {tuple(param.shape)}"
+        )
+    # The router stays float32 (routing decisions are precision-sensitive).
+    target = torch.float32 if ".mlp.gate." in name else dtype
+    with torch.no_grad():
+        param.data = tensor.to(device=param.device, dtype=target)

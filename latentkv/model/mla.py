@@ -1,0 +1,115 @@
+"""Multi-head Latent Attention (DeepSeek-V2/V3), names from the paper and the checkpoints.
+
+Per token: q = W_q x (or W_qb · RMSNorm(W_qa x)), split per head into q_nope (dn) and
+q_rope (dr); [c ; k_r] = W_kva x, c = RMSNorm(c), k_r = RoPE(k_r). The cache holds only
+c (kv_rank) and k_r (dr) per token.
+
+Two ways to attend, same numbers:
+- naive: expand every cached c with W_kvb into per-head k_nope (dn) and v (dv);
+- absorbed: fold W_UK into the query (q_lat = W_UK_hᵀ q_nope, size kv_rank) and W_UV
+  after attention, so attention is MQA with one key head [c ; k_r] of width
+  kv_rank + dr and value c. Decode reads only the latent.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .batch import AttentionBatch
+from .norm import RMSNorm
+from .rope import apply_rope, attention_factor, layer_inv_freq, rope_cos_sin, softmax_scale
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.dn, self.dr, self.dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.kv_rank = cfg.kv_rank(layer)
+        self.q_lora_rank = cfg.q_lora_rank
+        qk_dim = self.n_heads * (self.dn + self.dr)
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk_dim, bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden_size, qk_dim, bias=cfg.q_bias)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.kv_rank + self.dr, bias=cfg.attention_bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, cfg.rms_norm_eps) if cfg.kv_a_layernorm else None
+        self.kv_b_proj = nn.Linear(self.kv_rank, self.n_heads * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.dv, cfg.hidden_size, bias=cfg.attention_bias)
+        self.interleaved = cfg.rope_interleave
+        self.scale = softmax_scale(cfg)
+        self.rope_factor = attention_factor(cfg.rope_scaling)
+        self.register_buffer("inv_freq", layer_inv_freq(cfg, layer), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, cache) -> torch.Tensor:
+        """x [T, hidden], positions [T] -> [T, hidden]; writes this step's latents to cache."""
+        q_nope, q_rope, c, k_r = self.project(x, positions)
+        cache.write(c, k_r, batch.slot_mapping)
+        kv = cache.gather(batch.block_tables)  # [B, L, kv_rank + dr]
+        q_nope, q_rope = q_nope[batch.query_index], q_rope[batch.query_index]  # [B, Qmax, H, *]
+        mask = batch.key_mask(kv.shape[1])
+        if self.choose_path(batch, kv.shape[1]) == "absorbed":
+            out = self.attend_absorbed(q_nope, q_rope, kv, mask)
+        else:
+            out = self.attend_naive(q_nope, q_rope, kv, mask)
+        out = out[batch.query_valid]  # [T, H, dv], back in flat order
+        return self.o_proj(out.flatten(1))
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated), c [T,kv_rank], k_r [T,dr] (rotated)."""
+        if self.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            q = self.q_proj(x)
+        q = q.view(x.shape[0], self.n_heads, self.dn + self.dr)
+        q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
+        c, k_r = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.dr], dim=-1)
+        if self.kv_a_layernorm is not None:
+            c = self.kv_a_layernorm(c)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.rope_factor)
+        q_rope = apply_rope(q_rope, cos, sin, self.interleaved)
+        k_r = apply_rope(k_r, cos, sin, self.interleaved)
+        return q_nope, q_rope, c, k_r
+
+    def choose_path(self, batch: AttentionBatch, key_len: int) -> str:
+        """Pick the cheaper path by multiply-adds on the padded shapes."""
+        if batch.path != "auto":
+            return batch.path
+        b, q, h, r = batch.num_seqs, batch.max_query_len, self.n_heads, self.kv_rank
+        naive = b * key_len * r * h * (self.dn + self.dv) + b * q * key_len * h * (self.dn + self.dr + self.dv)
+        absorbed = b * q * h * r * (self.dn + self.dv) + b * q * key_len * h * (2 * r + self.dr)
+        return "absorbed" if absorbed <= naive else "naive"
+
+    def split_kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_kvb -> W_UK [H, dn, kv_rank], W_UV [H, dv, kv_rank]."""
+        w = self.kv_b_proj.weight.view(self.n_heads, self.dn + self.dv, self.kv_rank)
+        return w[:, : self.dn], w[:, self.dn :]
+
+    def attend_absorbed(self, q_nope, q_rope, kv, mask) -> torch.Tensor:
+        """q_* [B,Q,H,*], kv [B,L,r+dr], mask [B,Q,L] -> [B,Q,H,dv]; MQA over the latent."""
+        b, q, h, _ = q_nope.shape
+        w_uk, w_uv = self.split_kv_b()
+        q_lat = torch.einsum("bqhd,hdr->bqhr", q_nope, w_uk)
+        query = torch.cat((q_lat, q_rope), dim=-1).view(b, 1, q * h, -1)
+        mask = mask[:, :, None, :].expand(b, q, h, mask.shape[-1]).reshape(b, 1, q * h, -1)
+        o_lat = F.scaled_dot_product_attention(
+            query, kv[:, None], kv[:, None, :, : self.kv_rank], attn_mask=mask, scale=self.scale
+        )
+        return torch.einsum("bqhr,hvr->bqhv", o_lat.view(b, q, h, self.kv_rank), w_uv)
+
+    def attend_naive(self, q_nope, q_rope, kv, mask) -> torch.Tensor:
+        """Expand the latent to per-head keys and values, then ordinary attention."""
+        b, length = kv.shape[:2]
+        h = self.n_heads
+        c, k_r = kv.split([self.kv_rank, self.dr], dim=-1)
+        k_nope, v = self.kv_b_proj(c).view(b, length, h, self.dn + self.dv).split([self.dn, self.dv], dim=-1)
+        key = torch.cat((k_nope, k_r[:, :, None, :].expand(b, length, h, self.dr)), dim=-1)
+        query = torch.cat((q_nope, q_rope), dim=-1)
+        out = F.scaled_dot_product_attention(
+            query.transpose(1, 2), key.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None], scale=self.scale
+        )
+        return out.transpose(1, 2)

@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from latentkv.cache.latent_cache import LatentCache, dequantize_latent, quantize_latent
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3"])
+def test_write_then_gather_through_block_table(cache_dtype):
+    gen = torch.Generator().manual_seed(0)
+    cache = LatentCache(num_blocks=6, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype)
+    c, k_r = torch.randn(7, 16, generator=gen), torch.randn(7, 8, generator=gen)
+    table = [4, 1]  # tokens 0-3 in block 4, 4-6 in block 1
+    slots = torch.tensor([4 * 4 + i for i in range(4)] + [1 * 4 + i for i in range(3)])
+    cache.write(c, k_r, slots)
+    kv = cache.gather(torch.tensor([table]))[0, :7]
+    assert kv.shape == (7, 24)
+    assert torch.equal(kv[:, 16:], k_r)  # rope part is never quantized
+    err = (kv[:, :16] - c).abs().max().item()
+    bound = {"auto": 0.0, "int8": c.abs().max().item() / 127 / 2 + 1e-6, "fp8_e4m3": c.abs().max().item() / 16}[cache_dtype]
+    assert err <= bound
+
+
+def test_int8_scale_is_max_abs_over_127():
+    c = torch.tensor([[0.5, -2.54, 1.0]])
+    q, scale = quantize_latent(c, "int8")
+    assert scale.item() == pytest.approx(2.54 / 127)
+    assert q.tolist() == [[25, -127, 50]]
+    assert torch.allclose(dequantize_latent(q, scale, "int8", torch.float32), c, atol=scale.item() / 2)
+
+
+def test_unknown_cache_dtype_is_refused():
+    with pytest.raises(ValueError, match="kv_cache_dtype 'int4'"):
+        LatentCache(1, 4, 8, 4, cache_dtype="int4")

@@ -1,0 +1,86 @@
+"""Loader: shards, dtypes, and errors that name the tensor or file."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from latentkv.config import ConfigError
+from latentkv.model.loader import CheckpointError, load_model
+
+
+def copy_folder(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def rewrite_weights(folder, edit):
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_missing_tensor_is_named(tiny_checkpoints, tmp_path):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    name = "model.layers.1.self_attn.kv_b_proj.weight"
+    rewrite_weights(folder, lambda t: t.pop(name))
+    with pytest.raises(CheckpointError, match=r"missing tensor model\.layers\.1\.self_attn\.kv_b_proj\.weight"):
+        load_model(folder)
+
+
+def test_wrong_shape_names_tensor_file_and_shapes(tiny_checkpoints, tmp_path):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    name = "model.layers.0.self_attn.o_proj.weight"
+    rewrite_weights(folder, lambda t: t.__setitem__(name, torch.zeros(64, 40)))
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    msg = str(err.value)
+    assert name in msg and "model.safetensors" in msg and "(64, 40)" in msg and "(64, 48)" in msg
+
+
+def test_unexpected_tensor_is_named(tiny_checkpoints, tmp_path):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    rewrite_weights(folder, lambda t: t.__setitem__("model.layers.0.self_attn.extra.weight", torch.zeros(2)))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor model\.layers\.0\.self_attn\.extra\.weight"):
+        load_model(folder)
+
+
+def test_pickled_weights_are_refused_without_unpickling(tiny_checkpoints, tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    shutil.copy(tiny_checkpoints("v2_dense")[0] / "config.json", folder)
+    (folder / "pytorch_model.bin").write_bytes(b"not a pickle: loading it would fail if we tried")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin.*safetensors only"):
+        load_model(folder)
+
+
+def test_unknown_model_type_is_named(tiny_checkpoints, tmp_path):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"model_type 'llama' is not supported"):
+        load_model(folder)
+
+
+@torch.inference_mode()
+def test_sharded_checkpoint_and_bfloat16(tiny_checkpoints, tmp_path):
+    folder, hf = tiny_checkpoints("v3_moe_sigmoid")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    ref = load_model(folder).full_logits(ids)
+    sharded = load_model(tmp_path / "sharded")
+    assert (sharded.full_logits(ids) - ref).abs().max().item() == 0.0
+    bf16 = load_model(folder, dtype="bfloat16")
+    assert bf16.lm_head.weight.dtype == torch.bfloat16
+    assert bf16.model.layers[1].mlp.gate.weight.dtype == torch.float32
+    rel = (bf16.full_logits(ids) - ref).norm() / ref.norm()
+    assert rel < 0.05, f"bfloat16 relative logit error {rel:.3f}"
+
+
+def test_float16_on_cpu_is_refused(tiny_checkpoints):
+    with pytest.raises(ValueError, match="float16 is only supported on CUDA"):
+        load_model(tiny_checkpoints("v2_dense")[0], dtype="float16")
