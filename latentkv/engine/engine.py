@@ -1,0 +1,263 @@
+"""`LLMEngine`: the step loop behind `LLM` and the server (vLLM's engine API shape).
+
+add_request -> Sequence(s) in the scheduler's waiting queue; step() = schedule, run
+the model, sample, then per sampled token: append, detokenize, check stop conditions,
+free finished sequences; it returns a cumulative `RequestOutput` for every request
+that produced a token (or finished) in this step.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from latentkv.cache.block_pool import BlockPool
+from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
+from latentkv.engine.kv_manager import KVManager
+from latentkv.engine.outputs import CompletionOutput, RequestOutput
+from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
+from latentkv.engine.scheduler import Scheduler
+from latentkv.engine.sequence import Sequence
+from latentkv.sampling import SamplingParams
+
+
+@dataclass
+class EngineArgs:
+    model: str
+    tokenizer: str | None = None
+    dtype: str | torch.dtype = "auto"
+    device: str | None = None               # None: cuda when available, else cpu
+    kv_cache_dtype: str = "auto"            # "auto" (model dtype) | "int8" | "fp8_e4m3"
+    block_size: int = 16
+    kv_cache_memory: int | str | None = None  # bytes or e.g. "2GiB"; None: kv_cache_fraction
+    kv_cache_fraction: float | None = None  # of free memory (default 0.9 on CUDA, 0.25 on CPU)
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+    nan_check: bool = False
+    attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
+
+    def validate(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be a power of two up to 128, got {self.block_size}")
+        if self.kv_cache_dtype not in ("auto", "int8", "fp8_e4m3"):
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'int8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
+        if self.attention_path not in ("auto", "naive", "absorbed"):
+            raise ValueError(f"attention_path must be 'auto', 'naive' or 'absorbed', got {self.attention_path!r}")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path)
+
+
+def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
+    """EOS ids from generation_config.json, else config.json, else the tokenizer."""
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if eos is not None:
+            return list(eos) if isinstance(eos, list) else [eos]
+    if cfg.eos_token_ids():
+        return cfg.eos_token_ids()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return [tokenizer.eos_token_id]
+    return []
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs, model, tokenizer):
+        args.validate()
+        self.args = args
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = model.config
+        device = model.lm_head.weight.device
+        max_model_len = args.max_model_len or self.cfg.max_position_embeddings
+        num_blocks, per_block = plan_num_blocks(
+            self.cfg, args.block_size, model.lm_head.weight.dtype, args.kv_cache_dtype, device,
+            args.kv_cache_memory, args.kv_cache_fraction, max_useful_tokens=args.max_num_seqs * max_model_len)
+        report_capacity(num_blocks, args.block_size, per_block, args.kv_cache_dtype)
+        self.capacity_tokens = num_blocks * args.block_size
+        self.bytes_per_block = per_block
+        self.max_model_len = max_model_len
+        self.pool = BlockPool(num_blocks, args.block_size, args.enable_prefix_caching)
+        batched = args.max_num_batched_tokens or max(2048, args.max_num_seqs)
+        self.scheduler = Scheduler(KVManager(self.pool), args.max_num_seqs, batched)
+        self.runner = ModelRunner(model, args.block_size, num_blocks, args.kv_cache_dtype,
+                                  args.attention_path, args.seed, args.nan_check)
+        self.eos_token_ids = find_eos_token_ids(Path(args.model), self.cfg, tokenizer)
+        self.runner.eos_token_ids = self.eos_token_ids
+        self.requests: dict[str, list[Sequence]] = {}
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> "LLMEngine":
+        from latentkv.model.loader import load_model
+        args.validate()
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = load_model(args.model, args.dtype, device)
+        tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
+        return cls(args, model, tokenizer)
+
+    # -- requests ------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    prompt_token_ids: list[int] | None = None) -> None:
+        """Queue a request. Raises ValueError for an unusable prompt (empty, token ids out
+        of the vocabulary, longer than max_model_len or than the whole cache)."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self.tokenize(prompt, prompt_token_ids)
+        self.check_prompt(ids, params)
+        self.requests[request_id] = seqs = [
+            Sequence(request_id, ids, params.for_sample(i), index=i, prompt=text) for i in range(params.n)]
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def tokenize(self, prompt, prompt_token_ids) -> tuple[str | None, list[int]]:
+        if prompt_token_ids is not None:
+            return (prompt if isinstance(prompt, str) else None), [int(t) for t in prompt_token_ids]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids (skip_tokenizer_init=True)")
+            return prompt, self.tokenizer(prompt).input_ids
+        return None, [int(t) for t in prompt]
+
+    def check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.cfg.vocab_size})")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
+        if len(ids) > self.capacity_tokens:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than the whole KV cache holds "
+                             f"({self.capacity_tokens} tokens); raise kv_cache_memory")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its final output (finish_reason "abort")."""
+        seqs = self.requests.pop(request_id, None)
+        if seqs is None:
+            return None
+        for seq in seqs:
+            if not seq.is_finished:
+                self.finish(seq, "abort")
+        return self.make_output(seqs)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # -- the loop --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out:
+            return []
+        result = self.runner.run(out)
+        self.scheduler.mark_computed(out)
+        touched: dict[str, None] = {}
+        for s in out.scheduled:
+            seq = s.seq
+            if id(seq) in result.prompt_logprobs:
+                seq.prompt_logprobs.extend(self.decorate(result.prompt_logprobs[id(seq)]))
+            if id(seq) not in result.samples:
+                continue
+            touched[seq.request_id] = None
+            if id(seq) in result.nonfinite:
+                self.finish(seq, "error", error="NaN or Inf in the logits")
+                continue
+            token, logprobs, chosen = result.samples[id(seq)]
+            self.append_token(seq, token, logprobs, chosen)
+        return [self.make_output(self.requests.pop(rid) if self.is_done(rid) else self.requests[rid])
+                for rid in touched if rid in self.requests]
+
+    def append_token(self, seq: Sequence, token: int, logprobs, chosen: float | None) -> None:
+        seq.append_token(token)
+        if logprobs is not None:
+            seq.logprobs.append(self.decorate([logprobs])[0])
+            seq.cumulative_logprob += chosen
+        params = seq.params
+        may_stop = seq.num_output_tokens >= params.min_tokens
+        if may_stop and not params.ignore_eos and token in self.eos_token_ids:
+            return self.finish(seq, "stop")
+        if may_stop and token in params.stop_token_ids:
+            return self.finish(seq, "stop", stop_reason=token)
+        if self.tokenizer is not None:
+            new_chars = len(detokenize_incrementally(self.tokenizer, seq))
+            if may_stop and find_stop_string(seq, new_chars):
+                return self.finish(seq, "stop", stop_reason=seq.stop_reason, flush=False)
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return self.finish(seq, "length")
+        if len(seq) >= min(self.max_model_len, self.capacity_tokens):
+            return self.finish(seq, "length")
+
+    def finish(self, seq: Sequence, reason: str, stop_reason=None, error: str | None = None, flush: bool = True) -> None:
+        if flush and self.tokenizer is not None and reason != "error":
+            # EOS / a stop token ends the text without being part of it
+            stop_token = reason == "stop" and (stop_reason is None or isinstance(stop_reason, int))
+            detokenize_incrementally(self.tokenizer, seq, flush=True, end=len(seq) - 1 if stop_token else None)
+        blocks = list(seq.block_table)
+        seq.finish(reason, stop_reason, error)
+        self.scheduler.finish(seq)
+        if reason == "error":
+            self.scrub(blocks)
+
+    def scrub(self, blocks: list[int]) -> None:
+        """A NaN sequence's blocks may hold NaN latents: zero the ones nobody else uses and
+        forget their prefix hashes so no one hits them later."""
+        idle = [b for b in blocks if self.pool.blocks[b].ref_count == 0]
+        for b in idle:
+            self.pool.evict(b)
+        self.runner.scrub_blocks(idle)
+
+    def is_done(self, request_id: str) -> bool:
+        return all(s.is_finished for s in self.requests[request_id])
+
+    def decorate(self, position_logprobs: list):
+        """Fill in each Logprob's decoded token text."""
+        if self.tokenizer is not None:
+            for d in position_logprobs:
+                for token_id, lp in (d or {}).items():
+                    lp.decoded_token = self.tokenizer.decode([token_id])
+        return position_logprobs
+
+    def make_output(self, seqs: list[Sequence]) -> RequestOutput:
+        first = seqs[0]
+        completions = [CompletionOutput(
+            index=s.index, text=visible_text(s), token_ids=list(s.output_token_ids),
+            cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+            logprobs=list(s.logprobs) if s.logprobs is not None else None,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason) for s in seqs]
+        errors = [s.error for s in seqs if s.error]
+        return RequestOutput(
+            request_id=first.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
+            outputs=completions, finished=all(s.is_finished for s in seqs),
+            prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
+            num_cached_tokens=first.num_cached_tokens, error=errors[0] if errors else None)
+
+    def stats(self) -> dict:
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "blocks_used": self.pool.num_used,
+            "blocks_free": self.pool.num_free,
+            "num_blocks": self.pool.num_blocks,
+            "prefix_queries": self.pool.prefix_queries,
+            "prefix_hits": self.pool.prefix_hits,
+            "preemptions": self.scheduler.num_preemptions,
+            "capacity_tokens": self.capacity_tokens,
+        }
