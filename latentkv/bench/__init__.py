@@ -1,0 +1,1 @@
+"""`latentkv bench ...`: memory, speed and quality measured side by side with baselines."""

@@ -1,0 +1,84 @@
+"""`latentkv bench {memory,decode,throughput,prefix}`: each runs its baselines in the same
+run, prints a table with ratios, and writes JSON + PNG under --out."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+FULL = {
+    "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
+    "concurrency": [1, 8, 32, 64], "prefixes": [1024, 4096],
+    "min_prompt": 32, "max_prompt": 512, "min_output": 32, "max_output": 128,
+}
+QUICK = {
+    "contexts": [64, 256], "tokens": 8, "repeats": 2,
+    "concurrency": [1, 4], "prefixes": [64, 256],
+    "min_prompt": 8, "max_prompt": 64, "min_output": 4, "max_output": 12,
+}
+
+
+def add_model_args(p: argparse.ArgumentParser, stock: bool = False) -> None:
+    p.add_argument("--model", help="converted MLA folder (default: the bundled SmolLM2, converted and cached)")
+    p.add_argument("--source", help="the original model (GGUF file or HF folder) for the baselines (default: the bundled SmolLM2 GGUF)")
+    if stock:
+        p.add_argument("--stock", help="a --stock export of the same model, run with transformers' DeepseekV3ForCausalLM")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baselines that need a source model")
+    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke test that finishes in about a minute")
+    p.add_argument("--repeats", type=int, help="interleaved repeats per measurement")
+
+
+def register(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="measure memory and speed against baselines")
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+
+    p = sub.add_parser("memory", help="KV bytes per token, cache size by context, resident memory")
+    add_model_args(p)
+    p.add_argument("--no-measure", action="store_true", help="analytic table only (no RSS probes)")
+    p.set_defaults(func=lambda a: run("memory", a))
+
+    p = sub.add_parser("decode", help="batch-1 decode tokens/s by context vs transformers / llama.cpp")
+    add_model_args(p, stock=True)
+    p.add_argument("--contexts", type=int, nargs="+")
+    p.add_argument("--tokens", type=int, help="tokens decoded per measurement")
+    p.set_defaults(func=lambda a: run("decode", a))
+
+    p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")
+    add_model_args(p)
+    p.add_argument("--concurrency", type=int, nargs="+")
+    p.set_defaults(func=lambda a: run("throughput", a))
+
+    p = sub.add_parser("prefix", help="time to first token with a shared prefix, prefix cache on vs off")
+    add_model_args(p)
+    p.add_argument("--prefixes", type=int, nargs="+")
+    p.set_defaults(func=lambda a: run("prefix", a))
+    bench.set_defaults(func=lambda a: bench.print_help() or 2)
+
+
+def fill_defaults(args) -> None:
+    preset = QUICK if args.quick else FULL
+    for key, value in preset.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.model is None or (args.source is None and not args.no_baselines):
+        from .models import default_models
+
+        model, source, stock = default_models(need_stock=hasattr(args, "stock") and args.stock is None and not args.no_baselines)
+        args.model = args.model or model
+        if args.source is None and not args.no_baselines:
+            args.source = source
+        if hasattr(args, "stock") and args.stock is None and not args.no_baselines:
+            args.stock = stock
+    if args.no_baselines:
+        args.source = None
+        if hasattr(args, "stock"):
+            args.stock = None
+
+
+def run(name: str, args) -> int:
+    import torch
+
+    torch.set_grad_enabled(False)
+    fill_defaults(args)
+    importlib.import_module(f"latentkv.bench.{name}").run(args)
+    return 0

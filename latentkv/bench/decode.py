@@ -1,0 +1,83 @@
+"""`latentkv bench decode`: batch-1 greedy decode tokens/s at several contexts, our engine
+(bf16 and int8 latent) against transformers on the original model, transformers'
+DeepseekV3 on the stock export, and llama.cpp when installed; with the bandwidth floor."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..cache.accounting import latent_bytes_per_token
+from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
+from .report import median, new_figure, print_table, save_figure, write_json
+from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, llama_cpp_available
+
+
+def build_systems(args) -> list:
+    systems = [LatentKVSystem("latentkv bf16", args.model, "auto", max_model_len=max(args.contexts) + 2 * args.tokens),
+               LatentKVSystem("latentkv int8", args.model, "int8", max_model_len=max(args.contexts) + 2 * args.tokens)]
+    if args.source:
+        systems.append(TransformersSystem("transformers original", args.source))
+    if args.stock:
+        systems.append(TransformersSystem("transformers DeepseekV3 stock", args.stock))
+    if args.source and str(args.source).endswith(".gguf"):
+        if llama_cpp_available():
+            systems.append(LlamaCppSystem("llama.cpp", args.source, n_ctx=max(args.contexts) + 2 * args.tokens))
+        else:
+            print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
+    return systems
+
+
+def run(args) -> dict:
+    out = Path(args.out)
+    systems = build_systems(args)
+    vocab = systems[0].engine.cfg.vocab_size
+    bandwidth = measure_bandwidth()
+    cfg = systems[0].engine.cfg
+    weights = weight_bytes(systems[0].model)
+    results = []
+    for ctx in args.contexts:
+        prompt = torch.randint(3, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx)).tolist()
+        for s in systems:
+            s.prepare(prompt)
+        times = {s.name: [] for s in systems}
+        for _ in range(args.repeats):  # interleaved: A B C A B C ...
+            for s in systems:
+                times[s.name].append(s.decode(args.tokens))
+        results.append(summarize(ctx, times, cfg, weights, bandwidth))
+    show(results, systems, bandwidth, weights)
+    plot(results, [s.name for s in systems], out)
+    payload = {"bandwidth_gbs": bandwidth / 1e9, "weight_bytes": weights, "tokens": args.tokens, "repeats": args.repeats, "results": results}
+    write_json(out, "decode", payload)
+    return payload
+
+
+def summarize(ctx: int, times: dict, cfg, weights: int, bandwidth: float) -> dict:
+    row = {"context": ctx, "tok_s": {name: 1 / median(t) for name, t in times.items()}}
+    base = row["tok_s"]["latentkv bf16"]
+    row["ratio"] = {name: base / v for name, v in row["tok_s"].items()}
+    floor = decode_floor_seconds(weights, latent_bytes_per_token(cfg, "auto", "bfloat16"), ctx, bandwidth)
+    row["floor_s"] = floor
+    row["floor_fraction"] = floor * base  # achieved fraction of the bandwidth bound
+    return row
+
+
+def show(results: list[dict], systems: list, bandwidth: float, weights: int) -> None:
+    names = [s.name for s in systems]
+    rows = []
+    for r in results:
+        row = {"context": r["context"], **{f"{n} tok/s": r["tok_s"][n] for n in names}}
+        row.update({f"x vs {n}": r["ratio"][n] for n in names[1:]})
+        row["floor %"] = 100 * r["floor_fraction"]
+        rows.append(row)
+    print(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s; latentkv weights read per step {weights / 2**20:.0f} MiB")
+    print_table("Batch-1 greedy decode (median tokens/s; x = latentkv bf16 speed-up over the column)",
+                list(rows[0].keys()), rows)
+
+
+def plot(results: list[dict], names: list[str], out: Path) -> Path:
+    fig, ax = new_figure("Batch-1 decode speed", "context (tokens)", "tokens/s", log_x=True)
+    ctx = [r["context"] for r in results]
+    for name in names:
+        ax.plot(ctx, [r["tok_s"][name] for r in results], marker="o", label=name)
+    return save_figure(fig, out, "decode")

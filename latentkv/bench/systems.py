@@ -1,0 +1,121 @@
+"""The systems a speed bench compares, behind one small interface:
+`prepare(prompt_ids)` (untimed: load the context) and `decode(n) -> seconds per token`.
+
+- latentkv: our engine (prefix caching makes the repeated prefill free);
+- transformers: any HF folder or GGUF through AutoModelForCausalLM, a manual greedy loop
+  with its own KV cache (cropped back to the context between runs);
+- llama.cpp: llama-cpp-python on a GGUF, when installed.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import torch
+
+_ids = itertools.count()
+
+
+class LatentKVSystem:
+    def __init__(self, name: str, model: str, kv_cache_dtype: str = "auto", max_model_len: int = 8192 + 256, **engine_kwargs):
+        from latentkv import LLM
+
+        self.name = name
+        self.llm = LLM(model=model, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
+                       skip_tokenizer_init=True, max_num_seqs=engine_kwargs.pop("max_num_seqs", 64), **engine_kwargs)
+        self.engine = self.llm.engine
+        self.prompt: list[int] = []
+
+    @property
+    def model(self):
+        return self.engine.runner.model
+
+    def prepare(self, prompt_ids: list[int]) -> None:
+        self.prompt = list(prompt_ids)
+        self.generate_timed(1)  # fills the prefix cache with this context
+
+    def generate_timed(self, n: int) -> list[float]:
+        """Run one greedy request; timestamps of each generated token."""
+        from latentkv import SamplingParams
+
+        rid = f"bench-{next(_ids)}"
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        self.engine.add_request(rid, self.prompt, params)
+        stamps: list[float] = []
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                now = time.perf_counter()
+                stamps += [now] * (len(out.outputs[0].token_ids) - len(stamps))
+        return stamps
+
+    def decode(self, n: int) -> float:
+        stamps = self.generate_timed(n)
+        return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
+def load_hf(source: str, dtype: torch.dtype = torch.bfloat16):
+    from transformers import AutoModelForCausalLM
+
+    path = Path(source)
+    if path.suffix == ".gguf":
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+class TransformersSystem:
+    def __init__(self, name: str, source: str, dtype: torch.dtype = torch.bfloat16):
+        self.name = name
+        self.model = load_hf(source, dtype)
+        self.cache = None
+
+    @torch.inference_mode()
+    def prepare(self, prompt_ids: list[int]) -> None:
+        ids = torch.tensor([prompt_ids])
+        out = self.model(ids, use_cache=True)
+        self.cache, self.context = out.past_key_values, len(prompt_ids)
+        self.first = out.logits[:, -1].argmax(-1, keepdim=True)
+
+    @torch.inference_mode()
+    def decode(self, n: int) -> float:
+        extra = self.cache.get_seq_length() - self.context
+        if extra > 0:
+            self.cache.crop(-extra)  # back to the prepared context
+        token, start = self.first, time.perf_counter()
+        for _ in range(n - 1):
+            out = self.model(token, past_key_values=self.cache, use_cache=True)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+        return (time.perf_counter() - start) / (n - 1)
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class LlamaCppSystem:
+    def __init__(self, name: str, gguf: str, n_ctx: int = 8192 + 256):
+        from llama_cpp import Llama
+
+        self.name = name
+        self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=torch.get_num_threads(), verbose=False)
+
+    def prepare(self, prompt_ids: list[int]) -> None:
+        self.prompt = list(prompt_ids)
+
+    def decode(self, n: int) -> float:
+        self.llm.reset()
+        self.llm.eval(self.prompt)
+        token, start = self.argmax(), time.perf_counter()
+        for _ in range(n - 1):
+            self.llm.eval([token])
+            token = self.argmax()
+        return (time.perf_counter() - start) / (n - 1)
+
+    def argmax(self) -> int:
+        import numpy as np
+
+        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))

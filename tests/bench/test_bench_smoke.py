@@ -1,0 +1,61 @@
+"""Each bench subcommand runs in --quick mode on a tiny model and writes its JSON and PNG.
+No timing assertions: only that the measurements exist and are sane numbers."""
+import json
+import math
+
+import pytest
+
+from latentkv.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    return str(tiny_checkpoints("v3_dense_qlora")[0])
+
+
+def run_bench(name, tiny, tmp_path, *extra):
+    out = tmp_path / name
+    assert main(["bench", name, "--quick", "--model", tiny, "--source", tiny, "--out", str(out), *extra]) == 0
+    assert (out / f"{name}.png").stat().st_size > 0
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_decode(tiny, tmp_path):
+    data = run_bench("decode", tiny, tmp_path, "--stock", tiny)
+    assert data["bandwidth_gbs"] > 0 and data["machine"]["cores"] >= 1
+    assert [r["context"] for r in data["results"]] == [64, 256]
+    for row in data["results"]:
+        names = set(row["tok_s"])
+        assert {"latentkv bf16", "latentkv int8", "transformers original", "transformers DeepseekV3 stock"} <= names
+        assert all(positive(v) for v in row["tok_s"].values())
+        assert row["ratio"]["latentkv bf16"] == 1.0
+        assert positive(row["floor_fraction"])
+
+
+def test_bench_throughput(tiny, tmp_path):
+    data = run_bench("throughput", tiny, tmp_path)
+    assert [r["concurrency"] for r in data["results"]] == [1, 4]
+    for row in data["results"]:
+        assert positive(row["latentkv"]["tok_s"]) and positive(row["transformers"]["tok_s"])
+        assert row["latentkv"]["ttft_p50"] <= row["latentkv"]["ttft_p99"]
+
+
+def test_bench_prefix(tiny, tmp_path):
+    data = run_bench("prefix", tiny, tmp_path)
+    assert [r["prefix"] for r in data["results"]] == [64, 256]
+    assert all(positive(r["ttft_on_s"]) and positive(r["ttft_off_s"]) for r in data["results"])
+    assert data["results"][-1]["hits"] > 0  # the shared prefix was found in the cache
+
+
+def test_bench_memory(tiny, tmp_path):
+    data = run_bench("memory", tiny, tmp_path)
+    caches = {(r["model"], r["cache"]): r["bytes/token"] for r in data["analytic"]}
+    v3 = {c: b for (m, c), b in caches.items() if m == "DeepSeek-V3"}
+    assert v3["MLA bf16"] == 61 * 576 * 2 and v3["MHA bf16 (same heads)"] == 61 * 2 * 128 * 128 * 2
+    measured = data["measured"][0]
+    assert positive(measured["latentkv"]["rss_held_mib"]), measured
+    assert positive(measured["transformers"]["rss_held_mib"]), measured
