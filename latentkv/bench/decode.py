@@ -40,6 +40,7 @@ def run(args) -> dict:
         prompt = torch.randint(3, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx)).tolist()
         for s in systems:
             s.prepare(prompt)
+            s.decode(min(4, args.tokens))  # warm-up: first-call costs are not decode speed
         times = {s.name: [] for s in systems}
         for _ in range(args.repeats):  # interleaved: A B C A B C ...
             for s in systems:
