@@ -1,0 +1,232 @@
+"""Model resolution shared by `serve`, `chat` and `generate`.
+
+MODEL may be
+- a latentkv or DeepSeek-V2/V3 folder (config.json `model_type` deepseek_v2/v3): used as is;
+- a Llama-family GGUF file or Hugging Face folder: converted to MLA with the converter's
+  default settings, once, and cached under the user cache dir keyed by the source's
+  content hash and those settings (so the next start loads the cached folder);
+- nothing: the bundled SmolLM2-135M-Instruct GGUF, converted and cached the same way.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+LLAMA_MODEL_TYPES = ("llama", "qwen2", "mistral")
+CACHE_FORMAT = 1  # bump when the cache layout or provenance file changes
+
+
+class ResolveError(ValueError):
+    """MODEL names nothing we can serve; the message says what was found."""
+
+
+@dataclass
+class SourceGeometry:
+    """The shape of the original model's KV cache: 2 · kv_heads · head_dim per layer."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+@dataclass
+class ResolvedModel:
+    path: Path                              # the MLA folder the engine loads
+    name: str                               # default served model name
+    source: Path | None = None              # the Llama-family source, when converted
+    original: SourceGeometry | None = None  # its KV geometry, for the banner
+    from_cache: bool = False                # a converted folder reused from the cache
+
+
+def cache_root() -> Path:
+    """$LATENTKV_CACHE_DIR, else $XDG_CACHE_HOME/latentkv, else ~/.cache/latentkv."""
+    if os.environ.get("LATENTKV_CACHE_DIR"):
+        return Path(os.environ["LATENTKV_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "latentkv"
+
+
+def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> ResolvedModel:
+    """Find or build the MLA folder for MODEL (see the module docstring)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if model is None:
+        from latentkv.convert.sources import default_gguf_path
+        return convert_cached(default_gguf_path(), convert_fn, log, name="SmolLM2-135M-Instruct")
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ResolveError(f"model not found: {path} (give a folder, a .gguf file, or nothing for the bundled SmolLM2)")
+    kind = classify(path)
+    if kind == "mla":
+        return ResolvedModel(path=path, name=path.resolve().name)
+    return convert_cached(path, convert_fn, log)
+
+
+def classify(path: Path) -> str:
+    """"mla" for a DeepSeek/latentkv folder, "llama" for a convertible source."""
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return "llama"
+        raise ResolveError(f"{path}: a model file must be a .gguf; otherwise give a model folder")
+    config = path / "config.json"
+    if not config.is_file():
+        raise ResolveError(f"{path}: no config.json; a model folder holds config.json and *.safetensors")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type in MLA_MODEL_TYPES:
+        return "mla"
+    if model_type in LLAMA_MODEL_TYPES:
+        return "llama"
+    raise ResolveError(f"{path}: model_type {model_type!r} is neither MLA {MLA_MODEL_TYPES} "
+                       f"nor a Llama-family source we convert {LLAMA_MODEL_TYPES}")
+
+
+# -- the conversion cache --------------------------------------------------------------
+def convert_cached(source: Path, convert_fn, log, name: str | None = None) -> ResolvedModel:
+    """Convert `source` with default settings unless the cache already holds it."""
+    convert_fn = convert_fn or default_convert
+    key = cache_key(source, convert_fn)
+    folder = cache_root() / "converted" / key
+    name = name or source.resolve().name.removesuffix(".gguf")
+    if (folder / "latentkv-source.json").is_file():
+        provenance = json.loads((folder / "latentkv-source.json").read_text())
+        geometry = SourceGeometry(**provenance["geometry"]) if provenance.get("geometry") else None
+        log(f"latentkv: using the converted model cached at {folder}")
+        return ResolvedModel(path=folder, name=name, source=source, original=geometry, from_cache=True)
+    log(f"latentkv: converting {source} to MLA (default settings; once, cached at {folder})")
+    started = time.perf_counter()
+    tmp = folder.with_name(f"{key}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        convert_fn(source=source, out=tmp)
+        geometry = source_geometry(source)
+        provenance = {"source": str(source), "key": key, "geometry": asdict(geometry) if geometry else None,
+                      "seconds": round(time.perf_counter() - started, 1)}
+        (tmp / "latentkv-source.json").write_text(json.dumps(provenance, indent=2))
+        if folder.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"latentkv: converted in {time.perf_counter() - started:.1f} s")
+    return ResolvedModel(path=folder, name=name, source=source, original=geometry, from_cache=False)
+
+
+def default_convert(source: Path, out: Path) -> Path:
+    from latentkv.convert import convert
+    return convert(source=source, out=out)
+
+
+def cache_key(source: Path, convert_fn) -> str:
+    """Hash of the source's content, the converter's default settings and the cache format."""
+    settings = {"format": CACHE_FORMAT, "converter": converter_defaults(convert_fn)}
+    digest = hashlib.sha256(content_hash(source).encode())
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:24]
+
+
+def converter_defaults(convert_fn) -> dict:
+    """The keyword defaults of the conversion function (what "default settings" means)."""
+    fn = default_convert_target() if convert_fn is default_convert else convert_fn
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params
+            if p.default is not inspect.Parameter.empty and p.name not in ("source", "out")}
+
+
+def default_convert_target():
+    try:
+        from latentkv.convert import convert
+    except ImportError:
+        return default_convert
+    return convert
+
+
+def source_files(source: Path) -> list[Path]:
+    """The files whose bytes define a source: the GGUF, or the folder's files (sorted)."""
+    if source.is_file():
+        return [source]
+    return sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def content_hash(source: Path) -> str:
+    """sha256 over the source's files (names and bytes). Hashes of unchanged files (same
+    size and mtime) are remembered in the cache dir, so a second start reads nothing big."""
+    memo_file = cache_root() / "hashes.json"
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    digest = hashlib.sha256()
+    changed = False
+    for f in source_files(source):
+        stat = f.stat()
+        memo_key = f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        if memo_key not in memo:
+            memo[memo_key] = file_sha256(f)
+            changed = True
+        digest.update(f.relative_to(source).as_posix().encode() if source.is_dir() else b"")
+        digest.update(memo[memo_key].encode())
+    if changed:
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_name(f"hashes.json.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        tmp.replace(memo_file)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# -- the original model's KV geometry (for the banner) ------------------------------------
+def source_geometry(source: Path) -> SourceGeometry | None:
+    """Layers, KV heads and head dim of a Llama-family source, read from its metadata."""
+    try:
+        if source.is_file():
+            return gguf_geometry(source)
+        cfg = json.loads((source / "config.json").read_text())
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        return SourceGeometry(cfg["num_hidden_layers"], cfg.get("num_key_value_heads") or heads, head_dim)
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def gguf_geometry(path: Path) -> SourceGeometry:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+
+    def field(key):
+        f = reader.fields.get(key)
+        if f is None:
+            raise KeyError(key)
+        return f.contents()
+
+    arch = field("general.architecture")
+    heads = int(field(f"{arch}.attention.head_count"))
+    try:
+        head_dim = int(field(f"{arch}.attention.key_length"))
+    except KeyError:
+        head_dim = int(field(f"{arch}.embedding_length")) // heads
+    try:
+        kv_heads = int(field(f"{arch}.attention.head_count_kv"))
+    except KeyError:
+        kv_heads = heads
+    return SourceGeometry(int(field(f"{arch}.block_count")), kv_heads, head_dim)

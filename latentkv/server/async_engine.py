@@ -1,0 +1,186 @@
+"""The server's one engine loop: an `LLMEngine` stepped in a background thread.
+
+HTTP handlers (on the asyncio loop) never touch the engine: they send commands ("add",
+"abort") through a thread-safe queue and read each request's outputs from its own
+asyncio queue. Tokenization and chat templating also run in the engine thread (the
+`prepare` callable of an add), so the tokenizer is only ever used by one thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+from latentkv.engine.outputs import RequestOutput
+from latentkv.sampling import SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (crashed or shut down); the server cannot serve."""
+
+
+@dataclass
+class Submission:
+    request_id: str
+    prepare: Callable  # tokenizer -> (prompt text or None, prompt token ids)
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+    accepted: asyncio.Future
+
+
+class AsyncEngine:
+    """Owns the engine thread; `generate` is the per-request async iterator of outputs."""
+
+    def __init__(self, engine, on_finish: Callable[[RequestOutput], None] | None = None):
+        self.engine = engine
+        self.on_finish = on_finish or (lambda out: None)
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.wakeup = threading.Event()
+        self.streams: dict[str, Submission] = {}
+        self.stats = engine.stats()
+        self.lock = threading.Lock()
+        self.num_seqs_in_flight = 0  # sequences submitted and not yet finished
+        self.stopping = False
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self.run, name="latentkv-engine", daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wakeup.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.error is None
+
+    # -- the frontend side ------------------------------------------------------------------
+    def waiting_after(self, num_seqs: int) -> int:
+        """How many sequences would wait for a running slot if `num_seqs` more came now."""
+        with self.lock:
+            in_flight = self.num_seqs_in_flight
+        return max(0, in_flight + num_seqs - self.engine.args.max_num_seqs, self.stats["waiting"])
+
+    async def add(self, request_id: str, prepare: Callable, params: SamplingParams) -> Submission:
+        """Queue a request; returns once the engine accepted it. Raises ValueError (bad
+        prompt) or EngineDeadError."""
+        if not self.alive:
+            raise EngineDeadError(self.error or "the engine loop is not running")
+        loop = asyncio.get_running_loop()
+        sub = Submission(request_id, prepare, params, loop, asyncio.Queue(), loop.create_future())
+        with self.lock:
+            self.num_seqs_in_flight += params.n
+        self.commands.put(("add", sub))
+        self.wakeup.set()
+        try:
+            await sub.accepted
+        except asyncio.CancelledError:  # the client left before the engine took it
+            self.abort(request_id)
+            raise
+        return sub
+
+    def abort(self, request_id: str) -> None:
+        self.commands.put(("abort", request_id))
+        self.wakeup.set()
+
+    async def generate(self, sub: Submission):
+        """Yield the request's cumulative outputs until it finishes; aborts it when the
+        consumer stops early (a client disconnect cancels the consuming task)."""
+        finished = False
+        try:
+            while not finished:
+                item = await sub.outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(sub.request_id)
+
+    # -- the engine thread ----------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self.stopping:
+                self.wakeup.clear()
+                self.apply_commands()
+                if not self.engine.has_unfinished_requests():
+                    self.stats = self.engine.stats()
+                    self.wakeup.wait(timeout=1.0)
+                    continue
+                for out in self.engine.step():
+                    self.deliver(out)
+                self.stats = self.engine.stats()
+        except BaseException as err:  # a bug in the engine: fail everyone, report it
+            self.error = f"engine loop crashed: {type(err).__name__}: {err}"
+            traceback.print_exc()
+        finally:
+            self.fail_all(EngineDeadError(self.error or "the server is shutting down"))
+
+    def apply_commands(self) -> None:
+        while True:
+            try:
+                kind, payload = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self.accept(payload)
+            elif kind == "abort":
+                out = self.engine.abort_request(payload)
+                if out is not None:
+                    self.deliver(out)
+
+    def accept(self, sub: Submission) -> None:
+        try:
+            text, ids = sub.prepare(self.engine.tokenizer)
+            self.engine.add_request(sub.request_id, text, sub.params, prompt_token_ids=ids)
+        except Exception as err:  # noqa: BLE001 - a bad prompt is the client's error
+            self.release(sub.params.n)
+            sub.loop.call_soon_threadsafe(set_exception_once, sub.accepted, err)
+            return
+        self.streams[sub.request_id] = sub
+        sub.loop.call_soon_threadsafe(set_result_once, sub.accepted, None)
+
+    def deliver(self, out: RequestOutput) -> None:
+        sub = self.streams.get(out.request_id)
+        if sub is None:
+            return
+        if out.finished:
+            del self.streams[out.request_id]
+            self.release(sub.params.n)
+            self.on_finish(out)
+        sub.loop.call_soon_threadsafe(sub.outputs.put_nowait, out)
+
+    def release(self, num_seqs: int) -> None:
+        with self.lock:
+            self.num_seqs_in_flight -= num_seqs
+
+    def fail_all(self, err: BaseException) -> None:
+        for sub in list(self.streams.values()):
+            sub.loop.call_soon_threadsafe(sub.outputs.put_nowait, err)
+        self.streams.clear()
+        while True:
+            try:
+                kind, payload = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                payload.loop.call_soon_threadsafe(set_exception_once, payload.accepted, err)
+
+
+def set_result_once(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def set_exception_once(future: asyncio.Future, err: BaseException) -> None:
+    if not future.done():
+        future.set_exception(err)

@@ -1,0 +1,92 @@
+"""POST /v1/chat/completions: the conversation through the model's chat template."""
+from __future__ import annotations
+
+import time
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from latentkv.server.errors import bad_request
+from latentkv.server.protocol import ChatCompletionRequest
+from latentkv.server.serving import (DeltaTracker, ServerState, chat_logprobs, check_prompt_length, collect, follow,
+                                     new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+
+
+def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    """The templated prompt text and its token ids (the template writes any BOS itself)."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template; use /v1/completions")
+    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return text, tokenizer(text, add_special_tokens=False).input_ids
+
+
+def chat_prompt(conversation: list[dict], add_generation_prompt: bool, max_model_len: int):
+    def prepare(tokenizer):
+        text, ids = render_chat(tokenizer, conversation, add_generation_prompt)
+        check_prompt_length(ids, max_model_len)
+        return text, ids
+    return prepare
+
+
+async def create_chat_completion(req: ChatCompletionRequest, state: ServerState):
+    state.check_model(req.model)
+    conversation = req.conversation()
+    if not any(m["content"] for m in conversation):
+        raise bad_request("the messages are empty", param="messages")
+    try:
+        params = req.sampling_params(req.token_limit(), req.num_logprobs())
+    except ValueError as err:
+        raise bad_request(str(err)) from None
+    state.check_queue(req.n)
+    request_id = new_id("chatcmpl")
+    prepare = chat_prompt(conversation, req.add_generation_prompt, state.max_model_len)
+    subs = await submit_all(state, request_id, [prepare], params, "messages")
+    if req.stream:
+        return StreamingResponse(stream_chat(req, state, subs, request_id), media_type="text/event-stream")
+    finals = await collect(state, subs)
+    return JSONResponse(chat_body(req, state, finals[0], request_id))
+
+
+def chat_body(req: ChatCompletionRequest, state: ServerState, final, request_id: str) -> dict:
+    choices = []
+    for c in final.outputs:
+        logprobs = chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs and c.logprobs is not None else None
+        choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
+                        "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
+            "model": state.served_model_name, "choices": choices, "usage": usage([final])}
+
+
+async def stream_chat(req: ChatCompletionRequest, state: ServerState, subs: list, request_id: str):
+    created = int(time.time())
+    tracker = DeltaTracker(req.n)
+    final = None
+
+    def chunk(choices: list, usage_value=None) -> str:
+        body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                "model": state.served_model_name, "choices": choices}
+        if req.include_usage:
+            body["usage"] = usage_value
+        return sse(body)
+
+    try:
+        async for _, out in follow(state, subs):
+            raise_if_failed(out)
+            if out.finished:
+                final = out
+            for d in tracker.update(0, out):
+                if d.first:
+                    yield chunk([{"index": d.index, "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}])
+                logprobs = None
+                if req.logprobs and d.logprobs is not None:
+                    logprobs = chat_logprobs(d.token_ids, d.logprobs, req.top_logprobs or 0)
+                if d.text or logprobs:
+                    yield chunk([{"index": d.index, "delta": {"content": d.text}, "logprobs": logprobs,
+                                  "finish_reason": None}])
+                if d.finish_reason:
+                    yield chunk([{"index": d.index, "delta": {}, "logprobs": None, "finish_reason": d.finish_reason}])
+        if req.include_usage and final is not None:
+            yield chunk([], usage([final]))
+    except Exception as err:  # noqa: BLE001 - headers are sent; report in the stream
+        yield sse_error(err)
+    yield sse("[DONE]")

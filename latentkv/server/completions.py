@@ -1,0 +1,109 @@
+"""POST /v1/completions: one engine request per prompt, `n` samples each."""
+from __future__ import annotations
+
+import time
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from latentkv.server.errors import bad_request
+from latentkv.server.protocol import CompletionRequest
+from latentkv.server.serving import (DeltaTracker, ServerState, check_prompt_length, collect, completion_logprobs,
+                                     follow, new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+
+
+def text_prompt(prompt: str, max_model_len: int):
+    def prepare(tokenizer):
+        if tokenizer is None:
+            raise ValueError("this server has no tokenizer; send the prompt as token ids")
+        ids = tokenizer(prompt).input_ids
+        check_prompt_length(ids, max_model_len)
+        return prompt, ids
+    return prepare
+
+
+def token_prompt(ids: list[int], max_model_len: int):
+    def prepare(tokenizer):
+        check_prompt_length(ids, max_model_len)
+        text = tokenizer.decode(ids) if tokenizer is not None else None
+        return text, list(ids)
+    return prepare
+
+
+def check_request(req: CompletionRequest) -> list:
+    prompts = req.prompts()
+    if not prompts:
+        raise bad_request("the prompt is empty", param="prompt")
+    for p in prompts:
+        if (isinstance(p, str) and not p) or (isinstance(p, list) and not p):
+            raise bad_request("the prompt is empty", param="prompt")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo together with logprobs is not supported", param="echo")
+    if req.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    return prompts
+
+
+async def create_completion(req: CompletionRequest, state: ServerState):
+    state.check_model(req.model)
+    prompts = check_request(req)
+    try:
+        params = req.sampling_params(req.max_tokens, req.logprobs)
+    except ValueError as err:
+        raise bad_request(str(err)) from None
+    state.check_queue(len(prompts) * req.n)
+    prepares = [text_prompt(p, state.max_model_len) if isinstance(p, str) else token_prompt(p, state.max_model_len)
+                for p in prompts]
+    request_id = new_id("cmpl")
+    subs = await submit_all(state, request_id, prepares, params, "prompt")
+    if req.stream:
+        return StreamingResponse(stream_completion(req, state, subs, request_id), media_type="text/event-stream")
+    finals = await collect(state, subs)
+    return JSONResponse(completion_body(req, state, finals, request_id))
+
+
+def completion_body(req: CompletionRequest, state: ServerState, finals: list, request_id: str) -> dict:
+    choices = []
+    for i, out in enumerate(finals):
+        prefix = (out.prompt or "") if req.echo else ""
+        for c in out.outputs:
+            logprobs = (completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(prefix))
+                        if req.logprobs is not None and c.logprobs is not None else None)
+            choices.append({"index": i * req.n + c.index, "text": prefix + c.text, "logprobs": logprobs,
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    choices.sort(key=lambda ch: ch["index"])
+    return {"id": request_id, "object": "text_completion", "created": int(time.time()),
+            "model": state.served_model_name, "choices": choices, "usage": usage(finals)}
+
+
+async def stream_completion(req: CompletionRequest, state: ServerState, subs: list, request_id: str):
+    created = int(time.time())
+    tracker = DeltaTracker(req.n)
+    offsets: dict[int, int] = {}
+    finals: dict[int, object] = {}
+
+    def chunk(choices: list, usage_value=None) -> str:
+        body = {"id": request_id, "object": "text_completion", "created": created,
+                "model": state.served_model_name, "choices": choices}
+        if req.include_usage:
+            body["usage"] = usage_value
+        return sse(body)
+
+    try:
+        async for i, out in follow(state, subs):
+            raise_if_failed(out)
+            if out.finished:
+                finals[i] = out
+            for d in tracker.update(i, out):
+                text = ((out.prompt or "") if req.echo and d.first else "") + d.text
+                logprobs = None
+                if req.logprobs is not None and d.logprobs is not None:
+                    logprobs = completion_logprobs(d.token_ids, d.logprobs, req.logprobs, offsets.get(d.index, 0))
+                offsets[d.index] = offsets.get(d.index, 0) + len(text)
+                if text or d.finish_reason:
+                    yield chunk([{"index": d.index, "text": text, "logprobs": logprobs,
+                                  "finish_reason": d.finish_reason}])
+        if req.include_usage:
+            yield chunk([], usage([finals[i] for i in sorted(finals)]))
+    except Exception as err:  # noqa: BLE001 - headers are sent; report in the stream
+        yield sse_error(err)
+    yield sse("[DONE]")

@@ -1,0 +1,218 @@
+"""What completions and chat share: submitting requests, following their outputs into
+per-choice deltas, usage, logprobs, server-sent events."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from latentkv.server.async_engine import AsyncEngine, EngineDeadError, Submission
+from latentkv.server.errors import ApiError, bad_request, error_body
+from latentkv.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    """Everything the route handlers need."""
+
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    served_model_name: str
+    max_model_len: int
+    max_num_seqs: int
+    max_waiting_requests: int
+    api_key: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served_model_name:
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.served_model_name!r}",
+                           param="model", code="model_not_found")
+
+    def check_queue(self, num_seqs: int) -> None:
+        """503 + Retry-After when taking `num_seqs` more would overfill the waiting queue."""
+        waiting = self.engine.waiting_after(num_seqs)
+        if waiting > self.max_waiting_requests:
+            raise ApiError(503, f"the server is busy: {waiting} sequences would wait, more than the limit of "
+                                f"{self.max_waiting_requests}; retry later", headers={"Retry-After": "1"},
+                           code="overloaded")
+
+    async def submit(self, request_id: str, prepare, params, param: str) -> Submission:
+        try:
+            return await self.engine.add(request_id, prepare, params)
+        except EngineDeadError as err:
+            raise ApiError(500, str(err)) from None
+        except ValueError as err:
+            raise bad_request(str(err), param=param) from None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_prompt_length(ids: list[int], max_model_len: int) -> None:
+    """A prompt must leave room for at least one generated token."""
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) >= max_model_len:
+        raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {max_model_len}, "
+                         "so it leaves no room for output")
+
+
+async def submit_all(state: ServerState, base_id: str, prepares: list, params, param: str) -> list[Submission]:
+    """Submit one engine request per prompt; if one is refused, abort those already taken."""
+    subs: list[Submission] = []
+    try:
+        for i, prepare in enumerate(prepares):
+            subs.append(await state.submit(f"{base_id}-{i}", prepare, params, param))
+    except BaseException:
+        for sub in subs:
+            state.engine.abort(sub.request_id)
+        raise
+    return subs
+
+
+async def follow(state: ServerState, subs: list[Submission]):
+    """Yield (prompt index, cumulative RequestOutput) from all submissions as they come,
+    timing first tokens and the gaps between outputs. Closing it aborts what still runs."""
+    merged: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, sub: Submission):
+        try:
+            async for out in state.engine.generate(sub):
+                await merged.put((i, out))
+        except Exception as err:  # noqa: BLE001 - handed to the consumer
+            await merged.put((i, err))
+        finally:
+            await merged.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, sub)) for i, sub in enumerate(subs)]
+    started = time.perf_counter()
+    last: dict[int, float] = {}
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await merged.get()
+            if item is done:
+                remaining -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise ApiError(500, str(item)) if isinstance(item, EngineDeadError) else item
+            now = time.perf_counter()
+            if any(c.token_ids for c in item.outputs):
+                state.metrics.itl.observe(now - last[i]) if i in last else state.metrics.ttft.observe(now - started)
+                last[i] = now
+            yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def collect(state: ServerState, subs: list[Submission]) -> list:
+    """The final output of every submission (in prompt order); a failed one is a 500."""
+    finals: list = [None] * len(subs)
+    async for i, out in follow(state, subs):
+        raise_if_failed(out)
+        if out.finished:
+            finals[i] = out
+    return finals
+
+
+def raise_if_failed(out) -> None:
+    if out.error:
+        raise ApiError(500, f"request failed: {out.error}", code="generation_error")
+
+
+@dataclass
+class Delta:
+    """What one choice gained since the last event."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list | None
+    finish_reason: str | None
+    first: bool
+
+
+class DeltaTracker:
+    """Turns cumulative outputs into per-choice deltas (choice index = prompt · n + sample)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.chars: dict[int, int] = {}
+        self.tokens: dict[int, int] = {}
+        self.finished: set[int] = set()
+
+    def update(self, prompt_index: int, out) -> list[Delta]:
+        deltas = []
+        for c in out.outputs:
+            index = prompt_index * self.n + c.index
+            if index in self.finished:
+                continue
+            first = index not in self.chars
+            chars, tokens = self.chars.get(index, 0), self.tokens.get(index, 0)
+            text, new_ids = c.text[chars:], c.token_ids[tokens:]
+            logprobs = c.logprobs[tokens:len(c.token_ids)] if c.logprobs is not None else None
+            self.chars[index], self.tokens[index] = len(c.text), len(c.token_ids)
+            if c.finish_reason is not None:
+                self.finished.add(index)
+            if text or c.finish_reason is not None or first:
+                deltas.append(Delta(index, text, new_ids, logprobs, c.finish_reason, first))
+        return deltas
+
+
+def usage(finals: list) -> dict:
+    prompt = sum(len(out.prompt_token_ids) for out in finals)
+    completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def top_entries(position: dict, k: int) -> list:
+    """The top-k (by rank) Logprob entries of one position, as (token id, Logprob)."""
+    return sorted(((tid, lp) for tid, lp in position.items() if lp.rank <= k), key=lambda e: e[1].rank)
+
+
+def token_text(lp, fallback: str = "") -> str:
+    return lp.decoded_token if lp.decoded_token is not None else fallback
+
+
+def completion_logprobs(token_ids: list[int], positions: list, k: int, offset: int) -> dict:
+    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for tid, position in zip(token_ids, positions):
+        chosen = position[tid]
+        token = token_text(chosen)
+        result["tokens"].append(token)
+        result["token_logprobs"].append(chosen.logprob)
+        result["top_logprobs"].append({token_text(lp): lp.logprob for _, lp in top_entries(position, k)})
+        result["text_offset"].append(offset)
+        offset += len(token)
+    return result
+
+
+def chat_logprobs(token_ids: list[int], positions: list, k: int) -> dict:
+    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    content = []
+    for tid, position in zip(token_ids, positions):
+        chosen = position[tid]
+        token = token_text(chosen)
+        content.append({"token": token, "logprob": chosen.logprob, "bytes": list(token.encode()),
+                        "top_logprobs": [{"token": token_text(lp), "logprob": lp.logprob,
+                                          "bytes": list(token_text(lp).encode())}
+                                         for _, lp in top_entries(position, k)]})
+    return {"content": content}
+
+
+def sse(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def sse_error(err: Exception) -> str:
+    if isinstance(err, ApiError):
+        return sse(err.body() | {"status": err.status})
+    return sse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error") | {"status": 500})
