@@ -72,7 +72,7 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[str], TokenIds, list[TokenIds]]
+    prompt: Union[str, TokenIds, list[Union[str, TokenIds]]]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False

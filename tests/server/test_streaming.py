@@ -1,0 +1,92 @@
+"""Many streams at once, clients that leave early, and a NaN in the model."""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from conftest import MODEL_NAME
+
+PROMPTS = [f"{word} {i}" for i, word in enumerate(
+    ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "one", "two", "three", "four", "héllo", "wörld",
+     "café", "code"])]
+
+
+def metric(server, name: str, labels: str = "") -> float:
+    text = httpx.get(server.url + "/metrics").text
+    match = re.search(rf"^{name}{re.escape(labels)} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def wait_until_idle(server, deadline_s: float = 60.0) -> None:
+    """Poll /metrics until nothing runs or waits (the engine loop applies aborts async)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if metric(server, "latentkv_num_requests_running") == 0 and metric(server, "latentkv_num_requests_waiting") == 0:
+            return
+        time.sleep(0.05)
+
+
+def test_16_concurrent_streams_equal_their_non_streamed_greedy_text(server, client):
+    expected = [client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=12, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+
+    async def one(aclient, prompt: str) -> str:
+        stream = await aclient.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                                  stream=True, extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def all_of_them():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120) as aclient:
+            return await asyncio.gather(*(one(aclient, p) for p in PROMPTS))
+
+    assert asyncio.run(all_of_them()) == expected
+    assert len(set(expected)) > 1  # the prompts really lead to different texts
+
+
+def test_closing_a_stream_early_aborts_and_frees_its_blocks(server, client):
+    wait_until_idle(server)
+    aborted_before = metric(server, "latentkv_request_finish_total", '{reason="abort"}')
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "talk " * 10}],
+                                            max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks), next(chunks), next(chunks)
+    assert metric(server, "latentkv_cache_blocks_used") > 0  # it holds blocks while it runs
+    stream.close()
+    wait_until_idle(server)
+    assert metric(server, "latentkv_cache_blocks_used") == 0
+    assert metric(server, "latentkv_request_finish_total", '{reason="abort"}') == aborted_before + 1
+    # the server is fine afterwards
+    assert client.completions.create(model=MODEL_NAME, prompt="one", max_tokens=3).choices[0].text is not None
+
+
+@pytest.fixture
+def poisoned_token(server):
+    """Token id 250's embedding is NaN while the test runs."""
+    embed = server.engine.model.model.embed_tokens.weight
+    saved = embed[250].clone()
+    with torch.no_grad():
+        embed[250] = float("nan")
+    yield 250
+    with torch.no_grad():
+        embed[250] = saved
+
+
+def test_nan_in_the_logits_fails_only_that_request(server, client, poisoned_token):
+    good = dict(model=MODEL_NAME, prompt="the quick", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    expected = client.completions.create(**good).choices[0].text
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model=MODEL_NAME, prompt=[7, poisoned_token, 8, 9], max_tokens=6)
+    assert info.value.status_code == 500 and "NaN" in str(info.value)
+    with pytest.raises(openai.APIError) as info:  # streamed: an error event instead of garbage text
+        list(client.completions.create(model=MODEL_NAME, prompt=[poisoned_token, 3], max_tokens=6, stream=True))
+    assert "NaN" in str(info.value)
+    assert client.completions.create(**good).choices[0].text == expected
+    wait_until_idle(server)
+    assert metric(server, "latentkv_cache_blocks_used") == 0
+    assert metric(server, "latentkv_request_finish_total", '{reason="error"}') >= 2
