@@ -1,0 +1,113 @@
+"""`--config FILE` (TOML, the seed template's names) and flags over it."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from latentkv.settings import (Settings, SettingsError, add_engine_arguments, build_settings, read_toml,
+                               settings_from_args)
+
+SEED_STYLE = """
+model = "some/folder"
+
+[latent_attention]
+chunk_size = 32
+prefix_caching = false
+
+[latent_attention.memory]
+pool_size = "64MiB"
+
+[precision]
+compute = "float32"
+cache = "int8"
+
+[scheduler]
+max_model_len = 1024
+max_num_seqs = 8
+max_waiting_requests = 3
+
+[safety]
+nan_check = false
+
+[server]
+host = "0.0.0.0"
+port = 9001
+api_key = "k"
+served_model_name = "m"
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "latentkv.toml"
+    path.write_text(text)
+    return path
+
+
+def parse(argv: list[str]):
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_seed_names_map_to_settings(tmp_path):
+    s = build_settings(write(tmp_path, SEED_STYLE))
+    assert s == Settings(model="some/folder", dtype="float32", kv_cache_dtype="int8", block_size=32,
+                         kv_cache_memory="64MiB", max_model_len=1024, max_num_seqs=8, max_waiting_requests=3,
+                         enable_prefix_caching=False, nan_check=False, host="0.0.0.0", port=9001, api_key="k",
+                         served_model_name="m")
+
+
+def test_defaults_without_a_file():
+    s = build_settings()
+    assert (s.block_size, s.kv_cache_dtype, s.nan_check, s.enable_prefix_caching, s.host, s.port) == \
+        (16, "auto", True, True, "127.0.0.1", 8000)
+
+
+def test_pool_size_as_an_int_counts_chunks(tmp_path):
+    s = build_settings(write(tmp_path, "[latent_attention.memory]\npool_size = 256\n"))
+    assert s.kv_cache_blocks == 256 and s.kv_cache_memory is None
+    s = build_settings(write(tmp_path, "[latent_attention.memory]\npool_size = 1073741824\n"))
+    assert s.kv_cache_memory == 2**30 and s.kv_cache_blocks is None
+
+
+def test_unknown_key_names_it_and_the_allowed_ones(tmp_path):
+    with pytest.raises(SettingsError) as info:
+        read_toml(write(tmp_path, "[latent_attention]\nchunk_size = 16\nlookahead = 3\n"))
+    message = str(info.value)
+    assert "'latent_attention.lookahead'" in message and "latent_attention.chunk_size" in message
+    with pytest.raises(SettingsError, match="'fallback.threshold'"):
+        read_toml(write(tmp_path, "[fallback]\nthreshold = 0.85\n"))
+
+
+@pytest.mark.parametrize("text,key,allowed", [
+    ('[precision]\ncache = "int4"\n', "precision.cache", "fp8_e4m3"),
+    ("[latent_attention]\nchunk_size = 24\n", "latent_attention.chunk_size", "16"),
+    ('[safety]\nnan_check = "maybe"\n', "safety.nan_check", "true or false"),
+    ("[scheduler]\nmax_num_seqs = 0\n", "scheduler.max_num_seqs", "positive"),
+    ('[latent_attention.memory]\npool_size = "lots"\n', "latent_attention.memory.pool_size", "GiB"),
+    ("[server]\nport = 70000\n", "server.port", "0-65535"),
+])
+def test_bad_values_name_key_and_allowed_values(tmp_path, text, key, allowed):
+    with pytest.raises(SettingsError) as info:
+        read_toml(write(tmp_path, text))
+    assert key in str(info.value) and allowed in str(info.value)
+
+
+def test_invalid_toml_and_missing_file(tmp_path):
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        read_toml(write(tmp_path, "[precision\n"))
+    with pytest.raises(SettingsError, match="not found"):
+        read_toml(tmp_path / "absent.toml")
+
+
+def test_flags_override_the_file(tmp_path):
+    path = write(tmp_path, SEED_STYLE)
+    args = parse(["other/model", "--config", str(path), "--kv-cache-dtype", "fp8", "--block-size", "8",
+                  "--enable-prefix-caching", "--kv-cache-memory", "1GiB"])
+    s = settings_from_args(args)
+    assert (s.model, s.kv_cache_dtype, s.block_size, s.enable_prefix_caching, s.kv_cache_memory) == \
+        ("other/model", "fp8_e4m3", 8, True, "1GiB")
+    assert (s.max_num_seqs, s.nan_check) == (8, False)  # not given as flags: the file's values
+    with pytest.raises(SettingsError, match="--block-size"):
+        settings_from_args(parse(["--block-size", "3"]))
