@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test install clean
+.PHONY: test install serve clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,14 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# `make serve` on a fresh clone: set-up as above, then serve the bundled SmolLM2
+# (converted to MLA on the first run and cached). MODEL=path and ARGS="--port 9000 ..."
+# are passed through.
+MODEL ?=
+ARGS ?=
+serve: $(STAMP)
+	$(BIN)/latentkv serve $(MODEL) $(ARGS)
 
 clean:
 	rm -rf $(VENV)
