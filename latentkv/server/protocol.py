@@ -36,7 +36,7 @@ class SamplingFields(BaseModel):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: TokenIds | None = None
     stream: bool = False
@@ -57,7 +57,7 @@ class SamplingFields(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=self.repetition_penalty or 1.0,
             seed=self.seed,
-            stop=[s for s in stop],
+            stop=stop,
             stop_token_ids=self.stop_token_ids,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
