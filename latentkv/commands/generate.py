@@ -48,7 +48,11 @@ def load(args, what: str):
         print(f"latentkv {what}: {err}", file=sys.stderr)
         return None, None
     from latentkv.commands.startup import start_engine
-    engine, _ = start_engine(settings)
+    try:
+        engine, _ = start_engine(settings)
+    except ValueError as err:  # no such model, a bad checkpoint, a cache that holds nothing, ...
+        print(f"latentkv {what}: {err}", file=sys.stderr)
+        return None, None
     return engine, params
 
 

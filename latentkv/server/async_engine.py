@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from latentkv.engine.outputs import RequestOutput
@@ -30,6 +31,7 @@ class Submission:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     accepted: asyncio.Future
+    arrived: float = field(default_factory=time.perf_counter)
 
 
 class AsyncEngine:

@@ -33,7 +33,11 @@ def run_serve(args) -> int:
     from latentkv.commands.startup import log, start_engine
     from latentkv.server.app import build_app, build_state
 
-    engine, resolved = start_engine(settings)
+    try:
+        engine, resolved = start_engine(settings)
+    except ValueError as err:  # no such model, a bad checkpoint, a cache that holds nothing, ...
+        print(f"latentkv serve: {err}", file=sys.stderr)
+        return 2
     name = settings.served_model_name or resolved.name
     state = build_state(engine, name, settings.max_waiting_requests, settings.api_key)
     log(f"latentkv: serving {name!r} on http://{settings.host}:{settings.port}/v1"

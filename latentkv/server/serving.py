@@ -90,7 +90,6 @@ async def follow(state: ServerState, subs: list[Submission]):
             await merged.put((i, done))
 
     tasks = [asyncio.create_task(pump(i, sub)) for i, sub in enumerate(subs)]
-    started = time.perf_counter()
     last: dict[int, float] = {}
     try:
         remaining = len(tasks)
@@ -103,7 +102,10 @@ async def follow(state: ServerState, subs: list[Submission]):
                 raise ApiError(500, str(item)) if isinstance(item, EngineDeadError) else item
             now = time.perf_counter()
             if any(c.token_ids for c in item.outputs):
-                state.metrics.itl.observe(now - last[i]) if i in last else state.metrics.ttft.observe(now - started)
+                if i in last:
+                    state.metrics.itl.observe(now - last[i])
+                else:
+                    state.metrics.ttft.observe(now - subs[i].arrived)
                 last[i] = now
             yield i, item
     finally:

@@ -60,6 +60,12 @@ def test_config_with_an_unknown_key_fails_naming_it(tmp_path, capsys):
         assert "'latent_attention.prefetch.enabled'" in capsys.readouterr().err
 
 
+def test_missing_model_is_a_clean_error(tmp_path, capsys):
+    for command in ("serve", "chat", "generate --prompt x"):
+        assert main([*command.split(), str(tmp_path / "absent")]) == 2
+        assert "model not found" in capsys.readouterr().err
+
+
 def test_serve_subprocess_answers_over_http(model_dir, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
