@@ -1,0 +1,89 @@
+"""Calibration statistics, accumulated layer by layer, never storing activations.
+
+For each layer we keep the second moment of the attention input (augmented with a
+constant 1 so biases are exact), the attention mass by query-key distance of each
+head (for RoPE's phase statistics), and the residual stream's energy. Everything
+the converter needs (key / query / value moments) is derived from these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from latentkv.convert import reference as ref
+from latentkv.convert.sources import SourceModel
+
+
+@dataclass
+class LayerStats:
+    """One layer's calibration statistics.
+
+    xx [D+1, D+1] float64: E[x̃ x̃ᵀ] of the normed attention input x̃ = [x; 1];
+    dist [H, T] float64: attention probability mass at distance Δ = 0..T-1, per head;
+    h_energy: E|h|² of the residual stream entering the layer; tokens: count.
+    """
+
+    xx: torch.Tensor
+    dist: torch.Tensor
+    h_energy: float
+    tokens: int
+
+
+def add_moments(xx: torch.Tensor, x: torch.Tensor) -> None:
+    """xx += x̃ᵀ x̃ for x [N, D] (float64 accumulation)."""
+    xa = torch.cat([x.float(), torch.ones(x.shape[0], 1, dtype=torch.float32, device=x.device)], dim=1)
+    xx += (xa.T @ xa).double()  # float32 product per batch (fast), float64 running sum
+
+
+def add_distances(dist: torch.Tensor, probs: torch.Tensor) -> None:
+    """dist [H, T] += attention mass of probs [B, H, T, T] at each distance m - n."""
+    B, H, T, _ = probs.shape
+    m = torch.arange(T, device=probs.device)
+    delta = (m[:, None] - m[None, :]).clamp(min=0).reshape(-1)  # masked (n > m) entries carry 0 mass
+    mass = probs.float().sum(0).reshape(H, T * T)
+    dist += torch.zeros(H, T, dtype=torch.float32, device=probs.device).index_add_(1, delta, mass).double()
+
+
+LayerFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_layer: LayerFn | None = None,
+                  on_layer: Callable[[int, LayerStats], None] | None = None, device="cpu") -> list[LayerStats]:
+    """Statistics of every layer over token windows [N, T].
+
+    The residual stream of all windows is held (N*T*D floats); one layer's attention
+    probabilities at a time. `next_layer(i, h, positions)` moves the stream past layer i
+    (default: the source layer; the converter passes its converted layer to calibrate
+    each layer on the converted model's activations). `on_layer(i, stats)` runs after
+    layer i's statistics are complete and before the stream moves on.
+    """
+    N, T = windows.shape
+    D, H = src.hidden_size, src.num_heads
+    positions = torch.arange(T, device=device)
+    hidden = [ref.embed(src, windows[b:b + batch].to(device)) for b in range(0, N, batch)]
+    stats = []
+    for i in tqdm(range(src.num_layers), desc="calibrating layers", unit="layer"):
+        layer = src.layer(i)
+        xx = torch.zeros(D + 1, D + 1, dtype=torch.float64, device=device)
+        dist = torch.zeros(H, T, dtype=torch.float64, device=device)
+        energy = 0.0
+        moved = []
+        for h in hidden:
+            x = ref.rms_norm(h, layer["attn_norm"], src.rms_norm_eps)
+            add_moments(xx, x.reshape(-1, D))
+            out, probs = ref.attention(src, layer, x, positions, return_probs=True)
+            add_distances(dist, probs)
+            energy += h.double().pow(2).sum().item()
+            if next_layer is None:  # reuse this attention output: the source layer's forward
+                h = h + out
+                moved.append(h + ref.mlp(layer, ref.rms_norm(h, layer["mlp_norm"], src.rms_norm_eps)))
+        count = N * T
+        stats.append(LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), h_energy=energy / count, tokens=count))
+        if on_layer is not None:
+            on_layer(i, stats[-1])
+        hidden = moved if next_layer is None else [next_layer(i, h, positions) for h in hidden]
+    return stats

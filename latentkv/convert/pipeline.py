@@ -1,0 +1,188 @@
+"""Source + calibration statistics + settings -> converted model (config dict, tensors).
+
+The steps, each in its own module: RoPE plans (rope.py), the latent of each layer
+(latent.py), the layer weights (assemble.py), the DeepSeek-V3 config (layout.py).
+Statistics are collected once (calibrate.py) so several settings can share them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from latentkv.convert import latent as lat
+from latentkv.convert import rope
+from latentkv.convert.assemble import build_layer, dropped_pairs, key_features, key_maps, nope_queries
+from latentkv.convert.calibrate import LayerStats
+from latentkv.convert.layout import deepseek_config
+from latentkv.convert.sources import SourceModel
+
+THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stock rope schedule
+
+
+@dataclass
+class Settings:
+    """rope_dim: int or "all"; kv_rank: int, "full" or per-layer list; weighting: "aware"/"balanced";
+    rank_alloc: "uniform"/"spectrum"; stock: plain deepseek_v3 output; rope_theta: stock schedule (None: chosen)."""
+
+    rope_dim: int | str = 64
+    kv_rank: int | str | list = "full"
+    weighting: str = "aware"
+    rank_alloc: str = "uniform"
+    stock: bool = False
+    rope_theta: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def augmented_weights(src: SourceModel, i: int):
+    """(wq, wk, wv) [out, D+1] with biases as last column, and wo [D, H*d] (float64)."""
+    layer = src.layer(i)
+    return (rope.augment(layer["q"], layer["q_bias"]), rope.augment(layer["k"], layer["k_bias"]),
+            rope.augment(layer["v"], layer["v_bias"]), layer["o"].double())
+
+
+def resolve_rope_dim(src: SourceModel, rope_dim: int | str, stock: bool) -> int:
+    """The rope dim as an even int; "all" keeps every rotated component (native only)."""
+    full = src.num_kv_heads * src.head_dim
+    if rope_dim == "all":
+        if stock and src.num_kv_heads > 1:
+            raise ValueError("--rope-dim all needs several rope pairs per frequency, which the stock format cannot express")
+        return full
+    rope_dim = int(rope_dim)
+    if rope_dim <= 0 or rope_dim % 2 or rope_dim > full:
+        raise ValueError(f"rope dim must be even and in 2..{full} (or 'all'), got {rope_dim}")
+    return rope_dim
+
+
+def stock_slots(theta: float, rope_dim: int) -> torch.Tensor:
+    """DeepSeek's standard rope angles [dr/2] for rope_theta."""
+    return 1.0 / (theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim))
+
+
+def choose_theta(src: SourceModel, stats: list[LayerStats], rope_dim: int) -> float:
+    """The stock rope_theta (from THETA_GRID) whose schedule keeps the most score energy."""
+    best, best_gain = src.rope_theta, -1.0
+    inputs = []
+    for i, st in enumerate(stats):
+        wq, wk, _, _ = augmented_weights(src, i)
+        inputs.append((wq, wk, st))
+    for theta in tqdm(THETA_GRID + [src.rope_theta], desc="choosing stock rope_theta", leave=False):
+        gain = 0.0
+        for wq, wk, st in inputs:
+            gain += layer_stock_gain(src, wq, wk, st, stock_slots(theta, rope_dim))
+        if gain > best_gain:
+            best, best_gain = theta, gain
+    return best
+
+
+def layer_stock_gain(src, wq, wk, st, slots) -> float:
+    """Score energy one layer keeps with the given stock slots."""
+    H, Hkv = src.num_heads, src.num_kv_heads
+    qe = rope.query_energy(wq, st.xx, H)
+    weight = qe.view(Hkv, H // Hkv, -1).sum(1)
+    _, unmix, lam = rope.weighted_pca(rope.key_covariance(wk, st.xx, Hkv), weight)
+    e = rope.head_energy(unmix, lam, qe, H // Hkv)
+    phi = rope.phase_means(st.dist, src.inv_freq)
+    return rope.stock_gain(e, phi, st.dist, src.inv_freq, slots)
+
+
+def plan_rope(src: SourceModel, stats: list[LayerStats], settings: Settings):
+    """(plans per layer, rope_dim, theta or None, dn)."""
+    dr = resolve_rope_dim(src, settings.rope_dim, settings.stock)
+    theta = None
+    if settings.stock:
+        theta = settings.rope_theta or choose_theta(src, stats, dr)
+    plans = []
+    for i, st in enumerate(stats):
+        wq, wk, _, _ = augmented_weights(src, i)
+        slots = stock_slots(theta, dr) if settings.stock else None
+        plans.append(rope.plan_layer(wq, wk, st.xx, st.dist, src.inv_freq, src.num_heads, src.num_kv_heads, dr, slots))
+    dn = max(2, 2 * max(len(p.nope_freqs) for p in plans))
+    return plans, dr, theta, dn
+
+
+def latent_problem(src, i, plan, st, dn, weighting):
+    """(W_Z [n_z, D+1], weight M, n_k) of layer i's latent."""
+    wq, wk, wv, wo = augmented_weights(src, i)
+    fk = key_features(plan, wk, src.num_kv_heads)
+    wz = torch.cat([fk, wv], 0)
+    n_k = fk.shape[0]
+    if weighting == "balanced":
+        return wz, lat.balanced_weight(wz, st.xx, n_k), n_k
+    if weighting != "aware":
+        raise ValueError(f"unknown weighting {weighting!r} (aware or balanced)")
+    H, d = src.num_heads, src.head_dim
+    wo_blocks = wo.view(wo.shape[0], H, d).permute(1, 0, 2)
+    m = lat.aware_weight(wz, st.xx, n_k, key_maps(plan, src.num_kv_heads, dn),
+                         nope_queries(plan, wq, H, dn), wo_blocks, H // src.num_kv_heads)
+    return wz, m, n_k
+
+
+def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: str) -> list[int]:
+    """Per-layer latent widths from an int (mean under a global budget), "full" or a list."""
+    if kv_rank == "full":
+        return list(full)
+    if isinstance(kv_rank, (list, tuple)):
+        return [min(int(r), f) for r, f in zip(kv_rank, full)]
+    r = int(kv_rank)
+    if r < 1:
+        raise ValueError(f"kv rank must be >= 1 or 'full', got {kv_rank}")
+    if alloc == "uniform":
+        return [min(r, f) for f in full]
+    if alloc == "spectrum":
+        return lat.allocate_ranks(spectra, min(r * len(full), sum(full)), min_rank=max(1, r // 4))
+    raise ValueError(f"unknown rank allocation {alloc!r} (uniform or spectrum)")
+
+
+def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
+    """Typical RMS of the latent c (√(E|c|²/r)), the stock kv_a_layernorm's scale."""
+    lt = fact.latent[:rank]
+    return float((((lt @ xx) * lt).sum() / rank).clamp(min=1e-30).sqrt())
+
+
+def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, plans_info=None, dtype=torch.float32):
+    """Converted model: (DeepSeek-V3 config dict, tensors by name, info dict)."""
+    plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
+    problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting) for i, st in enumerate(stats)]
+    facts = [lat.factorize(wz, st.xx, m, wz.shape[0]) for (wz, m, _), st in zip(problems, stats)]
+    ranks = resolve_ranks(settings.kv_rank, [wz.shape[0] for wz, _, _ in problems], [f.spectrum for f in facts],
+                          "uniform" if settings.stock else settings.rank_alloc)
+    if settings.stock and len(set(ranks)) > 1:
+        raise ValueError("the stock format needs one global rank")
+    tensors = {"model.embed_tokens.weight": src.tensors["model.embed_tokens.weight"].to(dtype),
+               "model.norm.weight": src.tensors["model.norm.weight"].to(dtype)}
+    if not src.tie_word_embeddings:
+        tensors["lm_head.weight"] = src.tensors["lm_head.weight"].to(dtype)
+    scale = ((dn + dr) / src.head_dim) ** 0.5
+    for i in range(src.num_layers):
+        fact = lat.Factorization(facts[i].latent[: ranks[i]], facts[i].recon[:, : ranks[i]], facts[i].spectrum)
+        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, stats[i], dtype))
+    cfg = deepseek_config(src, dn=dn, dr=dr, ranks=ranks, stock=settings.stock, theta=theta,
+                          inv_freq=[p.slot_freq.tolist() for p in plans], dtype=dtype)
+    info = {"ranks": ranks, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
+            "kept_pairs": [p.kept.tolist() for p in plans]}
+    return cfg, tensors, info
+
+
+def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, torch.Tensor]:
+    """Layer i's tensors under DeepSeek-V3 names."""
+    wq, wk, wv, wo = augmented_weights(src, i)
+    w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)
+    layer = src.layer(i)
+    p = f"model.layers.{i}."
+    out = {
+        p + "input_layernorm.weight": layer["attn_norm"], p + "post_attention_layernorm.weight": layer["mlp_norm"],
+        p + "mlp.gate_proj.weight": layer["gate"], p + "mlp.up_proj.weight": layer["up"],
+        p + "mlp.down_proj.weight": layer["down"],
+        p + "self_attn.q_proj.weight": w["q_aug"][:, :-1], p + "self_attn.kv_a_proj_with_mqa.weight": w["kv_a_aug"][:, :-1],
+        p + "self_attn.kv_b_proj.weight": w["kv_b"], p + "self_attn.o_proj.weight": w["o"],
+    }
+    if src.qkv_bias:
+        out[p + "self_attn.q_proj.bias"] = w["q_aug"][:, -1]
+        out[p + "self_attn.kv_a_proj_with_mqa.bias"] = w["kv_a_aug"][:, -1]
+        out[p + "self_attn.o_proj.bias"] = torch.zeros(src.hidden_size, dtype=torch.float64)
+    if stock:
+        rms = latent_rms(fact, st.xx, fact.latent.shape[0])
+        out[p + "self_attn.kv_a_layernorm.weight"] = torch.full((fact.latent.shape[0],), rms)
+    return {k: v.to(dtype).contiguous() for k, v in out.items()}
