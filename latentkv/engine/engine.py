@@ -8,6 +8,7 @@ that produced a token (or finished) in this step.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +167,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         if not out:
+            if self.scheduler.has_unfinished():  # would loop forever: a bug, say so
+                raise RuntimeError(f"scheduler made no progress: {self.stats()}")
             return []
         result = self.runner.run(out)
         self.scheduler.mark_computed(out)
@@ -187,6 +190,9 @@ class LLMEngine:
 
     def append_token(self, seq: Sequence, token: int, logprobs, chosen: float | None) -> None:
         seq.append_token(token)
+        seq.last_token_time = time.monotonic()
+        if seq.first_token_time is None:
+            seq.first_token_time = seq.last_token_time
         if logprobs is not None:
             seq.logprobs.append(self.decorate([logprobs])[0])
             seq.cumulative_logprob += chosen
@@ -247,7 +253,9 @@ class LLMEngine:
             request_id=first.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
             outputs=completions, finished=all(s.is_finished for s in seqs),
             prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
-            num_cached_tokens=first.num_cached_tokens, error=errors[0] if errors else None)
+            num_cached_tokens=first.num_cached_tokens, error=errors[0] if errors else None,
+            metrics={"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+                     "last_token_time": max((s.last_token_time or 0.0) for s in seqs) or None})
 
     def stats(self) -> dict:
         return {

@@ -18,9 +18,9 @@ class KVManager:
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of `seq`'s longest cached prefix of full blocks. At least one token is
-        always left to compute (its logits pick the next token), and a request that wants
-        prompt logprobs gets no hits (cached tokens would have no logits)."""
-        if not self.pool.enable_prefix_caching or seq.prompt_logprobs is not None:
+        always left to compute (its logits pick the next token), and a request still
+        collecting prompt logprobs gets no hits (cached tokens would have no logits)."""
+        if not self.pool.enable_prefix_caching or seq.wants_prompt_logprobs:
             return []
         num_full = (len(seq) - 1) // self.block_size
         seq.block_hashes = hash_full_blocks(seq.token_ids[:num_full * self.block_size], self.block_size,

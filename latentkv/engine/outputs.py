@@ -39,4 +39,4 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None
-    metrics: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)   # arrival_time, first_token_time, last_token_time (time.monotonic())

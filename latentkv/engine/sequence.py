@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 
 import torch
 
@@ -37,6 +38,9 @@ class Sequence:
         self.params = params
         self.status = Status.WAITING
         self.arrival = next(_arrival)
+        self.arrival_time = time.monotonic()           # time.monotonic() seconds
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []     # chained hashes of full blocks, grown lazily
         self.num_registered_blocks = 0          # leading blocks already offered to the prefix cache
