@@ -155,3 +155,20 @@ def test_nan_in_logits_finishes_only_that_request(tiny_lm):
     # read under a mask, and 0 x NaN = NaN) are unaffected
     assert token_ids(generate(llm, prompts[::2], params)) == [expected[0], expected[2]]
     assert token_ids(generate(llm, [prompts[2]], params)) == [expected[2]]
+
+
+def test_attention_paths_agree(tiny_lm):
+    folder, _, _ = tiny_lm("v2_moe_group_limited")
+    prompts, params = random_requests(8, seed=5)
+    outs = {path: token_ids(generate(make_llm(folder, attention_path=path, max_num_batched_tokens=32), prompts, params))
+            for path in ("naive", "absorbed", "auto")}
+    assert outs["naive"] == outs["absorbed"] == outs["auto"]
+
+
+def test_memory_sizes():
+    from latentkv.engine.runner import parse_memory
+    assert parse_memory("2GiB") == 2 * 2**30 and parse_memory("512 MiB") == 512 * 2**20
+    assert parse_memory("1.5GB") == 1_500_000_000 and parse_memory(4096) == 4096 and parse_memory("100") == 100
+    for bad in ("lots", "-1GiB", 0, "2 parsecs"):
+        with pytest.raises(ValueError):
+            parse_memory(bad)
