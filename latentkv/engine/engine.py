@@ -86,7 +86,8 @@ class LLMEngine:
         max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         num_blocks, per_block = plan_num_blocks(
             self.cfg, args.block_size, model.lm_head.weight.dtype, args.kv_cache_dtype, device,
-            args.kv_cache_memory, args.kv_cache_fraction, max_useful_tokens=args.max_num_seqs * max_model_len)
+            args.kv_cache_memory, args.kv_cache_fraction,
+            max_useful_blocks=args.max_num_seqs * -(-max_model_len // args.block_size))
         report_capacity(num_blocks, args.block_size, per_block, args.kv_cache_dtype)
         self.capacity_tokens = num_blocks * args.block_size
         self.bytes_per_block = per_block

@@ -147,9 +147,9 @@ class ModelRunner:
 
 def plan_num_blocks(cfg, block_size: int, dtype: torch.dtype, cache_dtype: str, device: torch.device,
                     kv_cache_memory=None, kv_cache_fraction: float | None = None,
-                    max_useful_tokens: int | None = None) -> tuple[int, int]:
+                    max_useful_blocks: int | None = None) -> tuple[int, int]:
     """-> (num_blocks, bytes per block). An explicit byte budget is used as given; otherwise a
-    fraction of the memory free now, capped at what `max_useful_tokens` could ever use."""
+    fraction of the memory free now, capped at the `max_useful_blocks` that could ever be in use."""
     per_block = bytes_per_block(cfg, block_size, dtype, cache_dtype)
     if kv_cache_memory is not None:
         budget = parse_memory(kv_cache_memory)
@@ -158,8 +158,8 @@ def plan_num_blocks(cfg, block_size: int, dtype: torch.dtype, cache_dtype: str, 
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction must be in (0, 1], got {fraction}")
         budget = int(available_memory(device) * fraction)
-        if max_useful_tokens:
-            budget = min(budget, -(-max_useful_tokens // block_size) * per_block)
+        if max_useful_blocks:
+            budget = min(budget, max_useful_blocks * per_block)
     num_blocks = budget // per_block
     if num_blocks < 1:
         raise ValueError(f"KV cache budget of {budget} bytes holds no block ({per_block} bytes per "

@@ -172,3 +172,11 @@ def test_memory_sizes():
     for bad in ("lots", "-1GiB", 0, "2 parsecs"):
         with pytest.raises(ValueError):
             parse_memory(bad)
+
+
+def test_default_cache_budget_is_capped_by_what_can_be_used(tiny_lm, capsys):
+    folder, _, _ = tiny_lm()
+    llm = LLM(str(folder), dtype="float32", block_size=16, max_num_seqs=4, max_model_len=100)
+    # a fraction of free memory, but never more than 4 sequences x 100 tokens need
+    assert llm.engine.stats()["capacity_tokens"] == 4 * 112
+    assert "448 tokens" in capsys.readouterr().err
