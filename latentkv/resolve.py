@@ -128,28 +128,47 @@ def default_convert(source: Path, out: Path) -> Path:
 
 def cache_key(source: Path, convert_fn) -> str:
     """Hash of the source's content, the converter's default settings and the cache format."""
-    settings = {"format": CACHE_FORMAT, "converter": converter_defaults(convert_fn)}
+    settings = {"format": CACHE_FORMAT, "converter": converter_defaults(convert_fn), "code": converter_code_hash()}
     digest = hashlib.sha256(content_hash(source).encode())
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:24]
 
 
 def converter_defaults(convert_fn) -> dict:
-    """The keyword defaults of the conversion function (what "default settings" means)."""
+    """What "default settings" means for the conversion function: its keyword defaults
+    and its module's DEFAULT_* constants (defaults resolved inside the function)."""
     fn = default_convert_target() if convert_fn is default_convert else convert_fn
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in params
-            if p.default is not inspect.Parameter.empty and p.name not in ("source", "out")}
+        params = []
+    settings = {p.name: p.default for p in params
+                if p.default is not inspect.Parameter.empty and p.name not in ("source", "out")}
+    module = inspect.getmodule(fn)
+    for name, value in sorted(vars(module).items() if module else []):
+        if name.startswith("DEFAULT_") and isinstance(value, (int, float, str, bool)):
+            settings[name] = value
+    return settings
+
+
+def converter_code_hash() -> str:
+    """Hash of the converter's source files: a changed algorithm is a new cache entry."""
+    folder = Path(__file__).parent / "convert"
+    digest = hashlib.sha256()
+    for f in sorted(folder.glob("*.py")):
+        digest.update(f.name.encode() + f.read_bytes())
+    return digest.hexdigest()
 
 
 def default_convert_target():
+    """The function `default_convert` ends up in (its signature holds the defaults)."""
     try:
-        from latentkv.convert import convert
+        from latentkv.convert.api import convert
     except ImportError:
-        return default_convert
+        try:
+            from latentkv.convert import convert
+        except ImportError:
+            return default_convert
     return convert
 
 
