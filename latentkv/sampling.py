@@ -54,7 +54,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < 1e-5   # (as vLLM) smaller temperatures are greedy in all but float noise
 
     def validate(self) -> None:
         check(isinstance(self.n, int) and self.n >= 1, f"n must be an int >= 1, got {self.n!r}")

@@ -37,7 +37,7 @@ def hf_greedy(model, prompt, max_tokens):
     return out[0, ids.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("name", ["v3_dense_qlora", "v2_moe_group_limited"])
+@pytest.mark.parametrize("name", ["v3_dense_qlora", "v2_moe_group_limited", "v3_yarn_halves_tied"])
 def test_32_concurrent_greedy_equal_alone_and_transformers(tiny_lm, name):
     folder, hf_model, _ = tiny_lm(name)
     prompts, params = random_requests(32, seed=1)
