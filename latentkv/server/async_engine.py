@@ -23,6 +23,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped (crashed or shut down); the server cannot serve."""
 
 
+class EngineStepError(RuntimeError):
+    """An engine step raised; the requests in flight then were failed and aborted."""
+
+
 @dataclass
 class Submission:
     request_id: str
@@ -118,7 +122,13 @@ class AsyncEngine:
                     self.stats = self.engine.stats()
                     self.wakeup.wait(timeout=1.0)
                     continue
-                for out in self.engine.step():
+                try:
+                    outputs = self.engine.step()
+                except Exception as err:  # noqa: BLE001 - fail those requests, keep serving
+                    traceback.print_exc()
+                    self.fail_in_flight(EngineStepError(f"engine step failed: {type(err).__name__}: {err}"))
+                    continue
+                for out in outputs:
                     self.deliver(out)
                 self.stats = self.engine.stats()
         except BaseException as err:  # a bug in the engine: fail everyone, report it
@@ -164,6 +174,14 @@ class AsyncEngine:
     def release(self, num_seqs: int) -> None:
         with self.lock:
             self.num_seqs_in_flight -= num_seqs
+
+    def fail_in_flight(self, err: BaseException) -> None:
+        """Abort every request the engine holds and hand `err` to its consumer."""
+        for request_id, sub in list(self.streams.items()):
+            del self.streams[request_id]
+            self.release(sub.params.n)
+            self.engine.abort_request(request_id)
+            sub.loop.call_soon_threadsafe(sub.outputs.put_nowait, err)
 
     def fail_all(self, err: BaseException) -> None:
         for sub in list(self.streams.values()):

@@ -8,7 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from latentkv.server.async_engine import AsyncEngine, EngineDeadError, Submission
+from latentkv.server.async_engine import AsyncEngine, EngineDeadError, EngineStepError, Submission
 from latentkv.server.errors import ApiError, bad_request, error_body
 from latentkv.server.metrics import ServerMetrics
 
@@ -99,7 +99,7 @@ async def follow(state: ServerState, subs: list[Submission]):
                 remaining -= 1
                 continue
             if isinstance(item, BaseException):
-                raise ApiError(500, str(item)) if isinstance(item, EngineDeadError) else item
+                raise ApiError(500, str(item)) if isinstance(item, (EngineDeadError, EngineStepError)) else item
             now = time.perf_counter()
             if any(c.token_ids for c in item.outputs):
                 if i in last:

@@ -90,3 +90,24 @@ def test_nan_in_the_logits_fails_only_that_request(server, client, poisoned_toke
     wait_until_idle(server)
     assert metric(server, "latentkv_cache_blocks_used") == 0
     assert metric(server, "latentkv_request_finish_total", '{reason="error"}') >= 2
+
+
+def test_an_engine_step_that_raises_fails_its_requests_and_the_server_goes_on(server, client, monkeypatch):
+    real_run = server.engine.runner.run
+    calls = []
+
+    def run_once_broken(out):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected step failure")
+        return real_run(out)
+
+    monkeypatch.setattr(server.engine.runner, "run", run_once_broken)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4)
+    assert "injected step failure" in str(info.value)
+    assert client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4,
+                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 4
+    wait_until_idle(server)
+    assert metric(server, "latentkv_cache_blocks_used") == 0
+    assert httpx.get(server.url + "/health").status_code == 200
