@@ -24,12 +24,16 @@ THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stoc
 @dataclass
 class Settings:
     """rope_dim: int or "all"; kv_rank: int, "full" or per-layer list; weighting: "aware"/"balanced";
-    rank_alloc: "uniform"/"spectrum"; stock: plain deepseek_v3 output; rope_theta: stock schedule (None: chosen)."""
+    rank_alloc: "uniform"/"spectrum"; sequential: refit each layer's latent on the converted model's
+    activations; k_weight: extra weight of key error against value error; stock: plain deepseek_v3
+    output; rope_theta: stock schedule (None: chosen)."""
 
     rope_dim: int | str = 64
     kv_rank: int | str | list = "full"
     weighting: str = "aware"
     rank_alloc: str = "uniform"
+    sequential: bool = False
+    k_weight: float = 1.0
     stock: bool = False
     rope_theta: float | None = None
     extra: dict = field(default_factory=dict)
@@ -102,20 +106,23 @@ def plan_rope(src: SourceModel, stats: list[LayerStats], settings: Settings):
     return plans, dr, theta, dn
 
 
-def latent_problem(src, i, plan, st, dn, weighting):
+def latent_problem(src, i, plan, st, dn, weighting, k_weight=1.0):
     """(W_Z [n_z, D+1], weight M, n_k) of layer i's latent."""
     wq, wk, wv, wo = augmented_weights(src, i)
     fk = key_features(plan, wk, src.num_kv_heads)
     wz = torch.cat([fk, wv], 0)
     n_k = fk.shape[0]
     if weighting == "balanced":
-        return wz, lat.balanced_weight(wz, st.xx, n_k), n_k
+        m = lat.balanced_weight(wz, st.xx, n_k)
+        m[:n_k, :n_k] *= k_weight
+        return wz, m, n_k
     if weighting != "aware":
         raise ValueError(f"unknown weighting {weighting!r} (aware or balanced)")
     H, d = src.num_heads, src.head_dim
     wo_blocks = wo.view(wo.shape[0], H, d).permute(1, 0, 2)
     m = lat.aware_weight(wz, st.xx, n_k, key_maps(plan, src.num_kv_heads, dn),
                          nope_queries(plan, wq, H, dn), wo_blocks, H // src.num_kv_heads)
+    m[:n_k, :n_k] *= k_weight
     return wz, m, n_k
 
 
@@ -144,7 +151,8 @@ def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
 def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, plans_info=None, dtype=torch.float32):
     """Converted model: (DeepSeek-V3 config dict, tensors by name, info dict)."""
     plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
-    problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting) for i, st in enumerate(stats)]
+    problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
+                for i, st in enumerate(stats)]
     facts = [lat.factorize(wz, st.xx, m, wz.shape[0]) for (wz, m, _), st in zip(problems, stats)]
     ranks = resolve_ranks(settings.kv_rank, [wz.shape[0] for wz, _, _ in problems], [f.spectrum for f in facts],
                           "uniform" if settings.stock else settings.rank_alloc)

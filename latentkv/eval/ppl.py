@@ -3,7 +3,9 @@ its own start (no context carried across windows), and the first token of a wind
 not predicted. PPL = exp(mean negative log-likelihood over the predicted tokens)."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -36,3 +38,54 @@ def perplexity(logits_fn: Callable[[torch.Tensor], torch.Tensor], windows: torch
         total += float(nll)
         count += ids[:, 1:].numel()
     return {"ppl": math.exp(total / count), "nll": total / count, "tokens": count, "ctx": windows.shape[1]}
+
+
+def is_mla_folder(path: Path) -> bool:
+    """Whether a path is a DeepSeek-V2/V3-layout folder (ours or DeepSeek's)."""
+    cfg = path / "config.json"
+    return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in ("deepseek_v2", "deepseek_v3")
+
+
+def model_scorer(path: str | Path | None, cache_dtype: str = "auto"):
+    """(logits_fn(ids [B,T]) -> [B,T,V], tokenizer, kind) for a source or an MLA folder.
+
+    MLA folders run latentkv's own model (`load_model`, full-sequence forward through the
+    latent cache, `cache_dtype` int8 / fp8_e4m3 to quantize it); GGUF files and Hugging Face
+    Llama-family folders run the converter's plain reference forward.
+    """
+    from transformers import AutoTokenizer
+
+    if path is not None and is_mla_folder(Path(path)):
+        from latentkv.model.loader import load_model
+
+        model = load_model(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        return (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)), tokenizer, "mla (latentkv model)"
+    if cache_dtype != "auto":
+        raise ValueError("--cache-dtype applies to MLA models only")
+    from latentkv.convert.reference import source_logits
+    from latentkv.convert.sources import read_source
+
+    src = read_source(path)
+    return (lambda ids: source_logits(src, ids)), src.tokenizer(), f"source ({src.kind} {src.arch}, reference forward)"
+
+
+def evaluate(model: str | Path | None, texts: list[str] | None = None, ctx: int = 512,
+             max_tokens: int | None = None, cache_dtype: str = "auto") -> dict:
+    """Perplexity of a model (None: the bundled SmolLM2) on text files (None: the default held-out text).
+
+    Returns {"ppl", "nll", "tokens", "ctx", "windows", "model", "text", "protocol"}.
+    """
+    from latentkv.convert.corpus import heldout_text
+
+    logits_fn, tokenizer, kind = model_scorer(model, cache_dtype)
+    if texts:
+        text = "\n\n".join(Path(t).read_text(encoding="utf-8") for t in texts)
+        where = ", ".join(map(str, texts))
+    else:
+        text, where = heldout_text(), "default held-out text (Python docs, never used for calibration)"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    windows = window_ids(ids, ctx, None if max_tokens is None else max(1, max_tokens // ctx))
+    result = perplexity(logits_fn, windows)
+    return {**result, "windows": windows.shape[0], "model": f"{model or 'bundled SmolLM2 GGUF'} [{kind}]",
+            "text": where, "protocol": PROTOCOL.format(ctx=ctx)}

@@ -1,0 +1,64 @@
+"""`latentkv convert [SOURCE] --out DIR ...` (and `latentkv convert-sweep`, see sweep.py)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def rope_dim_arg(text: str):
+    """An even int or "all"."""
+    return text if text == "all" else int(text)
+
+
+def kv_rank_arg(text: str):
+    """An int or "full"."""
+    return text if text == "full" else int(text)
+
+
+def register(subparsers) -> None:
+    """Add the convert subcommand (and the sweep, when present)."""
+    p = subparsers.add_parser("convert", help="convert a Llama-family GQA/MHA model (GGUF or HF folder) to MLA",
+                              description="Training-free conversion to Multi-head Latent Attention. With no size "
+                              "option: the measured default (see docs/conversion.md).")
+    p.add_argument("source", nargs="?", default=None, help="a .gguf file or a Hugging Face folder (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--rope-dim", type=rope_dim_arg, default=None, help="rope dims kept per token (even int, or 'all': exact)")
+    p.add_argument("--kv-rank", type=kv_rank_arg, default=None, help="latent width (mean over layers), or 'full'")
+    p.add_argument("--cache-ratio", type=float, default=None, help="cache elements as a fraction of the source's (e.g. 0.5)")
+    p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
+    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens (default 32768)")
+    p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window length")
+    p.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens to measure perplexity on (0: skip)")
+    p.add_argument("--weighting", default="aware", choices=["aware", "balanced"], help="latent error weighting")
+    p.add_argument("--rank-alloc", default="uniform", choices=["uniform", "spectrum"], help="per-layer ranks")
+    p.set_defaults(func=run)
+    try:
+        from latentkv.convert import sweep
+    except ModuleNotFoundError as err:
+        if err.name != "latentkv.convert.sweep":
+            raise
+    else:
+        sweep.register(subparsers)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a conversion; errors in the source or options are one clear line and exit 2."""
+    from latentkv.convert.api import DEFAULT_CALIB_TOKENS, DEFAULT_EVAL_TOKENS, convert
+    from latentkv.convert.sources import SourceError
+
+    try:
+        out = convert(args.source, out=args.out, rope_dim=args.rope_dim, kv_rank=args.kv_rank,
+                      cache_ratio=args.cache_ratio, calib=args.calib,
+                      calib_tokens=args.calib_tokens or DEFAULT_CALIB_TOKENS, stock=args.stock, dtype=args.dtype,
+                      ctx=args.ctx, eval_tokens=DEFAULT_EVAL_TOKENS if args.eval_tokens is None else args.eval_tokens,
+                      weighting=args.weighting, rank_alloc=args.rank_alloc)
+    except (SourceError, ValueError, FileNotFoundError) as err:
+        print(f"latentkv convert: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    card = (out / "README.md").read_text()
+    if "## Measured" in card:
+        print(card[card.index("## Measured"):])
+    return 0

@@ -1,0 +1,36 @@
+"""Layer-by-layer calibration: refit each layer's latent on the converted model's activations.
+
+A first pass on the source's activations fixes the RoPE plans and ranks; the second pass
+runs the calibration windows through the already-converted layers 0..l-1 and refits layer
+l's latent on what it will actually see, so errors do not compound unseen.
+"""
+from __future__ import annotations
+
+import torch
+
+from latentkv.convert import latent as lat
+from latentkv.convert.calibrate import LayerStats, collect_stats
+from latentkv.convert.mla_reference import mla_layer
+from latentkv.convert.pipeline import Settings, build_model, latent_problem, layer_tensors, plan_rope
+from latentkv.convert.sources import SourceModel
+
+
+def build_sequential(src: SourceModel, stats: list[LayerStats], windows: torch.Tensor, settings: Settings,
+                     dtype=torch.float32, plans_info=None):
+    """(config, tensors, info) like build_model, each latent refit on converted activations."""
+    plans_info = plans_info or plan_rope(src, stats, settings)
+    cfg, tensors, info = build_model(src, stats, settings, plans_info, dtype=torch.float32)
+    plans, dr, _, dn = plans_info
+    ranks = info["ranks"]
+    scale = ((dn + dr) / src.head_dim) ** 0.5
+
+    def refit(i: int, st: LayerStats) -> None:
+        wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
+        fact = lat.factorize(wz, st.xx, m, ranks[i])
+        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, torch.float32))
+
+    def converted_layer(i: int, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return mla_layer(cfg, tensors, i, h, positions)
+
+    collect_stats(src, windows, next_layer=converted_layer, on_layer=refit)
+    return {**cfg}, {k: v.to(dtype) for k, v in tensors.items()}, {**info, "sequential": True}

@@ -1,0 +1,19 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The bundled SmolLM2 GGUF read once per run."""
+    from latentkv.convert.sources import read_source
+
+    return read_source()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2):
+    return smollm2.tokenizer()
