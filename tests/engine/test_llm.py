@@ -136,7 +136,7 @@ def test_logprobs_match_full_forward(llm):
 
 def test_prompt_logprobs_with_chunked_prefill(tiny_lm):
     folder, _, _ = tiny_lm("v3_dense_qlora")
-    small_steps = LLM(str(folder), dtype="float32", block_size=4, kv_cache_memory="1MiB", max_num_batched_tokens=5)
+    small_steps = LLM(str(folder), dtype="float32", block_size=4, kv_cache_memory="1MiB", max_num_seqs=4, max_num_batched_tokens=5)
     one_step = LLM(str(folder), dtype="float32", block_size=4, kv_cache_memory="1MiB")
     params = SamplingParams(max_tokens=3, prompt_logprobs=1, **GREEDY)
     a = small_steps.generate([ids_prompt(range(60, 83))], params, use_tqdm=False)[0]
@@ -191,5 +191,7 @@ def test_bad_options_rejected(tiny_lm):
         LLM(str(folder), kv_cache_memry="1MiB")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         LLM(str(folder), kv_cache_dtype="int4", kv_cache_memory="1MiB")
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        LLM(str(folder), kv_cache_memory="1MiB", max_num_seqs=8, max_num_batched_tokens=4)
     with pytest.raises(ValueError, match="memory size"):
         LLM(str(folder), kv_cache_memory="lots")
