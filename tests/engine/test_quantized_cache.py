@@ -1,8 +1,11 @@
 """int8 / fp8_e4m3 latent cache against the unquantized one, through the engine.
 
-Measured on the dense tiny model (16 prompts, 361 teacher-forced positions; the test uses 10, logits of
-absolute size up to ~4): max |Δlogit| int8 0.059, fp8_e4m3 0.221; mean 0.005 / 0.019.
-The bounds below leave about 1.7x headroom.
+Measured here (dense tiny model, float32, 10 prompts, 238 teacher-forced positions,
+logits up to |3.9|): max |Δlogit| int8 0.059, fp8_e4m3 0.221 (mean 0.005 / 0.019);
+decode steps with identical context: max 0.039 / 0.208. Greedy: int8 gives the same
+10 tokens on 10/10 prompts, fp8 on 8/10 (this random model has many near-ties: the
+top-2 margin exceeds 2x the fp8 error at only 42 of 238 positions). The bounds below
+leave about 1.7x headroom.
 """
 import random
 
