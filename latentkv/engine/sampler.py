@@ -96,17 +96,21 @@ def mask_early_stop_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token
 
 
 def choose_tokens(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None) -> torch.Tensor:
-    greedy_tokens = logits.argmax(dim=-1)
-    greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
-    if bool(greedy.all()):
-        return greedy_tokens
-    params = [s.params for s in seqs]
-    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
-    logits = logits / temperature[:, None]
-    logits = truncate(logits, [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params])
-    probs = torch.softmax(logits, dim=-1)
-    sampled = (probs / exponential_noise(probs.shape, seqs, generator, probs.device)).argmax(dim=-1)
-    return torch.where(greedy, greedy_tokens, sampled)
+    """Greedy rows take the argmax; the others sample (temperature, top-k/p, min-p).
+    Noise is drawn for sampling rows only, so greedy neighbours do not move the
+    shared generator."""
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if not rows:
+        return tokens
+    params = [seqs[i].params for i in rows]
+    temperature = torch.tensor([p.temperature for p in params], device=logits.device)
+    sub = truncate(logits[rows] / temperature[:, None], [p.top_k for p in params], [p.top_p for p in params],
+                   [p.min_p for p in params])
+    probs = torch.softmax(sub, dim=-1)
+    noise = exponential_noise(probs.shape, [seqs[i] for i in rows], generator, probs.device)
+    tokens[rows] = (probs / noise).argmax(dim=-1)
+    return tokens
 
 
 def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
