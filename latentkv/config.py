@@ -180,8 +180,8 @@ class ModelConfig:
             bad = [i for i, f in enumerate(self.rope_inv_freq) if len(f) != self.qk_rope_head_dim // 2]
             if bad:
                 raise ConfigError(f"latentkv.rope_inv_freq[{bad[0]}] must have qk_rope_head_dim/2 = {self.qk_rope_head_dim // 2} entries")
-        if self.n_routed_experts:
-            self._validate_moe()
+        if any(self.is_moe_layer(i) for i in range(self.num_hidden_layers)):
+            self._validate_moe()  # MoE settings of an all-dense model are inert
 
     def _validate_moe(self) -> None:
         if self.moe_intermediate_size <= 0:

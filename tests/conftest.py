@@ -3,7 +3,7 @@ import torch
 
 from tiny import CONFIGS, save_hf_model
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: a second spinning thread only adds contention
 
 
 @pytest.fixture(scope="session")

@@ -135,7 +135,12 @@ class MLAForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def full_logits(self, token_ids: torch.Tensor, path: str = "naive", cache_dtype: str = "auto") -> torch.Tensor:
-        """Score whole sequences with a throwaway cache: token_ids [B, S] -> logits [B, S, vocab]."""
+        """Score whole sequences: token_ids [B, S] -> logits [B, S, vocab] (no autograd)."""
+        return self.forward_sequences(token_ids, path, cache_dtype)
+
+    def forward_sequences(self, token_ids: torch.Tensor, path: str = "naive", cache_dtype: str = "auto") -> torch.Tensor:
+        """Whole sequences through a throwaway cache (one block each), differentiable:
+        token_ids [B, S] -> logits [B, S, vocab]. Used for scoring and for healing."""
         from ..cache.latent_cache import allocate_caches
 
         b, s = token_ids.shape

@@ -1,0 +1,124 @@
+"""Healing on a tiny Llama converted to MLA at a small rank: KL falls, resume is exact,
+NaN steps are skipped, the output loads in LLM and (stock) in transformers."""
+import pytest
+import torch
+
+from latentkv.heal import HealConfig, heal
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """(tiny Llama folder with tokenizer, its native conversion, its stock conversion, a text file)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.conftest import CORPUS, VOCAB, build_tokenizer
+    from latentkv.convert import convert
+
+    root = tmp_path_factory.mktemp("heal")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(root / "llama")
+    build_tokenizer().save_pretrained(root / "llama")
+    text = root / "train.txt"
+    text.write_text("\n".join(CORPUS * 20))
+    common = dict(source=str(root / "llama"), rope_dim=8, kv_rank=6, calib=[str(text)], calib_tokens=2048)
+    native = convert(out=str(root / "native"), **common)
+    stock = convert(out=str(root / "stock"), stock=True, **common)
+    return root / "llama", native, stock, text
+
+
+def run_heal(tiny_pair, out, **kwargs):
+    teacher, native, _, text = tiny_pair
+    cfg = dict(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=1e-2, warmup=2,
+               seq_len=32, batch=4, save_every=10)
+    return heal(HealConfig(**{**cfg, **kwargs}))
+
+
+@torch.inference_mode()
+def heldout_kl(tiny_pair, model_dir) -> float:
+    """KL(teacher ‖ model) on fixed windows of the training text."""
+    import torch.nn.functional as F
+    from transformers import AutoTokenizer
+
+    from latentkv.convert.reference import source_logits
+    from latentkv.convert.sources import read_source
+    from latentkv.heal.data import training_windows
+    from latentkv.model.loader import load_model
+
+    teacher = read_source(tiny_pair[0])
+    ids = training_windows(AutoTokenizer.from_pretrained(tiny_pair[0]), [str(tiny_pair[3])], 32, 4 * 32, seed=7)
+    s = F.log_softmax(load_model(model_dir).full_logits(ids), -1).flatten(0, 1)
+    t = F.log_softmax(source_logits(teacher, ids), -1).flatten(0, 1)
+    return F.kl_div(s, t, log_target=True, reduction="batchmean").item()
+
+
+def test_kl_falls(tiny_pair, tmp_path):
+    result = run_heal(tiny_pair, tmp_path / "healed")
+    assert result.steps_done == STEPS and result.skipped == 0
+    before, after = heldout_kl(tiny_pair, tiny_pair[1]), heldout_kl(tiny_pair, tmp_path / "healed")
+    assert after < 0.8 * before, f"KL {before:.4f} -> {after:.4f}"
+    assert (tmp_path / "healed" / "loss_curve.png").exists()
+
+
+def test_resume_reproduces_the_uninterrupted_run(tiny_pair, tmp_path):
+    full = run_heal(tiny_pair, tmp_path / "full")
+
+    def interrupt(step, loss):
+        if step == 10:
+            raise KeyboardInterrupt  # killed after the step-10 checkpoint
+        return loss
+
+    teacher, native, _, text = tiny_pair
+    cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(tmp_path / "cut"), steps=STEPS,
+                     lr=1e-2, warmup=2, seq_len=32, batch=4, save_every=10)
+    with pytest.raises(KeyboardInterrupt):
+        heal(cfg, on_loss=interrupt)
+    cfg.resume = True
+    resumed = heal(cfg)
+    assert resumed.steps_done == STEPS
+    assert resumed.losses[10:] == pytest.approx(full.losses[10:], rel=1e-5, abs=1e-7)
+
+
+def test_injected_nan_is_skipped_and_counted(tiny_pair, tmp_path):
+    result = heal_with_nans(tiny_pair, tmp_path / "nan", {3})
+    assert result.skipped == 1 and result.steps_done == STEPS and len(result.losses) == STEPS - 1
+    assert all(torch.isfinite(torch.tensor(result.losses)))
+
+
+def test_too_many_nans_in_a_row_stop_and_keep_the_last_good_checkpoint(tiny_pair, tmp_path):
+    from latentkv.model.loader import load_model
+
+    result = heal_with_nans(tiny_pair, tmp_path / "nan", set(range(12, 20)))
+    assert result.stopped.startswith("stopped") and result.skipped == 6
+    model = load_model(tmp_path / "nan")  # the step-10 checkpoint
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def heal_with_nans(tiny_pair, out, bad_steps):
+    teacher, native, _, text = tiny_pair
+    cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=1e-2,
+                     warmup=2, seq_len=32, batch=4, save_every=10)
+    return heal(cfg, on_loss=lambda step, loss: loss * float("nan") if step in bad_steps else loss)
+
+
+def test_healed_outputs_load_in_llm_and_stock_in_transformers(tiny_pair, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from latentkv import LLM, SamplingParams
+    from latentkv.model.loader import load_model
+
+    native_out = run_heal(tiny_pair, tmp_path / "native", steps=4)
+    llm = LLM(model=str(native_out.out), kv_cache_memory="4MiB")
+    text = llm.generate(["the quick brown"], SamplingParams(max_tokens=5, temperature=0))[0].outputs[0]
+    assert len(text.token_ids) == 5
+
+    _, _, stock, _ = tiny_pair
+    stock_out = run_heal(tiny_pair, tmp_path / "stock", steps=4, converted=str(stock)).out
+    hf = AutoModelForCausalLM.from_pretrained(stock_out, dtype=torch.float32).eval()
+    ids = torch.randint(3, 300, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (hf(ids).logits - load_model(stock_out).full_logits(ids)).abs().max().item()
+    assert diff <= 1e-4
