@@ -120,3 +120,49 @@ def test_partial_block_not_shared():
     sched.add(b)
     sched.schedule()
     assert b.num_cached_tokens == 4  # only the full first block; [5, 6] vs [5, 7] never shared
+
+
+def check_pool_invariants(pool, sched):
+    """Every block's ref count equals the number of live block tables holding it, and
+    exactly the unreferenced blocks are on the free list."""
+    refs = [0] * pool.num_blocks
+    for seq in list(sched.running) + list(sched.waiting):
+        for b in seq.block_table:
+            refs[b] += 1
+    assert refs == [b.ref_count for b in pool.blocks]
+    assert set(pool.free_ids) == {i for i, r in enumerate(refs) if r == 0}
+    for h, i in pool.hash_to_id.items():
+        assert pool.blocks[i].hash == h
+
+
+def test_random_arrivals_and_aborts_keep_invariants():
+    import random
+    rng = random.Random(0)
+    pool, sched = make(20, block_size=4, max_num_seqs=6, max_tokens_per_step=16)
+    shared = [rng.randrange(100) for _ in range(8)]
+    live, targets, finished, n = [], {}, 0, 0
+    for step in range(400):
+        if rng.random() < 0.3:
+            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(100) for _ in range(rng.randint(1, 20))]
+            seq = Sequence(str(n), prompt, SamplingParams())
+            targets[seq.request_id] = rng.randint(1, 40 - len(prompt))   # whole sequence fits the 80-token cache
+            sched.add(seq)
+            live.append(seq)
+            n += 1
+        if live and rng.random() < 0.05:
+            victim = live.pop(rng.randrange(len(live)))
+            victim.finish("abort")
+            sched.finish(victim)
+        out = sched.schedule()
+        assert out or not sched.has_unfinished()
+        sched.mark_computed(out)
+        for s in out.scheduled:
+            if s.samples:
+                s.seq.append_token(next_token(s.seq))
+                if s.seq.num_output_tokens >= targets[s.seq.request_id]:
+                    s.seq.finish("length")
+                    sched.finish(s.seq)
+                    live.remove(s.seq)
+                    finished += 1
+        check_pool_invariants(pool, sched)
+    assert finished > 30 and sched.num_preemptions > 0 and pool.prefix_hits > 0
