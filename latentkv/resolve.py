@@ -128,7 +128,7 @@ def default_convert(source: Path, out: Path) -> Path:
 
 def cache_key(source: Path, convert_fn) -> str:
     """Hash of the source's content, the converter's default settings and the cache format."""
-    settings = {"format": CACHE_FORMAT, "converter": converter_defaults(convert_fn), "code": converter_code_hash()}
+    settings = {"format": CACHE_FORMAT, "converter": converter_defaults(convert_fn), "version": package_version()}
     digest = hashlib.sha256(content_hash(source).encode())
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:24]
@@ -151,13 +151,13 @@ def converter_defaults(convert_fn) -> dict:
     return settings
 
 
-def converter_code_hash() -> str:
-    """Hash of the converter's source files: a changed algorithm is a new cache entry."""
-    folder = Path(__file__).parent / "convert"
-    digest = hashlib.sha256()
-    for f in sorted(folder.glob("*.py")):
-        digest.update(f.name.encode() + f.read_bytes())
-    return digest.hexdigest()
+def package_version() -> str:
+    """latentkv's version: a new release converts again (a cleared cache dir does too)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("latentkv")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def default_convert_target():

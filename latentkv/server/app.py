@@ -1,6 +1,7 @@
 """The FastAPI app: routes, API-key check, status counting, engine loop lifecycle."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 from contextlib import asynccontextmanager
 
@@ -34,6 +35,22 @@ class CountStatus:
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+async def unless_disconnected(request: Request, work):
+    """Run a handler; if the client goes away first, cancel it (which aborts its
+    engine requests). Streaming responses see disconnects by themselves."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                return Response(status_code=499)  # nobody is listening
+    finally:
+        task.cancel()
 
 
 def build_state(engine, served_model_name: str, max_waiting_requests: int = 256, api_key: str | None = None) -> ServerState:
@@ -89,11 +106,11 @@ def build_app(state: ServerState) -> FastAPI:
             "max_model_len": state.max_model_len}]}
 
     @app.post("/v1/completions", dependencies=guarded)
-    async def completions(req: CompletionRequest):
-        return await create_completion(req, state)
+    async def completions(req: CompletionRequest, request: Request):
+        return await unless_disconnected(request, create_completion(req, state))
 
     @app.post("/v1/chat/completions", dependencies=guarded)
-    async def chat_completions(req: ChatCompletionRequest):
-        return await create_chat_completion(req, state)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        return await unless_disconnected(request, create_chat_completion(req, state))
 
     return app

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import socket
+import threading
 import time
 
 import httpx
@@ -111,3 +114,38 @@ def test_an_engine_step_that_raises_fails_its_requests_and_the_server_goes_on(se
     wait_until_idle(server)
     assert metric(server, "latentkv_cache_blocks_used") == 0
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+@pytest.fixture
+def paused_engine(server, monkeypatch):
+    """The engine blocks inside its next model run until `release` is set."""
+    entered, release = threading.Event(), threading.Event()
+    real_run = server.engine.runner.run
+
+    def gated_run(out):
+        entered.set()
+        release.wait(timeout=60)
+        return real_run(out)
+
+    monkeypatch.setattr(server.engine.runner, "run", gated_run)
+    yield entered, release
+    release.set()
+
+
+def test_a_client_leaving_a_non_streamed_request_aborts_it(server, paused_engine):
+    entered, release = paused_engine
+    wait_until_idle(server)
+    aborted_before = metric(server, "latentkv_request_finish_total", '{reason="abort"}')
+    body = json.dumps({"model": MODEL_NAME, "prompt": "one two three", "max_tokens": 50, "ignore_eos": True}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert entered.wait(timeout=60)  # the request is in the engine
+    deadline = time.monotonic() + 60
+    while server.state.engine.commands.empty() and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the server noticed and queued the abort
+    release.set()
+    wait_until_idle(server)
+    assert metric(server, "latentkv_request_finish_total", '{reason="abort"}') == aborted_before + 1
+    assert metric(server, "latentkv_cache_blocks_used") == 0
