@@ -56,10 +56,15 @@ class LatentCache:
         self.scale[blocks, offsets] = scale
         self.rope[blocks, offsets] = k_r.to(self.dtype)
 
-    def gather(self, block_tables: torch.Tensor) -> torch.Tensor:
-        """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype."""
+    def gather(self, block_tables: torch.Tensor, first_block: int | None = None) -> torch.Tensor:
+        """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype.
+
+        first_block: the one sequence sits on blocks first_block.. in order, so the
+        unquantized cache is returned as a view (no copy: decode reads the cache once)."""
         b, nb = block_tables.shape
         if not self.quantized:
+            if first_block is not None:
+                return self.kv[first_block : first_block + nb].view(1, nb * self.block_size, -1)
             return self.kv[block_tables].view(b, nb * self.block_size, -1)
         c = dequantize_latent(self.latent[block_tables], self.scale[block_tables], self.cache_dtype, self.dtype)
         kv = torch.cat((c, self.rope[block_tables]), dim=-1)

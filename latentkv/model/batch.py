@@ -7,7 +7,7 @@ ops with no Python loop over sequences or tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,15 +24,33 @@ class AttentionBatch:
     max_query_len: int
     max_context_len: int
     path: str = "auto"  # "naive" | "absorbed" | "auto"
+    first_block: int | None = None  # one sequence on consecutive blocks: read the cache as a view
+    _masks: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
 
-    def key_mask(self, key_len: int) -> torch.Tensor:
-        """[B, Qmax, L] bool: key j is visible to a query at position p iff j <= p."""
-        keys = torch.arange(key_len, device=self.query_pos.device)
-        return keys[None, None, :] <= self.query_pos[:, :, None]
+    @property
+    def mask_kind(self) -> str:
+        """"none": one sequence decoding (every cached key is visible); "causal": one
+        sequence prefilled from scratch (SDPA's own causal mask, no tensor); else "explicit"."""
+        if self.num_seqs == 1 and self.max_query_len == 1:
+            return "none"
+        if self.num_seqs == 1 and self.max_query_len == self.max_context_len:
+            return "causal"
+        return "explicit"
+
+    def key_mask(self, key_len: int, heads: int = 1) -> torch.Tensor:
+        """[B, 1, Qmax*heads, L] bool: key j is visible to a query at position p iff j <= p
+        (query rows repeated `heads` times for the absorbed path). Built once per step."""
+        if (key_len, heads) not in self._masks:
+            keys = torch.arange(key_len, device=self.query_pos.device)
+            mask = keys[None, None, :] <= self.query_pos[:, :, None]
+            if heads > 1:
+                mask = mask[:, :, None, :].expand(-1, -1, heads, -1).flatten(1, 2)
+            self._masks[(key_len, heads)] = mask[:, None]
+        return self._masks[(key_len, heads)]
 
 
 def build_attention_batch(
@@ -76,6 +94,9 @@ def build_attention_batch(
     block_ids = tables[seq_of, positions // block_size]
     slot_mapping = block_ids * block_size + positions % block_size
 
+    first = block_tables[0][0] if len(block_tables) == 1 and block_tables[0] else None
+    if first is not None and tables[0].tolist() != list(range(first, first + num_blocks)):
+        first = None
     batch = AttentionBatch(
         query_start=query_start.to(device),
         context_lens=ctx.to(device),
@@ -87,5 +108,6 @@ def build_attention_batch(
         max_query_len=q_max,
         max_context_len=ctx_max,
         path=path,
+        first_block=first,
     )
     return batch, positions.to(device)

@@ -49,13 +49,12 @@ class MLAttention(nn.Module):
         """x [T, hidden], positions [T] -> [T, hidden]; writes this step's latents to cache."""
         q_nope, q_rope, c, k_r = self.project(x, positions)
         cache.write(c, k_r, batch.slot_mapping)
-        kv = cache.gather(batch.block_tables)  # [B, L, kv_rank + dr]
+        kv = cache.gather(batch.block_tables, batch.first_block)[:, : batch.max_context_len]  # [B, L, kv_rank + dr]
         q_nope, q_rope = q_nope[batch.query_index], q_rope[batch.query_index]  # [B, Qmax, H, *]
-        mask = batch.key_mask(kv.shape[1])
         if self.choose_path(batch, kv.shape[1]) == "absorbed":
-            out = self.attend_absorbed(q_nope, q_rope, kv, mask)
+            out = self.attend_absorbed(q_nope, q_rope, kv, batch)
         else:
-            out = self.attend_naive(q_nope, q_rope, kv, mask)
+            out = self.attend_naive(q_nope, q_rope, kv, batch)
         out = out[batch.query_valid]  # [T, H, dv], back in flat order
         return self.o_proj(out.flatten(1))
 
@@ -89,19 +88,20 @@ class MLAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.n_heads, self.dn + self.dv, self.kv_rank)
         return w[:, : self.dn], w[:, self.dn :]
 
-    def attend_absorbed(self, q_nope, q_rope, kv, mask) -> torch.Tensor:
-        """q_* [B,Q,H,*], kv [B,L,r+dr], mask [B,Q,L] -> [B,Q,H,dv]; MQA over the latent."""
+    def attend_absorbed(self, q_nope, q_rope, kv, batch: AttentionBatch) -> torch.Tensor:
+        """q_* [B,Q,H,*], kv [B,L,r+dr] -> [B,Q,H,dv]; MQA over the latent: all (query, head)
+        rows attend to the one latent key head."""
         b, q, h, _ = q_nope.shape
         w_uk, w_uv = self.split_kv_b()
         q_lat = torch.einsum("bqhd,hdr->bqhr", q_nope, w_uk)
         query = torch.cat((q_lat, q_rope), dim=-1).view(b, 1, q * h, -1)
-        mask = mask[:, :, None, :].expand(b, q, h, mask.shape[-1]).reshape(b, 1, q * h, -1)
+        mask = None if batch.mask_kind == "none" else batch.key_mask(kv.shape[1], heads=h)
         o_lat = F.scaled_dot_product_attention(
             query, kv[:, None], kv[:, None, :, : self.kv_rank], attn_mask=mask, scale=self.scale
         )
         return torch.einsum("bqhr,hvr->bqhv", o_lat.view(b, q, h, self.kv_rank), w_uv)
 
-    def attend_naive(self, q_nope, q_rope, kv, mask) -> torch.Tensor:
+    def attend_naive(self, q_nope, q_rope, kv, batch: AttentionBatch) -> torch.Tensor:
         """Expand the latent to per-head keys and values, then ordinary attention."""
         b, length = kv.shape[:2]
         h = self.n_heads
@@ -109,7 +109,10 @@ class MLAttention(nn.Module):
         k_nope, v = self.kv_b_proj(c).view(b, length, h, self.dn + self.dv).split([self.dn, self.dv], dim=-1)
         key = torch.cat((k_nope, k_r[:, :, None, :].expand(b, length, h, self.dr)), dim=-1)
         query = torch.cat((q_nope, q_rope), dim=-1)
+        kind = batch.mask_kind
+        mask = batch.key_mask(length) if kind == "explicit" else None
         out = F.scaled_dot_product_attention(
-            query.transpose(1, 2), key.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None], scale=self.scale
+            query.transpose(1, 2), key.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=kind == "causal",
+            scale=self.scale,
         )
         return out.transpose(1, 2)
