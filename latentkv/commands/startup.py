@@ -57,7 +57,7 @@ def banner(engine, resolved: ResolvedModel, settings: Settings) -> list[str]:
     from latentkv.cache.accounting import account, gqa_bytes_per_token
 
     cfg = engine.cfg
-    dtype = str(engine.model.lm_head.weight.dtype).removeprefix("torch.")
+    dtype = str(engine.model.dtype).removeprefix("torch.")
     cache_dtype = engine.args.kv_cache_dtype
     acct = account(cfg, cache_dtype, dtype)
     if resolved.original is not None:

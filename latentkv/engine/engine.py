@@ -86,10 +86,10 @@ class LLMEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = model.config
-        device = model.lm_head.weight.device
+        device = model.device
         max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         num_blocks, per_block = plan_num_blocks(
-            self.cfg, args.block_size, model.lm_head.weight.dtype, args.kv_cache_dtype, device,
+            self.cfg, args.block_size, model.dtype, args.kv_cache_dtype, device,
             args.kv_cache_memory, args.kv_cache_fraction,
             max_useful_blocks=args.max_num_seqs * -(-max_model_len // args.block_size))
         report_capacity(num_blocks, args.block_size, per_block, args.kv_cache_dtype)

@@ -72,8 +72,8 @@ class ModelRunner:
                  attention_path: str = "auto", seed: int = 0, nan_check: bool = False):
         self.model = model
         self.cfg = model.config
-        self.device = model.lm_head.weight.device
-        self.dtype = model.lm_head.weight.dtype
+        self.device = model.device
+        self.dtype = model.dtype
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.attention_path = attention_path

@@ -179,7 +179,7 @@ def train_loop(cfg, student, params, teacher, windows, optimizer, counters, sour
 
 def run_step(cfg, student, params, teacher, ids, optimizer, step, on_loss):
     """One optimizer step; returns (loss, kl) or (None, None) when it was skipped."""
-    device_type = student.lm_head.weight.device.type
+    device_type = student.device.type
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.autocast):
         logits = student.forward_sequences(ids)
     loss, kl = distill_loss(logits, teacher(ids), ids, cfg.lm_weight)

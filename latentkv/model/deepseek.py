@@ -125,6 +125,15 @@ class MLAForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype (linears may be stored as int8 with scales of this dtype)."""
+        return self.model.embed_tokens.weight.dtype
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, caches: list) -> torch.Tensor:
         """input_ids, positions [T] (flat batch) -> final hidden states [T, hidden]."""
         return self.model(input_ids, positions, batch, caches)
@@ -144,8 +153,8 @@ class MLAForCausalLM(nn.Module):
         from ..cache.latent_cache import allocate_caches
 
         b, s = token_ids.shape
-        device = self.lm_head.weight.device
-        caches = allocate_caches(self.config, b, s, self.lm_head.weight.dtype, cache_dtype, device)
+        device = self.device
+        caches = allocate_caches(self.config, b, s, self.dtype, cache_dtype, device)
         batch, positions = build_attention_batch([s] * b, [s] * b, [[i] for i in range(b)], s, device, path)
         hidden = self(token_ids.reshape(-1).to(device), positions, batch, caches)
         return self.compute_logits(hidden).view(b, s, -1)
