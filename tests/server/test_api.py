@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MODEL_NAME
+from server_helpers import MODEL_NAME
 from latentkv import LLM, SamplingParams
 
 FIXED = {"ignore_eos": True}  # vLLM's extra field: fixed-length outputs for exact checks

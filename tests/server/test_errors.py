@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import MODEL_NAME, start_server
+from server_helpers import MODEL_NAME, start_server
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 COMPLETION = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}

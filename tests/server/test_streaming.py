@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from conftest import MODEL_NAME
+from server_helpers import MODEL_NAME
 
 PROMPTS = [f"{word} {i}" for i, word in enumerate(
     ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "one", "two", "three", "four", "héllo", "wörld",
