@@ -22,7 +22,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if flat.device.type == "cpu":  # ATen's AVX-512/AVX2 int8 GEMV kernel
+        if flat.device.type == "cpu" and self.in_features % 16 == 0:
+            # ATen's AVX-512/AVX2 int8 kernel (it returns garbage when K is not a multiple of 16)
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales.to(flat.dtype))
         else:
             y = F.linear(flat, self.weight_int8.to(flat.dtype)) * self.scales.to(flat.dtype)
