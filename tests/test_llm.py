@@ -1,4 +1,4 @@
-"""The public import surface; behaviour tests of `LLM` live in tests/engine/test_llm.py
+"""The public import surface; behaviour tests of `LLM` live in tests/engine/test_llm_api.py
 (they need the tiny model + tokenizer fixture there)."""
 import pytest
 
