@@ -21,6 +21,7 @@ from latentkv.engine.outputs import CompletionOutput, RequestOutput
 from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler
 from latentkv.engine.sequence import Sequence
+from latentkv.model.fuse import fuse_for_inference
 from latentkv.sampling import SamplingParams
 
 
@@ -114,6 +115,7 @@ class LLMEngine:
         args.validate()
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = load_model(args.model, args.dtype, device)
+        fuse_for_inference(model)
         if args.quantization == "int8":
             from latentkv.model.quant import quantize_linears
             quantize_linears(model)

@@ -23,8 +23,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(dim, inter_dim, bias=False)
         self.up_proj = nn.Linear(dim, inter_dim, bias=False)
         self.down_proj = nn.Linear(inter_dim, dim, bias=False)
+        self.gate_up = None  # engine-only fusion of gate and up (fuse.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

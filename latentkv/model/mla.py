@@ -44,6 +44,7 @@ class MLAttention(nn.Module):
         self.scale = softmax_scale(cfg)
         self.rope_factor = attention_factor(cfg.rope_scaling)
         self.register_buffer("inv_freq", layer_inv_freq(cfg, layer), persistent=False)
+        self.in_proj, self.in_split = None, None  # engine-only fusion of q(_a) and kv_a (fuse.py)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, cache) -> torch.Tensor:
         """x [T, hidden], positions [T] -> [T, hidden]; writes this step's latents to cache."""
@@ -60,13 +61,16 @@ class MLAttention(nn.Module):
 
     def project(self, x: torch.Tensor, positions: torch.Tensor):
         """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated), c [T,kv_rank], k_r [T,dr] (rotated)."""
-        if self.q_lora_rank:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        if self.in_proj is not None:
+            q, kv = self.in_proj(x).split(self.in_split, dim=-1)
         else:
-            q = self.q_proj(x)
+            q = self.q_a_proj(x) if self.q_lora_rank else self.q_proj(x)
+            kv = self.kv_a_proj_with_mqa(x)
+        if self.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(q))
         q = q.view(x.shape[0], self.n_heads, self.dn + self.dr)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
-        c, k_r = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.dr], dim=-1)
+        c, k_r = kv.split([self.kv_rank, self.dr], dim=-1)
         if self.kv_a_layernorm is not None:
             c = self.kv_a_layernorm(c)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.rope_factor)

@@ -34,3 +34,4 @@ def test_quantized_model_stays_close(tiny_checkpoints):
     assert not any(isinstance(m, nn.Linear) and name.split(".")[-1] != "kv_b_proj" for name, m in model.named_modules())
     rel = ((model.full_logits(ids, path="absorbed") - ref).norm() / ref.norm()).item()
     assert rel < 0.03, f"relative logit error {rel:.4f}"
+
