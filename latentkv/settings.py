@@ -15,7 +15,8 @@ The file's names follow the seed's config template where they fit:
 
     [precision]
     compute = "auto"                 # model dtype: auto | float32 | bfloat16 | float16
-    cache = "int8"                   # latent cache: auto | int8 | fp8_e4m3
+    cache = "int8"                   # latent cache: auto | int8 | fp8_e4m3 (default: int8
+                                     # for the bundled model, whose compression assumes it; else auto)
 
     [scheduler]
     max_model_len = 2048
@@ -62,7 +63,7 @@ class Settings:
 
     model: str | None = None
     dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str | None = None          # None: int8 for the bundled model, else "auto"
     block_size: int = 16
     kv_cache_memory: int | str | None = None   # bytes or "2GiB"; None: the engine's default
     kv_cache_blocks: int | None = None         # pool_size as a number of blocks

@@ -61,7 +61,7 @@ def test_seed_names_map_to_settings(tmp_path):
 def test_defaults_without_a_file():
     s = build_settings()
     assert (s.block_size, s.kv_cache_dtype, s.nan_check, s.enable_prefix_caching, s.host, s.port) == \
-        (16, "auto", True, True, "127.0.0.1", 8000)
+        (16, None, True, True, "127.0.0.1", 8000)
 
 
 def test_pool_size_as_an_int_counts_chunks(tmp_path):

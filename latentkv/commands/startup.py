@@ -16,10 +16,18 @@ def engine_args(settings: Settings, resolved: ResolvedModel):
     from latentkv.engine.engine import EngineArgs
 
     return EngineArgs(
-        model=str(resolved.path), dtype=settings.dtype, kv_cache_dtype=settings.kv_cache_dtype,
+        model=str(resolved.path), dtype=settings.dtype, kv_cache_dtype=cache_dtype(settings, resolved),
         block_size=settings.block_size, kv_cache_memory=cache_budget(settings, resolved),
         max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
         enable_prefix_caching=settings.enable_prefix_caching, nan_check=settings.nan_check)
+
+
+def cache_dtype(settings: Settings, resolved: ResolvedModel) -> str:
+    """As set; else int8 for the bundled model (its default compression was chosen
+    counting an int8 latent), else the model dtype ("auto")."""
+    if settings.kv_cache_dtype is not None:
+        return settings.kv_cache_dtype
+    return "int8" if resolved.bundled else "auto"
 
 
 def cache_budget(settings: Settings, resolved: ResolvedModel):
@@ -29,7 +37,8 @@ def cache_budget(settings: Settings, resolved: ResolvedModel):
     from latentkv.config import ModelConfig
     from latentkv.engine.runner import bytes_per_block
     cfg = ModelConfig.from_file(resolved.path / "config.json")
-    return settings.kv_cache_blocks * bytes_per_block(cfg, settings.block_size, model_dtype(settings), settings.kv_cache_dtype)
+    return settings.kv_cache_blocks * bytes_per_block(cfg, settings.block_size, model_dtype(settings),
+                                                      cache_dtype(settings, resolved))
 
 
 def model_dtype(settings: Settings):
