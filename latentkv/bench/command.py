@@ -78,7 +78,7 @@ def fill_defaults(args) -> None:
 def run(name: str, args) -> int:
     import torch
 
-    torch.set_grad_enabled(False)
     fill_defaults(args)
-    importlib.import_module(f"latentkv.bench.{name}").run(args)
+    with torch.no_grad():
+        importlib.import_module(f"latentkv.bench.{name}").run(args)
     return 0
