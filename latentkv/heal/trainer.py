@@ -180,15 +180,15 @@ def train_loop(cfg, student, params, teacher, windows, optimizer, counters, sour
 def run_step(cfg, student, params, teacher, ids, optimizer, step, on_loss):
     """One optimizer step; returns (loss, kl) or (None, None) when it was skipped."""
     device_type = student.device.type
-    with torch.enable_grad(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.autocast):
-        logits = student.forward_sequences(ids)
-    loss, kl = distill_loss(logits, teacher(ids), ids, cfg.lm_weight)
-    if on_loss is not None:
-        loss = on_loss(step, loss)
-    optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
-        return None, None
-    with torch.enable_grad():
+    with torch.enable_grad():  # callers may have autograd off (e.g. inside a bench)
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.autocast):
+            logits = student.forward_sequences(ids)
+        loss, kl = distill_loss(logits, teacher(ids), ids, cfg.lm_weight)
+        if on_loss is not None:
+            loss = on_loss(step, loss)
+        optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return None, None
         loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
     if not torch.isfinite(norm):
