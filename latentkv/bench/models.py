@@ -1,5 +1,5 @@
-"""Default models for the benches: the bundled SmolLM2 GGUF and its conversions
-(native at the default compression, and a --stock export), converted once and cached."""
+"""Default models for the benches: the bundled SmolLM2 GGUF, its default conversion
+(shared with `serve`'s cache) and a --stock export of the same settings beside it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,11 +10,19 @@ def default_models(need_stock: bool) -> tuple[str, str, str | None]:
     from ..convert.sources import default_gguf_path
     from ..resolve import resolve_model
 
-    source = str(default_gguf_path())
-    native = resolve_model(None)
-    stock = resolve_model(None, stock=True) if need_stock else None
-    return str(native), source, (str(stock) if stock else None)
+    native = resolve_model(None).path
+    stock = ensure_stock(native) if need_stock else None
+    return str(native), str(default_gguf_path()), (str(stock) if stock else None)
 
 
-def cache_root() -> Path:
-    return Path.home() / ".cache" / "latentkv"
+def ensure_stock(native: Path) -> Path:
+    """The stock export of the bundled model, cached next to its native conversion."""
+    from ..convert import convert
+    from ..convert.sources import default_gguf_path
+
+    stock = native.with_name(native.name + "-stock")
+    if not (stock / "config.json").exists():
+        tmp = stock.with_name(stock.name + ".tmp")
+        convert(source=default_gguf_path(), out=tmp, stock=True)
+        tmp.rename(stock)
+    return stock
