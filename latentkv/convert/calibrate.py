@@ -23,11 +23,15 @@ class LayerStats:
 
     xx [D+1, D+1] float64: E[x̃ x̃ᵀ] of the normed attention input x̃ = [x; 1];
     dist [H, T] float64: attention probability mass at distance Δ = 0..T-1, per head;
+    rho [H]: E_m[Σ_n p_mn²], how much one value error reaches a head's output;
+    kappa [H]: E_m[Σ_n p_mn² |Wo_h(v_n − o_m)|²], how much one score error moves it;
     h_energy: E|h|² of the residual stream entering the layer; tokens: count.
     """
 
     xx: torch.Tensor
     dist: torch.Tensor
+    rho: torch.Tensor
+    kappa: torch.Tensor
     h_energy: float
     tokens: int
 
@@ -45,6 +49,23 @@ def add_distances(dist: torch.Tensor, probs: torch.Tensor) -> None:
     delta = (m[:, None] - m[None, :]).clamp(min=0).reshape(-1)  # masked (n > m) entries carry 0 mass
     mass = probs.float().sum(0).reshape(H, T * T)
     dist += torch.zeros(H, T, dtype=torch.float32, device=probs.device).index_add_(1, delta, mass).double()
+
+
+def add_sensitivity(rho: torch.Tensor, kappa: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, wo: torch.Tensor) -> None:
+    """Accumulate Σ_m Σ_n p_mn² (rho) and Σ_m Σ_n p_mn² |Wo_h(v_n − o_m)|² (kappa), per head.
+
+    A score error δs_n moves a head's output by Σ_n p_n δs_n (v_n − o); independent errors
+    of equal size give the kappa factor, value errors the rho factor (first order).
+    probs [B, H, T, T]; v [B, H, T, d] (repeated to H heads); wo [D, H*d].
+    """
+    B, H, T, d = v.shape
+    u = torch.einsum("bhtd,ehd->bhte", v, wo.view(-1, H, d))  # Wo_h v_n [B, H, T, D]
+    o = probs @ u  # Wo_h o_m
+    p2 = probs.square()
+    u2 = u.square().sum(-1)  # [B, H, T]
+    term = (p2 @ u2[..., None]).squeeze(-1) - 2 * ((p2 @ u) * o).sum(-1) + p2.sum(-1) * o.square().sum(-1)
+    rho += p2.sum((0, 2, 3)).double()
+    kappa += term.sum((0, 2)).double()
 
 
 LayerFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -70,6 +91,8 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_
         layer = src.layer(i)
         xx = torch.zeros(D + 1, D + 1, dtype=torch.float64, device=device)
         dist = torch.zeros(H, T, dtype=torch.float64, device=device)
+        rho = torch.zeros(H, dtype=torch.float64, device=device)
+        kappa = torch.zeros(H, dtype=torch.float64, device=device)
         energy = 0.0
         moved = []
         for h in hidden:
@@ -77,12 +100,15 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_
             add_moments(xx, x.reshape(-1, D))
             out, probs = ref.attention(src, layer, x, positions, return_probs=True)
             add_distances(dist, probs)
+            v = ref.project_qkv(src, layer, x)[2].repeat_interleave(H // src.num_kv_heads, dim=1)
+            add_sensitivity(rho, kappa, probs, v, layer["o"])
             energy += h.double().pow(2).sum().item()
             if next_layer is None:  # reuse this attention output: the source layer's forward
                 h = h + out
                 moved.append(h + ref.mlp(layer, ref.rms_norm(h, layer["mlp_norm"], src.rms_norm_eps)))
         count = N * T
-        stats.append(LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), h_energy=energy / count, tokens=count))
+        stats.append(LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), rho=(rho / count).cpu(),
+                                kappa=(kappa / count).cpu(), h_energy=energy / count, tokens=count))
         if on_layer is not None:
             on_layer(i, stats[-1])
         hidden = moved if next_layer is None else [next_layer(i, h, positions) for h in hidden]

@@ -73,6 +73,24 @@ def aware_weight(wz, xx, n_k, key_maps, nope_queries, wo_blocks, group) -> torch
     return m
 
 
+def attention_weight(n_k, key_maps, nope_queries, xx, wo_blocks, group, rho, kappa, head_dim) -> torch.Tensor:
+    """M in attention-output units: K error of head h weighted by κ_h·E[q qᵀ]/d (a score error's
+    reach, softmax scale 1/√d), V error by ρ_h·Wo_hᵀWo_h (a value error's reach). No free balance.
+
+    key_maps [Hkv, dn, n_k]; nope_queries [H, dn, D+1]; wo_blocks [H, D, dv]; rho, kappa [H].
+    """
+    H, _, dv = wo_blocks.shape
+    Hkv = key_maps.shape[0]
+    m = torch.zeros(n_k + Hkv * dv, n_k + Hkv * dv, dtype=torch.float64)
+    for h in range(H):
+        g = h // group
+        if n_k:
+            qq = nope_queries[h] @ xx @ nope_queries[h].T
+            m[:n_k, :n_k] += (kappa[h] / head_dim) * key_maps[g].T @ qq @ key_maps[g]
+        m[n_k + g * dv:n_k + (g + 1) * dv, n_k + g * dv:n_k + (g + 1) * dv] += rho[h] * wo_blocks[h].T @ wo_blocks[h]
+    return m
+
+
 def factorize(wz: torch.Tensor, xx: torch.Tensor, weight: torch.Tensor, rank: int) -> Factorization:
     """Rank-`rank` weighted PCA of Z = wz x̃ (wz [n_z, D+1], xx = E[x̃x̃ᵀ], weight M [n_z, n_z])."""
     half, inv_half = sym_powers(weight)
@@ -83,17 +101,17 @@ def factorize(wz: torch.Tensor, xx: torch.Tensor, weight: torch.Tensor, rank: in
     return Factorization(latent=u.T @ half @ wz, recon=inv_half @ u, spectrum=lam)
 
 
-def allocate_ranks(spectra: list[torch.Tensor], total: int, min_rank: int = 1) -> list[int]:
-    """Per-layer ranks summing to `total`, keeping the globally largest relative eigenvalues.
+def allocate_ranks(spectra: list[torch.Tensor], total: int, min_rank: int = 1, scales=None) -> list[int]:
+    """Per-layer ranks summing to `total`, keeping the globally largest (scaled) eigenvalues.
 
-    Each layer's spectrum is normalised by its sum, so a rank buys the same relative error
-    reduction anywhere; a layer whose spectrum is flat (sensitive) gets more.
+    Each spectrum is multiplied by its layer's scale (e.g. 1/E|h|², turning output error
+    into relative error of the residual stream), or, without scales, normalised by its sum.
     """
     L = len(spectra)
     ranks = [min(min_rank, len(s)) for s in spectra]
     pool = []
     for layer, s in enumerate(spectra):
-        rel = s / s.sum().clamp(min=1e-30)
+        rel = s * scales[layer] if scales is not None else s / s.sum().clamp(min=1e-30)
         pool += [(float(v), layer) for v in rel[ranks[layer]:]]
     pool.sort(key=lambda t: -t[0])
     for _, layer in pool[: max(0, total - sum(ranks))]:

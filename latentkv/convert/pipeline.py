@@ -116,17 +116,22 @@ def latent_problem(src, i, plan, st, dn, weighting, k_weight=1.0):
         m = lat.balanced_weight(wz, st.xx, n_k)
         m[:n_k, :n_k] *= k_weight
         return wz, m, n_k
-    if weighting != "aware":
-        raise ValueError(f"unknown weighting {weighting!r} (aware or balanced)")
+    if weighting not in ("aware", "attention"):
+        raise ValueError(f"unknown weighting {weighting!r} (attention, aware or balanced)")
     H, d = src.num_heads, src.head_dim
     wo_blocks = wo.view(wo.shape[0], H, d).permute(1, 0, 2)
+    if weighting == "attention":
+        m = lat.attention_weight(n_k, key_maps(plan, src.num_kv_heads, dn), nope_queries(plan, wq, H, dn), st.xx,
+                                 wo_blocks, H // src.num_kv_heads, st.rho, st.kappa, d)
+        m[:n_k, :n_k] *= k_weight
+        return wz, m, n_k
     m = lat.aware_weight(wz, st.xx, n_k, key_maps(plan, src.num_kv_heads, dn),
                          nope_queries(plan, wq, H, dn), wo_blocks, H // src.num_kv_heads)
     m[:n_k, :n_k] *= k_weight
     return wz, m, n_k
 
 
-def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: str) -> list[int]:
+def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: str, scales=None) -> list[int]:
     """Per-layer latent widths from an int (mean under a global budget), "full" or a list."""
     if kv_rank == "full":
         return list(full)
@@ -138,7 +143,7 @@ def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: 
     if alloc == "uniform":
         return [min(r, f) for f in full]
     if alloc == "spectrum":
-        return lat.allocate_ranks(spectra, min(r * len(full), sum(full)), min_rank=max(1, r // 4))
+        return lat.allocate_ranks(spectra, min(r * len(full), sum(full)), min_rank=max(1, r // 4), scales=scales)
     raise ValueError(f"unknown rank allocation {alloc!r} (uniform or spectrum)")
 
 
@@ -155,7 +160,8 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, p
                 for i, st in enumerate(stats)]
     facts = [lat.factorize(wz, st.xx, m, wz.shape[0]) for (wz, m, _), st in zip(problems, stats)]
     ranks = resolve_ranks(settings.kv_rank, [wz.shape[0] for wz, _, _ in problems], [f.spectrum for f in facts],
-                          "uniform" if settings.stock else settings.rank_alloc)
+                          "uniform" if settings.stock else settings.rank_alloc,
+                          [1 / st.h_energy for st in stats] if settings.weighting == "attention" else None)
     if settings.stock and len(set(ranks)) > 1:
         raise ValueError("the stock format needs one global rank")
     tensors = {"model.embed_tokens.weight": src.tensors["model.embed_tokens.weight"].to(dtype),
@@ -176,6 +182,9 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, p
 def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, torch.Tensor]:
     """Layer i's tensors under DeepSeek-V3 names."""
     wq, wk, wv, wo = augmented_weights(src, i)
+    if stock:  # unit-RMS latent: the stock kv_a_layernorm (weight 1) then only removes per-token scale
+        rms = latent_rms(fact, st.xx, fact.latent.shape[0])
+        fact = lat.Factorization(fact.latent / rms, fact.recon * rms, fact.spectrum)
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)
     layer = src.layer(i)
     p = f"model.layers.{i}."
@@ -191,6 +200,5 @@ def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, 
         out[p + "self_attn.kv_a_proj_with_mqa.bias"] = w["kv_a_aug"][:, -1]
         out[p + "self_attn.o_proj.bias"] = torch.zeros(src.hidden_size, dtype=torch.float64)
     if stock:
-        rms = latent_rms(fact, st.xx, fact.latent.shape[0])
-        out[p + "self_attn.kv_a_layernorm.weight"] = torch.full((fact.latent.shape[0],), rms)
+        out[p + "self_attn.kv_a_layernorm.weight"] = torch.ones(fact.latent.shape[0], dtype=torch.float64)
     return {k: v.to(dtype).contiguous() for k, v in out.items()}
