@@ -76,8 +76,8 @@ def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
         eos = json.loads(gen.read_text()).get("eos_token_id")
         if eos is not None:
             return list(eos) if isinstance(eos, list) else [eos]
-    if cfg.eos_token_ids():
-        return cfg.eos_token_ids()
+    if cfg.eos_token_ids:
+        return cfg.eos_token_ids
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         return [tokenizer.eos_token_id]
     return []
