@@ -14,8 +14,11 @@ from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, llama_c
 
 
 def build_systems(args) -> list:
-    systems = [LatentKVSystem("latentkv bf16", args.model, "auto", max_model_len=max(args.contexts) + 2 * args.tokens),
-               LatentKVSystem("latentkv int8", args.model, "int8", max_model_len=max(args.contexts) + 2 * args.tokens)]
+    length = max(args.contexts) + 2 * args.tokens
+    systems = [LatentKVSystem("latentkv bf16", args.model, "auto", max_model_len=length),
+               LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length),
+               # weight-only int8 linears: reported separately (a different weight precision)
+               LatentKVSystem("latentkv w8 + int8 latent", args.model, "int8", max_model_len=length, quantization="int8")]
     if args.source:
         systems.append(TransformersSystem("transformers original", args.source))
     if args.stock:

@@ -105,10 +105,12 @@ class LlamaCppSystem:
 
     def prepare(self, prompt_ids: list[int]) -> None:
         self.prompt = list(prompt_ids)
+        self.llm.reset()
+        self.llm.eval(self.prompt)  # once: later runs truncate the KV cache back to this
 
     def decode(self, n: int) -> float:
-        self.llm.reset()
-        self.llm.eval(self.prompt)
+        self.llm.n_tokens = len(self.prompt) - 1  # eval() drops cache entries past n_tokens
+        self.llm.eval(self.prompt[-1:])
         token, start = self.argmax(), time.perf_counter()
         for _ in range(n - 1):
             self.llm.eval([token])
@@ -116,6 +118,8 @@ class LlamaCppSystem:
         return (time.perf_counter() - start) / (n - 1)
 
     def argmax(self) -> int:
+        """Greedy choice from the last evaluated token's logits."""
         import numpy as np
 
-        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))

@@ -101,8 +101,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, batch, cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, batch, cache)
+    def forward(self, x, rope, batch, cache):
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -115,9 +115,18 @@ class DeepseekModel(nn.Module):
 
     def forward(self, input_ids, positions, batch, caches):
         x = self.embed_tokens(input_ids)
-        for layer, cache in zip(self.layers, caches):
-            x = layer(x, positions, batch, cache)
+        cos, sin = self.rope_tables(positions)
+        for i, (layer, cache) in enumerate(zip(self.layers, caches)):
+            x = layer(x, (cos[i], sin[i]), batch, cache)
         return self.norm(x)
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [layers, T, dr/2] for every layer at once (layers may rotate at
+        different frequencies in converted models), in float32."""
+        attn = self.layers[0].self_attn
+        freqs = torch.stack([layer.self_attn.inv_freq for layer in self.layers])
+        angles = positions.to(torch.float32)[None, :, None] * freqs[:, None, :]
+        return angles.cos() * attn.rope_factor, angles.sin() * attn.rope_factor
 
 
 class MLAForCausalLM(nn.Module):

@@ -1,5 +1,5 @@
 """Inference-only fusion: linears that read the same input become one matmul
-(q or q_a with kv_a; gate with up). Fewer, larger matmuls per decode step. The fused
+(q or q_a with kv_a; gate with up), and W_UK / W_UV are laid out contiguously once. Fewer, larger matmuls per decode step. The fused
 model keeps no separate q_proj / gate_proj modules, so it is for serving, not for
 saving or training."""
 from __future__ import annotations
@@ -31,6 +31,7 @@ def fuse_for_inference(model: MLAForCausalLM) -> None:
         attn.in_proj, attn.in_split = fuse_linears(parts), [p.out_features for p in parts]
         delattr(attn, first)
         del attn.kv_a_proj_with_mqa
+        attn.absorbed = tuple(w.contiguous() for w in attn.split_kv_b())  # strided views cost a copy per call
         for mlp in (m for m in layer.modules() if isinstance(m, MLP)):
             mlp.gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
             del mlp.gate_proj, mlp.up_proj

@@ -19,7 +19,7 @@ from torch import nn
 from ..config import ModelConfig
 from .batch import AttentionBatch
 from .norm import RMSNorm
-from .rope import apply_rope, attention_factor, layer_inv_freq, rope_cos_sin, softmax_scale
+from .rope import apply_rope, attention_factor, layer_inv_freq, softmax_scale
 
 
 class MLAttention(nn.Module):
@@ -45,21 +45,27 @@ class MLAttention(nn.Module):
         self.rope_factor = attention_factor(cfg.rope_scaling)
         self.register_buffer("inv_freq", layer_inv_freq(cfg, layer), persistent=False)
         self.in_proj, self.in_split = None, None  # engine-only fusion of q(_a) and kv_a (fuse.py)
+        self.absorbed = None  # engine-only contiguous (W_UK, W_UV) (fuse.py)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, cache) -> torch.Tensor:
-        """x [T, hidden], positions [T] -> [T, hidden]; writes this step's latents to cache."""
-        q_nope, q_rope, c, k_r = self.project(x, positions)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: AttentionBatch, cache) -> torch.Tensor:
+        """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
+        writes this step's latents to cache."""
+        q_nope, q_rope, c, k_r = self.project(x, rope)
         cache.write(c, k_r, batch.slot_mapping)
         kv = cache.gather(batch.block_tables, batch.first_block)[:, : batch.max_context_len]  # [B, L, kv_rank + dr]
-        q_nope, q_rope = q_nope[batch.query_index], q_rope[batch.query_index]  # [B, Qmax, H, *]
+        single = batch.num_seqs == 1  # the flat batch already is the padded one
+        if single:
+            q_nope, q_rope = q_nope[None], q_rope[None]
+        else:
+            q_nope, q_rope = q_nope[batch.query_index], q_rope[batch.query_index]  # [B, Qmax, H, *]
         if self.choose_path(batch, kv.shape[1]) == "absorbed":
             out = self.attend_absorbed(q_nope, q_rope, kv, batch)
         else:
             out = self.attend_naive(q_nope, q_rope, kv, batch)
-        out = out[batch.query_valid]  # [T, H, dv], back in flat order
+        out = out[0] if single else out[batch.query_valid]  # [T, H, dv], back in flat order
         return self.o_proj(out.flatten(1))
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor):
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated), c [T,kv_rank], k_r [T,dr] (rotated)."""
         if self.in_proj is not None:
             q, kv = self.in_proj(x).split(self.in_split, dim=-1)
@@ -73,10 +79,9 @@ class MLAttention(nn.Module):
         c, k_r = kv.split([self.kv_rank, self.dr], dim=-1)
         if self.kv_a_layernorm is not None:
             c = self.kv_a_layernorm(c)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.rope_factor)
-        q_rope = apply_rope(q_rope, cos, sin, self.interleaved)
-        k_r = apply_rope(k_r, cos, sin, self.interleaved)
-        return q_nope, q_rope, c, k_r
+        # q's heads and the shared key rotate by the same angles: one call for both
+        rotated = apply_rope(torch.cat((q_rope, k_r[:, None]), dim=1), *rope, self.interleaved)
+        return q_nope, rotated[:, :-1], c, rotated[:, -1]
 
     def choose_path(self, batch: AttentionBatch, key_len: int) -> str:
         """Pick the cheaper path by multiply-adds on the padded shapes."""
@@ -89,20 +94,24 @@ class MLAttention(nn.Module):
 
     def split_kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_kvb -> W_UK [H, dn, kv_rank], W_UV [H, dv, kv_rank]."""
+        if self.absorbed is not None:
+            return self.absorbed
         w = self.kv_b_proj.weight.view(self.n_heads, self.dn + self.dv, self.kv_rank)
         return w[:, : self.dn], w[:, self.dn :]
 
     def attend_absorbed(self, q_nope, q_rope, kv, batch: AttentionBatch) -> torch.Tensor:
         """q_* [B,Q,H,*], kv [B,L,r+dr] -> [B,Q,H,dv]; MQA over the latent: all (query, head)
-        rows attend to the one latent key head."""
+        rows attend to the one latent key head. Plain matmuls: for these short query
+        blocks they beat SDPA's CPU kernels several times over."""
         b, q, h, _ = q_nope.shape
         w_uk, w_uv = self.split_kv_b()
         q_lat = torch.einsum("bqhd,hdr->bqhr", q_nope, w_uk)
-        query = torch.cat((q_lat, q_rope), dim=-1).view(b, 1, q * h, -1)
-        mask = None if batch.mask_kind == "none" else batch.key_mask(kv.shape[1], heads=h)
-        o_lat = F.scaled_dot_product_attention(
-            query, kv[:, None], kv[:, None, :, : self.kv_rank], attn_mask=mask, scale=self.scale
-        )
+        query = torch.cat((q_lat, q_rope), dim=-1).view(b, q * h, -1)
+        scores = torch.bmm(query, kv.transpose(1, 2)).float() * self.scale  # [B, Q*H, L]
+        if batch.mask_kind != "none":
+            scores = scores.masked_fill(~batch.key_mask(kv.shape[1], heads=h)[:, 0], float("-inf"))
+        probs = scores.softmax(dim=-1).to(kv.dtype)
+        o_lat = torch.bmm(probs, kv[..., : self.kv_rank])  # [B, Q*H, r]
         return torch.einsum("bqhr,hvr->bqhv", o_lat.view(b, q, h, self.kv_rank), w_uv)
 
     def attend_naive(self, q_nope, q_rope, kv, batch: AttentionBatch) -> torch.Tensor:

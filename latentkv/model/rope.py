@@ -72,12 +72,6 @@ def layer_inv_freq(cfg: ModelConfig, layer: int) -> torch.Tensor:
     return default_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [T] -> cos, sin [T, dr/2] in float32."""
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
-    return angles.cos() * factor, angles.sin() * factor
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotate x [T, ..., dr] by cos/sin [T, dr/2]; returns the same layout as x.
 
