@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from engine.conftest import build_model, build_tokenizer  # tests/engine/conftest.py
+from tiny_lm import build_model, build_tokenizer
 from latentkv import LLM, SamplingParams
 from latentkv.cli import main
 

@@ -1,58 +1,10 @@
-"""Tiny DeepSeek checkpoints *with a tokenizer* for engine tests.
-
-The shapes come from tests/tiny.py; the vocabulary is 320 so a byte-level BPE
-tokenizer (256 byte symbols + merges + <s>, </s>) fits, which lets the tests cover
-characters split over several tokens. Built once per session, no downloads.
-"""
+"""Engine test fixtures: tiny DeepSeek checkpoints with a tokenizer (built by
+tests/tiny_lm.py), once per session, and one intra-op thread."""
 from __future__ import annotations
 
 import pytest
 import torch
-from tiny import BASE, CONFIGS
-
-VOCAB = 320
-CORPUS = [
-    "the quick brown fox jumps over the lazy dog. " * 4,
-    "héllo wörld, ça va? naïve café. 日本語のテキスト。 emoji 😀🎉 and more text " * 3,
-    "one two three four five six seven eight nine ten eleven twelve",
-    "def main(): return 42  # code-like text with symbols {}[]()<>",
-]
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant:{% endif %}")
-
-
-def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    assert tok.get_vocab_size() <= VOCAB
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def build_model(name: str, seed: int = 0):
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
-
-    kind, overrides = CONFIGS[name]
-    cfg_cls, model_cls = (DeepseekV2Config, DeepseekV2ForCausalLM) if kind == "v2" else (DeepseekV3Config, DeepseekV3ForCausalLM)
-    # A wider init than the default 0.02 gives peaked logits, so greedy choices are not
-    # decided by float noise between implementations.
-    cfg = cfg_cls(**{**BASE, **overrides, "vocab_size": VOCAB, "initializer_range": 0.1,
-                     "bos_token_id": 0, "eos_token_id": 1})
-    torch.manual_seed(seed)
-    model = model_cls(cfg).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm" in pname:
-                p.add_(torch.randn_like(p) * 0.2)
-    return model
+from tiny_lm import build_model, build_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ def tiny_pair(tmp_path_factory):
     """(tiny Llama folder with tokenizer, its native conversion, its stock conversion, a text file)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.conftest import CORPUS, VOCAB, build_tokenizer
+    from tiny_lm import CORPUS, VOCAB, build_tokenizer
     from latentkv.convert import convert
 
     root = tmp_path_factory.mktemp("heal")

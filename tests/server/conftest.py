@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.conftest import build_model, build_tokenizer  # tests/engine/conftest.py
+from tiny_lm import build_model, build_tokenizer
 from server_helpers import start_server
 
 

@@ -1,0 +1,39 @@
+"""`latentkv convert` and `latentkv eval ppl` end to end on the bundled model (tiny budget)."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from latentkv.cli import main
+from latentkv.convert.corpus import pydoc_documents
+
+
+def test_convert_then_eval(tmp_path, capsys):
+    text = tmp_path / "calib.txt"
+    text.write_text("\n\n".join(t for _, t in pydoc_documents()[:6]))
+    out = tmp_path / "mla"
+    code = main(["convert", "--out", str(out), "--rope-dim", "32", "--kv-rank", "96", "--calib", str(text),
+                 "--calib-tokens", "256", "--ctx", "128", "--eval-tokens", "0", "--dtype", "bfloat16"])
+    assert code == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "deepseek_v3" and cfg["qk_rope_head_dim"] == 32
+    assert cfg["latentkv"]["kv_lora_ranks"] == [96] * cfg["num_hidden_layers"]
+    assert cfg["num_key_value_heads"] == cfg["num_attention_heads"] and cfg["q_lora_rank"] is None
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
+    assert "chat_template" in (out / "tokenizer_config.json").read_text() or (out / "chat_template.jinja").is_file()
+    capsys.readouterr()
+    results = {}
+    for name, model in [("source", []), ("converted", [str(out)])]:
+        assert main(["eval", "ppl", *model, "--text", str(text), "--ctx", "64", "--max-tokens", "128", "--json"]) == 0
+        results[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for r in results.values():
+        assert set(r) == {"ppl", "tokens", "ctx"} and r["tokens"] == 2 * 63 and r["ctx"] == 64
+    assert results["converted"]["ppl"] > results["source"]["ppl"]  # rope 32 / rank 96 is lossy
+
+
+def test_convert_refuses_bad_options(tmp_path, capsys):
+    assert main(["convert", "--out", str(tmp_path / "x"), "--rope-dim", "7"]) == 2
+    assert "rope dim" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "missing.gguf"), "--out", str(tmp_path / "y")]) == 2
+    assert "not found" in capsys.readouterr().err
