@@ -60,15 +60,18 @@ def fill_defaults(args) -> None:
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if args.model is None or (args.source is None and not args.no_baselines):
+    wants_stock = hasattr(args, "stock") and args.stock is None and not args.no_baselines
+    if args.model is None or wants_stock:
         from .models import default_models
 
-        model, source, stock = default_models(need_stock=hasattr(args, "stock") and args.stock is None and not args.no_baselines)
+        model, _, stock = default_models(need_stock=wants_stock)
         args.model = args.model or model
-        if args.source is None and not args.no_baselines:
-            args.source = source
-        if hasattr(args, "stock") and args.stock is None and not args.no_baselines:
+        if wants_stock:
             args.stock = stock
+    if args.source is None and not args.no_baselines:
+        from ..convert.sources import default_gguf_path
+
+        args.source = str(default_gguf_path())
     if args.no_baselines:
         args.source = None
         if hasattr(args, "stock"):
