@@ -8,7 +8,7 @@ import torch
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.corpus import default_documents, file_documents, token_windows
 from latentkv.convert.export import export
-from latentkv.convert.pipeline import Settings, build_model
+from latentkv.convert.pipeline import Settings, build_model, resolve_rope_dim
 from latentkv.convert.sources import SourceModel, read_source
 
 DEFAULT_CALIB_TOKENS = 32768
@@ -71,8 +71,9 @@ def measure(src: SourceModel, cfg: dict, tensors: dict, eval_tokens: int, ctx: i
 
 def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_ratio=None, calib=None,
             calib_tokens: int = DEFAULT_CALIB_TOKENS, stock: bool = False, dtype: str = "float32",
-            ctx: int = DEFAULT_CTX, eval_tokens: int = DEFAULT_EVAL_TOKENS, weighting: str = "aware",
-            rank_alloc: str = "uniform", rope_theta: float | None = None) -> Path:
+            ctx: int = DEFAULT_CTX, eval_tokens: int = DEFAULT_EVAL_TOKENS, weighting: str = "attention",
+            rank_alloc: str = "uniform", rope_theta: float | None = None, sequential: bool = False,
+            k_weight: float = 5.0) -> Path:
     """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`.
 
     rope_dim: even int or "all"; kv_rank: int (mean latent width) or "full"; cache_ratio:
@@ -84,11 +85,19 @@ def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_rat
     if stock and src.qkv_bias:
         raise ValueError("the stock deepseek_v3 format has no q_proj bias; convert this source without --stock")
     settings = resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, weighting=weighting,
-                                rank_alloc=rank_alloc, rope_theta=rope_theta)
-    stats = collect_stats(src, calibration_windows(src, calib, calib_tokens, ctx))
-    cfg, tensors, info = build_model(src, stats, settings, dtype=DTYPES[dtype])
+                                rank_alloc=rank_alloc, rope_theta=rope_theta, sequential=sequential, k_weight=k_weight)
+    resolve_rope_dim(src, settings.rope_dim, stock)  # fail before the (long) calibration
+    windows = calibration_windows(src, calib, calib_tokens, ctx)
+    stats = collect_stats(src, windows)
+    if sequential:
+        from latentkv.convert.sequential import build_sequential
+
+        cfg, tensors, info = build_sequential(src, stats, windows, settings, dtype=DTYPES[dtype])
+    else:
+        cfg, tensors, info = build_model(src, stats, settings, dtype=DTYPES[dtype], sensitivity_ids=windows[:2])
     measured = measure(src, cfg, tensors, eval_tokens, ctx) if eval_tokens else {}
     record = {"rope_dim": settings.rope_dim, "kv_rank": settings.kv_rank, "cache_ratio": cache_ratio,
-              "stock": stock, "weighting": weighting, "rank_alloc": rank_alloc, "calib": calib or "default corpus",
+              "stock": stock, "weighting": weighting, "k_weight": k_weight, "rank_alloc": rank_alloc,
+              "sequential": sequential, "calib": calib or "default corpus",
               "calib_tokens": int(stats[0].tokens), "ctx": ctx, "rope_theta": info["rope_theta"], "dtype": dtype}
     return export(Path(out), src, cfg, tensors, info, record, measured)

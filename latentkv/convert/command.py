@@ -31,8 +31,13 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens to measure perplexity on (0: skip)")
-    p.add_argument("--weighting", default="aware", choices=["aware", "balanced"], help="latent error weighting")
-    p.add_argument("--rank-alloc", default="uniform", choices=["uniform", "spectrum"], help="per-layer ranks")
+    p.add_argument("--weighting", default="attention", choices=["attention", "aware", "balanced"],
+                   help="latent error weighting (default attention: errors in attention-output units)")
+    p.add_argument("--k-weight", type=float, default=5.0, help="extra weight of key against value error")
+    p.add_argument("--rank-alloc", default="uniform", choices=["uniform", "spectrum", "measured"],
+                   help="per-layer ranks under the global budget (uniform measured best)")
+    p.add_argument("--sequential", action="store_true",
+                   help="refit each layer's latent on the converted model's activations (2x calibration time)")
     p.set_defaults(func=run)
     try:
         from latentkv.convert import sweep
@@ -53,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                       cache_ratio=args.cache_ratio, calib=args.calib,
                       calib_tokens=args.calib_tokens or DEFAULT_CALIB_TOKENS, stock=args.stock, dtype=args.dtype,
                       ctx=args.ctx, eval_tokens=DEFAULT_EVAL_TOKENS if args.eval_tokens is None else args.eval_tokens,
-                      weighting=args.weighting, rank_alloc=args.rank_alloc)
+                      weighting=args.weighting, rank_alloc=args.rank_alloc, sequential=args.sequential,
+                      k_weight=args.k_weight)
     except (SourceError, ValueError, FileNotFoundError) as err:
         print(f"latentkv convert: error: {err}", file=sys.stderr)
         return 2

@@ -23,17 +23,21 @@ THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stoc
 
 @dataclass
 class Settings:
-    """rope_dim: int or "all"; kv_rank: int, "full" or per-layer list; weighting: "aware"/"balanced";
-    rank_alloc: "uniform"/"spectrum"; sequential: refit each layer's latent on the converted model's
-    activations; k_weight: extra weight of key error against value error; stock: plain deepseek_v3
-    output; rope_theta: stock schedule (None: chosen)."""
+    """rope_dim: int or "all"; kv_rank: int, "full" or per-layer list;
+    weighting: "attention" (errors in attention-output units), "aware" (K by query moments, V by
+    Wo, energies balanced) or "balanced" (plain norm-balanced PCA);
+    rank_alloc: "uniform", "spectrum" or "measured" (per-layer ranks; both measured worse, see
+    docs/conversion.md); sequential: refit each latent on the converted model's activations;
+    k_weight: extra weight of key error against value error (5 measured best: the first-order
+    model underrates score errors); stock: plain deepseek_v3 output; rope_theta: stock schedule
+    (None: chosen)."""
 
     rope_dim: int | str = 64
     kv_rank: int | str | list = "full"
-    weighting: str = "aware"
+    weighting: str = "attention"
     rank_alloc: str = "uniform"
     sequential: bool = False
-    k_weight: float = 1.0
+    k_weight: float = 5.0
     stock: bool = False
     rope_theta: float | None = None
     extra: dict = field(default_factory=dict)
@@ -144,7 +148,7 @@ def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: 
         return [min(r, f) for f in full]
     if alloc == "spectrum":
         return lat.allocate_ranks(spectra, min(r * len(full), sum(full)), min_rank=max(1, r // 4), scales=scales)
-    raise ValueError(f"unknown rank allocation {alloc!r} (uniform or spectrum)")
+    raise ValueError(f"unknown rank allocation {alloc!r} (uniform, spectrum or measured)")
 
 
 def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
@@ -153,9 +157,16 @@ def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
     return float((((lt @ xx) * lt).sum() / rank).clamp(min=1e-30).sqrt())
 
 
-def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, plans_info=None, dtype=torch.float32):
-    """Converted model: (DeepSeek-V3 config dict, tensors by name, info dict)."""
+def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, plans_info=None, dtype=torch.float32,
+                sensitivity_ids: torch.Tensor | None = None):
+    """Converted model: (DeepSeek-V3 config dict, tensors by name, info dict).
+
+    rank_alloc "measured" needs sensitivity_ids [B, T] (a few calibration windows).
+    """
     plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
+    if settings.rank_alloc == "measured" and not settings.stock and isinstance(settings.kv_rank, int):
+        ranks = measured_ranks(src, stats, settings, (plans, dr, theta, dn), sensitivity_ids)
+        settings = Settings(**{**settings.__dict__, "kv_rank": ranks, "rank_alloc": "uniform"})
     problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
                 for i, st in enumerate(stats)]
     facts = [lat.factorize(wz, st.xx, m, wz.shape[0]) for (wz, m, _), st in zip(problems, stats)]
@@ -177,6 +188,22 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, p
     info = {"ranks": ranks, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
             "kept_pairs": [p.kept.tolist() for p in plans]}
     return cfg, tensors, info
+
+
+def measured_ranks(src, stats, settings, plans_info, ids) -> list[int]:
+    """Per-layer ranks by measured sensitivity at the requested mean rank (sensitivity.py)."""
+    from latentkv.convert import sensitivity
+
+    if ids is None:
+        raise ValueError("rank_alloc 'measured' needs calibration windows to measure sensitivity on")
+    uniform = Settings(**{**settings.__dict__, "rank_alloc": "uniform"})
+    cfg, tensors, info = build_model(src, stats, uniform, plans_info)
+    plans, _, _, dn = plans_info
+    problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
+                for i, st in enumerate(stats)]
+    spectra = [lat.factorize(wz, st.xx, m, 1).spectrum for (wz, m, _), st in zip(problems, stats)]
+    scales = sensitivity.measure_scales(src, ids, cfg, tensors, spectra, info["ranks"])
+    return sensitivity.allocate(spectra, scales, int(settings.kv_rank), [wz.shape[0] for wz, _, _ in problems])
 
 
 def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, torch.Tensor]:

@@ -12,6 +12,8 @@ from latentkv.convert.corpus import pydoc_documents
 def test_convert_then_eval(tmp_path, capsys):
     text = tmp_path / "calib.txt"
     text.write_text("\n\n".join(t for _, t in pydoc_documents()[:6]))
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text("\n\n".join(t for _, t in pydoc_documents()[-6:]))
     out = tmp_path / "mla"
     code = main(["convert", "--out", str(out), "--rope-dim", "32", "--kv-rank", "96", "--calib", str(text),
                  "--calib-tokens", "256", "--ctx", "128", "--eval-tokens", "0", "--dtype", "bfloat16"])
@@ -25,11 +27,12 @@ def test_convert_then_eval(tmp_path, capsys):
     capsys.readouterr()
     results = {}
     for name, model in [("source", []), ("converted", [str(out)])]:
-        assert main(["eval", "ppl", *model, "--text", str(text), "--ctx", "64", "--max-tokens", "128", "--json"]) == 0
+        assert main(["eval", "ppl", *model, "--text", str(heldout), "--ctx", "64", "--max-tokens", "128", "--json"]) == 0
         results[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for r in results.values():
         assert set(r) == {"ppl", "tokens", "ctx"} and r["tokens"] == 2 * 63 and r["ctx"] == 64
-    assert results["converted"]["ppl"] > results["source"]["ppl"]  # rope 32 / rank 96 is lossy
+    # lossy (rope 32, rank 96, 256 calibration tokens) but still a language model on unseen text
+    assert 0.5 < results["converted"]["ppl"] / results["source"]["ppl"] < 4
 
 
 def test_convert_refuses_bad_options(tmp_path, capsys):

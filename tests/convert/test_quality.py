@@ -25,7 +25,7 @@ def test_perplexity_rises_as_rank_shrinks(smollm2, smollm2_tokenizer):
     plans = plan_rope(smollm2, stats, settings)
     base = perplexity(lambda ids: source_logits(smollm2, ids), heldout)["ppl"]
     ppls = []
-    for rank in ["full", 224, 128, 48]:
+    for rank in ["full", 160, 80, 32]:
         settings.kv_rank = rank
         cfg, tensors, info = build_model(smollm2, stats, settings, plans)
         ppls.append(perplexity(lambda ids: mla_logits(cfg, tensors, ids), heldout)["ppl"])
@@ -36,9 +36,9 @@ def test_perplexity_rises_as_rank_shrinks(smollm2, smollm2_tokenizer):
 def test_int8_latent_changes_little(smollm2, smollm2_tokenizer):
     calib_docs, heldout_docs = split_docs()
     calib = token_windows(smollm2_tokenizer, calib_docs, 128, 4 * 128, seed=0)
-    ids = token_windows(smollm2_tokenizer, heldout_docs, 96, 96, seed=1)
+    ids = token_windows(smollm2_tokenizer, heldout_docs, 128, 2 * 128, seed=1)
     stats = collect_stats(smollm2, calib)
     cfg, tensors, _ = build_model(smollm2, stats, Settings(rope_dim=64, kv_rank=192))
-    plain, int8 = mla_logits(cfg, tensors, ids), mla_logits(cfg, tensors, ids, int8=True)
-    diff = (plain - int8).abs().max()
-    assert 0 < diff < 0.1 * plain.abs().max()
+    plain = perplexity(lambda x: mla_logits(cfg, tensors, x), ids)["ppl"]
+    int8 = perplexity(lambda x: mla_logits(cfg, tensors, x, int8=True), ids)["ppl"]
+    assert int8 != plain and abs(int8 / plain - 1) < 0.03
