@@ -101,6 +101,18 @@ def factorize(wz: torch.Tensor, xx: torch.Tensor, weight: torch.Tensor, rank: in
     return Factorization(latent=u.T @ half @ wz, recon=inv_half @ u, spectrum=lam)
 
 
+def rotate(fact: Factorization, seed: int = 0) -> Factorization:
+    """Mix the latent by a fixed random orthogonal Q (c' = Q c, recon' = recon Qᵀ).
+
+    Exact in float arithmetic; it spreads the PCA's energy evenly over the latent dims, so a
+    per-token int8 scale (max|c|/127) is set by a typical dim rather than the top component.
+    RMSNorm (the stock kv_a_layernorm, unit weight) is invariant to it.
+    """
+    r = fact.latent.shape[0]
+    q, _ = torch.linalg.qr(torch.randn(r, r, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+    return Factorization(q @ fact.latent, fact.recon @ q.T, fact.spectrum)
+
+
 def allocate_ranks(spectra: list[torch.Tensor], total: int, min_rank: int = 1, scales=None) -> list[int]:
     """Per-layer ranks summing to `total`, keeping the globally largest (scaled) eigenvalues.
 

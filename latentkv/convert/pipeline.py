@@ -209,6 +209,7 @@ def measured_ranks(src, stats, settings, plans_info, ids) -> list[int]:
 def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, torch.Tensor]:
     """Layer i's tensors under DeepSeek-V3 names."""
     wq, wk, wv, wo = augmented_weights(src, i)
+    fact = lat.rotate(fact, seed=i)
     if stock:  # unit-RMS latent: the stock kv_a_layernorm (weight 1) then only removes per-token scale
         rms = latent_rms(fact, st.xx, fact.latent.shape[0])
         fact = lat.Factorization(fact.latent / rms, fact.recon * rms, fact.spectrum)
