@@ -42,7 +42,9 @@ def deepseek_config(src: SourceModel, dn: int, dr: int, ranks: list[int], stock:
         "v_head_dim": src.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": src.max_position_embeddings,
-        "rms_norm_eps": src.rms_norm_eps,
+        # stock: DeepSeek's 1e-6, which transformers uses for kv_a_layernorm whatever the config
+        # says (see pipeline.linearize_norm); the other norms barely notice the change.
+        "rms_norm_eps": 1e-6 if stock else src.rms_norm_eps,
         "rope_theta": float(theta if theta is not None else src.rope_theta),
         "rope_scaling": None,
         "rope_interleave": True,

@@ -151,6 +151,24 @@ def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: 
     raise ValueError(f"unknown rank allocation {alloc!r} (uniform, spectrum or measured)")
 
 
+STOCK_NORM_EPS = 1e-6  # DeepSeek's rms_norm_eps; transformers hard-codes it for kv_a_layernorm
+STOCK_LATENT_MS = 0.01 * STOCK_NORM_EPS  # latent mean square: 1% of eps keeps the norm ~linear
+
+
+def linearize_norm(fact: lat.Factorization, rms: float) -> lat.Factorization:
+    """Scale the latent so the stock kv_a_layernorm (unit weight) is almost linear.
+
+    RMSNorm divides each token's latent by √(mean(c²) + eps), erasing its norm. With the
+    latent's mean square at 1% of eps, that divisor is √eps·(1 ± ~0.5%) for every token,
+    so the norm becomes a constant gain that kv_b_proj undoes. Runtimes must use eps 1e-6
+    for kv_a_layernorm (transformers hard-codes it; vLLM/SGLang read rms_norm_eps, which
+    the stock config sets to 1e-6).
+    """
+    target = STOCK_LATENT_MS ** 0.5
+    gain = (STOCK_LATENT_MS + STOCK_NORM_EPS) ** 0.5
+    return lat.Factorization(fact.latent * (target / rms), fact.recon * (rms / target) * gain, fact.spectrum)
+
+
 def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
     """Typical RMS of the latent c (√(E|c|²/r)), the stock kv_a_layernorm's scale."""
     lt = fact.latent[:rank]
@@ -210,9 +228,8 @@ def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, 
     """Layer i's tensors under DeepSeek-V3 names."""
     wq, wk, wv, wo = augmented_weights(src, i)
     fact = lat.rotate(fact, seed=i)
-    if stock:  # unit-RMS latent: the stock kv_a_layernorm (weight 1) then only removes per-token scale
-        rms = latent_rms(fact, st.xx, fact.latent.shape[0])
-        fact = lat.Factorization(fact.latent / rms, fact.recon * rms, fact.spectrum)
+    if stock:
+        fact = linearize_norm(fact, latent_rms(fact, st.xx, fact.latent.shape[0]))
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)
     layer = src.layer(i)
     p = f"model.layers.{i}."
