@@ -113,3 +113,22 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_
             on_layer(i, stats[-1])
         hidden = moved if next_layer is None else [next_layer(i, h, positions) for h in hidden]
     return stats
+
+
+def save_stats(stats: list[LayerStats], path) -> None:
+    """Write statistics as safetensors (no pickle), to reuse across sweeps."""
+    from safetensors.torch import save_file
+
+    tensors = {f"{name}": torch.stack([getattr(st, name) for st in stats]) for name in ("xx", "dist", "rho", "kappa")}
+    tensors["h_energy"] = torch.tensor([st.h_energy for st in stats], dtype=torch.float64)
+    tensors["tokens"] = torch.tensor([st.tokens for st in stats])
+    save_file(tensors, str(path))
+
+
+def load_stats(path) -> list[LayerStats]:
+    """Read statistics written by save_stats."""
+    from safetensors.torch import load_file
+
+    t = load_file(str(path))
+    return [LayerStats(xx=t["xx"][i], dist=t["dist"][i], rho=t["rho"][i], kappa=t["kappa"][i],
+                       h_energy=float(t["h_energy"][i]), tokens=int(t["tokens"][i])) for i in range(len(t["rho"]))]

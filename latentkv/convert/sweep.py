@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from latentkv.convert.api import calibration_windows
-from latentkv.convert.calibrate import collect_stats
+from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
 from latentkv.convert.corpus import default_documents, token_windows
 from latentkv.convert.mla_reference import mla_logits
 from latentkv.convert.pipeline import Settings, build_model, plan_rope
@@ -111,27 +111,35 @@ def plot(rows: list[dict], base: float, src_bytes: int, path: Path) -> None:
 
 
 def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native", "stock"), ranks=None,
-              calib_tokens=16384, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print) -> dict:
+              calib_tokens=16384, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
+              stats_cache=None) -> dict:
     """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     src = read_source(source)
-    stats = collect_stats(src, calibration_windows(src, None, calib_tokens, ctx))
+    if stats_cache and Path(stats_cache).is_file():
+        stats = load_stats(stats_cache)
+        log(f"calibration statistics from {stats_cache} ({stats[0].tokens} tokens)")
+    else:
+        stats = collect_stats(src, calibration_windows(src, None, calib_tokens, ctx))
+        if stats_cache:
+            save_stats(stats, stats_cache)
     windows = token_windows(src.tokenizer(), list(default_documents(heldout=True)), ctx, eval_tokens, seed=1)
     base = perplexity(lambda ids: source_logits(src, ids), windows)["ppl"]
     log(f"source perplexity {base:.4f}")
     src_bytes = 2 * src.kv_elements() * src.num_layers
     ranks_for = (lambda dr: list(ranks)) if ranks else (lambda dr: default_ranks(src, dr))
-    rows = list(sweep_points(src, stats, windows, rope_dims, formats, ranks_for, int8_formats, log))
-    result = {"source": str(src.path), "source_ppl": base, "source_bytes_bf16": src_bytes, "ctx": ctx,
-              "eval_tokens": int(windows[:, 1:].numel()), "calib_tokens": int(stats[0].tokens),
-              "protocol": PROTOCOL.format(ctx=ctx), "rows": rows, "seconds": round(time.time() - start)}
-    (out_dir / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown_table(rows, base, src_bytes)
-    (out_dir / "sweep.md").write_text(table + "\n")
-    plot(rows, base, src_bytes, out_dir / "sweep.png")
-    log(table)
+    rows = []
+    for row in sweep_points(src, stats, windows, rope_dims, formats, ranks_for, int8_formats, log):
+        rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
+        result = {"source": str(src.path), "source_ppl": base, "source_bytes_bf16": src_bytes, "ctx": ctx,
+                  "eval_tokens": int(windows[:, 1:].numel()), "calib_tokens": int(stats[0].tokens),
+                  "protocol": PROTOCOL.format(ctx=ctx), "rows": rows, "seconds": round(time.time() - start)}
+        (out_dir / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out_dir / "sweep.md").write_text(markdown_table(rows, base, src_bytes) + "\n")
+        plot(rows, base, src_bytes, out_dir / "sweep.png")
+    log(markdown_table(rows, base, src_bytes))
     return result
 
 
@@ -146,9 +154,13 @@ def register(subparsers) -> None:
     p.add_argument("--calib-tokens", type=int, default=16384)
     p.add_argument("--eval-tokens", type=int, default=4096)
     p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--int8-formats", nargs="*", default=["native", "stock"], choices=["native", "stock"],
+                   help="formats also measured with an int8 latent")
+    p.add_argument("--stats-cache", default=None, help="safetensors file: reuse calibration statistics (written if absent)")
     p.set_defaults(func=lambda args: run_cli(args))
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens, args.ctx)
+    run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
+              args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache)
     return 0
