@@ -49,6 +49,7 @@ def run(args) -> dict:
             for s in systems:
                 times[s.name].append(s.decode(args.tokens))
         results.append(summarize(ctx, times, cfg, weights, bandwidth))
+        print(f"context {ctx}: " + ", ".join(f"{n} {v:.2f} tok/s" for n, v in results[-1]["tok_s"].items()), flush=True)
     show(results, systems, bandwidth, weights)
     plot(results, [s.name for s in systems], out)
     payload = {"bandwidth_gbs": bandwidth / 1e9, "weight_bytes": weights, "tokens": args.tokens, "repeats": args.repeats, "results": results}

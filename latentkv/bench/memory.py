@@ -42,8 +42,14 @@ def cache_rows(name: str, cfg: ModelConfig, gqa: tuple[int, int, int] | None) ->
     return rows
 
 
-def source_shape(model_cfg: ModelConfig) -> tuple[int, int, int] | None:
-    """The original GQA shape recorded by the converter, if any."""
+def source_shape(folder: Path, model_cfg: ModelConfig) -> tuple[int, int, int] | None:
+    """The original GQA shape (layers, kv heads, head dim), from the conversion cache's
+    provenance file or the converter's record, if either has it."""
+    provenance = folder / "latentkv-source.json"
+    if provenance.exists():
+        geo = json.loads(provenance.read_text()).get("geometry") or {}
+        if geo:
+            return geo["num_layers"], geo["num_kv_heads"], geo["head_dim"]
     src = model_cfg.extensions.get("source") or {}
     kv_heads, head_dim = src.get("num_key_value_heads"), src.get("head_dim")
     if kv_heads and head_dim:
@@ -65,7 +71,7 @@ def run(args) -> dict:
     rows = []
     if args.model:
         cfg = ModelConfig.from_file(Path(args.model) / "config.json")
-        rows += cache_rows(Path(args.model).name, cfg, source_shape(cfg))
+        rows += cache_rows(Path(args.model).name, cfg, source_shape(Path(args.model), cfg))
     rows += cache_rows("DeepSeek-V2-Lite", ModelConfig.from_dict(DEEPSEEK_V2_LITE), None)
     rows += cache_rows("DeepSeek-V3", ModelConfig.from_dict(DEEPSEEK_V3), None)
     columns = ["model", "cache", "bytes/token"] + [f"{c // 1024}K MiB" for c in CONTEXTS]
