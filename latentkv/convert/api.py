@@ -82,6 +82,8 @@ def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_rat
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
     src = source if isinstance(source, SourceModel) else read_source(source)
+    if stock and dtype == "float16":
+        raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
     if stock and src.qkv_bias:
         raise ValueError("the stock deepseek_v3 format has no q_proj bias; convert this source without --stock")
     settings = resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, weighting=weighting,
