@@ -23,7 +23,8 @@ YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_ma
 # name -> (transformers config class, overrides)
 CONFIGS = {
     "v2_dense": ("v2", dict(first_k_dense_replace=3)),
-    "v3_dense_qlora": ("v3", dict(first_k_dense_replace=3, q_lora_rank=24)),
+    # rms_norm_eps far from 1e-6: the q_a / kv_a norms must keep their own 1e-6
+    "v3_dense_qlora": ("v3", dict(first_k_dense_replace=3, q_lora_rank=24, rms_norm_eps=1e-2)),
     "v2_moe_group_limited": ("v2", dict(MOE, topk_method="group_limited_greedy", n_group=4, topk_group=2)),
     "v3_moe_sigmoid": ("v3", dict(MOE, n_group=4, topk_group=2, q_lora_rank=24)),
     "v2_yarn": ("v2", dict(MOE, rope_parameters=YARN, max_position_embeddings=2560)),

@@ -22,6 +22,11 @@ from .norm import RMSNorm
 from .rope import apply_rope, attention_factor, layer_inv_freq, softmax_scale
 
 
+# DeepSeek's code and transformers build the q_a / kv_a norms with their default eps,
+# not the config's rms_norm_eps.
+LATENT_NORM_EPS = 1e-6
+
+
 class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -32,12 +37,12 @@ class MLAttention(nn.Module):
         qk_dim = self.n_heads * (self.dn + self.dr)
         if cfg.q_lora_rank:
             self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk_dim, bias=False)
         else:
             self.q_proj = nn.Linear(cfg.hidden_size, qk_dim, bias=cfg.q_bias)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.kv_rank + self.dr, bias=cfg.attention_bias)
-        self.kv_a_layernorm = RMSNorm(self.kv_rank, cfg.rms_norm_eps) if cfg.kv_a_layernorm else None
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, LATENT_NORM_EPS) if cfg.kv_a_layernorm else None
         self.kv_b_proj = nn.Linear(self.kv_rank, self.n_heads * (self.dn + self.dv), bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.dv, cfg.hidden_size, bias=cfg.attention_bias)
         self.interleaved = cfg.rope_interleave
