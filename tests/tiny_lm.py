@@ -52,3 +52,13 @@ def build_model(name: str, seed: int = 0):
             if "norm" in pname:
                 p.add_(torch.randn_like(p) * 0.2)
     return model
+
+
+def save_tiny_lm(folder, name: str = "v3_dense_qlora", tokenizer: bool = True):
+    """Write a tiny model (and its tokenizer) to `folder`; returns (model, tokenizer or None)."""
+    model = build_model(name)
+    model.save_pretrained(folder)
+    tok = build_tokenizer() if tokenizer else None
+    if tok is not None:
+        tok.save_pretrained(folder)
+    return model, tok

@@ -137,12 +137,16 @@ class AsyncEngine:
         finally:
             self.fail_all(EngineDeadError(self.error or "the server is shutting down"))
 
-    def apply_commands(self) -> None:
+    def drain_commands(self):
+        """Yield (kind, payload) of every queued command, without blocking."""
         while True:
             try:
-                kind, payload = self.commands.get_nowait()
+                yield self.commands.get_nowait()
             except queue.Empty:
                 return
+
+    def apply_commands(self) -> None:
+        for kind, payload in self.drain_commands():
             if kind == "add":
                 self.accept(payload)
             elif kind == "abort":
@@ -187,11 +191,7 @@ class AsyncEngine:
         for sub in list(self.streams.values()):
             sub.loop.call_soon_threadsafe(sub.outputs.put_nowait, err)
         self.streams.clear()
-        while True:
-            try:
-                kind, payload = self.commands.get_nowait()
-            except queue.Empty:
-                return
+        for kind, payload in self.drain_commands():
             if kind == "add":
                 payload.loop.call_soon_threadsafe(set_exception_once, payload.accepted, err)
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tiny_lm import build_model, build_tokenizer
+from tiny_lm import save_tiny_lm
 from latentkv import LLM, SamplingParams
 from latentkv.cli import main
 
@@ -18,8 +18,7 @@ from latentkv.cli import main
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli_model") / "tiny"
-    build_model("v3_dense_qlora").save_pretrained(folder)
-    build_tokenizer().save_pretrained(folder)
+    save_tiny_lm(folder)
     return folder
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_lm import build_model, build_tokenizer
+from tiny_lm import save_tiny_lm
 
 
 @pytest.fixture(scope="session")
@@ -17,13 +17,7 @@ def tiny_lm(tmp_path_factory):
         key = (name, tokenizer)
         if key not in built:
             folder = root / f"{name}{'' if tokenizer else '_notok'}"
-            model = build_model(name)
-            model.save_pretrained(folder)
-            tok = None
-            if tokenizer:
-                tok = build_tokenizer()
-                tok.save_pretrained(folder)
-            built[key] = (folder, model, tok)
+            built[key] = (folder, *save_tiny_lm(folder, name, tokenizer))
         return built[key]
 
     return get

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tiny_lm import build_model, build_tokenizer
+from tiny_lm import save_tiny_lm
 from server_helpers import start_server
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("server_model") / "tiny"
-    build_model("v3_dense_qlora").save_pretrained(folder)
-    build_tokenizer().save_pretrained(folder)
+    save_tiny_lm(folder)
     return folder
 
 
