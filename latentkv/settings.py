@@ -17,6 +17,7 @@ The file's names follow the seed's config template where they fit:
     compute = "auto"                 # model dtype: auto | float32 | bfloat16 | float16
     cache = "int8"                   # latent cache: auto | int8 | fp8_e4m3 (default: int8
                                      # for the bundled model, whose compression assumes it; else auto)
+    weights = "none"                 # weight-only quantization: none | int8 | int4 (int4: CPU)
 
     [scheduler]
     max_model_len = 2048
@@ -50,6 +51,7 @@ CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
 CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "bf16": "auto", "fp16": "auto", "float16": "auto", "bfloat16": "auto"}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+QUANTIZATIONS = ("none", "int8", "int4")
 POOL_BLOCKS_LIMIT = 2**20  # an int pool_size below this counts chunks, at or above it bytes
 
 
@@ -64,6 +66,7 @@ class Settings:
     model: str | None = None
     dtype: str = "auto"
     kv_cache_dtype: str | None = None          # None: int8 for the bundled model, else "auto"
+    quantization: str = "none"                 # weight-only: none | int8 | int4
     block_size: int = 16
     kv_cache_memory: int | str | None = None   # bytes or "2GiB"; None: the engine's default
     kv_cache_blocks: int | None = None         # pool_size as a number of blocks
@@ -86,6 +89,7 @@ TOML_KEYS: dict[str, str] = {
     "latent_attention.memory.pool_size": "kv_cache_memory",
     "precision.compute": "dtype",
     "precision.cache": "kv_cache_dtype",
+    "precision.weights": "quantization",
     "scheduler.max_model_len": "max_model_len",
     "scheduler.max_num_seqs": "max_num_seqs",
     "scheduler.max_waiting_requests": "max_waiting_requests",
@@ -151,6 +155,7 @@ CHECKS = {
     "model": ("a path", _text),
     "dtype": (f"one of {list(DTYPES)}", _choice(DTYPES, DTYPE_ALIASES)),
     "kv_cache_dtype": (f"one of {list(CACHE_DTYPES)}", _choice(CACHE_DTYPES, CACHE_DTYPE_ALIASES)),
+    "quantization": (f"one of {list(QUANTIZATIONS)}", _choice(QUANTIZATIONS)),
     "block_size": (f"one of {list(BLOCK_SIZES)}", _choice(BLOCK_SIZES)),
     "kv_cache_memory": ("a size such as \"2GiB\" or bytes, or a number of chunks below 2**20", _memory),
     "max_model_len": ("a positive integer", _positive_int),
@@ -245,6 +250,8 @@ def add_engine_arguments(parser) -> None:
     parser.add_argument("--config", default=None, metavar="FILE", help="TOML settings file (flags override it)")
     parser.add_argument("--dtype", default=None, help=f"model dtype: {', '.join(DTYPES)}")
     parser.add_argument("--kv-cache-dtype", default=None, help=f"latent cache dtype: {', '.join(CACHE_DTYPES)}")
+    parser.add_argument("--quantization", "-q", default=None,
+                        help=f"weight-only quantization of the linears: {', '.join(QUANTIZATIONS)} (int4: CPU)")
     parser.add_argument("--block-size", type=int, default=None, help="tokens per cache block (default 16)")
     parser.add_argument("--kv-cache-memory", default=None, help="latent cache size, e.g. 512MiB, 2GiB or bytes")
     parser.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output in tokens")
@@ -260,7 +267,7 @@ def add_engine_arguments(parser) -> None:
     nan.add_argument("--no-nan-check", dest="nan_check", action="store_const", const=False, help="skip that check")
 
 
-ENGINE_FLAGS = ("model", "dtype", "kv_cache_dtype", "block_size", "kv_cache_memory", "max_model_len",
+ENGINE_FLAGS = ("model", "dtype", "kv_cache_dtype", "quantization", "block_size", "kv_cache_memory", "max_model_len",
                 "max_num_seqs", "enable_prefix_caching", "nan_check")
 
 

@@ -47,28 +47,40 @@ class LatentCache:
 
     def write(self, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store c [T, kv_rank] and k_r [T, rope_dim] at flat slots [T]."""
-        blocks, offsets = slot_mapping // self.block_size, slot_mapping % self.block_size
         if not self.quantized:
-            self.kv[blocks, offsets] = torch.cat((c, k_r), dim=-1).to(self.dtype)
+            self.kv.view(-1, self.kv.shape[-1]).index_copy_(0, slot_mapping, torch.cat((c, k_r), dim=-1).to(self.dtype))
             return
         q, scale = quantize_latent(c, self.cache_dtype)
-        self.latent[blocks, offsets] = q
-        self.scale[blocks, offsets] = scale
-        self.rope[blocks, offsets] = k_r.to(self.dtype)
+        self.latent.view(-1, self.kv_rank).index_copy_(0, slot_mapping, q)
+        self.scale.view(-1).index_copy_(0, slot_mapping, scale)
+        self.rope.view(-1, self.rope_dim).index_copy_(0, slot_mapping, k_r.to(self.dtype))
 
-    def gather(self, block_tables: torch.Tensor, first_block: int | None = None) -> torch.Tensor:
-        """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype.
-
-        first_block: the one sequence sits on blocks first_block.. in order, so the
-        unquantized cache is returned as a view (no copy: decode reads the cache once)."""
+    def gather(self, block_tables: torch.Tensor) -> torch.Tensor:
+        """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype (a copy)."""
         b, nb = block_tables.shape
         if not self.quantized:
-            if first_block is not None:
-                return self.kv[first_block : first_block + nb].view(1, nb * self.block_size, -1)
             return self.kv[block_tables].view(b, nb * self.block_size, -1)
         c = dequantize_latent(self.latent[block_tables], self.scale[block_tables], self.cache_dtype, self.dtype)
         kv = torch.cat((c, self.rope[block_tables]), dim=-1)
         return kv.view(b, nb * self.block_size, -1)
+
+    def pieces(self, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:
+        """One sequence's first `length` tokens, stored on `runs` of consecutive blocks ->
+        [1, L_i, kv_rank + rope_dim] pieces in order, summing to `length`. Unquantized,
+        each piece is a view: decode reads the cache once, with no gather copy."""
+        out, left = [], length
+        for first, count in runs:
+            take = min(left, count * self.block_size)
+            if take <= 0:
+                break
+            if self.quantized:
+                c = dequantize_latent(self.latent[first:first + count], self.scale[first:first + count], self.cache_dtype, self.dtype)
+                kv = torch.cat((c, self.rope[first:first + count]), dim=-1)
+            else:
+                kv = self.kv[first:first + count]
+            out.append(kv.view(1, count * self.block_size, -1)[:, :take])
+            left -= take
+        return out
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one block (for copy-on-write of shared blocks)."""

@@ -19,7 +19,8 @@ def engine_args(settings: Settings, resolved: ResolvedModel):
         model=str(resolved.path), dtype=settings.dtype, kv_cache_dtype=cache_dtype(settings, resolved),
         block_size=settings.block_size, kv_cache_memory=cache_budget(settings, resolved),
         max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-        enable_prefix_caching=settings.enable_prefix_caching, nan_check=settings.nan_check)
+        enable_prefix_caching=settings.enable_prefix_caching, nan_check=settings.nan_check,
+        quantization=None if settings.quantization == "none" else settings.quantization)
 
 
 def cache_dtype(settings: Settings, resolved: ResolvedModel) -> str:
@@ -81,7 +82,8 @@ def banner(engine, resolved: ResolvedModel, settings: Settings) -> list[str]:
     return [
         f"latentkv: model {resolved.name} at {resolved.path}{where}",
         f"latentkv: {cfg.num_hidden_layers} layers, latent rank {cfg.kv_lora_rank} + rope {cfg.qk_rope_head_dim}, "
-        f"weights {dtype}, cache {cache_dtype}",
+        f"weights {dtype}{' (' + engine.args.quantization + ' linears)' if engine.args.quantization else ''}, "
+        f"cache {cache_dtype}",
         f"latentkv: KV bytes per token: original {original} ({what}) / compressed {compressed} / "
         f"ratio {original / compressed:.2f}x",
         f"latentkv: cache capacity {engine.capacity_tokens} tokens "

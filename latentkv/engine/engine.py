@@ -43,15 +43,15 @@ class EngineArgs:
     skip_tokenizer_init: bool = False
     nan_check: bool = False
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
-    quantization: str | None = None         # None | "int8" (weight-only int8 linears)
+    quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
 
     def validate(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be a power of two up to 128, got {self.block_size}")
         if self.kv_cache_dtype not in ("auto", "int8", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be 'auto', 'int8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8' (weight-only), got {self.quantization!r}")
+        if self.quantization not in (None, "int8", "int4"):
+            raise ValueError(f"quantization must be None, 'int8' or 'int4' (weight-only), got {self.quantization!r}")
         if self.attention_path not in ("auto", "naive", "absorbed"):
             raise ValueError(f"attention_path must be 'auto', 'naive' or 'absorbed', got {self.attention_path!r}")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
@@ -114,11 +114,13 @@ class LLMEngine:
         from latentkv.model.loader import load_model
         args.validate()
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if args.quantization == "int4" and device != "cpu":
+            raise ValueError(f"quantization 'int4' uses ATen's CPU kernel; device must be 'cpu', got {device!r}")
         model = load_model(args.model, args.dtype, device)
         fuse_for_inference(model)
-        if args.quantization == "int8":
+        if args.quantization:
             from latentkv.model.quant import quantize_linears
-            quantize_linears(model)
+            quantize_linears(model, args.quantization)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         return cls(args, model, tokenizer)
 

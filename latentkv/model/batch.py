@@ -24,7 +24,7 @@ class AttentionBatch:
     max_query_len: int
     max_context_len: int
     path: str = "auto"  # "naive" | "absorbed" | "auto"
-    first_block: int | None = None  # one sequence on consecutive blocks: read the cache as a view
+    runs: list[tuple[int, int]] | None = None  # one sequence: its blocks as (first, count) runs of consecutive ids
     _masks: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -94,9 +94,6 @@ def build_attention_batch(
     block_ids = tables[seq_of, positions // block_size]
     slot_mapping = block_ids * block_size + positions % block_size
 
-    first = block_tables[0][0] if len(block_tables) == 1 and block_tables[0] else None
-    if first is not None and tables[0].tolist() != list(range(first, first + num_blocks)):
-        first = None
     batch = AttentionBatch(
         query_start=query_start.to(device),
         context_lens=ctx.to(device),
@@ -108,6 +105,21 @@ def build_attention_batch(
         max_query_len=q_max,
         max_context_len=ctx_max,
         path=path,
-        first_block=first,
+        runs=block_runs(tables[0].tolist()) if len(block_tables) == 1 else None,
     )
     return batch, positions.to(device)
+
+
+MAX_RUNS = 8  # more pieces than this and one gather copy is cheaper than many small matmuls
+
+
+def block_runs(table: list[int]) -> list[tuple[int, int]] | None:
+    """[3, 4, 5, 9, 10] -> [(3, 3), (9, 2)]: the cache is read as a view per run (no copy);
+    None when the table is too fragmented."""
+    runs: list[tuple[int, int]] = []
+    for block in table:
+        if runs and runs[-1][0] + runs[-1][1] == block:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((block, 1))
+    return runs if len(runs) <= MAX_RUNS else None

@@ -57,16 +57,19 @@ class MLAttention(nn.Module):
         writes this step's latents to cache."""
         q_nope, q_rope, c, k_r = self.project(x, rope)
         cache.write(c, k_r, batch.slot_mapping)
-        kv = cache.gather(batch.block_tables, batch.first_block)[:, : batch.max_context_len]  # [B, L, kv_rank + dr]
+        if batch.runs is not None:  # one sequence: views of its runs of blocks, no gather copy
+            pieces = cache.pieces(batch.runs, batch.max_context_len)  # [1, L_i, kv_rank + dr] each
+        else:
+            pieces = [cache.gather(batch.block_tables)[:, : batch.max_context_len]]  # [B, L, kv_rank + dr]
         single = batch.num_seqs == 1  # the flat batch already is the padded one
         if single:
             q_nope, q_rope = q_nope[None], q_rope[None]
         else:
             q_nope, q_rope = q_nope[batch.query_index], q_rope[batch.query_index]  # [B, Qmax, H, *]
-        if self.choose_path(batch, kv.shape[1]) == "absorbed":
-            out = self.attend_absorbed(q_nope, q_rope, kv, batch)
+        if self.choose_path(batch, batch.max_context_len) == "absorbed":
+            out = self.attend_absorbed(q_nope, q_rope, pieces, batch)
         else:
-            out = self.attend_naive(q_nope, q_rope, kv, batch)
+            out = self.attend_naive(q_nope, q_rope, pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1), batch)
         out = out[0] if single else out[batch.query_valid]  # [T, H, dv], back in flat order
         return self.o_proj(out.flatten(1))
 
@@ -98,26 +101,33 @@ class MLAttention(nn.Module):
         return "absorbed" if absorbed <= naive else "naive"
 
     def split_kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_kvb -> W_UK [H, dn, kv_rank], W_UV [H, dv, kv_rank]."""
+        """W_kvb -> W_UK [H, dn, kv_rank] and W_UVᵀ [H, kv_rank, dv], as the absorbed bmm's take them."""
         if self.absorbed is not None:
             return self.absorbed
         w = self.kv_b_proj.weight.view(self.n_heads, self.dn + self.dv, self.kv_rank)
-        return w[:, : self.dn], w[:, self.dn :]
+        return w[:, : self.dn], w[:, self.dn :].transpose(1, 2)
 
-    def attend_absorbed(self, q_nope, q_rope, kv, batch: AttentionBatch) -> torch.Tensor:
-        """q_* [B,Q,H,*], kv [B,L,r+dr] -> [B,Q,H,dv]; MQA over the latent: all (query, head)
-        rows attend to the one latent key head. Plain matmuls: for these short query
-        blocks they beat SDPA's CPU kernels several times over."""
+    def attend_absorbed(self, q_nope, q_rope, pieces: list[torch.Tensor], batch: AttentionBatch) -> torch.Tensor:
+        """q_* [B,Q,H,*], pieces [B,L_i,r+dr] (the context in order) -> [B,Q,H,dv].
+        MQA over the latent: all (query, head) rows attend to the one latent key head.
+        Plain matmuls: for these short query blocks they beat SDPA's CPU kernels several
+        times over; the context is read piece by piece, so its views are never copied."""
         b, q, h, _ = q_nope.shape
-        w_uk, w_uv = self.split_kv_b()
-        q_lat = torch.einsum("bqhd,hdr->bqhr", q_nope, w_uk)
-        query = torch.cat((q_lat, q_rope), dim=-1).view(b, q * h, -1)
-        scores = torch.bmm(query, kv.transpose(1, 2)).float() * self.scale  # [B, Q*H, L]
+        w_uk, w_uv_t = self.split_kv_b()
+        q_lat = torch.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk)  # [H, B*Q, r]
+        q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
+        # the softmax scale goes on the small query, not on the [B, Q*H, L] scores
+        query = (torch.cat((q_lat, q_rope), dim=-1) * self.scale).view(b, q * h, -1)
+        scores = torch.cat([score(query, kv) for kv in pieces], dim=-1)  # [B, Q*H, L]
         if batch.mask_kind != "none":
-            scores = scores.masked_fill(~batch.key_mask(kv.shape[1], heads=h)[:, 0], float("-inf"))
-        probs = scores.softmax(dim=-1).to(kv.dtype)
-        o_lat = torch.bmm(probs, kv[..., : self.kv_rank])  # [B, Q*H, r]
-        return torch.einsum("bqhr,hvr->bqhv", o_lat.view(b, q, h, self.kv_rank), w_uv)
+            scores = scores.masked_fill(~batch.key_mask(scores.shape[-1], heads=h)[:, 0], float("-inf"))
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+        o_lat, start = None, 0
+        for kv in pieces:  # [B, Q*H, r], summed over the pieces
+            part = torch.bmm(probs[..., start : start + kv.shape[1]], kv[..., : self.kv_rank])
+            o_lat, start = part if o_lat is None else o_lat + part, start + kv.shape[1]
+        out = torch.bmm(o_lat.view(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
+        return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
     def attend_naive(self, q_nope, q_rope, kv, batch: AttentionBatch) -> torch.Tensor:
         """Expand the latent to per-head keys and values, then ordinary attention."""
@@ -134,3 +144,10 @@ class MLAttention(nn.Module):
             scale=self.scale,
         )
         return out.transpose(1, 2)
+
+
+def score(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """query [B, M, D] · kv [B, L, D] -> [B, M, L]; at B = 1 as one linear (the GEMV path)."""
+    if query.shape[0] == 1:
+        return F.linear(query[0], kv[0])[None]
+    return torch.bmm(query, kv.transpose(1, 2))

@@ -1,6 +1,12 @@
-"""Weight-only int8 linears for memory-bound decode: per-output-channel scales
-(`scale = max|w| / 127`), int8 weights, activations left in the model dtype.
-Half the weight bytes of bf16, so a batch-1 decode step reads half as much."""
+"""Weight-only quantized linears for memory-bound decode; activations stay in the model dtype.
+
+- int8: per-output-channel scales (`scale = max|w| / 127`); half the bytes of bf16.
+- int4: groups of 32 along the input, asymmetric (`w = (q - 8) * scale + zero`, q in 0..15),
+  the layout of ATen's CPU int4 kernel (the one gpt-fast and torchao use); a quarter of
+  the bytes of bf16. Q4_1 GGUF weights (block 32, scale + min) fit it exactly, up to the
+  bf16 rounding of scale and zero.
+On this CPU ATen's int8 GEMV is compute-bound (no faster than bf16), its int4 one is ~3x faster.
+"""
 from __future__ import annotations
 
 import torch
@@ -8,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them exact
+INT4_GROUP = 32
+QUANTIZATIONS = ("int8", "int4")
 
 
 class Int8Linear(nn.Module):
@@ -32,12 +40,57 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def quantize_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear (but kv_b_proj) with an Int8Linear in place; returns how many."""
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (codes [N, K] int32 in 0..15, scale_zero [K/group, N, 2] float32)."""
+    n, k = w.shape
+    wf = w.detach().float().view(n, k // group, group)
+    lo, hi = wf.amin(-1), wf.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    codes = ((wf - lo[..., None]) / scale[..., None]).round().clamp(0, 15).view(n, k).to(torch.int32)
+    return codes, torch.stack((scale, lo + 8 * scale), dim=-1).transpose(0, 1).contiguous()
+
+
+def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
+    """Inverse of quantize_int4 -> w [N, K] float32 (the reference the kernel must match)."""
+    n, k = codes.shape
+    scale, zero = scale_zero.float().transpose(0, 1).unbind(-1)  # [N, K/group] each
+    return ((codes.float().view(n, k // group, group) - 8) * scale[..., None] + zero[..., None]).view(n, k)
+
+
+def int4_supported(linear: nn.Linear) -> bool:
+    """ATen's CPU int4 kernel needs N % 16 == 0 and whole groups along K."""
+    return linear.weight.device.type == "cpu" and linear.out_features % 16 == 0 and linear.in_features % INT4_GROUP == 0
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        codes, scale_zero = quantize_int4(linear.weight)
+        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+        self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype))
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
+    """Replace nn.Linear layers (but kv_b_proj) in place; returns how many were replaced.
+    int4 leaves the few linears its kernel cannot take (N % 16, K % 32) in the model dtype."""
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {kind!r}")
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and name not in SKIP:
-                setattr(parent, name, Int8Linear(child))
-                count += 1
+            if not isinstance(child, nn.Linear) or name in SKIP:
+                continue
+            if kind == "int4" and not int4_supported(child):
+                continue
+            setattr(parent, name, Int8Linear(child) if kind == "int8" else Int4Linear(child))
+            count += 1
     return count

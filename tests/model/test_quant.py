@@ -35,3 +35,54 @@ def test_quantized_model_stays_close(tiny_checkpoints):
     rel = ((model.full_logits(ids, path="absorbed") - ref).norm() / ref.norm()).item()
     assert rel < 0.03, f"relative logit error {rel:.4f}"
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_kernel_matches_dequantized_weights(dtype):
+    from latentkv.model.quant import Int4Linear, dequantize_int4, quantize_int4
+
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 48, bias=True).to(dtype)
+    q = Int4Linear(linear)
+    x = torch.randn(5, 96, dtype=dtype)
+    codes, scale_zero = quantize_int4(linear.weight)
+    dequant = dequantize_int4(codes, scale_zero.to(dtype))
+    ref = x.float() @ dequant.T + linear.bias.float()
+    assert (q(x).float() - ref).abs().max().item() <= 0.02 * ref.abs().max().item()
+    step = scale_zero[..., 0].max()  # a rounding error of at most half a step per weight
+    assert (dequantize_int4(codes, scale_zero) - linear.weight.float()).abs().max() <= step / 2 + 1e-6
+
+
+def test_int4_holds_q4_1_weights_exactly():
+    """Q4_1 blocks (32 weights = q * d + m, q in 0..15) round-trip without loss."""
+    from latentkv.model.quant import dequantize_int4, quantize_int4
+
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 16, (32, 4, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15  # every block spans the full code range, as Q4_1's does
+    d, m = torch.rand(32, 4, 1, generator=gen) * 0.01, torch.randn(32, 4, 1, generator=gen) * 0.01
+    w = (q * d + m).view(32, 128)
+    codes, scale_zero = quantize_int4(w)
+    assert (dequantize_int4(codes, scale_zero) - w).abs().max() <= 1e-6
+
+
+@torch.inference_mode()
+def test_int4_model_stays_close_and_keeps_unsupported_shapes(tiny_checkpoints):
+    from latentkv.model.quant import Int4Linear, int4_supported
+
+    folder, _ = tiny_checkpoints("v2_dense")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    ref = load_model(folder).full_logits(ids)
+    model = load_model(folder)
+    supported = [n for n, m in model.named_modules()
+                 if isinstance(m, nn.Linear) and n.split(".")[-1] != "kv_b_proj" and int4_supported(m)]
+    assert quantize_linears(model, "int4") == len(supported) > 0
+    assert all(isinstance(model.get_submodule(n), Int4Linear) for n in supported)
+    rel = ((model.full_logits(ids, path="absorbed") - ref).norm() / ref.norm()).item()
+    assert rel < 0.15, f"relative logit error {rel:.4f}"
+
+
+def test_unknown_quantization_is_refused(tiny_checkpoints):
+    folder, _ = tiny_checkpoints("v2_dense")
+    with pytest.raises(ValueError, match="quantization"):
+        quantize_linears(load_model(folder), "int3")
