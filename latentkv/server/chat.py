@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import ChatCompletionRequest
-from latentkv.server.serving import (DeltaTracker, ServerState, chat_logprobs, check_prompt_length, collect, follow,
+from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, check_prompt_length, collect, follow,
                                      new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
@@ -57,16 +57,9 @@ def chat_body(req: ChatCompletionRequest, state: ServerState, final, request_id:
 
 
 async def stream_chat(req: ChatCompletionRequest, state: ServerState, subs: list, request_id: str):
-    created = int(time.time())
+    chunk = chunk_writer("chat.completion.chunk", request_id, state.served_model_name, req.include_usage)
     tracker = DeltaTracker(req.n)
     final = None
-
-    def chunk(choices: list, usage_value=None) -> str:
-        body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                "model": state.served_model_name, "choices": choices}
-        if req.include_usage:
-            body["usage"] = usage_value
-        return sse(body)
 
     try:
         async for _, out in follow(state, subs):

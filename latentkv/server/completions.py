@@ -7,8 +7,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import CompletionRequest
-from latentkv.server.serving import (DeltaTracker, ServerState, check_prompt_length, collect, completion_logprobs,
-                                     follow, new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+from latentkv.server.serving import (DeltaTracker, ServerState, check_prompt_length, chunk_writer, collect,
+                                     completion_logprobs, follow, new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
 def text_prompt(prompt: str, max_model_len: int):
@@ -76,17 +76,10 @@ def completion_body(req: CompletionRequest, state: ServerState, finals: list, re
 
 
 async def stream_completion(req: CompletionRequest, state: ServerState, subs: list, request_id: str):
-    created = int(time.time())
+    chunk = chunk_writer("text_completion", request_id, state.served_model_name, req.include_usage)
     tracker = DeltaTracker(req.n)
     offsets: dict[int, int] = {}
     finals: dict[int, object] = {}
-
-    def chunk(choices: list, usage_value=None) -> str:
-        body = {"id": request_id, "object": "text_completion", "created": created,
-                "model": state.served_model_name, "choices": choices}
-        if req.include_usage:
-            body["usage"] = usage_value
-        return sse(body)
 
     try:
         async for i, out in follow(state, subs):

@@ -209,6 +209,19 @@ def chat_logprobs(token_ids: list[int], positions: list, k: int) -> dict:
     return {"content": content}
 
 
+def chunk_writer(object_name: str, request_id: str, model: str, include_usage: bool):
+    """-> chunk(choices, usage=None): one SSE event of a streamed response (shared by
+    chat and completions; only the object name differs)."""
+    created = int(time.time())
+
+    def chunk(choices: list, usage_value=None) -> str:
+        body = {"id": request_id, "object": object_name, "created": created, "model": model, "choices": choices}
+        if include_usage:
+            body["usage"] = usage_value
+        return sse(body)
+    return chunk
+
+
 def sse(payload: dict | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
