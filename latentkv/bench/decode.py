@@ -15,10 +15,15 @@ from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, llama_c
 
 def build_systems(args) -> list:
     length = max(args.contexts) + 2 * args.tokens
-    systems = [LatentKVSystem("latentkv bf16", args.model, "auto", max_model_len=length),
-               LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length),
-               # weight-only int8 linears: reported separately (a different weight precision)
-               LatentKVSystem("latentkv w8 + int8 latent", args.model, "int8", max_model_len=length, quantization="int8")]
+    budget = f"{cache_mib(args.model, length)}MiB"  # one context's cache, not a share of free memory per system
+    systems = [LatentKVSystem("latentkv bf16", args.model, "auto", max_model_len=length, kv_cache_memory=budget),
+               LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length, kv_cache_memory=budget)]
+    if not torch.cuda.is_available():
+        # weight-only int4 linears: reported separately (a different weight precision, like llama.cpp's Q4_1)
+        systems += [LatentKVSystem("latentkv w4", args.model, "auto", max_model_len=length, kv_cache_memory=budget,
+                                   quantization="int4"),
+                    LatentKVSystem("latentkv w4 + int8 latent", args.model, "int8", max_model_len=length,
+                                   kv_cache_memory=budget, quantization="int4")]
     if args.source:
         systems.append(TransformersSystem("transformers original", args.source))
     if args.stock:
@@ -29,6 +34,14 @@ def build_systems(args) -> list:
         else:
             print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
     return systems
+
+
+def cache_mib(model: str, length: int) -> int:
+    """MiB for `length` tokens of bf16 latent (with room for the warm-up and repeats)."""
+    from ..config import ModelConfig
+
+    cfg = ModelConfig.from_file(Path(model) / "config.json")
+    return 1 + 3 * latent_bytes_per_token(cfg, "auto", "bfloat16") * (length + 64) // 2**20
 
 
 def run(args) -> dict:

@@ -17,6 +17,7 @@ def register(subparsers) -> None:
     ppl.add_argument("--ctx", type=int, default=512, help="window length in tokens")
     ppl.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens")
     ppl.add_argument("--cache-dtype", default="auto", choices=["auto", "int8", "fp8_e4m3"], help="latent cache (MLA models)")
+    ppl.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantized linears (MLA models)")
     ppl.add_argument("--json", action="store_true", help='print {"ppl": ..., "tokens": ..., "ctx": ...}')
     ppl.set_defaults(func=run_ppl)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -27,7 +28,7 @@ def run_ppl(args: argparse.Namespace) -> int:
     from latentkv.eval.ppl import evaluate
 
     try:
-        r = evaluate(args.model, args.text, args.ctx, args.max_tokens, args.cache_dtype)
+        r = evaluate(args.model, args.text, args.ctx, args.max_tokens, args.cache_dtype, args.quantization)
     except (SourceError, ValueError, FileNotFoundError, OSError) as err:
         print(f"latentkv eval ppl: error: {err}", file=sys.stderr)
         return 2

@@ -46,11 +46,12 @@ def is_mla_folder(path: Path) -> bool:
     return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in ("deepseek_v2", "deepseek_v3")
 
 
-def model_scorer(path: str | Path | None, cache_dtype: str = "auto"):
+def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantization: str | None = None):
     """(logits_fn(ids [B,T]) -> [B,T,V], tokenizer, kind) for a source or an MLA folder.
 
     MLA folders run latentkv's own model (`load_model`, full-sequence forward through the
-    latent cache, `cache_dtype` int8 / fp8_e4m3 to quantize it); GGUF files and Hugging Face
+    latent cache, `cache_dtype` int8 / fp8_e4m3 to quantize it, `quantization` int8 / int4 for
+    weight-only quantized linears, as served); GGUF files and Hugging Face
     Llama-family folders run the converter's plain reference forward.
     """
     from transformers import AutoTokenizer
@@ -59,10 +60,13 @@ def model_scorer(path: str | Path | None, cache_dtype: str = "auto"):
         from latentkv.model.loader import load_model
 
         model = load_model(path, dtype=torch.float32)
+        if quantization:
+            from latentkv.model.quant import quantize_linears
+            quantize_linears(model, quantization)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         return (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)), tokenizer, "mla (latentkv model)"
-    if cache_dtype != "auto":
-        raise ValueError("--cache-dtype applies to MLA models only")
+    if cache_dtype != "auto" or quantization:
+        raise ValueError("--cache-dtype and --quantization apply to MLA models only")
     from latentkv.convert.reference import source_logits
     from latentkv.convert.sources import read_source
 
@@ -71,14 +75,14 @@ def model_scorer(path: str | Path | None, cache_dtype: str = "auto"):
 
 
 def evaluate(model: str | Path | None, texts: list[str] | None = None, ctx: int = 512,
-             max_tokens: int | None = None, cache_dtype: str = "auto") -> dict:
+             max_tokens: int | None = None, cache_dtype: str = "auto", quantization: str | None = None) -> dict:
     """Perplexity of a model (None: the bundled SmolLM2) on text files (None: the default held-out text).
 
     Returns {"ppl", "nll", "tokens", "ctx", "windows", "model", "text", "protocol"}.
     """
     from latentkv.convert.corpus import heldout_text
 
-    logits_fn, tokenizer, kind = model_scorer(model, cache_dtype)
+    logits_fn, tokenizer, kind = model_scorer(model, cache_dtype, quantization)
     if texts:
         text = "\n\n".join(Path(t).read_text(encoding="utf-8") for t in texts)
         where = ", ".join(map(str, texts))
