@@ -50,8 +50,8 @@ def hold_transformers(source: str, tokens: int, dtype: str) -> dict:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs).eval()
     loaded = rss()
     ids = torch.randint(3, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        out = model(ids, use_cache=True)
+    with torch.inference_mode():  # the decoder alone: full-prompt logits would inflate the resident set
+        out = model.model(ids, use_cache=True)
     cache = out.past_key_values  # noqa: F841 (held on purpose)
     del out
     held = rss()
