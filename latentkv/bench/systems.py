@@ -72,7 +72,7 @@ class TransformersSystem:
     @torch.inference_mode()
     def prepare(self, prompt_ids: list[int]) -> None:
         ids = torch.tensor([prompt_ids])
-        out = self.model(ids, use_cache=True)
+        out = self.model(ids, use_cache=True, logits_to_keep=1)  # not [T, vocab] float logits of the whole prompt
         self.cache, self.context = out.past_key_values, len(prompt_ids)
         self.first = out.logits[:, -1].argmax(-1, keepdim=True)
 

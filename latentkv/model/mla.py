@@ -123,10 +123,11 @@ class MLAttention(nn.Module):
             scores = scores.masked_fill(~batch.key_mask(scores.shape[-1], heads=h)[:, 0], float("-inf"))
         probs = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
         o_lat, start = None, 0
-        for kv in pieces:  # [B, Q*H, r], summed over the pieces
-            part = torch.bmm(probs[..., start : start + kv.shape[1]], kv[..., : self.kv_rank])
+        for kv in pieces:  # [B, Q*H, r + dr], summed over the pieces
+            part = weigh(probs[..., start : start + kv.shape[1]], kv)
             o_lat, start = part if o_lat is None else o_lat + part, start + kv.shape[1]
-        out = torch.bmm(o_lat.view(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
+        o_lat = o_lat[..., : self.kv_rank]  # the values are the latent c, not k_r
+        out = torch.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
     def attend_naive(self, q_nope, q_rope, kv, batch: AttentionBatch) -> torch.Tensor:
@@ -155,3 +156,11 @@ def score(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     if query.shape[0] == 1:
         return F.linear(query[0], kv[0])[None]
     return torch.bmm(query, kv.transpose(1, 2))
+
+
+def weigh(probs: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """probs [B, M, L] · kv [B, L, D] -> [B, M, D]. All D columns: a matmul over the
+    contiguous rows is faster on CPU than one over the strided first r columns."""
+    if probs.shape[0] == 1:
+        return torch.mm(probs[0], kv[0])[None]
+    return torch.bmm(probs, kv)
