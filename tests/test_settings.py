@@ -21,6 +21,7 @@ pool_size = "64MiB"
 [precision]
 compute = "float32"
 cache = "int8"
+weights = "int4"
 
 [scheduler]
 max_model_len = 1024
@@ -52,7 +53,7 @@ def parse(argv: list[str]):
 
 def test_seed_names_map_to_settings(tmp_path):
     s = build_settings(write(tmp_path, SEED_STYLE))
-    assert s == Settings(model="some/folder", dtype="float32", kv_cache_dtype="int8", block_size=32,
+    assert s == Settings(model="some/folder", dtype="float32", kv_cache_dtype="int8", quantization="int4", block_size=32,
                          kv_cache_memory="64MiB", max_model_len=1024, max_num_seqs=8, max_waiting_requests=3,
                          enable_prefix_caching=False, nan_check=False, host="0.0.0.0", port=9001, api_key="k",
                          served_model_name="m")
@@ -82,6 +83,7 @@ def test_unknown_key_names_it_and_the_allowed_ones(tmp_path):
 
 @pytest.mark.parametrize("text,key,allowed", [
     ('[precision]\ncache = "int4"\n', "precision.cache", "fp8_e4m3"),
+    ('[precision]\nweights = "int3"\n', "precision.weights", "int4"),
     ("[latent_attention]\nchunk_size = 24\n", "latent_attention.chunk_size", "16"),
     ('[safety]\nnan_check = "maybe"\n', "safety.nan_check", "true or false"),
     ("[scheduler]\nmax_num_seqs = 0\n", "scheduler.max_num_seqs", "positive"),
@@ -104,10 +106,10 @@ def test_invalid_toml_and_missing_file(tmp_path):
 def test_flags_override_the_file(tmp_path):
     path = write(tmp_path, SEED_STYLE)
     args = parse(["other/model", "--config", str(path), "--kv-cache-dtype", "fp8", "--block-size", "8",
-                  "--enable-prefix-caching", "--kv-cache-memory", "1GiB"])
+                  "--enable-prefix-caching", "--kv-cache-memory", "1GiB", "--quantization", "none"])
     s = settings_from_args(args)
-    assert (s.model, s.kv_cache_dtype, s.block_size, s.enable_prefix_caching, s.kv_cache_memory) == \
-        ("other/model", "fp8_e4m3", 8, True, "1GiB")
+    assert (s.model, s.kv_cache_dtype, s.block_size, s.enable_prefix_caching, s.kv_cache_memory, s.quantization) == \
+        ("other/model", "fp8_e4m3", 8, True, "1GiB", "none")
     assert (s.max_num_seqs, s.nan_check) == (8, False)  # not given as flags: the file's values
     with pytest.raises(SettingsError, match="--block-size"):
         settings_from_args(parse(["--block-size", "3"]))

@@ -144,9 +144,12 @@ def train_loop(cfg, student, params, teacher, windows, optimizer, counters, sour
         if deadline and time.monotonic() > deadline:
             result.stopped = "time budget reached"
             break
-        if total is None and step - start_step == 3:  # --minutes only: fix the schedule from measured speed
-            per_step = (time.monotonic() - started) / 3
-            total = counters["total"] = step + int(60 * cfg.minutes / per_step)
+        done = step - start_step
+        if cfg.steps is None and done >= 3 and done % 10 == 3:
+            # --minutes only: size the schedule from the measured speed, and again every 10
+            # steps, so a machine that gets busier still ends its cosine at the deadline
+            per_step = (time.monotonic() - started) / done
+            total = counters["total"] = step + max(1, int((deadline - time.monotonic()) / per_step))
             bar.total = total
         ids = windows[batch_indices(step, cfg.batch, len(windows), cfg.seed)]
         for group in optimizer.param_groups:

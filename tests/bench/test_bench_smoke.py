@@ -30,7 +30,7 @@ def test_bench_decode(tiny, tmp_path):
     assert [r["context"] for r in data["results"]] == [64, 256]
     for row in data["results"]:
         names = set(row["tok_s"])
-        assert {"latentkv bf16", "latentkv int8 latent", "latentkv w8 + int8 latent", "transformers original",
+        assert {"latentkv bf16", "latentkv int8 latent", "latentkv w4", "latentkv w4 + int8 latent", "transformers original",
                  "transformers DeepseekV3 stock"} <= names
         assert all(positive(v) for v in row["tok_s"].values())
         assert row["ratio"]["latentkv bf16"] == 1.0

@@ -180,3 +180,27 @@ def test_default_cache_budget_is_capped_by_what_can_be_used(tiny_lm, capsys):
     # a fraction of free memory, but never more than 4 sequences x 100 tokens need
     assert llm.engine.stats()["capacity_tokens"] == 4 * 112
     assert "448 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_weight_quantized_engine_batches_like_alone(tiny_lm, kind):
+    """Quantized linears change the numbers, not the engine: concurrent greedy requests give
+    what each gives alone, and most tokens still match the float model."""
+    from latentkv.model.quant import Int4Linear, Int8Linear
+
+    folder, _, _ = tiny_lm("v3_dense_qlora")
+    prompts, params = random_requests(12, seed=3)
+    llm = make_llm(folder, quantization=kind, max_num_batched_tokens=48)
+    cls = Int8Linear if kind == "int8" else Int4Linear
+    assert any(isinstance(m, cls) for m in llm.engine.runner.model.modules())
+    batched = token_ids(generate(llm, prompts, params))
+    assert batched == [token_ids(generate(llm, [p], [sp]))[0] for p, sp in zip(prompts, params)]
+    plain = token_ids(generate(make_llm(folder), prompts, params))
+    first = [a[0] == b[0] for a, b in zip(batched, plain)]
+    assert sum(first) >= len(first) // 2, f"{kind}: first tokens agree on {sum(first)} of {len(first)}"
+
+
+def test_bad_quantization_names_the_field(tiny_lm):
+    folder, _, _ = tiny_lm("v3_dense_qlora")
+    with pytest.raises(ValueError, match="quantization"):
+        make_llm(folder, quantization="int3")

@@ -122,3 +122,24 @@ def test_healed_outputs_load_in_llm_and_stock_in_transformers(tiny_pair, tmp_pat
     with torch.no_grad():
         diff = (hf(ids).logits - load_model(stock_out).full_logits(ids)).abs().max().item()
     assert diff <= 1e-4
+
+
+def test_a_timed_run_resizes_its_schedule_when_steps_slow_down(tiny_pair, tmp_path, monkeypatch):
+    """--minutes only: the cosine schedule is re-sized from the measured speed, so a run whose
+    steps get slower (a busier machine) still ends its schedule at the deadline."""
+    import json
+
+    import latentkv.heal.trainer as trainer
+
+    clock = {"now": 0.0, "calls": 0}
+
+    def fake_monotonic():  # each clock read advances 0.5 s, 1.5 s once the machine "gets busy"
+        clock["calls"] += 1
+        clock["now"] += 0.5 if clock["calls"] < 40 else 1.5
+        return clock["now"]
+
+    monkeypatch.setattr(trainer.time, "monotonic", fake_monotonic)
+    result = run_heal(tiny_pair, tmp_path / "timed", steps=None, minutes=1.0, save_every=1000)
+    assert result.stopped == "time budget reached" and result.steps_done > 5
+    state = json.loads((tmp_path / "timed" / "training_state" / "state.json").read_text())
+    assert state["counters"]["total"] - result.steps_done <= 3, state["counters"]["total"]
