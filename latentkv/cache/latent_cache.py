@@ -60,8 +60,7 @@ class LatentCache:
         b, nb = block_tables.shape
         if not self.quantized:
             return self.kv[block_tables].view(b, nb * self.block_size, -1)
-        c = dequantize_latent(self.latent[block_tables], self.scale[block_tables], self.cache_dtype, self.dtype)
-        kv = torch.cat((c, self.rope[block_tables]), dim=-1)
+        kv = self.dequantize(self.latent[block_tables], self.scale[block_tables], self.rope[block_tables])
         return kv.view(b, nb * self.block_size, -1)
 
     def pieces(self, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:
@@ -74,12 +73,23 @@ class LatentCache:
             if take <= 0:
                 break
             if self.quantized:
-                c = dequantize_latent(self.latent[first:first + count], self.scale[first:first + count], self.cache_dtype, self.dtype)
-                kv = torch.cat((c, self.rope[first:first + count]), dim=-1)
+                blocks = slice(first, first + count)
+                kv = self.dequantize(self.latent[blocks], self.scale[blocks], self.rope[blocks])
             else:
                 kv = self.kv[first:first + count]
             out.append(kv.view(1, count * self.block_size, -1)[:, :take])
             left -= take
+        return out
+
+    def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        """codes [..., r], scale [...], rope [..., dr] -> [..., r + dr] in the model dtype,
+        written in place into one buffer (one pass; no float32 temporaries, no cat)."""
+        out = torch.empty(*codes.shape[:-1], self.kv_rank + self.rope_dim, dtype=self.dtype, device=codes.device)
+        latent = out[..., : self.kv_rank]
+        latent.copy_(codes if self.cache_dtype == "int8" else codes.view(torch.float8_e4m3fn))  # exact in bf16/fp32
+        # in the model dtype: a float32 product would cost a promoted pass ~8x slower on CPU
+        latent.mul_(scale.to(self.dtype)[..., None])
+        out[..., self.kv_rank :] = rope
         return out
 
     def copy_block(self, src: int, dst: int) -> None:
