@@ -10,12 +10,12 @@ import torch
 from ..cache.accounting import latent_bytes_per_token
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
 from .report import median, new_figure, print_table, save_figure, write_json
-from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, llama_cpp_available
+from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, cache_budget, llama_cpp_available
 
 
 def build_systems(args) -> list:
     length = max(args.contexts) + 2 * args.tokens
-    budget = f"{cache_mib(args.model, length)}MiB"  # one context's cache, not a share of free memory per system
+    budget = cache_budget(args.model, 3 * (length + 64))  # one context's cache (+ repeats), not a share of free memory
     systems = [LatentKVSystem("latentkv bf16", args.model, "auto", max_model_len=length, kv_cache_memory=budget),
                LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length, kv_cache_memory=budget)]
     if not torch.cuda.is_available():
@@ -34,14 +34,6 @@ def build_systems(args) -> list:
         else:
             print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
     return systems
-
-
-def cache_mib(model: str, length: int) -> int:
-    """MiB for `length` tokens of bf16 latent (with room for the warm-up and repeats)."""
-    from ..config import ModelConfig
-
-    cfg = ModelConfig.from_file(Path(model) / "config.json")
-    return 1 + 3 * latent_bytes_per_token(cfg, "auto", "bfloat16") * (length + 64) // 2**20
 
 
 def run(args) -> dict:

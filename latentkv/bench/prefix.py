@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .report import median, new_figure, print_table, save_figure, write_json
-from .systems import LatentKVSystem
+from .systems import LatentKVSystem, cache_budget
 
 
 def ttft(system: LatentKVSystem, prompt: list[int]) -> float:
@@ -27,8 +27,10 @@ def run(args) -> dict:
     out = Path(args.out)
     longest = max(args.prefixes) + 64
     systems = {
-        "on": LatentKVSystem("prefix cache on", args.model, max_model_len=longest, enable_prefix_caching=True),
-        "off": LatentKVSystem("prefix cache off", args.model, max_model_len=longest, enable_prefix_caching=False),
+        "on": LatentKVSystem("prefix cache on", args.model, max_model_len=longest, enable_prefix_caching=True,
+                             kv_cache_memory=cache_budget(args.model, 4 * longest)),
+        "off": LatentKVSystem("prefix cache off", args.model, max_model_len=longest, enable_prefix_caching=False,
+                              kv_cache_memory=cache_budget(args.model, 4 * longest)),
     }
     vocab = systems["on"].engine.cfg.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -45,6 +47,7 @@ def run(args) -> dict:
         on, off = median(times["on"]), median(times["off"])
         results.append({"prefix": length, "ttft_on_s": on, "ttft_off_s": off, "speedup": off / on,
                         "hits": systems["on"].engine.stats().get("prefix_hits")})
+        print(f"prefix {length}: TTFT on {on:.3f} s, off {off:.3f} s ({off / on:.1f}x)", flush=True)
     print_table("Time to first token with a shared prefix (median)", ["prefix", "ttft_on_s", "ttft_off_s", "speedup"], results)
     fig, ax = new_figure("TTFT with a shared prefix", "shared prefix (tokens)", "time to first token (s)", log_x=True)
     ax.plot([r["prefix"] for r in results], [r["ttft_off_s"] for r in results], marker="o", label="prefix cache off")

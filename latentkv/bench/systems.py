@@ -54,6 +54,16 @@ class LatentKVSystem:
         return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
+def cache_budget(model: str, tokens: int) -> str:
+    """A latent-cache size for `tokens` tokens of bf16 latent: each bench system gets what it
+    needs instead of a share of free memory (several engines live in one bench process)."""
+    from ..cache.accounting import latent_bytes_per_token
+    from ..config import ModelConfig
+
+    cfg = ModelConfig.from_file(Path(model) / "config.json")
+    return f"{1 + latent_bytes_per_token(cfg, 'auto', 'bfloat16') * tokens // 2**20}MiB"
+
+
 def load_hf(source: str, dtype: torch.dtype = torch.bfloat16):
     from transformers import AutoModelForCausalLM
 

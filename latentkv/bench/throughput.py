@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .report import median, new_figure, percentile, print_table, save_figure, write_json
-from .systems import LatentKVSystem, load_hf
+from .systems import LatentKVSystem, cache_budget, load_hf
 
 
 def make_requests(n: int, vocab: int, prompt_range, output_range, seed: int) -> list[tuple[list[int], int]]:
@@ -65,8 +65,9 @@ def run_transformers(model, reqs, pad_id: int) -> dict:
 
 def run(args) -> dict:
     out = Path(args.out)
-    system = LatentKVSystem("latentkv", args.model, "auto", max_model_len=args.max_prompt + args.max_output + 16,
-                            max_num_seqs=max(args.concurrency), enable_prefix_caching=False)
+    longest = args.max_prompt + args.max_output + 16
+    system = LatentKVSystem("latentkv", args.model, "auto", max_model_len=longest, max_num_seqs=max(args.concurrency),
+                            enable_prefix_caching=False, kv_cache_memory=cache_budget(args.model, max(args.concurrency) * longest))
     vocab = system.engine.cfg.vocab_size
     hf = load_hf(args.source) if args.source else None
     results = []
@@ -78,6 +79,9 @@ def run(args) -> dict:
             if hf is not None:
                 runs["transformers"].append(run_transformers(hf, reqs, pad_id=0))
         results.append(summarize(n, runs))
+        done = results[-1]
+        print(f"{n} concurrent: latentkv {done['latentkv']['tok_s']:.1f} tok/s"
+              + (f", transformers {done['transformers']['tok_s']:.1f} tok/s" if "transformers" in done else ""), flush=True)
     base = next(r for r in results if r["concurrency"] == min(args.concurrency))["latentkv"]["tok_s"]
     for r in results:
         r["x_vs_own_batch1"] = r["latentkv"]["tok_s"] / base
