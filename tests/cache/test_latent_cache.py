@@ -20,6 +20,28 @@ def test_write_then_gather_through_block_table(cache_dtype):
     assert err <= bound
 
 
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8"])
+def test_pieces_of_block_runs_equal_the_gather(cache_dtype):
+    """A sequence on runs of consecutive blocks is read piece by piece: the same rows as a
+    gather through its block table, and (unquantized) views of the cache, not copies."""
+    from latentkv.model.batch import block_runs
+
+    gen = torch.Generator().manual_seed(1)
+    cache = LatentCache(num_blocks=12, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype)
+    table = [2, 3, 4, 9, 10, 0]
+    length = 4 * len(table) - 1
+    slots = torch.tensor([table[i // 4] * 4 + i % 4 for i in range(length)])
+    cache.write(torch.randn(length, 16, generator=gen), torch.randn(length, 8, generator=gen), slots)
+    runs = block_runs(table)
+    assert runs == [(2, 3), (9, 2), (0, 1)]
+    pieces = cache.pieces(runs, length)
+    assert [p.shape[1] for p in pieces] == [12, 8, 3]
+    assert torch.equal(torch.cat(pieces, 1), cache.gather(torch.tensor([table]))[:, :length])
+    if cache_dtype == "auto":
+        assert all(p.untyped_storage().data_ptr() == cache.kv.untyped_storage().data_ptr() for p in pieces)
+    assert block_runs(list(range(0, 40, 2))) is None  # too fragmented: gather instead
+
+
 def test_int8_scale_is_max_abs_over_127():
     c = torch.tensor([[0.5, -2.54, 1.0]])
     q, scale = quantize_latent(c, "int8")
