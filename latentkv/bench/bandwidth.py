@@ -5,6 +5,7 @@ the context. floor = (weight bytes + cache bytes read per step) / bandwidth.
 """
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -25,19 +26,18 @@ def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of distinct parameters (tied weights counted once), excluding the
-    embedding table, of which decode reads one row per token."""
+    """Bytes of distinct weights one decode step reads: parameters and the buffers of
+    quantized linears (as stored), tied weights once; not the embedding table (decode
+    reads one row of it) unless it doubles as an unquantized output head."""
+    embed = model.model.embed_tokens.weight
+    head = getattr(model.lm_head, "weight", None)
+    head_is_embed = head is not None and head.data_ptr() == embed.data_ptr()
     seen, total = set(), 0
-    embed = getattr(getattr(model, "model", model), "embed_tokens", None)
-    embed_ptr = embed.weight.data_ptr() if embed is not None else None
-    tied_head = getattr(model, "lm_head", None) is not None and model.lm_head.weight.data_ptr() == embed_ptr
-    for p in model.parameters():
-        if p.data_ptr() in seen:
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.data_ptr() in seen or (t.data_ptr() == embed.data_ptr() and not head_is_embed):
             continue
-        seen.add(p.data_ptr())
-        if p.data_ptr() == embed_ptr and not tied_head:
-            continue
-        total += p.numel() * p.element_size()
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
     return total
 
 

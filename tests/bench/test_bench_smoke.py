@@ -35,6 +35,9 @@ def test_bench_decode(tiny, tmp_path):
         assert all(positive(v) for v in row["tok_s"].values())
         assert row["ratio"]["latentkv bf16"] == 1.0
         assert positive(row["floor_fraction"])
+        assert set(row["speedup"]["latentkv w4"]) == {"transformers original", "transformers DeepseekV3 stock"}
+        assert all(positive(v) for v in row["floor_fractions"].values())
+    assert data["weight_bytes"]["latentkv w4"] < data["weight_bytes"]["latentkv bf16"]
 
 
 def test_bench_throughput(tiny, tmp_path):
