@@ -18,6 +18,8 @@ def register(subparsers) -> None:
     ppl.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens")
     ppl.add_argument("--cache-dtype", default="auto", choices=["auto", "int8", "fp8_e4m3"], help="latent cache (MLA models)")
     ppl.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantized linears (MLA models)")
+    ppl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                     help="model dtype (MLA models; bfloat16 is how CPU serving runs, and int4's fast kernel path)")
     ppl.add_argument("--json", action="store_true", help='print {"ppl": ..., "tokens": ..., "ctx": ...}')
     ppl.set_defaults(func=run_ppl)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -28,7 +30,8 @@ def run_ppl(args: argparse.Namespace) -> int:
     from latentkv.eval.ppl import evaluate
 
     try:
-        r = evaluate(args.model, args.text, args.ctx, args.max_tokens, args.cache_dtype, args.quantization)
+        r = evaluate(args.model, args.text, args.ctx, args.max_tokens, args.cache_dtype, args.quantization,
+                     args.dtype)
     except (SourceError, ValueError, FileNotFoundError, OSError) as err:
         print(f"latentkv eval ppl: error: {err}", file=sys.stderr)
         return 2

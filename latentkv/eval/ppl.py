@@ -46,7 +46,8 @@ def is_mla_folder(path: Path) -> bool:
     return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in ("deepseek_v2", "deepseek_v3")
 
 
-def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantization: str | None = None):
+def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantization: str | None = None,
+                 dtype: str = "float32"):
     """(logits_fn(ids [B,T]) -> [B,T,V], tokenizer, kind) for a source or an MLA folder.
 
     MLA folders run latentkv's own model (`load_model`, full-sequence forward through the
@@ -59,14 +60,14 @@ def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantizatio
     if path is not None and is_mla_folder(Path(path)):
         from latentkv.model.loader import load_model
 
-        model = load_model(path, dtype=torch.float32)
+        model = load_model(path, dtype=getattr(torch, dtype))
         if quantization:
             from latentkv.model.quant import quantize_linears
             quantize_linears(model, quantization)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         return (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)), tokenizer, "mla (latentkv model)"
-    if cache_dtype != "auto" or quantization:
-        raise ValueError("--cache-dtype and --quantization apply to MLA models only")
+    if cache_dtype != "auto" or quantization or dtype != "float32":
+        raise ValueError("--cache-dtype, --quantization and --dtype apply to MLA models only")
     from latentkv.convert.reference import source_logits
     from latentkv.convert.sources import read_source
 
@@ -75,14 +76,15 @@ def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantizatio
 
 
 def evaluate(model: str | Path | None, texts: list[str] | None = None, ctx: int = 512,
-             max_tokens: int | None = None, cache_dtype: str = "auto", quantization: str | None = None) -> dict:
+             max_tokens: int | None = None, cache_dtype: str = "auto", quantization: str | None = None,
+             dtype: str = "float32") -> dict:
     """Perplexity of a model (None: the bundled SmolLM2) on text files (None: the default held-out text).
 
     Returns {"ppl", "nll", "tokens", "ctx", "windows", "model", "text", "protocol"}.
     """
     from latentkv.convert.corpus import heldout_text
 
-    logits_fn, tokenizer, kind = model_scorer(model, cache_dtype, quantization)
+    logits_fn, tokenizer, kind = model_scorer(model, cache_dtype, quantization, dtype)
     if texts:
         text = "\n\n".join(Path(t).read_text(encoding="utf-8") for t in texts)
         where = ", ".join(map(str, texts))

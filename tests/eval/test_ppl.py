@@ -48,5 +48,7 @@ def test_weight_quantized_scoring_stays_close(tmp_path):
     for kind in ("int8", "int4"):
         quant = evaluate(str(tmp_path), [str(text)], ctx=32, max_tokens=256, quantization=kind)["ppl"]
         assert quant != plain and abs(math.log(quant / plain)) < 0.1, (kind, plain, quant)
+    bf16 = evaluate(str(tmp_path), [str(text)], ctx=32, max_tokens=256, dtype="bfloat16", quantization="int4")["ppl"]
+    assert abs(math.log(bf16 / plain)) < 0.1, (plain, bf16)
     with pytest.raises(ValueError, match="quantization"):
         evaluate(None, [str(text)], ctx=32, max_tokens=64, quantization="int4")
