@@ -25,6 +25,7 @@ class AttentionBatch:
     max_context_len: int
     path: str = "auto"  # "naive" | "absorbed" | "auto"
     runs: list[tuple[int, int]] | None = None  # one sequence: its blocks as (first, count) runs of consecutive ids
+    groups: list | None = None  # [(flat rows [n], AttentionBatch)]: attend per group (see attention_groups)
     _masks: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -60,6 +61,7 @@ def build_attention_batch(
     block_size: int,
     device: torch.device | str = "cpu",
     path: str = "auto",
+    split: bool = True,
 ) -> tuple[AttentionBatch, torch.Tensor]:
     """Build the metadata and the positions [T] of the new tokens.
 
@@ -107,7 +109,28 @@ def build_attention_batch(
         path=path,
         runs=block_runs(tables[0].tolist()) if len(block_tables) == 1 else None,
     )
+    if split and q_max > 1 and len(set(query_lens)) > 1:  # equal lengths pad nothing: one batch
+        batch.groups = attention_groups(query_lens, context_lens, block_tables, block_size, device, path)
     return batch, positions.to(device)
+
+
+def attention_groups(query_lens, context_lens, block_tables, block_size, device, path) -> list:
+    """Padded attention pays for Qmax query rows per sequence: a step mixing a prefill chunk of
+    2,048 tokens with decodes would attend 2,048 rows for every decode. So such steps attend per
+    group — each sequence with several new tokens alone, all single-token decodes together —
+    while the linears still run once on the whole flat batch. -> [(flat rows, batch)]."""
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    decodes = [i for i, q in enumerate(query_lens) if q == 1]
+    members = [[i] for i, q in enumerate(query_lens) if q > 1] + ([decodes] if decodes else [])
+    groups = []
+    for seqs in members:
+        rows = torch.tensor([r for i in seqs for r in range(starts[i], starts[i + 1])], device=device)
+        sub, _ = build_attention_batch([query_lens[i] for i in seqs], [context_lens[i] for i in seqs],
+                                       [block_tables[i] for i in seqs], block_size, device, path, split=False)
+        groups.append((rows, sub))
+    return groups
 
 
 MAX_RUNS = 8  # more pieces than this and one gather copy is cheaper than many small matmuls

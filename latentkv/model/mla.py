@@ -56,7 +56,17 @@ class MLAttention(nn.Module):
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
         writes this step's latents to cache."""
         q_nope, q_rope, c, k_r = self.project(x, rope)
-        cache.write(c, k_r, batch.slot_mapping)
+        cache.write(c, k_r, batch.slot_mapping)  # every group's new latents first: each reads its own
+        if batch.groups is None:
+            out = self.attend(q_nope, q_rope, batch, cache)
+        else:
+            out = q_nope.new_empty(x.shape[0], self.n_heads, self.dv)
+            for rows, group in batch.groups:
+                out[rows] = self.attend(q_nope[rows], q_rope[rows], group, cache)
+        return self.o_proj(out.flatten(1))
+
+    def attend(self, q_nope, q_rope, batch: AttentionBatch, cache) -> torch.Tensor:
+        """q_nope [T,H,dn], q_rope [T,H,dr] (flat order, already in the cache) -> [T,H,dv]."""
         if batch.runs is not None:  # one sequence: views of its runs of blocks, no gather copy
             pieces = cache.pieces(batch.runs, batch.max_context_len)  # [1, L_i, kv_rank + dr] each
         else:
@@ -70,8 +80,7 @@ class MLAttention(nn.Module):
             out = self.attend_absorbed(q_nope, q_rope, pieces, batch)
         else:
             out = self.attend_naive(q_nope, q_rope, pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1), batch)
-        out = out[0] if single else out[batch.query_valid]  # [T, H, dv], back in flat order
-        return self.o_proj(out.flatten(1))
+        return out[0] if single else out[batch.query_valid]  # [T, H, dv], back in flat order
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated), c [T,kv_rank], k_r [T,dr] (rotated)."""
