@@ -147,7 +147,7 @@ class MLAttention(nn.Module):
         k_nope, v = self.kv_b_proj(c).view(b, length, h, self.dn + self.dv).split([self.dn, self.dv], dim=-1)
         key = torch.cat((k_nope, k_r[:, :, None, :].expand(b, length, h, self.dr)), dim=-1)
         query = torch.cat((q_nope, q_rope), dim=-1)
-        if self.dv != query.shape[-1]:
+        if self.dv < query.shape[-1]:
             # SDPA's flash kernels need v as wide as q and k; without this they fall back to
             # the math path (3x slower on CPU at 2K tokens). Padding is exact: its outputs are dropped.
             v = F.pad(v, (0, query.shape[-1] - self.dv))
