@@ -85,10 +85,7 @@ class LatentCache:
         """codes [..., r], scale [...], rope [..., dr] -> [..., r + dr] in the model dtype,
         written in place into one buffer (one pass; no float32 temporaries, no cat)."""
         out = torch.empty(*codes.shape[:-1], self.kv_rank + self.rope_dim, dtype=self.dtype, device=codes.device)
-        latent = out[..., : self.kv_rank]
-        latent.copy_(codes if self.cache_dtype == "int8" else codes.view(torch.float8_e4m3fn))  # exact in bf16/fp32
-        # in the model dtype: a float32 product would cost a promoted pass ~8x slower on CPU
-        latent.mul_(scale.to(self.dtype)[..., None])
+        dequantize_latent(codes, scale, self.cache_dtype, self.dtype, out=out[..., : self.kv_rank])
         out[..., self.kv_rank :] = rope
         return out
 
@@ -114,10 +111,13 @@ def quantize_latent(c: torch.Tensor, cache_dtype: str) -> tuple[torch.Tensor, to
     return scaled.to(torch.float8_e4m3fn).view(torch.uint8), scale
 
 
-def dequantize_latent(q: torch.Tensor, scale: torch.Tensor, cache_dtype: str, dtype: torch.dtype) -> torch.Tensor:
-    """codes [..., r] and scale [...] -> values [..., r] in dtype."""
-    values = q.float() if cache_dtype == "int8" else q.view(torch.float8_e4m3fn).float()
-    return (values * scale[..., None]).to(dtype)
+def dequantize_latent(q: torch.Tensor, scale: torch.Tensor, cache_dtype: str, dtype: torch.dtype,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """codes [..., r] and scale [...] -> values [..., r] in dtype (written into `out` if given).
+    Computed in `dtype`: a float32 product would cost a promoted pass ~8x slower on CPU."""
+    values = torch.empty(q.shape, dtype=dtype, device=q.device) if out is None else out
+    values.copy_(q if cache_dtype == "int8" else q.view(torch.float8_e4m3fn))  # exact in bf16/fp32
+    return values.mul_(scale.to(dtype)[..., None])
 
 
 def allocate_caches(cfg, num_blocks: int, block_size: int, dtype: torch.dtype, cache_dtype: str = "auto", device="cpu") -> list[LatentCache]:
