@@ -26,11 +26,12 @@ def ttft(system: LatentKVSystem, prompt: list[int]) -> float:
 def run(args) -> dict:
     out = Path(args.out)
     longest = max(args.prefixes) + 64
+    budget = cache_budget(args.model, 4 * longest)
     systems = {
         "on": LatentKVSystem("prefix cache on", args.model, max_model_len=longest, enable_prefix_caching=True,
-                             kv_cache_memory=cache_budget(args.model, 4 * longest)),
+                             kv_cache_memory=budget),
         "off": LatentKVSystem("prefix cache off", args.model, max_model_len=longest, enable_prefix_caching=False,
-                              kv_cache_memory=cache_budget(args.model, 4 * longest)),
+                              kv_cache_memory=budget),
     }
     vocab = systems["on"].engine.cfg.vocab_size
     gen = torch.Generator().manual_seed(0)

@@ -22,6 +22,7 @@ from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler
 from latentkv.engine.sequence import Sequence
 from latentkv.model.fuse import fuse_for_inference
+from latentkv.model.quant import QUANTIZATIONS, quantize_linears
 from latentkv.sampling import SamplingParams
 
 
@@ -50,8 +51,8 @@ class EngineArgs:
             raise ValueError(f"block_size must be a power of two up to 128, got {self.block_size}")
         if self.kv_cache_dtype not in ("auto", "int8", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be 'auto', 'int8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
-        if self.quantization not in (None, "int8", "int4"):
-            raise ValueError(f"quantization must be None, 'int8' or 'int4' (weight-only), got {self.quantization!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS} (weight-only), got {self.quantization!r}")
         if self.attention_path not in ("auto", "naive", "absorbed"):
             raise ValueError(f"attention_path must be 'auto', 'naive' or 'absorbed', got {self.attention_path!r}")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
@@ -119,7 +120,6 @@ class LLMEngine:
         model = load_model(args.model, args.dtype, device)
         fuse_for_inference(model)
         if args.quantization:
-            from latentkv.model.quant import quantize_linears
             quantize_linears(model, args.quantization)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         return cls(args, model, tokenizer)

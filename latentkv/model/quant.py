@@ -18,26 +18,34 @@ INT4_GROUP = 32
 QUANTIZATIONS = ("int8", "int4")
 
 
-class Int8Linear(nn.Module):
+class QuantLinear(nn.Module):
+    """A linear whose weight is stored quantized; subclasses give `matmul(x [M, K]) -> [M, N]`."""
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
-        self.register_buffer("weight_int8", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(linear.weight.dtype))
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if flat.device.type == "cpu" and self.in_features % 16 == 0:
-            # ATen's AVX-512/AVX2 int8 kernel (it returns garbage when K is not a multiple of 16)
-            y = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales.to(flat.dtype))
-        else:
-            y = F.linear(flat, self.weight_int8.to(flat.dtype)) * self.scales.to(flat.dtype)
+        y = self.matmul(x.reshape(-1, self.in_features))
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int8Linear(QuantLinear):
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+        self.register_buffer("weight_int8", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(linear.weight.dtype))
+
+    def matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        if flat.device.type == "cpu" and self.in_features % 16 == 0:
+            # ATen's AVX-512/AVX2 int8 kernel (it returns garbage when K is not a multiple of 16)
+            return torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales.to(flat.dtype))
+        return F.linear(flat, self.weight_int8.to(flat.dtype)) * self.scales.to(flat.dtype)
 
 
 def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,21 +70,15 @@ def int4_supported(linear: nn.Linear) -> bool:
     return linear.weight.device.type == "cpu" and linear.out_features % 16 == 0 and linear.in_features % INT4_GROUP == 0
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantLinear):
     def __init__(self, linear: nn.Linear):
-        super().__init__()
+        super().__init__(linear)
         codes, scale_zero = quantize_int4(linear.weight)
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
         self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype))
-        self.bias = linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+    def matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
 
 
 def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
