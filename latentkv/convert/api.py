@@ -10,6 +10,7 @@ from latentkv.convert.corpus import default_documents, file_documents, token_win
 from latentkv.convert.export import export
 from latentkv.convert.pipeline import Settings, build_model, resolve_rope_dim
 from latentkv.convert.sources import SourceModel, read_source
+from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
 
 DEFAULT_CALIB_TOKENS = 32768
 DEFAULT_CTX = 512
@@ -33,12 +34,18 @@ def split_cache(src: SourceModel, cache_ratio: float, rope_dim) -> tuple[int | s
     return rope_dim, total - dr
 
 
-def resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, **extra) -> Settings:
-    """Settings from the user's size options (none: the measured default)."""
+def resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, target="vllm", stock_width=None, **extra) -> Settings:
+    """Settings from the user's size options (none: the measured default); stock widths snap to `target`'s."""
     if cache_ratio is not None and kv_rank is not None:
         raise ValueError("give --cache-ratio or --kv-rank, not both")
     if cache_ratio is None and kv_rank is None and rope_dim is None:
         cache_ratio = DEFAULT_CACHE_RATIO
+    if stock and (target != "any" or stock_width is not None):
+        if cache_ratio is not None:  # the width asked for, before snapping
+            kv_rank, cache_ratio = round(float(cache_ratio) * src.kv_elements()) - STOCK_ROPE_DIM, None
+        rope_dim, kv_rank, notes = stock_size(src, rope_dim, kv_rank, target, stock_width)
+        for note in notes:
+            print(f"latentkv convert: {note}")
     if cache_ratio is not None:
         rope_dim, kv_rank = split_cache(src, float(cache_ratio), rope_dim)
     if rope_dim is None:
@@ -73,11 +80,13 @@ def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_rat
             calib_tokens: int = DEFAULT_CALIB_TOKENS, stock: bool = False, dtype: str = "float32",
             ctx: int = DEFAULT_CTX, eval_tokens: int = DEFAULT_EVAL_TOKENS, weighting: str = "attention",
             rank_alloc: str = "uniform", rope_theta: float | None = None, sequential: bool = False,
-            k_weight: float = 5.0) -> Path:
+            k_weight: float = 5.0, target: str = "vllm", stock_width: int | None = None) -> Path:
     """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`.
 
     rope_dim: even int or "all"; kv_rank: int (mean latent width) or "full"; cache_ratio:
     cache elements as a fraction of the source's (sets both); eval_tokens=0 skips measuring.
+    stock: target ("vllm", "vllm-cpu", "flashmla" or "any") and stock_width pick the latent width
+    (stock.py).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -86,7 +95,7 @@ def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_rat
         raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
     if stock and src.qkv_bias:
         raise ValueError("the stock deepseek_v3 format has no q_proj bias; convert this source without --stock")
-    settings = resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, weighting=weighting,
+    settings = resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, target, stock_width, weighting=weighting,
                                 rank_alloc=rank_alloc, rope_theta=rope_theta, sequential=sequential, k_weight=k_weight)
     resolve_rope_dim(src, settings.rope_dim, stock)  # fail before the (long) calibration
     windows = calibration_windows(src, calib, calib_tokens, ctx)
@@ -99,7 +108,7 @@ def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_rat
         cfg, tensors, info = build_model(src, stats, settings, dtype=DTYPES[dtype], sensitivity_ids=windows[:2])
     measured = measure(src, cfg, tensors, eval_tokens, ctx) if eval_tokens else {}
     record = {"rope_dim": settings.rope_dim, "kv_rank": settings.kv_rank, "cache_ratio": cache_ratio,
-              "stock": stock, "weighting": weighting, "k_weight": k_weight, "rank_alloc": rank_alloc,
+              "stock": stock, "target": target if stock else None, "weighting": weighting, "k_weight": k_weight, "rank_alloc": rank_alloc,
               "sequential": sequential, "calib": calib or "default corpus",
               "calib_tokens": int(stats[0].tokens), "ctx": ctx, "rope_theta": info["rope_theta"], "dtype": dtype}
     return export(Path(out), src, cfg, tensors, info, record, measured)

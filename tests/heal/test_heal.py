@@ -26,7 +26,7 @@ def tiny_pair(tmp_path_factory):
     text.write_text("\n".join(CORPUS * 20))
     common = dict(source=str(root / "llama"), rope_dim=8, kv_rank=6, calib=[str(text)], calib_tokens=2048)
     native = convert(out=str(root / "native"), **common)
-    stock = convert(out=str(root / "stock"), stock=True, **common)
+    stock = convert(out=str(root / "stock"), stock=True, target="any", **common)
     return root / "llama", native, stock, text
 
 
