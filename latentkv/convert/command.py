@@ -7,6 +7,7 @@ import sys
 from latentkv.convert import sweep
 from latentkv.convert.api import DEFAULT_CALIB_TOKENS, DEFAULT_EVAL_TOKENS, convert
 from latentkv.convert.sources import SourceError
+from latentkv.facts import MODEL_DTYPES
 
 
 def rope_dim_arg(text: str):
@@ -49,7 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
     p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens (default 32768)")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=list(MODEL_DTYPES))
     p.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens to measure perplexity on (0: skip)")
     expert = p.add_argument_group("expert options", "research knobs that measured worse or marginal on SmolLM2 "
