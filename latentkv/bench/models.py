@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from latentkv.bench.systems import load_hf
 from latentkv.convert.api import convert
@@ -37,7 +37,12 @@ def ensure_hf_source(native: Path, gguf: Path) -> Path:
     folder = native.with_name(native.name + "-original-hf")
     if not (folder / "config.json").exists():
         tmp = folder.with_name(folder.name + ".tmp")
-        load_hf(str(gguf), dtype=torch.float32).save_pretrained(tmp)
+        loaded = load_hf(str(gguf), dtype=torch.float32)  # dequantized, but flagged gguf: not serializable
+        config = loaded.config
+        config.__dict__.pop("quantization_config", None)
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(loaded.state_dict())
+        plain.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
         tmp.rename(folder)
     return folder

@@ -59,10 +59,13 @@ def servers(args, port: int) -> list[Server]:
     common = ["--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
               "--max-num-seqs", str(max(args.concurrency)), "--served-model-name", "bench"]
     threads = {"OMP_NUM_THREADS": str(args.threads)}
-    vllm_env = {**threads, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "",
+    vllm_env = {**threads, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
                 "TOKENIZERS_PARALLELISM": "false"}
     vllm_flags = ["--kv-cache-memory-bytes", str(cache), "--enforce-eager", "--block-size", "16",
                   "--no-enable-prefix-caching", "--disable-log-stats"]
+    # vllm-cpu 0.32's `vllm` CLI dies looking up the version of a distribution named "vllm" (it is
+    # installed as "vllm-cpu"); its OpenAI server module takes the same flags.
+    vllm = [args.vllm, "-m", "vllm.entrypoints.openai.api_server", "--model"]
     out = []
     for name in args.systems:
         if name == "latentkv":
@@ -70,9 +73,9 @@ def servers(args, port: int) -> list[Server]:
                    "--kv-cache-memory", str(cache), "--no-enable-prefix-caching"]
             out.append(Server("latentkv serve", cmd, threads))
         elif name == "vllm-original":
-            out.append(Server("vllm serve (original)", [args.vllm, "serve", args.original, *common, *vllm_flags], vllm_env))
+            out.append(Server("vllm serve (original)", [*vllm, args.original, *common, *vllm_flags], vllm_env))
         elif name == "vllm-stock":
-            out.append(Server("vllm serve (stock 576)", [args.vllm, "serve", args.stock576, *common, *vllm_flags,
+            out.append(Server("vllm serve (stock 576)", [*vllm, args.stock576, *common, *vllm_flags,
                                                          "--compilation-config", VLLM_MLA_FIX], vllm_env))
         else:
             raise ValueError(f"unknown system {name!r} (latentkv, vllm-original, vllm-stock)")
@@ -156,7 +159,7 @@ def prepare(args) -> None:
     if args.no_baselines:
         args.systems = [s for s in args.systems if s == "latentkv"]
     if any(s.startswith("vllm") for s in args.systems) and not Path(args.vllm).exists():
-        raise SystemExit(f"latentkv bench serve: no vllm at {args.vllm} (`make install-vllm`, or --vllm PATH)")
+        raise SystemExit(f"latentkv bench serve: no vLLM python at {args.vllm} (`make install-vllm`, or --vllm PATH)")
     if "vllm-original" in args.systems:
         source = Path(args.source)
         args.original = str(ensure_hf_source(native, source) if source.suffix == ".gguf" else source)
