@@ -61,7 +61,7 @@ def servers(args, port: int) -> list[Server]:
     threads = {"OMP_NUM_THREADS": str(args.threads)}
     vllm_env = {**threads, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
                 "TOKENIZERS_PARALLELISM": "false"}
-    vllm_flags = ["--kv-cache-memory-bytes", str(cache), "--enforce-eager", "--block-size", "16",
+    vllm_flags = ["--kv-cache-memory-bytes", str(cache), "--enforce-eager",
                   "--no-enable-prefix-caching", "--disable-log-stats"]
     # vllm-cpu 0.32's `vllm` CLI dies looking up the version of a distribution named "vllm" (it is
     # installed as "vllm-cpu"); its OpenAI server module takes the same flags.
@@ -75,8 +75,9 @@ def servers(args, port: int) -> list[Server]:
         elif name == "vllm-original":
             out.append(Server("vllm serve (original)", [*vllm, args.original, *common, *vllm_flags], vllm_env))
         elif name == "vllm-stock":
-            out.append(Server("vllm serve (stock 576)", [*vllm, args.stock576, *common, *vllm_flags,
-                                                         "--compilation-config", VLLM_MLA_FIX], vllm_env))
+            out.append(Server("vllm serve (stock 576)", [*vllm, args.stock576, *common, *vllm_flags,  # CPU MLA: block 16 only
+                                                         "--block-size", "16", "--compilation-config", VLLM_MLA_FIX],
+                              vllm_env))
         else:
             raise ValueError(f"unknown system {name!r} (latentkv, vllm-original, vllm-stock)")
     return out
