@@ -8,6 +8,7 @@ that produced a token (or finished) in this step.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,14 @@ from latentkv.cache.block_pool import BlockPool
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.outputs import CompletionOutput, RequestOutput
-from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
+from latentkv.engine.runner import ModelRunner, parse_memory, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler
 from latentkv.engine.sequence import Sequence
 from latentkv.model.fuse import fuse_for_inference
 from latentkv.model.quant import QUANTIZATIONS, quantize_linears
 from latentkv.sampling import SamplingParams
+from latentkv.store.tier import open_tier
+from latentkv.store.warm import warm_up
 
 
 @dataclass
@@ -45,6 +48,10 @@ class EngineArgs:
     nan_check: bool = False
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
     quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
+    kv_store: str | None = None             # directory of the on-disk latent store (docs/store.md); None: off
+    kv_store_max_size: int | str = "10GiB"  # the whole store directory, LRU-evicted beyond it
+    warm: str | None = None                 # JSONL of template prompts / conversations prefilled at start
+    warm_fraction: float = 0.05             # of the cache's blocks the templates may pin in RAM
 
     def validate(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -63,6 +70,10 @@ class EngineArgs:
             # else the oldest sequences would take every step's budget and the rest wait
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step")
+        if isinstance(self.warm_fraction, bool) or not isinstance(self.warm_fraction, (int, float)) \
+                or not 0.0 <= self.warm_fraction <= 1.0:
+            raise ValueError(f"warm_fraction must be a number in [0, 1], got {self.warm_fraction!r}")
+        parse_memory(self.kv_store_max_size)  # raises ValueError naming the bad size
 
 
 def load_tokenizer(path: str):
@@ -109,6 +120,13 @@ class LLMEngine:
         self.eos_token_ids = find_eos_token_ids(Path(args.model), self.cfg, tokenizer)
         self.runner.eos_token_ids = self.eos_token_ids
         self.requests: dict[str, list[Sequence]] = {}
+        self.store = open_tier(args, model.dtype, self.runner.caches, self.pool, parse_memory(args.kv_store_max_size))
+        self.scheduler.kv.store = self.store
+        if self.store is not None:
+            print(f"latentkv: {self.store.describe()}", file=sys.stderr, flush=True)
+        self.pinned_blocks: list[int] = []   # template blocks held in RAM for the engine's life
+        if args.warm:
+            warm_up(self, args.warm, args.warm_fraction)
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -283,4 +301,13 @@ class LLMEngine:
             "prefix_hits": self.pool.prefix_hits,
             "preemptions": self.scheduler.num_preemptions,
             "capacity_tokens": self.capacity_tokens,
+            "pinned_blocks": len(self.pinned_blocks),
+            **({f"store_{k}": v for k, v in vars(self.store.counters).items()} if self.store is not None else {}),
         }
+
+    def close(self) -> None:
+        """Write out the store's pending blocks and stop its writer (the engine stays usable
+        without the store)."""
+        if self.store is not None:
+            self.store.close()
+            self.scheduler.kv.store = self.store = None
