@@ -2,7 +2,7 @@
 
 Layout (the file system is the index, so nothing is lost on a restart or a crash):
 
-    DIR/.lock                                 fcntl lock taken only to evict
+    DIR/.size                                 bytes of all block files (a ledger; fcntl-locked)
     DIR/<fingerprint>/model.json              what wrote these blocks (for `latentkv store ls`)
     DIR/<fingerprint>/blocks/<hh>/<hash>.safetensors
     DIR/<fingerprint>/tmp/<pid>-<hash>.safetensors.tmp   writes in flight
@@ -10,9 +10,11 @@ Layout (the file system is the index, so nothing is lost on a restart or a crash
 Several processes may share DIR. Block files are immutable once renamed into place and
 writes are atomic renames, so readers and writers need no lock: two writers of one block
 write the same content and the last rename wins; a file deleted by another process's
-eviction while we read it stays readable (POSIX), and one already gone is a miss. Only
-eviction takes an exclusive `fcntl.flock` on DIR/.lock, so two processes do not both scan
-and delete at once. LRU is by modification time: a hit touches its file.
+eviction while we read it stays readable (POSIX), and one already gone is a miss. The size
+bound is for the whole directory, across processes: after each write a writer adds its
+bytes to the DIR/.size ledger under an exclusive `fcntl.flock`, and the one that takes it
+past max_size evicts under the same lock, rescanning the real sizes (so a stale ledger
+heals). LRU is by modification time: a hit touches its file.
 """
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ class LatentStore:
         if describe is not None and not (self.dir / "model.json").exists():
             write_atomic(self.dir / "model.json", json.dumps(describe, indent=1).encode(), self.tmp_dir)
         self.counters = StoreCounters()
-        self.size = sum(size for _, size, _ in block_files(self.root))
+        self.size = 0
+        self.add_size(0)
 
     def path(self, block_hash: bytes) -> Path:
         name = block_hash.hex()
@@ -115,30 +118,38 @@ class LatentStore:
             return 0
         data = encode(block)
         write_atomic(path, data, self.tmp_dir)
-        self.size += len(data)
         self.counters.bytes_written += len(data)
-        if self.size > self.max_size:
-            self.evict()
+        self.add_size(len(data))
         return len(data)
 
-    def evict(self) -> None:
+    def add_size(self, nbytes: int) -> None:
+        """Add `nbytes` to the directory's size ledger (read by a scan if missing or
+        unreadable) and evict if that passes max_size; all under the ledger's lock."""
+        fd = os.open(self.root / ".size", os.O_RDWR | os.O_CREAT, 0o644)
+        with open(fd, "r+") as ledger:
+            fcntl.flock(ledger, fcntl.LOCK_EX)   # released when the file closes
+            text = ledger.read().strip()
+            total = int(text) + nbytes if text.isdigit() else sum(size for _, size, _ in block_files(self.root))
+            if total > self.max_size:
+                total = self.evict()
+            ledger.seek(0)
+            ledger.truncate()
+            ledger.write(str(total))
+            self.size = total
+
+    def evict(self) -> int:
         """Delete least recently used block files (any model's) until the whole directory is
-        under LOW_WATER * max_size. Serialized across processes by an fcntl lock."""
-        with open(self.root / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                files = sorted(block_files(self.root))
-                total = sum(size for _, size, _ in files)
-                target = int(self.max_size * LOW_WATER)
-                for _, size, path in files:
-                    if total <= target:
-                        break
-                    if self.remove(path):
-                        total -= size
-                        self.counters.evicted_blocks += 1
-                self.size = total
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        under LOW_WATER * max_size; -> bytes left. Called with the ledger locked."""
+        files = sorted(block_files(self.root))
+        total = sum(size for _, size, _ in files)
+        target = int(self.max_size * LOW_WATER)
+        for _, size, path in files:
+            if total <= target:
+                break
+            if self.remove(path):
+                total -= size
+                self.counters.evicted_blocks += 1
+        return total
 
     @staticmethod
     def touch(path: Path) -> None:
