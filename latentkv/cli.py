@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "latentkv.heal.command",
     "latentkv.bench.command",
     "latentkv.server.command",
+    "latentkv.store.command",
 ]
 
 

@@ -9,6 +9,12 @@ The file's names follow the seed's config template where they fit:
     chunk_size = 16                  # tokens per cache block (block_size)
     prefix_caching = true
 
+    [latent_attention.store]          # the on-disk latent store (docs/store.md)
+    path = "~/.cache/latentkv/store"  # blocks survive restarts here; shared by processes
+    max_size = "20GiB"               # the whole directory, LRU-evicted beyond it
+    warm = "templates.jsonl"         # prompts / conversations prefilled at start
+    warm_fraction = 0.05             # of the cache the templates may pin in RAM
+
     [latent_attention.memory]
     pool_size = "2GiB"               # the latent cache: bytes ("512MiB", 1073741824) or,
                                      # as an int below 2**20, a number of chunks (blocks)
@@ -79,6 +85,10 @@ class Settings:
     port: int = 8000
     api_key: str | None = None
     served_model_name: str | None = None
+    kv_store: str | None = None                # on-disk latent store directory; None: off
+    kv_store_max_size: int | str | None = None  # None: the engine's default
+    warm: str | None = None                    # JSONL templates prefilled at start
+    warm_fraction: float | None = None         # None: the engine's default
 
 
 # TOML key path -> Settings field. Value checks live in `check_value`.
@@ -87,6 +97,10 @@ TOML_KEYS: dict[str, str] = {
     "latent_attention.chunk_size": "block_size",
     "latent_attention.prefix_caching": "enable_prefix_caching",
     "latent_attention.memory.pool_size": "kv_cache_memory",
+    "latent_attention.store.path": "kv_store",
+    "latent_attention.store.max_size": "kv_store_max_size",
+    "latent_attention.store.warm": "warm",
+    "latent_attention.store.warm_fraction": "warm_fraction",
     "precision.compute": "dtype",
     "precision.cache": "kv_cache_dtype",
     "precision.weights": "quantization",
@@ -136,6 +150,12 @@ def _text(value):
     return value
 
 
+def _fraction(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError
+    return float(value)
+
+
 def _port(value):
     value = _non_negative_int(value)
     if value > 65535:
@@ -167,6 +187,10 @@ CHECKS = {
     "port": ("an integer port 0-65535", _port),
     "api_key": ("a non-empty string", _text),
     "served_model_name": ("a non-empty string", _text),
+    "kv_store": ("a directory path", _text),
+    "kv_store_max_size": ("a size such as \"20GiB\" or bytes", _memory),
+    "warm": ("a JSONL file path", _text),
+    "warm_fraction": ("a number from 0 to 1", _fraction),
 }
 
 
@@ -265,10 +289,18 @@ def add_engine_arguments(parser) -> None:
     nan.add_argument("--nan-check", dest="nan_check", action="store_const", const=True, default=None,
                      help="fail a request whose logits hold NaN/Inf (default on)")
     nan.add_argument("--no-nan-check", dest="nan_check", action="store_const", const=False, help="skip that check")
+    parser.add_argument("--kv-store", default=None, metavar="DIR",
+                        help="keep full prefix-cache blocks on disk in DIR, reused across restarts (docs/store.md)")
+    parser.add_argument("--kv-store-max-size", default=None, metavar="SIZE", help="bound of DIR, e.g. 20GiB (default 10GiB)")
+    parser.add_argument("--warm", default=None, metavar="FILE",
+                        help="JSONL of template prompts or chat conversations to prefill at start and pin")
+    parser.add_argument("--warm-fraction", type=float, default=None,
+                        help="share of the cache the templates may pin in RAM (default 0.05)")
 
 
 ENGINE_FLAGS = ("model", "dtype", "kv_cache_dtype", "quantization", "block_size", "kv_cache_memory", "max_model_len",
-                "max_num_seqs", "enable_prefix_caching", "nan_check")
+                "max_num_seqs", "enable_prefix_caching", "nan_check", "kv_store", "kv_store_max_size", "warm",
+                "warm_fraction")
 
 
 def settings_from_args(args, extra: tuple[str, ...] = ()) -> Settings:

@@ -20,7 +20,13 @@ def engine_args(settings: Settings, resolved: ResolvedModel):
         block_size=settings.block_size, kv_cache_memory=cache_budget(settings, resolved),
         max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
         enable_prefix_caching=settings.enable_prefix_caching, nan_check=settings.nan_check,
-        quantization=None if settings.quantization == "none" else settings.quantization)
+        quantization=None if settings.quantization == "none" else settings.quantization,
+        kv_store=settings.kv_store, warm=settings.warm, **store_bounds(settings))
+
+
+def store_bounds(settings: Settings) -> dict:
+    """The store's size bound and warm fraction, where set (else the engine's defaults)."""
+    return {k: getattr(settings, k) for k in ("kv_store_max_size", "warm_fraction") if getattr(settings, k) is not None}
 
 
 def cache_dtype(settings: Settings, resolved: ResolvedModel) -> str:

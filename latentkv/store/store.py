@@ -52,10 +52,28 @@ def block_files(root: Path):
         yield st.st_mtime, st.st_size, path
 
 
+def count_blocks(model_dir: Path) -> tuple[int, int, float]:
+    """(block files, their bytes, newest mtime or 0) of one fingerprint's subdirectory."""
+    count = nbytes = 0
+    newest = 0.0
+    for path in (model_dir / "blocks").glob(f"*/*{SUFFIX}"):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        count, nbytes, newest = count + 1, nbytes + st.st_size, max(newest, st.st_mtime)
+    return count, nbytes, newest
+
+
+def model_dirs(root: Path) -> list[Path]:
+    """The fingerprint subdirectories of a store directory."""
+    return sorted(d for d in Path(root).expanduser().glob("*") if d.is_dir() and (d / "blocks").is_dir())
+
+
 class LatentStore:
     def __init__(self, root: str | Path, fingerprint: str, max_size: int, describe: dict | None = None):
         """Raises OSError when the directory cannot be created or written."""
-        self.root = Path(root)
+        self.root = Path(root).expanduser()
         self.fingerprint = fingerprint
         self.max_size = max_size
         self.dir = self.root / fingerprint
@@ -78,7 +96,7 @@ class LatentStore:
         return self.blocks_dir / name[:2] / f"{name}{SUFFIX}"
 
     def num_blocks(self) -> int:
-        return sum(1 for _ in self.blocks_dir.glob(f"*/*{SUFFIX}"))
+        return count_blocks(self.dir)[0]
 
     def contains(self, block_hash: bytes) -> bool:
         return self.path(block_hash).exists()
@@ -117,7 +135,11 @@ class LatentStore:
             self.touch(path)
             return 0
         data = encode(block)
-        write_atomic(path, data, self.tmp_dir)
+        try:
+            write_atomic(path, data, self.tmp_dir)
+        except FileNotFoundError:   # `latentkv store clear` ran meanwhile: start the folders again
+            self.tmp_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, data, self.tmp_dir)
         self.counters.bytes_written += len(data)
         self.add_size(len(data))
         return len(data)

@@ -25,7 +25,7 @@ from latentkv.server.chat import render_chat
 
 def read_templates(path: str | Path, tokenizer) -> list[list[int]]:
     """Token ids of each template in `path`; raises ValueError naming the file and line."""
-    path = Path(path)
+    path = Path(path).expanduser()
     try:
         lines = path.read_text().splitlines()
     except OSError as err:
