@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_restart import BS, GREEDY, make_llm, run
+from test_tier import BS, GREEDY, make_llm, run
 
 from latentkv.cli import main
 from latentkv.settings import SettingsError, build_settings
