@@ -62,12 +62,13 @@ class KVManager:
             return
         bs = self.block_size
         seq.block_hashes = hash_full_blocks(seq.token_ids[:num_full * bs], bs, seq.block_hashes[:num_full])
+        full = []
         for i in range(seq.num_registered_blocks, num_full):
             parent = seq.block_hashes[i - 1] if i else NO_HASH
-            tokens = seq.token_ids[i * bs:(i + 1) * bs]
-            self.pool.register(seq.block_table[i], parent, tokens, seq.block_hashes[i])
-            if self.store is not None:
-                self.store.save(seq.block_table[i], parent, tokens, seq.block_hashes[i])
+            full.append((seq.block_table[i], parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.block_hashes[i]))
+            self.pool.register(*full[-1])
+        if self.store is not None:
+            self.store.save(full)   # to the on-disk tier, written behind
         seq.num_registered_blocks = num_full
 
     def release(self, seq: Sequence) -> None:

@@ -44,12 +44,42 @@ def checksum(tensors: dict[str, torch.Tensor], block_hash: bytes, parent_hash: b
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            digest.update(t.view(torch.uint8).numpy())   # the buffer itself, no copy
     return digest.hexdigest()
 
 
+def pack(per_layer: list[list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per-layer tensors -> named tensors: `all.j` [layers, ...] when every layer's j-th
+    tensor has one shape and dtype (one tensor per kind: fast to write and read), else
+    `<layer>.j` (per-layer ranks)."""
+    out = {}
+    for j in range(max(len(ts) for ts in per_layer)):
+        kind = [(layer, ts[j]) for layer, ts in enumerate(per_layer) if j < len(ts)]
+        first = kind[0][1]
+        if len(kind) == len(per_layer) and all(t.shape == first.shape and t.dtype == first.dtype for _, t in kind):
+            out[f"all.{j}"] = torch.stack([t for _, t in kind])
+        else:
+            out.update({f"{layer}.{j}": t.contiguous() for layer, t in kind})
+    return out
+
+
+def unpack(tensors: dict[str, torch.Tensor]) -> list[list[torch.Tensor]]:
+    layers: dict[int, dict[int, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        where, j = name.split(".")
+        if where == "all":
+            for layer, view in enumerate(t.unbind(0)):
+                layers.setdefault(layer, {})[int(j)] = view
+        else:
+            layers.setdefault(int(where), {})[int(j)] = t
+    if sorted(layers) != list(range(len(layers))) or any(sorted(d) != list(range(len(d))) for d in layers.values()):
+        raise ValueError("the block's tensors do not cover every layer")
+    return [[layers[i][j] for j in sorted(layers[i])] for i in sorted(layers)]
+
+
 def encode(block: StoredBlock) -> bytes:
-    tensors = {f"{layer}.{j}": t.contiguous() for layer, ts in enumerate(block.tensors) for j, t in enumerate(ts)}
+    tensors = pack(block.tensors)
     tensors[TOKENS] = torch.tensor(block.token_ids, dtype=torch.int64)
     meta = {"hash": block.block_hash.hex(), "parent": block.parent_hash.hex(),
             "checksum": checksum(tensors, block.block_hash, block.parent_hash)}
@@ -62,17 +92,15 @@ def decode(data: bytes) -> StoredBlock:
         tensors = load_bytes(data)
         meta = read_metadata(data)
         block_hash, parent = bytes.fromhex(meta["hash"]), bytes.fromhex(meta["parent"])
+        if TOKENS not in tensors or checksum(tensors, block_hash, parent) != meta.get("checksum"):
+            raise CorruptBlock("block file fails its checksum")
+        token_ids = tuple(tensors.pop(TOKENS).tolist())
+        per_layer = unpack(tensors)
     except (SafetensorError, KeyError, ValueError, TypeError, RuntimeError) as err:
+        if isinstance(err, CorruptBlock):
+            raise
         raise CorruptBlock(f"unreadable block file: {err}") from None
-    if TOKENS not in tensors or checksum(tensors, block_hash, parent) != meta.get("checksum"):
-        raise CorruptBlock("block file fails its checksum")
-    layers: dict[int, list[tuple[int, torch.Tensor]]] = {}
-    for name, t in tensors.items():
-        if name != TOKENS:
-            layer, j = map(int, name.split("."))
-            layers.setdefault(layer, []).append((j, t))
-    per_layer = [[t for _, t in sorted(layers[i])] for i in sorted(layers)]
-    return StoredBlock(block_hash, parent, tuple(tensors[TOKENS].tolist()), per_layer)
+    return StoredBlock(block_hash, parent, token_ids, per_layer)
 
 
 def read_metadata(data: bytes) -> dict:

@@ -38,12 +38,18 @@ class StoreTier:
         return self.store.counters
 
     # -- RAM -> disk -------------------------------------------------------------------
-    def save(self, block_id: int, parent_hash: bytes, token_ids, block_hash: bytes) -> None:
-        if block_hash in self.on_disk:
+    def save(self, blocks: list[tuple[int, bytes, tuple, bytes]]) -> None:
+        """Queue (block id, parent hash, token ids, block hash) blocks for writing. Their
+        latents are copied now (one gather per cache tensor), before the blocks can change."""
+        blocks = [b for b in blocks if b[3] not in self.on_disk]
+        if not blocks:
             return
-        self.on_disk.add(block_hash)
-        tensors = [[t[block_id].to("cpu", copy=True) for t in cache.tensors()] for cache in self.caches]
-        self.writer.submit(StoredBlock(block_hash, parent_hash, tuple(token_ids), tensors))
+        self.on_disk.update(b[3] for b in blocks)
+        index = torch.tensor([b[0] for b in blocks], device=self.caches[0].tensors()[0].device)
+        gathered = [[t.index_select(0, index).cpu() for t in cache.tensors()] for cache in self.caches]
+        for i, (_, parent, tokens, block_hash) in enumerate(blocks):
+            tensors = [[t[i] for t in layer] for layer in gathered]
+            self.writer.submit(StoredBlock(block_hash, parent, tuple(tokens), tensors))
 
     # -- disk -> RAM -------------------------------------------------------------------
     def restore(self, block_hashes: list[bytes], token_ids: list[int], hits: list[int]) -> list[int]:
@@ -64,8 +70,8 @@ class StoreTier:
             return []
         self.pool.take(hits)   # so allocating cannot evict the RAM hits themselves
         ids = self.pool.allocate(len(found))
+        self.place(ids, found)
         for block_id, block in zip(ids, found):
-            self.place(block_id, block)
             self.pool.register(block_id, block.parent_hash, block.token_ids, block.block_hash)
             self.on_disk.add(block.block_hash)
         self.pool.free(list(reversed(ids)) + list(reversed(hits)))
@@ -83,10 +89,13 @@ class StoreTier:
                 return False
         return True
 
-    def place(self, block_id: int, block: StoredBlock) -> None:
-        for stored, cache in zip(block.tensors, self.caches):
-            for src, dst in zip(stored, cache.tensors()):
-                dst[block_id].copy_(src)
+    def place(self, block_ids: list[int], blocks: list[StoredBlock]) -> None:
+        """Copy the blocks' latents into the caches: one index_copy_ per cache tensor."""
+        index = torch.tensor(block_ids, device=self.caches[0].tensors()[0].device)
+        for layer, cache in enumerate(self.caches):
+            for j, dst in enumerate(cache.tensors()):
+                src = torch.stack([b.tensors[layer][j] for b in blocks])
+                dst.index_copy_(0, index, src.to(dst.device, non_blocking=True))
 
     def close(self) -> None:
         self.writer.close()

@@ -21,12 +21,15 @@ from latentkv.store.store import SUFFIX, LatentStore
 BS = 4
 
 
-def make_block(i: int, parent: bytes = NO_HASH, dtype=torch.bfloat16) -> StoredBlock:
+def make_block(i: int, parent: bytes = NO_HASH, ranks=(16, 16, 16), quantized: bool = True) -> StoredBlock:
+    """A block of a 3-layer model: int8 latent + scale + bf16 rope, or one bf16 tensor."""
     tokens = tuple(range(i * BS, (i + 1) * BS))
     g = torch.Generator().manual_seed(i)
-    tensors = [[torch.randn(BS, 24, generator=g).to(dtype)],
-               [torch.randint(-127, 128, (BS, 16), dtype=torch.int8, generator=g), torch.rand(BS, generator=g),
-                torch.randn(BS, 8, generator=g).to(dtype)]]
+    if quantized:
+        tensors = [[torch.randint(-127, 128, (BS, r), dtype=torch.int8, generator=g), torch.rand(BS, generator=g),
+                    torch.randn(BS, 8, generator=g).bfloat16()] for r in ranks]
+    else:
+        tensors = [[torch.randn(BS, r + 8, generator=g).bfloat16()] for r in ranks]
     return StoredBlock(hash_block(parent, tokens), parent, tokens, tensors)
 
 
@@ -34,8 +37,10 @@ def open_store(root, max_size=2**30, fingerprint="f" * 32) -> LatentStore:
     return LatentStore(root, fingerprint, max_size, {"model": "test"})
 
 
-def test_round_trip_keeps_every_tensor_bit_exact():
-    block = make_block(3, parent=b"p" * 16)
+@pytest.mark.parametrize("ranks", [(16, 16, 16), (16, 24, 8)])   # per-layer ranks: stored per layer
+@pytest.mark.parametrize("quantized", [True, False])
+def test_round_trip_keeps_every_tensor_bit_exact(ranks, quantized):
+    block = make_block(3, parent=b"p" * 16, ranks=ranks, quantized=quantized)
     back = decode(encode(block))
     assert (back.block_hash, back.parent_hash, back.token_ids) == (block.block_hash, block.parent_hash, block.token_ids)
     for got, want in zip(back.tensors, block.tensors):
