@@ -91,7 +91,9 @@ def measure_throughput(loaded: LatentKVSystem, store: Path, args) -> dict:
     vocab = loaded.engine.cfg.vocab_size
     for r in range(args.repeats):
         reqs = make_requests(n, vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=100 + r)
-        systems = {"store off": restart(loaded), "store on": restart(loaded, kv_store=str(store))}
+        budget = cache_budget(args.model, n * (args.max_prompt + args.max_output + 16))
+        systems = {key: restart(loaded, kv_cache_memory=budget, **extra)
+                   for key, extra in (("store off", {}), ("store on", {"kv_store": str(store)}))}
         for key in (("store off", "store on") if r % 2 == 0 else ("store on", "store off")):
             runs[key].append(run_latentkv(systems[key], reqs)["tok_s"])
         drops = systems["store on"].engine.stats()["store_write_drops"]
@@ -104,9 +106,8 @@ def measure_throughput(loaded: LatentKVSystem, store: Path, args) -> dict:
 def run(args) -> dict:
     out = Path(args.out)
     longest = max(max(args.prefixes) + 64, args.max_prompt + args.max_output + 16)
-    n = max(args.concurrency)
-    budget = cache_budget(args.model, max(4 * longest, n * longest))
-    loaded = LatentKVSystem("latentkv", args.model, max_model_len=longest, kv_cache_memory=budget, max_num_seqs=max(n, 1))
+    loaded = LatentKVSystem("latentkv", args.model, max_model_len=longest, kv_cache_memory=cache_budget(args.model, 4 * longest),
+                            max_num_seqs=max(args.concurrency))
     store = Path(args.store_dir) if args.store_dir else Path(tempfile.mkdtemp(prefix="latentkv-bench-store-"))
     try:
         ttfts = measure_ttft(loaded, store / "ttft", args.prefixes, args.repeats)
