@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,8 +113,9 @@ def read_metadata(data: bytes) -> dict:
 
 def write_atomic(path: Path, data: bytes, tmp_dir: Path) -> None:
     """Write `data` to `path` via a temp file in `tmp_dir` (same file system) + rename.
-    The temp name carries our pid so a dead writer's leftovers can be recognised."""
-    tmp = tmp_dir / f"{os.getpid()}-{path.name}.tmp"
+    The temp name carries our pid, so a dead writer's leftovers can be recognised, and the
+    thread's id, so two engines of one process writing the same block do not share it."""
+    tmp = tmp_dir / f"{os.getpid()}-{threading.get_ident()}-{path.name}.tmp"
     try:
         with open(tmp, "wb") as f:
             f.write(data)

@@ -11,6 +11,7 @@ block size, weight quantization and STORE_VERSION.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 
 STORE_VERSION = 1
@@ -34,14 +35,24 @@ def hash_file(path: Path, digest) -> None:
             digest.update(f.read(PIECE))
 
 
-def model_fingerprint(model_dir: str | Path, dtype: str, cache_dtype: str, block_size: int,
-                      quantization: str | None) -> str:
-    """-> 32 hex characters."""
-    folder = Path(model_dir)
+@lru_cache(maxsize=16)
+def weights_digest(folder: Path, stamps: tuple) -> bytes:
+    """Digest of config.json and the weight files; `stamps` (names, sizes, mtimes) key the
+    memo, so an engine restarted in the same process does not hash the weights again."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"latentkv-store:{STORE_VERSION};dtype:{dtype};cache:{cache_dtype};block:{block_size};"
-                  f"quant:{quantization};".encode())
     digest.update((folder / "config.json").read_bytes())
     for weights in sorted(folder.glob("*.safetensors")):
         hash_file(weights, digest)
+    return digest.digest()
+
+
+def model_fingerprint(model_dir: str | Path, dtype: str, cache_dtype: str, block_size: int,
+                      quantization: str | None) -> str:
+    """-> 32 hex characters."""
+    folder = Path(model_dir).resolve()
+    stamps = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in sorted([folder / "config.json", *folder.glob("*.safetensors")]))
+    digest = hashlib.blake2b(weights_digest(folder, stamps), digest_size=16)
+    digest.update(f"latentkv-store:{STORE_VERSION};dtype:{dtype};cache:{cache_dtype};block:{block_size};"
+                  f"quant:{quantization};".encode())
     return digest.hexdigest()

@@ -5,7 +5,7 @@ Layout (the file system is the index, so nothing is lost on a restart or a crash
     DIR/.size                                 bytes of all block files (a ledger; fcntl-locked)
     DIR/<fingerprint>/model.json              what wrote these blocks (for `latentkv store ls`)
     DIR/<fingerprint>/blocks/<hh>/<hash>.safetensors
-    DIR/<fingerprint>/tmp/<pid>-<hash>.safetensors.tmp   writes in flight
+    DIR/<fingerprint>/tmp/<pid>-<thread>-<hash>.safetensors.tmp   writes in flight
 
 Several processes may share DIR. Block files are immutable once renamed into place and
 writes are atomic renames, so readers and writers need no lock: two writers of one block

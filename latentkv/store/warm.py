@@ -14,6 +14,7 @@ so a request with the same conversation so far shares every full block of it.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -73,6 +74,8 @@ def warm_up(engine, path: str | Path, fraction: float) -> int:
         while engine.has_unfinished_requests():
             bar.update(sum(out.finished for out in engine.step()))
     pin(engine, prompts, int(fraction * engine.pool.num_blocks))
+    print(f"latentkv: warmed {len(prompts)} templates from {path}: {len(engine.pinned_blocks)} blocks pinned "
+          f"(up to {fraction:.0%} of {engine.pool.num_blocks})", file=sys.stderr, flush=True)
     return len(engine.pinned_blocks)
 
 

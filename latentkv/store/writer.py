@@ -76,6 +76,9 @@ class WriteBehind:
         if not self.thread.is_alive():
             return
         self.flush(timeout)
-        self.queue.put(_STOP)
-        self.thread.join(timeout)
         atexit.unregister(self.close)
+        try:
+            self.queue.put(_STOP, timeout=timeout)
+        except queue.Full:   # the disk is stuck: leave the daemon thread behind
+            return
+        self.thread.join(timeout)

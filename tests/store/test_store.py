@@ -160,6 +160,13 @@ def test_writer_killed_mid_write_leaves_nothing_served(tmp_path, mode):
     assert store.counters.corrupt_blocks == 0
 
 
+def later(path: Path) -> None:
+    """File times are coarse (a clock tick): make a quick rewrite's time differ, as any real
+    rewrite's would."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+
 def test_fingerprint_follows_weights_config_and_cache_settings(tmp_path):
     from safetensors.torch import save_file
 
@@ -174,7 +181,9 @@ def test_fingerprint_follows_weights_config_and_cache_settings(tmp_path):
               model_fingerprint(folder, "float32", "auto", 32, None),
               model_fingerprint(folder, "float32", "auto", 16, "int8")}
     save_file({"w": torch.ones(4)}, str(folder / "model.safetensors"))   # same size, new weights
+    later(folder / "model.safetensors")
     others.add(model_fingerprint(folder, "float32", "auto", 16, None))
     (folder / "config.json").write_text(json.dumps({"hidden_size": 9}))
+    later(folder / "config.json")
     others.add(model_fingerprint(folder, "float32", "auto", 16, None))
     assert base not in others and len(others) == 6
