@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from latentkv.commands.startup import start_engine
 from latentkv.settings import SettingsError, add_engine_arguments, settings_from_args
 from latentkv.store.store import count_blocks, model_dirs
 
@@ -52,8 +53,6 @@ def run_ls(args) -> int:
 
 
 def run_warm(args) -> int:
-    from latentkv.commands.startup import start_engine
-
     try:
         settings = settings_from_args(args)
         settings.kv_store, settings.warm = args.dir, args.file
