@@ -30,20 +30,24 @@ class WriteBehind:
         self.store = store
         self.queue: queue.Queue = queue.Queue(max_pending)
         self.failed = False
+        self.drop_lock = threading.Lock()   # drops are counted by both threads
         self.thread = threading.Thread(target=self.loop, name="latentkv-store-writer", daemon=True)
         self.thread.start()
         atexit.register(self.close)   # an `LLM` user's last blocks still reach the disk
 
     def submit(self, block: StoredBlock) -> bool:
         if self.failed:
-            self.store.counters.write_drops += 1
-            return False
+            return self.drop()
         try:
             self.queue.put_nowait(block)
             return True
         except queue.Full:
+            return self.drop()
+
+    def drop(self) -> bool:
+        with self.drop_lock:
             self.store.counters.write_drops += 1
-            return False
+        return False
 
     def loop(self) -> None:
         while True:
@@ -52,12 +56,12 @@ class WriteBehind:
                 if block is _STOP:
                     return
                 if self.failed or not all_finite(block):   # NaN latents never reach the disk
-                    self.store.counters.write_drops += 1
+                    self.drop()
                     continue
                 self.store.write(block)
             except OSError as err:
                 self.failed = True
-                self.store.counters.write_drops += 1
+                self.drop()
                 print(f"latentkv: warning: cannot write to the KV store {self.store.root} ({err}); "
                       "running on without writing to it", file=sys.stderr, flush=True)
             finally:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from latentkv.cache.block_pool import NO_HASH, hash_block
 from latentkv.store.files import StoredBlock, decode, encode
 from latentkv.store.fingerprint import model_fingerprint
 from latentkv.store.store import SUFFIX, LatentStore
+from latentkv.store.writer import WriteBehind
 
 BS = 4
 
@@ -187,3 +189,32 @@ def test_fingerprint_follows_weights_config_and_cache_settings(tmp_path):
     later(folder / "config.json")
     others.add(model_fingerprint(folder, "float32", "auto", 16, None))
     assert base not in others and len(others) == 6
+
+
+def test_full_queue_drops_instead_of_waiting(tmp_path, monkeypatch):
+    """A stuck disk: the writer thread blocks in its first write; further blocks fill the
+    one-slot queue and then are dropped and counted, submit never waits."""
+    store = open_store(tmp_path)
+    release = threading.Event()
+    real_write = store.write
+    monkeypatch.setattr(store, "write", lambda block: release.wait() and real_write(block))
+    writer = WriteBehind(store, max_pending=1)
+    try:
+        accepted = [writer.submit(make_block(i)) for i in range(6)]
+        assert accepted.count(False) >= 4 and store.counters.write_drops == accepted.count(False)
+    finally:
+        release.set()
+        writer.close()
+    assert store.num_blocks() == accepted.count(True)
+
+
+def test_nan_latents_are_never_written(tmp_path):
+    store = open_store(tmp_path)
+    bad = make_block(0, quantized=False)
+    bad.tensors[1][0][0, 0] = float("nan")
+    writer = WriteBehind(store)
+    writer.submit(bad)
+    writer.submit(make_block(1, quantized=False))
+    writer.close()
+    assert not store.contains(bad.block_hash) and store.num_blocks() == 1
+    assert store.counters.write_drops == 1
