@@ -67,21 +67,33 @@ def measure_ttft(loaded: LatentKVSystem, store: Path, lengths: list[int], repeat
     return results
 
 
-def disk_bytes(loaded: LatentKVSystem, store: Path, source: str | None) -> list[dict]:
+def store_bytes_per_token(store: Path, block_size: int) -> float:
     files = list(store.glob(f"*/blocks/*/*{SUFFIX}"))
-    bs, cfg = loaded.engine.args.block_size, loaded.engine.cfg
-    per_token = sum(f.stat().st_size for f in files) / (len(files) * bs)
-    dtype = "bfloat16" if loaded.engine.model.dtype == torch.bfloat16 else "float32"
-    rows = [{"cache": f"latentkv store on disk ({loaded.engine.args.kv_cache_dtype}, safetensors files)",
-             "bytes/token": per_token},
-            {"cache": "latentkv latent in RAM", "bytes/token": latent_bytes_per_token(cfg, loaded.engine.args.kv_cache_dtype, dtype)}]
-    gqa = source_shape(Path(loaded.engine.args.model), cfg) if source else None
+    return sum(f.stat().st_size for f in files) / (len(files) * block_size)
+
+
+def disk_bytes(loaded: LatentKVSystem, store: Path, source: str | None) -> list[dict]:
+    """Bytes per token of the store (the TTFT runs' cache dtype, and an int8 latent written
+    here from one 256-token prompt) against the latent in RAM, the original GQA cache and MHA."""
+    engine = loaded.engine
+    bs, cfg, cache_dtype = engine.args.block_size, engine.cfg, engine.args.kv_cache_dtype
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    rows = [{"cache": f"latentkv store on disk, {cache_dtype} latent", "bytes/token": store_bytes_per_token(store / "ttft", bs)},
+            {"cache": f"latentkv latent in RAM, {cache_dtype}", "bytes/token": latent_bytes_per_token(cfg, cache_dtype, dtype)}]
+    if cache_dtype != "int8":
+        int8 = restart(loaded, kv_cache_dtype="int8", kv_store=str(store / "int8"))
+        ttft(int8, random_ids(256 + 1, cfg.vocab_size, torch.Generator().manual_seed(1)))
+        int8.engine.close()
+        rows.append({"cache": "latentkv store on disk, int8 latent", "bytes/token": store_bytes_per_token(store / "int8", bs)})
+        rows.append({"cache": "latentkv latent in RAM, int8", "bytes/token": latent_bytes_per_token(cfg, "int8", dtype)})
+    gqa = source_shape(Path(engine.args.model), cfg) if source else None
     if gqa:
         rows.append({"cache": f"original GQA ({gqa[1]} KV heads x {gqa[2]}), {dtype}",
                      "bytes/token": gqa_bytes_per_token(*gqa, dtype)})
     rows.append({"cache": f"MHA of the same shape, {dtype}", "bytes/token": account(cfg, "auto", dtype).mha_bytes_per_token})
+    first = rows[0]["bytes/token"]
     for row in rows:
-        row["x store"] = row["bytes/token"] / per_token
+        row["x store"] = row["bytes/token"] / first
     return rows
 
 
@@ -111,7 +123,7 @@ def run(args) -> dict:
     store = Path(args.store_dir) if args.store_dir else Path(tempfile.mkdtemp(prefix="latentkv-bench-store-"))
     try:
         ttfts = measure_ttft(loaded, store / "ttft", args.prefixes, args.repeats)
-        disk = disk_bytes(loaded, store / "ttft", args.source)
+        disk = disk_bytes(loaded, store, args.source)
         throughput = measure_throughput(loaded, store / "throughput", args)
     finally:
         if not args.store_dir:

@@ -74,6 +74,8 @@ def test_bench_prefix_store(tiny, tmp_path):
     for row in data["ttft"]:
         assert positive(row["ttft_cold_s"]) and positive(row["ttft_restored_s"]) and positive(row["speedup"])
         assert row["restored_tokens"] == row["prefix"]   # every full block of the prefix came from disk
-    disk = {r["cache"].split(" (")[0].split(",")[0]: r["bytes/token"] for r in data["bytes_per_token"]}
-    assert disk["latentkv store on disk"] >= disk["latentkv latent in RAM"]
+    disk = {r["cache"]: r["bytes/token"] for r in data["bytes_per_token"]}
+    for name in ("auto", "int8"):   # the bench's cache dtype, and int8 beside it
+        assert disk[f"latentkv store on disk, {name} latent"] >= disk[f"latentkv latent in RAM, {name}"]
+    assert disk["latentkv store on disk, int8 latent"] < disk["latentkv store on disk, auto latent"]
     assert positive(data["throughput"]["tok_s_store_on"]) and positive(data["throughput"]["tok_s_store_off"])
