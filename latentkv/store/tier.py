@@ -14,6 +14,7 @@ import sys
 import torch
 
 from latentkv.cache.block_pool import NO_HASH, BlockPool
+from latentkv.facts import dtype_name
 from latentkv.store.files import StoredBlock
 from latentkv.store.fingerprint import STORE_VERSION, model_fingerprint
 from latentkv.store.store import LatentStore
@@ -106,19 +107,19 @@ class StoreTier:
                 f"(fingerprint {self.store.fingerprint[:12]})")
 
 
-def open_tier(args, model_dtype: torch.dtype, caches: list, pool: BlockPool, max_size: int) -> StoreTier | None:
+def open_tier(args, model_dtype: torch.dtype, caches: list, pool: BlockPool) -> StoreTier | None:
     """The engine's store tier for `args.kv_store`, or None (off, or unusable: one warning)."""
     if not args.kv_store:
         return None
     if not pool.enable_prefix_caching:
         warn(f"the KV store {args.kv_store} needs prefix caching, which is off; running without the store")
         return None
-    dtype = str(model_dtype).removeprefix("torch.")
+    dtype = dtype_name(model_dtype)
     fingerprint = model_fingerprint(args.model, dtype, args.kv_cache_dtype, args.block_size, args.quantization)
     describe = {"model": str(args.model), "dtype": dtype, "kv_cache_dtype": args.kv_cache_dtype,
                 "block_size": args.block_size, "quantization": args.quantization, "store_version": STORE_VERSION}
     try:
-        store = LatentStore(args.kv_store, fingerprint, max_size, describe)
+        store = LatentStore(args.kv_store, fingerprint, args.kv_store_max_size, describe)
     except OSError as err:
         warn(f"the KV store {args.kv_store} is not usable ({err}); running without it")
         return None

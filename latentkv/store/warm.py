@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from latentkv.cache.block_pool import hash_full_blocks
 from latentkv.sampling import SamplingParams
-from latentkv.server.chat import render_chat
+from latentkv.engine.chat_template import render_chat
 
 
 def read_templates(path: str | Path, tokenizer) -> list[list[int]]:

@@ -56,7 +56,7 @@ def test_store_settings_from_toml_and_flags(tmp_path):
     config.write_text('[latent_attention.store]\npath = "/tmp/s"\nmax_size = "3GiB"\nwarm = "t.jsonl"\n'
                       'warm_fraction = 0.1\n')
     s = build_settings(config, {"kv_store": "/tmp/other"})
-    assert (s.kv_store, s.kv_store_max_size, s.warm, s.warm_fraction) == ("/tmp/other", "3GiB", "t.jsonl", 0.1)
+    assert (s.kv_store, s.kv_store_max_size, s.warm, s.warm_fraction) == ("/tmp/other", 3 * 2**30, "t.jsonl", 0.1)
     config.write_text('[latent_attention.store]\nwarm_fraction = 2\n')
     with pytest.raises(SettingsError, match="warm_fraction"):
         build_settings(config)
