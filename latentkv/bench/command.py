@@ -6,11 +6,11 @@ import argparse
 
 import torch
 
-from latentkv.bench import decode, memory, prefix, throughput
+from latentkv.bench import decode, memory, prefix, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
 
-BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix}
+BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix, "store_restart": store_restart}
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,

@@ -19,9 +19,11 @@ from types import SimpleNamespace
 
 import torch
 
-from ..cache.accounting import account, gqa_bytes_per_token, latent_bytes_per_token
-from ..engine.engine import LLMEngine
-from ..store.store import SUFFIX
+from latentkv.cache.accounting import account, gqa_bytes_per_token, latent_bytes_per_token
+from latentkv.engine.engine import LLMEngine
+from latentkv.facts import dtype_name
+from latentkv.store.store import SUFFIX
+
 from .memory import source_shape
 from .prefix import ttft
 from .report import median, new_figure, print_table, save_figure, write_json
@@ -77,7 +79,7 @@ def disk_bytes(loaded: LatentKVSystem, store: Path, source: str | None) -> list[
     here from one 256-token prompt) against the latent in RAM, the original GQA cache and MHA."""
     engine = loaded.engine
     bs, cfg, cache_dtype = engine.args.block_size, engine.cfg, engine.args.kv_cache_dtype
-    dtype = str(engine.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(engine.model.dtype)
     rows = [{"cache": f"latentkv store on disk, {cache_dtype} latent", "bytes/token": store_bytes_per_token(store / "ttft", bs)},
             {"cache": f"latentkv latent in RAM, {cache_dtype}", "bytes/token": latent_bytes_per_token(cfg, cache_dtype, dtype)}]
     if cache_dtype != "int8":
