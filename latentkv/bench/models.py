@@ -17,12 +17,12 @@ def default_models(need_stock: bool) -> tuple[str, str, str | None]:
 
 def ensure_stock(native: Path) -> Path:
     """The stock export of the bundled model, cached next to its native conversion."""
-    from ..convert import convert
+    from ..convert import ConvertOptions, convert
     from ..convert.sources import default_gguf_path
 
     stock = native.with_name(native.name + "-stock")
     if not (stock / "config.json").exists():
         tmp = stock.with_name(stock.name + ".tmp")
-        convert(source=default_gguf_path(), out=tmp, stock=True)
+        convert(default_gguf_path(), tmp, ConvertOptions(stock=True))
         tmp.rename(stock)
     return stock

@@ -3,6 +3,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
+
+from latentkv.convert import sweep
+from latentkv.convert.api import convert
+from latentkv.convert.options import DTYPES, ConvertOptions
+from latentkv.convert.sources import SourceError
+
+D = ConvertOptions()  # the defaults the help shows
 
 
 def rope_dim_arg(text: str):
@@ -26,40 +34,28 @@ def register(subparsers) -> None:
     p.add_argument("--kv-rank", type=kv_rank_arg, default=None, help="latent width (mean over layers), or 'full'")
     p.add_argument("--cache-ratio", type=float, default=None, help="cache elements as a fraction of the source's (e.g. 0.5)")
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
-    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens (default 32768)")
+    p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window length")
-    p.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens to measure perplexity on (0: skip)")
-    p.add_argument("--weighting", default="attention", choices=["attention", "aware", "balanced"],
+    p.add_argument("--dtype", default=D.dtype, choices=DTYPES)
+    p.add_argument("--ctx", type=int, default=D.ctx, help="calibration / evaluation window length")
+    p.add_argument("--eval-tokens", type=int, default=None, help=f"held-out tokens to measure perplexity on (default {D.eval_tokens}; 0: skip)")
+    p.add_argument("--weighting", default=D.weighting, choices=["attention", "aware", "balanced"],
                    help="latent error weighting (default attention: errors in attention-output units)")
-    p.add_argument("--k-weight", type=float, default=5.0, help="extra weight of key against value error")
-    p.add_argument("--rank-alloc", default="uniform", choices=["uniform", "spectrum", "measured"],
+    p.add_argument("--k-weight", type=float, default=D.k_weight, help="extra weight of key against value error")
+    p.add_argument("--rank-alloc", default=D.rank_alloc, choices=["uniform", "spectrum", "measured"],
                    help="per-layer ranks under the global budget (uniform measured best)")
     p.add_argument("--sequential", action="store_true",
                    help="refit each layer's latent on the converted model's activations (2x calibration time)")
     p.set_defaults(func=run)
-    try:
-        from latentkv.convert import sweep
-    except ModuleNotFoundError as err:
-        if err.name != "latentkv.convert.sweep":
-            raise
-    else:
-        sweep.register(subparsers)
+    sweep.register(subparsers)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run a conversion; errors in the source or options are one clear line and exit 2."""
-    from latentkv.convert.api import DEFAULT_CALIB_TOKENS, DEFAULT_EVAL_TOKENS, convert
-    from latentkv.convert.sources import SourceError
-
+    given = {f.name: getattr(args, f.name) for f in fields(ConvertOptions)
+             if getattr(args, f.name, None) is not None}  # an option left out keeps its default
     try:
-        out = convert(args.source, out=args.out, rope_dim=args.rope_dim, kv_rank=args.kv_rank,
-                      cache_ratio=args.cache_ratio, calib=args.calib,
-                      calib_tokens=args.calib_tokens or DEFAULT_CALIB_TOKENS, stock=args.stock, dtype=args.dtype,
-                      ctx=args.ctx, eval_tokens=DEFAULT_EVAL_TOKENS if args.eval_tokens is None else args.eval_tokens,
-                      weighting=args.weighting, rank_alloc=args.rank_alloc, sequential=args.sequential,
-                      k_weight=args.k_weight)
+        out = convert(args.source, out=args.out, options=ConvertOptions(**given))
     except (SourceError, ValueError, FileNotFoundError) as err:
         print(f"latentkv convert: error: {err}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from latentkv.engine.outputs import PositionLogprobs
 from latentkv.engine.sampler import SamplerOutput, gather_logprobs, sample
 from latentkv.engine.scheduler import SchedulerOutput
 from latentkv.engine.sequence import Sequence
-from latentkv.model.batch import build_attention_batch
+from latentkv.attention.metadata import build_metadata
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
@@ -88,9 +88,9 @@ class ModelRunner:
         starts = [seq.num_computed_tokens for seq in seqs]
         lens = [s.num_new_tokens for s in out.scheduled]
         input_ids = [t for seq, a, n in zip(seqs, starts, lens) for t in seq.token_ids[a:a + n]]
-        batch, positions = build_attention_batch(lens, [a + n for a, n in zip(starts, lens)],
-                                                 [seq.block_table for seq in seqs], self.block_size,
-                                                 self.device, self.attention_path)
+        batch, positions = build_metadata(lens, [a + n for a, n in zip(starts, lens)],
+                                          [seq.block_table for seq in seqs], self.block_size,
+                                          self.device, self.attention_path)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions, batch, self.caches)
         rows, plp_rows = self.pick_logit_rows(out, batch.query_start.tolist())
         result = StepResult()

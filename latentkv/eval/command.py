@@ -5,6 +5,9 @@ import argparse
 import json
 import sys
 
+from latentkv.convert.sources import SourceError
+from latentkv.eval.ppl import evaluate
+
 
 def register(subparsers) -> None:
     """Add `eval` with its `ppl` subcommand."""
@@ -26,9 +29,6 @@ def register(subparsers) -> None:
 
 
 def run_ppl(args: argparse.Namespace) -> int:
-    from latentkv.convert.sources import SourceError
-    from latentkv.eval.ppl import evaluate
-
     try:
         r = evaluate(args.model, args.text, args.ctx, args.max_tokens, args.cache_dtype, args.quantization,
                      args.dtype)
