@@ -1,20 +1,11 @@
-"""The attention-backend seam: what the MLA layer asks of whoever owns the paged cache.
+"""The attention-backend seam (docs/internals.md, "Attention backends").
 
-`MLAttention` (model/mla.py) does the math in the paper's names — projections, RoPE,
-absorption of W_UK / W_UV, expansion through W_kvb — and hands the rest to a backend:
-
-    backend.forward(layer, q_nope [T,H,dn], q_rope [T,H,dr], c [T,r], k_r [T,dr], cache, meta) -> [T,H,dv]
-
-`AttentionBackend.forward` is shared: it writes this step's latents, splits mixed steps
-into groups, picks the path by cost, pads the flat batch to [B, Qmax] and back, and
-calls the two kernels a backend implements:
-
-- `latent_attention(query [B, Q*H, r+dr], cache, meta) -> o_lat [B, Q*H, r]`: MQA of
-  absorbed, pre-scaled queries over the paged latent (key `[c ; k_r]`, value `c`); causal
-  by `meta.key_mask`. This is paged MLA decode — the native kernels replace it.
-- `dense_attention(query [B,Q,H,D], key [B,L,H,D], value [B,L,H,dv], meta) -> [B,Q,H,dv]`:
-  ordinary attention on the expanded keys (the naive path; prefill from scratch).
-and `context(cache, meta) -> [B, L, r+dr]`, the cache rows the naive path expands.
+`MLAttention` (model/mla.py) does the math in the paper's names and hands the rest to
+`backend.forward(layer, q_nope, q_rope, c, k_r, cache, meta) -> [T, H, dv]`. The driver
+here is shared: write the new latents, split mixed steps into groups, pick the path by
+cost, pad the flat batch to [B, Qmax] and back. A backend gives the kernels:
+`latent_attention` (absorbed MQA over the paged latent: paged MLA decode),
+`dense_attention` (the naive path on expanded keys) and `context` (rows to expand).
 """
 from __future__ import annotations
 
@@ -68,10 +59,13 @@ class AttentionBackend:
         return out[0] if single else out[meta.query_valid]  # [T, H, dv], back in flat order
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """query [B, Q*H, r+dr] (absorbed, scaled) -> o_lat [B, Q*H, r]; causal by meta.key_mask."""
         raise NotImplementedError
 
     def dense_attention(self, query, key, value, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """query [B,Q,H,D], key [B,L,H,D], value [B,L,H,dv] -> [B,Q,H,dv]."""
         raise NotImplementedError
 
     def context(self, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """-> the cached rows [B, L, r+dr] of the batch's sequences, in the model dtype."""
         raise NotImplementedError
