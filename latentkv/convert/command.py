@@ -36,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
     p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
-    p.add_argument("--dtype", default=D.dtype, choices=DTYPES)
+    p.add_argument("--dtype", default=D.dtype, choices=list(DTYPES))
     p.add_argument("--ctx", type=int, default=D.ctx, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help=f"held-out tokens to measure perplexity on (default {D.eval_tokens}; 0: skip)")
     p.add_argument("--weighting", default=D.weighting, choices=["attention", "aware", "balanced"],

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from latentkv.convert.source_model import SourceModel
+from latentkv.model.loader import DTYPES  # the model dtypes: what a converted folder can be stored in
 
-DTYPES = ("float32", "bfloat16", "float16")
 # With no size option: the smallest cache (int8 latent bytes counted) measured within +5%
 # perplexity of the original SmolLM2 in docs/conversion.md.
 DEFAULT_ROPE_DIM = 64
