@@ -177,7 +177,5 @@ class MLAForCausalLM(nn.Module):
         cfg = self.config
         cache = LatentCache(b, s, cfg.kv_rank(i), cfg.qk_rope_head_dim, self.dtype, cache_dtype, self.device)
         meta, positions = build_metadata([s] * b, [s] * b, [[j] for j in range(b)], s, self.device, "naive")
-        attn = self.model.layers[i].self_attn
-        cos, sin = cos_sin(positions, attn.inv_freq)
-        rope = (cos * attn.rope_factor, sin * attn.rope_factor)
-        return self.model.layers[i](hidden.reshape(-1, d).to(self.dtype), rope, meta, cache).view(b, s, d)
+        cos, sin = self.model.rope_tables(positions)
+        return self.model.layers[i](hidden.reshape(-1, d).to(self.dtype), (cos[i], sin[i]), meta, cache).view(b, s, d)
