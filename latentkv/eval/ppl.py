@@ -11,6 +11,7 @@ from latentkv.convert.corpus import heldout_text
 from latentkv.convert.reference import source_logits
 from latentkv.convert.sources import read_source
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
+from latentkv.facts import MLA_MODEL_TYPES
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears
 
@@ -18,7 +19,7 @@ from latentkv.model.quant import quantize_linears
 def is_mla_folder(path: Path) -> bool:
     """Whether a path is a DeepSeek-V2/V3-layout folder (ours or DeepSeek's)."""
     cfg = path / "config.json"
-    return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in ("deepseek_v2", "deepseek_v3")
+    return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in MLA_MODEL_TYPES
 
 
 def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantization: str | None = None,

@@ -5,26 +5,16 @@ import time
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from latentkv.engine.chat_template import render_chat
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import ChatCompletionRequest
-from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, check_prompt_length, collect, follow,
+from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, collect, follow,
                                      new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
-def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
-    """The templated prompt text and its token ids (the template writes any BOS itself)."""
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model has no chat template; use /v1/completions")
-    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return text, tokenizer(text, add_special_tokens=False).input_ids
-
-
-def chat_prompt(conversation: list[dict], add_generation_prompt: bool, max_model_len: int):
-    def prepare(tokenizer):
-        text, ids = render_chat(tokenizer, conversation, add_generation_prompt)
-        check_prompt_length(ids, max_model_len)
-        return text, ids
-    return prepare
+def chat_prompt(conversation: list[dict], add_generation_prompt: bool):
+    """-> prepare(tokenizer): run in the engine thread; the engine checks the prompt's length."""
+    return lambda tokenizer: render_chat(tokenizer, conversation, add_generation_prompt)
 
 
 async def create_chat_completion(req: ChatCompletionRequest, state: ServerState):
@@ -38,7 +28,7 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
         raise bad_request(str(err)) from None
     state.check_queue(req.n)
     request_id = new_id("chatcmpl")
-    prepare = chat_prompt(conversation, req.add_generation_prompt, state.max_model_len)
+    prepare = chat_prompt(conversation, req.add_generation_prompt)
     subs = await submit_all(state, request_id, [prepare], params, "messages")
     if req.stream:
         return StreamingResponse(stream_chat(req, state, subs, request_id), media_type="text/event-stream")

@@ -7,23 +7,22 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import CompletionRequest
-from latentkv.server.serving import (DeltaTracker, ServerState, check_prompt_length, chunk_writer, collect,
-                                     completion_logprobs, follow, new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, collect, completion_logprobs, follow,
+                                     new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
-def text_prompt(prompt: str, max_model_len: int):
+# Each prompt becomes prepare(tokenizer) -> (text, ids), run in the engine thread; the
+# engine checks the prompt (empty, vocabulary, length) when it adds the request.
+def text_prompt(prompt: str):
     def prepare(tokenizer):
         if tokenizer is None:
             raise ValueError("this server has no tokenizer; send the prompt as token ids")
-        ids = tokenizer(prompt).input_ids
-        check_prompt_length(ids, max_model_len)
-        return prompt, ids
+        return prompt, tokenizer(prompt).input_ids
     return prepare
 
 
-def token_prompt(ids: list[int], max_model_len: int):
+def token_prompt(ids: list[int]):
     def prepare(tokenizer):
-        check_prompt_length(ids, max_model_len)
         text = tokenizer.decode(ids) if tokenizer is not None else None
         return text, list(ids)
     return prepare
@@ -51,8 +50,7 @@ async def create_completion(req: CompletionRequest, state: ServerState):
     except ValueError as err:
         raise bad_request(str(err)) from None
     state.check_queue(len(prompts) * req.n)
-    prepares = [text_prompt(p, state.max_model_len) if isinstance(p, str) else token_prompt(p, state.max_model_len)
-                for p in prompts]
+    prepares = [text_prompt(p) if isinstance(p, str) else token_prompt(p) for p in prompts]
     request_id = new_id("cmpl")
     subs = await submit_all(state, request_id, prepares, params, "prompt")
     if req.stream:

@@ -52,15 +52,6 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def check_prompt_length(ids: list[int], max_model_len: int) -> None:
-    """A prompt must leave room for at least one generated token."""
-    if not ids:
-        raise ValueError("the prompt is empty")
-    if len(ids) >= max_model_len:
-        raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {max_model_len}, "
-                         "so it leaves no room for output")
-
-
 async def submit_all(state: ServerState, base_id: str, prepares: list, params, param: str) -> list[Submission]:
     """Submit one engine request per prompt; if one is refused, abort those already taken."""
     subs: list[Submission] = []
