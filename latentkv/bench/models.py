@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from latentkv.convert.api import convert
+from latentkv.convert.options import ConvertOptions
 from latentkv.convert.sources import default_gguf_path
 from latentkv.resolve import resolve_model
 
@@ -21,6 +22,6 @@ def ensure_stock(native: Path) -> Path:
     stock = native.with_name(native.name + "-stock")
     if not (stock / "config.json").exists():
         tmp = stock.with_name(stock.name + ".tmp")
-        convert(source=default_gguf_path(), out=tmp, stock=True)
+        convert(default_gguf_path(), tmp, ConvertOptions(stock=True))
         tmp.rename(stock)
     return stock

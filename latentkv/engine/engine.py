@@ -23,7 +23,6 @@ from latentkv.engine.outputs import CompletionOutput, RequestOutput
 from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler
 from latentkv.engine.sequence import Sequence
-from latentkv.model.fuse import fuse_for_inference
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears
 from latentkv.sampling import SamplingParams
@@ -88,7 +87,6 @@ class LLMEngine:
         if args.quantization == "int4" and device != "cpu":
             raise ValueError(f"quantization 'int4' uses ATen's CPU kernel; device must be 'cpu', got {device!r}")
         model = load_model(args.model, args.dtype, device)
-        fuse_for_inference(model)
         if args.quantization:
             quantize_linears(model, args.quantization)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from latentkv.config import ConfigError
-from latentkv.model.loader import CheckpointError, load_model
+from latentkv.model.loader import CheckpointError, checkpoint_tensors, load_model
 
 
 def copy_folder(src, dst):
@@ -84,3 +84,21 @@ def test_sharded_checkpoint_and_bfloat16(tiny_checkpoints, tmp_path):
 def test_float16_on_cpu_is_refused(tiny_checkpoints):
     with pytest.raises(ValueError, match="float16 is only supported on CUDA"):
         load_model(tiny_checkpoints("v2_dense")[0], dtype="float16")
+
+
+def test_load_then_export_round_trips_every_tensor(tiny_name, tiny_checkpoints):
+    """The packed projections (q(_a) + kv_a, gate + up) are cut back into the checkpoint's
+    own tensors: same names, same shapes, same bits."""
+    folder, _ = tiny_checkpoints(tiny_name)
+    stored = load_file(folder / "model.safetensors")
+    exported = checkpoint_tensors(load_model(folder))
+    assert sorted(exported) == sorted(stored)
+    assert all(torch.equal(exported[name], stored[name]) for name in stored), tiny_name
+
+
+def test_packed_projections_are_built_at_construction(tiny_checkpoints):
+    model = load_model(tiny_checkpoints("v3_moe_sigmoid")[0])
+    attn, expert = model.model.layers[1].self_attn, model.model.layers[1].mlp.experts[0]
+    assert [part for part, _, _ in attn.qkv_a_proj.parts] == ["q_a_proj", "kv_a_proj_with_mqa"]
+    assert [part for part, _, _ in expert.gate_up_proj.parts] == ["gate_proj", "up_proj"]
+    assert not hasattr(attn, "kv_a_proj_with_mqa") and not hasattr(expert, "gate_proj")
