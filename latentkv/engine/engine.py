@@ -4,10 +4,16 @@ add_request -> Sequence(s) in the scheduler's waiting queue; step() = schedule, 
 the model, sample, then per sampled token: append, detokenize, check stop conditions,
 free finished sequences; it returns a cumulative `RequestOutput` for every request
 that produced a token (or finished) in this step.
+
+A failure inside a step fails only the sequences it belongs to (see engine/isolation.py):
+when the batched model run raises, the step is rerun one sequence at a time, the ones
+that still fail finish with finish_reason "error" (their blocks freed and scrubbed), and
+the others carry on as if nothing happened. That holds for bugs nobody has found yet.
 """
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +22,7 @@ import torch
 
 from latentkv.cache.block_pool import BlockPool
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
+from latentkv.engine.isolation import describe_failure, run_isolated
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.outputs import CompletionOutput, RequestOutput
 from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
@@ -99,6 +106,12 @@ class LLMEngine:
             max_useful_blocks=args.max_num_seqs * -(-max_model_len // args.block_size))
         report_capacity(num_blocks, args.block_size, per_block, args.kv_cache_dtype)
         self.capacity_tokens = num_blocks * args.block_size
+        if self.capacity_tokens < max_model_len:
+            # else a long request is cut short by the cache, not by a limit anyone was told about
+            print(f"latentkv: warning: the KV cache holds {self.capacity_tokens} tokens, fewer than max_model_len "
+                  f"{max_model_len}; max_model_len is capped to {self.capacity_tokens} (raise kv_cache_memory "
+                  "for longer sequences)", file=sys.stderr)
+            max_model_len = self.capacity_tokens
         self.bytes_per_block = per_block
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks, args.block_size, args.enable_prefix_caching)
@@ -155,10 +168,8 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.cfg.vocab_size})")
         if len(ids) > self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
-        if len(ids) > self.capacity_tokens:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than the whole KV cache holds "
-                             f"({self.capacity_tokens} tokens); raise kv_cache_memory")
+            capped = " (the whole KV cache; raise kv_cache_memory)" if self.max_model_len == self.capacity_tokens else ""
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}{capped}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
 
@@ -185,23 +196,45 @@ class LLMEngine:
             if self.scheduler.has_unfinished():  # would loop forever: a bug, say so
                 raise RuntimeError(f"scheduler made no progress: {self.stats()}")
             return []
-        result = self.runner.run(out)
-        self.scheduler.mark_computed(out)
+        result, failed = run_isolated(self.runner, out)
+        done = [s for s in out.scheduled if id(s.seq) not in failed]
+        self.scheduler.mark_computed(type(out)(scheduled=done))
         touched: dict[str, None] = {}
         for s in out.scheduled:
             seq = s.seq
-            if id(seq) in result.prompt_logprobs:
-                seq.prompt_logprobs.extend(self.decorate(result.prompt_logprobs[id(seq)]))
-            if id(seq) not in result.samples:
+            if id(seq) in failed:
+                touched[seq.request_id] = None
+                self.fail(seq, failed[id(seq)])
                 continue
-            touched[seq.request_id] = None
-            if id(seq) in result.nonfinite:
-                self.finish(seq, "error", error="NaN or Inf in the logits")
-                continue
-            token, logprobs, chosen = result.samples[id(seq)]
-            self.append_token(seq, token, logprobs, chosen)
+            try:
+                if self.process(seq, result):
+                    touched[seq.request_id] = None
+            except Exception as err:  # noqa: BLE001 - a bug in one sequence's bookkeeping fails it alone
+                touched[seq.request_id] = None
+                self.fail(seq, describe_failure(err))
         return [self.make_output(self.requests.pop(rid) if self.is_done(rid) else self.requests[rid])
                 for rid in touched if rid in self.requests]
+
+    def process(self, seq: Sequence, result) -> bool:
+        """Take one sequence's share of the step's result; True when it produced a token or finished."""
+        if id(seq) in result.prompt_logprobs:
+            seq.prompt_logprobs.extend(self.decorate(result.prompt_logprobs[id(seq)]))
+        if id(seq) not in result.samples:
+            return False
+        if id(seq) in result.nonfinite:
+            self.finish(seq, "error", error="NaN or Inf in the logits")
+            return True
+        token, logprobs, chosen = result.samples[id(seq)]
+        self.append_token(seq, token, logprobs, chosen)
+        return True
+
+    def fail(self, seq: Sequence, error: str) -> None:
+        """Finish one sequence with finish_reason "error" and free (and scrub) its blocks —
+        also when its failure came half-way through `finish` (every step here is idempotent)."""
+        blocks = list(seq.block_table)
+        seq.finish("error", None, error)
+        self.scheduler.finish(seq)
+        self.scrub(blocks)
 
     def append_token(self, seq: Sequence, token: int, logprobs, chosen: float | None) -> None:
         seq.append_token(token)
@@ -223,7 +256,7 @@ class LLMEngine:
                 return self.finish(seq, "stop", stop_reason=seq.stop_reason, flush=False)
         if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
             return self.finish(seq, "length")
-        if len(seq) >= min(self.max_model_len, self.capacity_tokens):
+        if len(seq) >= self.max_model_len:   # (max_model_len <= the cache's capacity, see __init__)
             return self.finish(seq, "length")
 
     def finish(self, seq: Sequence, reason: str, stop_reason=None, error: str | None = None, flush: bool = True) -> None:

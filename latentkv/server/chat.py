@@ -6,17 +6,10 @@ import time
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from latentkv.server.errors import bad_request
-from latentkv.server.protocol import ChatCompletionRequest
+from latentkv.server.protocol import ChatCompletionRequest, sampling_param_named
 from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, check_prompt_length, collect, follow,
                                      new_id, raise_if_failed, sse, sse_error, submit_all, usage)
-
-
-def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
-    """The templated prompt text and its token ids (the template writes any BOS itself)."""
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model has no chat template; use /v1/completions")
-    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return text, tokenizer(text, add_special_tokens=False).input_ids
+from latentkv.server.template import render_chat
 
 
 def chat_prompt(conversation: list[dict], add_generation_prompt: bool, max_model_len: int):
@@ -31,11 +24,11 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
     state.check_model(req.model)
     conversation = req.conversation()
     if not any(m["content"] for m in conversation):
-        raise bad_request("the messages are empty", param="messages")
+        raise bad_request("the messages are empty", param="messages", code="invalid_prompt")
     try:
         params = req.sampling_params(req.token_limit(), req.num_logprobs())
     except ValueError as err:
-        raise bad_request(str(err)) from None
+        raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(req.n)
     request_id = new_id("chatcmpl")
     prepare = chat_prompt(conversation, req.add_generation_prompt, state.max_model_len)

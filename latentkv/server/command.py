@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from latentkv.server.guard import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES, resolve_api_key
 from latentkv.settings import SettingsError, add_engine_arguments, settings_from_args
 
 SERVER_FLAGS = ("host", "port", "api_key", "served_model_name", "max_waiting_requests")
@@ -15,7 +16,13 @@ def register(subparsers) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on every route but /health (visible in `ps`: "
+                             f"prefer --api-key-file or ${API_KEY_ENV})")
+    parser.add_argument("--api-key-file", default=None, metavar="FILE", help="read the API key from FILE")
+    parser.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help=f"refuse larger request bodies with 413 (default {DEFAULT_MAX_REQUEST_BYTES})")
     parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: the model's)")
     parser.add_argument("--max-waiting-requests", type=int, default=None,
                         help="answer 503 + Retry-After when more sequences than this would wait (default 256)")
@@ -25,8 +32,12 @@ def register(subparsers) -> None:
 def run_serve(args) -> int:
     try:
         settings = settings_from_args(args, SERVER_FLAGS)
-    except SettingsError as err:
+        api_key = resolve_api_key(settings.api_key, args.api_key_file)
+    except (SettingsError, ValueError) as err:
         print(f"latentkv serve: {err}", file=sys.stderr)
+        return 2
+    if args.max_request_bytes < 1:
+        print("latentkv serve: --max-request-bytes must be positive", file=sys.stderr)
         return 2
     import uvicorn
 
@@ -39,8 +50,9 @@ def run_serve(args) -> int:
         print(f"latentkv serve: {err}", file=sys.stderr)
         return 2
     name = settings.served_model_name or resolved.name
-    state = build_state(engine, name, settings.max_waiting_requests, settings.api_key)
+    state = build_state(engine, name, settings.max_waiting_requests, api_key, args.max_request_bytes,
+                        args.metrics_public)
     log(f"latentkv: serving {name!r} on http://{settings.host}:{settings.port}/v1"
-        + (" (API key required)" if settings.api_key else ""))
+        + (" (API key required)" if api_key else ""))
     uvicorn.run(build_app(state), host=settings.host, port=settings.port, log_level="warning")
     return 0

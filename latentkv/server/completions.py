@@ -5,25 +5,27 @@ import time
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from latentkv.server.errors import bad_request
-from latentkv.server.protocol import CompletionRequest
-from latentkv.server.serving import (DeltaTracker, ServerState, check_prompt_length, chunk_writer, collect,
-                                     completion_logprobs, follow, new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+from latentkv.server.protocol import CompletionRequest, sampling_param_named
+from latentkv.server.errors import PromptError, bad_request
+from latentkv.server.serving import (DeltaTracker, ServerState, check_prompt_length, check_token_ids, chunk_writer,
+                                     collect, completion_logprobs, follow, new_id, raise_if_failed, sse, sse_error,
+                                     submit_all, usage)
 
 
 def text_prompt(prompt: str, max_model_len: int):
     def prepare(tokenizer):
         if tokenizer is None:
-            raise ValueError("this server has no tokenizer; send the prompt as token ids")
+            raise PromptError("this server has no tokenizer; send the prompt as token ids")
         ids = tokenizer(prompt).input_ids
         check_prompt_length(ids, max_model_len)
         return prompt, ids
     return prepare
 
 
-def token_prompt(ids: list[int], max_model_len: int):
+def token_prompt(ids: list[int], max_model_len: int, vocab_size: int | None):
     def prepare(tokenizer):
         check_prompt_length(ids, max_model_len)
+        check_token_ids(ids, vocab_size)   # before decoding: an id past the vocabulary must not reach the tokenizer
         text = tokenizer.decode(ids) if tokenizer is not None else None
         return text, list(ids)
     return prepare
@@ -32,14 +34,14 @@ def token_prompt(ids: list[int], max_model_len: int):
 def check_request(req: CompletionRequest) -> list:
     prompts = req.prompts()
     if not prompts:
-        raise bad_request("the prompt is empty", param="prompt")
+        raise bad_request("the prompt is empty", param="prompt", code="invalid_prompt")
     for p in prompts:
         if (isinstance(p, str) and not p) or (isinstance(p, list) and not p):
-            raise bad_request("the prompt is empty", param="prompt")
+            raise bad_request("the prompt is empty", param="prompt", code="invalid_prompt")
     if req.echo and req.logprobs is not None:
-        raise bad_request("echo together with logprobs is not supported", param="echo")
+        raise bad_request("echo together with logprobs is not supported", param="echo", code="unsupported_parameter")
     if req.suffix:
-        raise bad_request("suffix is not supported", param="suffix")
+        raise bad_request("suffix is not supported", param="suffix", code="unsupported_parameter")
     return prompts
 
 
@@ -49,10 +51,10 @@ async def create_completion(req: CompletionRequest, state: ServerState):
     try:
         params = req.sampling_params(req.max_tokens, req.logprobs)
     except ValueError as err:
-        raise bad_request(str(err)) from None
+        raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(len(prompts) * req.n)
-    prepares = [text_prompt(p, state.max_model_len) if isinstance(p, str) else token_prompt(p, state.max_model_len)
-                for p in prompts]
+    prepares = [text_prompt(p, state.max_model_len) if isinstance(p, str)
+                else token_prompt(p, state.max_model_len, state.vocab_size) for p in prompts]
     request_id = new_id("cmpl")
     subs = await submit_all(state, request_id, prepares, params, "prompt")
     if req.stream:

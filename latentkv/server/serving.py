@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from latentkv.server.async_engine import AsyncEngine, EngineDeadError, EngineStepError, Submission
-from latentkv.server.errors import ApiError, bad_request, error_body
+from latentkv.server.errors import ApiError, PromptError, bad_request, internal_error_body
+from latentkv.server.guard import DEFAULT_MAX_REQUEST_BYTES
 from latentkv.server.metrics import ServerMetrics
 
 
@@ -24,6 +25,9 @@ class ServerState:
     max_num_seqs: int
     max_waiting_requests: int
     api_key: str | None = None
+    vocab_size: int | None = None           # token ids of prompts must be below it
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    metrics_public: bool = False            # /metrics without the key
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, model: str | None) -> None:
@@ -43,9 +47,9 @@ class ServerState:
         try:
             return await self.engine.add(request_id, prepare, params)
         except EngineDeadError as err:
-            raise ApiError(500, str(err)) from None
-        except ValueError as err:
-            raise bad_request(str(err), param=param) from None
+            raise ApiError(503, str(err), code="engine_unavailable") from None
+        except ValueError as err:   # a PromptError from preparing it, or the engine's own check
+            raise bad_request(str(err), param=param, code=getattr(err, "code", "invalid_prompt")) from None
 
 
 def new_id(prefix: str) -> str:
@@ -55,10 +59,20 @@ def new_id(prefix: str) -> str:
 def check_prompt_length(ids: list[int], max_model_len: int) -> None:
     """A prompt must leave room for at least one generated token."""
     if not ids:
-        raise ValueError("the prompt is empty")
+        raise PromptError("the prompt is empty")
     if len(ids) >= max_model_len:
-        raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {max_model_len}, "
-                         "so it leaves no room for output")
+        raise PromptError(f"the prompt has {len(ids)} tokens; max_model_len is {max_model_len}, "
+                          "so it leaves no room for output", code="context_length_exceeded")
+
+
+def check_token_ids(ids: list[int], vocab_size: int | None) -> None:
+    """Token ids given by the client must be in the vocabulary (checked before anything decodes them)."""
+    if vocab_size is None:
+        return
+    for t in ids:
+        if not 0 <= t < vocab_size:
+            raise PromptError(f"prompt token id {t} is outside the vocabulary (0 <= id < {vocab_size})",
+                              code="invalid_token_id")
 
 
 async def submit_all(state: ServerState, base_id: str, prepares: list, params, param: str) -> list[Submission]:
@@ -99,7 +113,9 @@ async def follow(state: ServerState, subs: list[Submission]):
                 remaining -= 1
                 continue
             if isinstance(item, BaseException):
-                raise ApiError(500, str(item)) if isinstance(item, (EngineDeadError, EngineStepError)) else item
+                if isinstance(item, EngineDeadError):
+                    raise ApiError(503, str(item), code="engine_unavailable")
+                raise ApiError(500, str(item), code="generation_error") if isinstance(item, EngineStepError) else item
             now = time.perf_counter()
             if any(c.token_ids for c in item.outputs):
                 if i in last:
@@ -230,4 +246,4 @@ def sse(payload: dict | str) -> str:
 def sse_error(err: Exception) -> str:
     if isinstance(err, ApiError):
         return sse(err.body() | {"status": err.status})
-    return sse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error") | {"status": 500})
+    return sse(internal_error_body(err) | {"status": 500})
