@@ -72,16 +72,31 @@ class EngineArgs:
                              f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+
+
 def load_tokenizer(path: str):
+    """AutoTokenizer from a folder; a broken tokenizer file is a ValueError naming the folder's files."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 - tokenizers/transformers raise many kinds (even plain Exception)
+        present = [f for f in TOKENIZER_FILES if (Path(path) / f).exists()]
+        where = ", ".join(str(Path(path) / f) for f in present) or str(path)
+        raise ValueError(f"cannot load the tokenizer from {where}: {type(err).__name__}: {err}") from None
 
 
 def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
     """EOS ids from generation_config.json, else config.json, else the tokenizer."""
     gen = folder / "generation_config.json"
     if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except (ValueError, AttributeError) as err:
+            raise ValueError(f"{gen}: not a JSON object ({type(err).__name__}: {err})") from None
+        if isinstance(eos, bool) or not (eos is None or isinstance(eos, int)
+                                         or (isinstance(eos, list) and all(type(t) is int for t in eos))):
+            raise ValueError(f"{gen}: eos_token_id must be an integer or a list of integers, got {eos!r}")
         if eos is not None:
             return list(eos) if isinstance(eos, list) else [eos]
     if cfg.eos_token_ids:
