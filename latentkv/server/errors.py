@@ -63,7 +63,9 @@ def describe_validation(err: RequestValidationError) -> tuple[str, str | None, s
     errors = err.errors()
     if not errors:
         return "invalid request", None, "invalid_value"
-    first = errors[0]
+    # a union reports one error per member; a bound broken inside the member that fits the
+    # value's type ("le" in list[int]) says more than "not a string" from the others
+    first = min(errors, key=lambda e: (str(e.get("type", "")).endswith("_type"), -len(e.get("loc", ()))))
     kind = str(first.get("type"))
     if kind == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None, "invalid_json"

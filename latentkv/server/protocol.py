@@ -29,8 +29,13 @@ def integral(value):
     return value
 
 
-Int = Annotated[int, BeforeValidator(integral)]
-TokenId = Annotated[Int, Field(ge=0, le=MAX_INT)]
+def Int(**bounds):
+    """An integer field with bounds (ge/le/...); the bounds sit beside the int so the JSON
+    Schema gets minimum/maximum, and the before-validator turns 7.0 into 7."""
+    return Annotated[int, Field(**bounds), BeforeValidator(integral)]
+
+
+TokenId = Int(ge=0, le=MAX_INT)
 TokenIds = list[TokenId]
 STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
@@ -52,20 +57,20 @@ class SamplingFields(BaseModel):
     model_config = STRICT
 
     model: str | None = None
-    n: Annotated[Int, Field(ge=1, le=MAX_N)] = 1
+    n: Int(ge=1, le=MAX_N) = 1
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[Int, Field(ge=-1, le=MAX_INT)] | None = None
+    top_k: Int(ge=-1, le=MAX_INT) | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=1e4)] | None = None
-    seed: Annotated[Int, Field(ge=-(2**63), lt=2**63 - MAX_N)] | None = None
+    seed: Int(ge=-(2**63), lt=2**63 - MAX_N) | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    min_tokens: Annotated[Int, Field(ge=0, le=MAX_INT)] = 0
+    min_tokens: Int(ge=0, le=MAX_INT) = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
 
@@ -97,8 +102,8 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, TokenIds, Annotated[list[Union[str, TokenIds]], Field(max_length=MAX_PROMPTS)]]
-    max_tokens: Annotated[Int, Field(ge=1, le=MAX_INT)] | None = 16
-    logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    max_tokens: Int(ge=1, le=MAX_INT) | None = 16
+    logprobs: Int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -132,10 +137,10 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[Int, Field(ge=1, le=MAX_INT)] | None = None
-    max_completion_tokens: Annotated[Int, Field(ge=1, le=MAX_INT)] | None = None
+    max_tokens: Int(ge=1, le=MAX_INT) | None = None
+    max_completion_tokens: Int(ge=1, le=MAX_INT) | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_logprobs: Int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     add_generation_prompt: bool = True
 
     def conversation(self) -> list[dict]:
