@@ -15,6 +15,35 @@ ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 WHY = {400: "invalid request (OpenAI error format, with param and code)", 401: "missing or wrong API key",
        404: "unknown model", 413: "request body over --max-request-bytes", 500: "the request failed in the engine",
        503: "busy (Retry-After) or the engine stopped"}
+USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+         "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+NULLABLE_OBJECT = {"type": ["object", "null"]}
+FINISH = {"enum": ["stop", "length"]}
+STOP_REASON = {"type": ["integer", "string", "null"]}
+
+
+def response_schema(object_name: str, choice: dict) -> dict:
+    """A non-streamed completion or chat completion."""
+    return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
+        "id": {"type": "string"}, "object": {"const": object_name}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": USAGE,
+        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "finish_reason", *choice],
+                                               "properties": {"index": {"type": "integer", "minimum": 0},
+                                                              "logprobs": NULLABLE_OBJECT, "finish_reason": FINISH,
+                                                              "stop_reason": STOP_REASON, **choice}}}}}
+
+
+SUCCESS = {
+    "/v1/completions": response_schema("text_completion", {"text": {"type": "string"}}),
+    "/v1/chat/completions": response_schema("chat.completion", {"message": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}}}),
+    "/v1/models": {"type": "object", "required": ["object", "data"], "properties": {
+        "object": {"const": "list"}, "data": {"type": "array", "items": {
+            "type": "object", "required": ["id", "object", "created", "owned_by", "max_model_len"],
+            "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                           "owned_by": {"type": "string"}, "max_model_len": {"type": "integer", "minimum": 1}}}}}},
+}
 HEALTH_SCHEMA = {"type": "object", "required": ["status"],
                  "properties": {"status": {"type": "string"}, "detail": {"type": ["string", "null"]}}}
 
@@ -40,6 +69,8 @@ def openapi_document(app: FastAPI, api_key_required: bool) -> dict:
                 statuses += [400, 404, 413, 503]
             for status in statuses:
                 responses[str(status)] = error_response(status)
+            if path in SUCCESS:
+                responses["200"]["content"]["application/json"]["schema"] = SUCCESS[path]
             if op.get("requestBody"):   # the body is JSON, or server-sent events when "stream": true
                 responses["200"]["content"]["text/event-stream"] = {"schema": {"type": "string"}}
     doc["paths"]["/metrics"]["get"]["responses"]["200"] = {
