@@ -26,7 +26,7 @@ from latentkv.engine.isolation import describe_failure, run_isolated
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.outputs import CompletionOutput, RequestOutput
 from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
-from latentkv.engine.scheduler import Scheduler
+from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
 from latentkv.model.fuse import fuse_for_inference
 from latentkv.model.quant import QUANTIZATIONS, quantize_linears
@@ -213,7 +213,7 @@ class LLMEngine:
             return []
         result, failed = run_isolated(self.runner, out)
         done = [s for s in out.scheduled if id(s.seq) not in failed]
-        self.scheduler.mark_computed(type(out)(scheduled=done))
+        self.scheduler.mark_computed(SchedulerOutput(scheduled=done))
         touched: dict[str, None] = {}
         for s in out.scheduled:
             seq = s.seq

@@ -53,9 +53,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
 def validation_code(error_type: str) -> str:
     if error_type in VALIDATION_CODES:
         return VALIDATION_CODES[error_type]
-    if error_type.endswith("_type") or error_type in ("union_tag_invalid", "literal_error"):
-        return "invalid_type" if error_type != "literal_error" else "invalid_value"
-    return "invalid_value"
+    return "invalid_type" if error_type.endswith("_type") or error_type == "union_tag_invalid" else "invalid_value"
 
 
 def describe_validation(err: RequestValidationError) -> tuple[str, str | None, str]:

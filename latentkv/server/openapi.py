@@ -44,6 +44,8 @@ SUCCESS = {
             "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
                            "owned_by": {"type": "string"}, "max_model_len": {"type": "integer", "minimum": 1}}}}}},
 }
+# one server-sent event: `data:` holds a JSON chunk, or "[DONE]" last
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 HEALTH_SCHEMA = {"type": "object", "required": ["status"],
                  "properties": {"status": {"type": "string"}, "detail": {"type": ["string", "null"]}}}
 
@@ -72,7 +74,7 @@ def openapi_document(app: FastAPI, api_key_required: bool) -> dict:
             if path in SUCCESS:
                 responses["200"]["content"]["application/json"]["schema"] = SUCCESS[path]
             if op.get("requestBody"):   # the body is JSON, or server-sent events when "stream": true
-                responses["200"]["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+                responses["200"]["content"]["text/event-stream"] = {"schema": SSE_EVENT}
     doc["paths"]["/metrics"]["get"]["responses"]["200"] = {
         "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
     doc["paths"]["/health"]["get"]["responses"] = {

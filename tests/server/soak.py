@@ -148,6 +148,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=120)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1, help="repeat (a new seed each time): RSS should level off")
     p.add_argument("--model", help="a latentkv/DeepSeek folder (default: a tiny random model)")
     p.add_argument("--kv-cache-memory", default="96KiB", help="small, so preemptions happen")
     args = p.parse_args()
@@ -158,7 +159,9 @@ def main() -> int:
     server = start_server(folder, max_num_seqs=8, max_model_len=128, kv_cache_memory=args.kv_cache_memory,
                           max_request_bytes=65536)
     try:
-        print(json.dumps(soak(server, args.requests, args.concurrency, args.seed), indent=2, ensure_ascii=False))
+        for i in range(args.rounds):
+            figures = soak(server, args.requests, args.concurrency, args.seed + i)
+            print(json.dumps({"round": i + 1, **figures}, indent=2, ensure_ascii=False), flush=True)
     finally:
         server.stop()
     return 0

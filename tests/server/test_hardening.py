@@ -94,6 +94,7 @@ def test_openapi_document_matches_the_server(server):
         assert {"200", "400", "404", "413", "500", "503"} <= set(responses)
         assert responses["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
         assert "text/event-stream" in responses["200"]["content"]
+        assert "choices" in responses["200"]["content"]["application/json"]["schema"]["required"]
     assert list(ops[("/metrics", "get")]["responses"]["200"]["content"]) == ["text/plain"]
     assert "securitySchemes" not in doc["components"]   # no key on this server
     schema = doc["components"]["schemas"]["CompletionRequest"]["properties"]["max_tokens"]
