@@ -2,32 +2,22 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# (module, attribute) pairs; each `register(subparsers)` adds its subcommands and
-# sets `func` on its parser. Modules are imported lazily so a broken optional
-# piece cannot take the whole CLI down.
-COMMAND_MODULES = [
-    "latentkv.commands.generate",
-    "latentkv.convert.command",
-    "latentkv.eval.command",
-    "latentkv.heal.command",
-    "latentkv.bench.command",
-    "latentkv.server.command",
-]
+from latentkv.bench import command as bench_command
+from latentkv.commands import generate, serve
+from latentkv.convert import command as convert_command
+from latentkv.eval import command as eval_command
+from latentkv.heal import command as heal_command
+
+# Each module's `register(subparsers)` adds its subcommands and sets `func` on their parsers.
+COMMAND_MODULES = [generate, convert_command, eval_command, heal_command, bench_command, serve]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="latentkv", description="Multi-head Latent Attention inference, conversion and measurement.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as err:
-            # One broken piece (say, the converter) must not take `serve` down with it.
-            print(f"latentkv: warning: {name} is unavailable ({err}); its commands are missing", file=sys.stderr)
-            continue
+    for module in COMMAND_MODULES:
         module.register(subparsers)
     return parser
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+from latentkv.facts import MLA_MODEL_TYPES
 
 
 class ConfigError(ValueError):
@@ -96,9 +96,9 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
         model_type = raw.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type not in MLA_MODEL_TYPES:
             raise ConfigError(
-                f"config.json: model_type {model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES} "
+                f"config.json: model_type {model_type!r} is not supported; expected one of {MLA_MODEL_TYPES} "
                 "(convert Llama-family models with `latentkv convert`)"
             )
         is_v3 = model_type == "deepseek_v3"

@@ -4,7 +4,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import fields
 
-from latentkv.engine.engine import EngineArgs, LLMEngine
+from tqdm.auto import tqdm
+
+from latentkv.engine.args import EngineArgs
+from latentkv.engine.chat_template import render_chat
+from latentkv.engine.engine import LLMEngine
 from latentkv.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from latentkv.sampling import SamplingParams
 
@@ -24,11 +28,16 @@ class LLM:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise TypeError(f"LLM() got unknown option(s) {unknown}; known: {sorted(known - {'model'})}")
-        self.engine = LLMEngine.from_args(EngineArgs(model=str(model), **kwargs))
+        self.llm_engine = LLMEngine.from_args(EngineArgs(model=str(model), **kwargs))
         self.request_counter = itertools.count()
 
+    @property
+    def engine(self) -> LLMEngine:
+        """`llm_engine` (vLLM's name) under a shorter one."""
+        return self.llm_engine
+
     def get_tokenizer(self):
-        return self.engine.tokenizer
+        return self.llm_engine.tokenizer
 
     def generate(self, prompts: PromptType | list[PromptType], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -47,7 +56,7 @@ class LLM:
             rid = str(next(self.request_counter))
             text, ids = split_prompt(prompt)
             try:
-                self.engine.add_request(rid, text if ids is None else text, p, prompt_token_ids=ids)
+                self.llm_engine.add_request(rid, text, p, prompt_token_ids=ids)
                 order[rid] = i
             except ValueError as err:
                 results[i] = rejected_output(rid, text, ids, p, str(err))
@@ -57,11 +66,10 @@ class LLM:
     def run_engine(self, order: dict[str, int], results: list, use_tqdm: bool) -> None:
         bar = None
         if use_tqdm and order:
-            from tqdm.auto import tqdm
             bar = tqdm(total=len(order), desc="generating", unit="req")
         try:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
+            while self.llm_engine.has_unfinished_requests():
+                for out in self.llm_engine.step():
                     if out.finished and out.request_id in order:
                         results[order[out.request_id]] = out
                         if bar:
@@ -74,16 +82,10 @@ class LLM:
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} messages) or a
         list of them, formatted by the tokenizer's chat template."""
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None:
-            raise ValueError("chat() needs a tokenizer (skip_tokenizer_init=True was given)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 chat_template=chat_template)
-            # the template already writes any BOS; do not add special tokens twice
-            ids = tokenizer(text, add_special_tokens=False).input_ids
+            text, ids = render_chat(self.llm_engine.tokenizer, conversation, add_generation_prompt, chat_template)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 

@@ -17,10 +17,15 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-LLAMA_MODEL_TYPES = ("llama", "qwen2", "mistral")
+import gguf
+
+from latentkv.convert.api import convert
+from latentkv.convert.sources import default_gguf_path
+from latentkv.facts import MLA_MODEL_TYPES, SOURCE_MODEL_TYPES
+
 CACHE_FORMAT = 1  # bump when the cache layout or provenance file changes
 
 
@@ -59,7 +64,6 @@ def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> Resolv
     """Find or build the MLA folder for MODEL (see the module docstring)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if model is None:
-        from latentkv.convert.sources import default_gguf_path
         resolved = convert_cached(default_gguf_path(), convert_fn, log, name="SmolLM2-135M-Instruct")
         resolved.bundled = True
         return resolved
@@ -84,10 +88,10 @@ def classify(path: Path) -> str:
     model_type = json.loads(config.read_text()).get("model_type")
     if model_type in MLA_MODEL_TYPES:
         return "mla"
-    if model_type in LLAMA_MODEL_TYPES:
+    if model_type in SOURCE_MODEL_TYPES:
         return "llama"
     raise ResolveError(f"{path}: model_type {model_type!r} is neither MLA {MLA_MODEL_TYPES} "
-                       f"nor a Llama-family source we convert {LLAMA_MODEL_TYPES}")
+                       f"nor a Llama-family source we convert {SOURCE_MODEL_TYPES}")
 
 
 # -- the conversion cache --------------------------------------------------------------
@@ -125,7 +129,6 @@ def convert_cached(source: Path, convert_fn, log, name: str | None = None) -> Re
 
 
 def default_convert(source: Path, out: Path) -> Path:
-    from latentkv.convert import convert
     return convert(source=source, out=out)
 
 
@@ -140,7 +143,7 @@ def cache_key(source: Path, convert_fn) -> str:
 def converter_defaults(convert_fn) -> dict:
     """What "default settings" means for the conversion function: its keyword defaults
     and its module's DEFAULT_* constants (defaults resolved inside the function)."""
-    fn = default_convert_target() if convert_fn is default_convert else convert_fn
+    fn = convert if convert_fn is default_convert else convert_fn  # its signature holds the defaults
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -156,23 +159,10 @@ def converter_defaults(convert_fn) -> dict:
 
 def package_version() -> str:
     """latentkv's version: a new release converts again (a cleared cache dir does too)."""
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version("latentkv")
     except PackageNotFoundError:
         return "unknown"
-
-
-def default_convert_target():
-    """The function `default_convert` ends up in (its signature holds the defaults)."""
-    try:
-        from latentkv.convert.api import convert
-    except ImportError:
-        try:
-            from latentkv.convert import convert
-        except ImportError:
-            return default_convert
-    return convert
 
 
 def source_files(source: Path) -> list[Path]:
@@ -231,8 +221,6 @@ def source_geometry(source: Path) -> SourceGeometry | None:
 
 
 def gguf_geometry(path: Path) -> SourceGeometry:
-    import gguf
-
     reader = gguf.GGUFReader(str(path))
 
     def field(key):

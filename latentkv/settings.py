@@ -1,190 +1,144 @@
-"""Engine, cache and server settings for `serve` / `chat` / `generate`: defaults, a TOML
-config file (`--config FILE`) and command-line flags, in that order of precedence.
+"""Settings of `serve` / `chat` / `generate`: defaults, then a TOML file (`--config FILE`),
+then command-line flags. Each option has one name everywhere: the `EngineArgs` field, the
+TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-dtype int8`).
 
-The file's names follow the seed's config template where they fit:
-
-    model = "path/to/model"          # optional; the MODEL argument overrides it
-
-    [latent_attention]
-    chunk_size = 16                  # tokens per cache block (block_size)
-    prefix_caching = true
-
-    [latent_attention.memory]
-    pool_size = "2GiB"               # the latent cache: bytes ("512MiB", 1073741824) or,
-                                     # as an int below 2**20, a number of chunks (blocks)
-
-    [precision]
-    compute = "auto"                 # model dtype: auto | float32 | bfloat16 | float16
-    cache = "int8"                   # latent cache: auto | int8 | fp8_e4m3 (default: int8
-                                     # for the bundled model, whose compression assumes it; else auto)
-    weights = "none"                 # weight-only quantization: none | int8 | int4 (int4: CPU)
-
-    [scheduler]
+    model = "path/to/model"          # the MODEL argument overrides it
+    dtype = "auto"                   # auto | float32 | bfloat16 | float16
+    kv_cache_dtype = "int8"          # auto | int8 | fp8_e4m3 (default: int8 for the bundled model, else auto)
+    quantization = "none"            # weight-only linears: none | int8 | int4 (CPU)
+    block_size = 16                  # tokens per cache block
+    kv_cache_memory = "2GiB"         # the latent cache's size in bytes, or ...
+    # kv_cache_blocks = 4096         # ... in blocks (not both)
     max_model_len = 2048
     max_num_seqs = 64
-    max_waiting_requests = 256       # more waiting than this: 503 + Retry-After
-
-    [safety]
+    max_num_batched_tokens = 2048
+    enable_prefix_caching = true
     nan_check = true                 # a NaN/Inf in the logits fails that request
+    host = "127.0.0.1"               # serve only: host, port, api_key, api_key_file, served_model_name,
+    port = 8000                      # max_waiting_requests (more waiting: 503 + Retry-After),
+    max_request_bytes = 4194304      # larger bodies: 413 before parsing
+    metrics_public = false           # true: /metrics needs no API key
 
-    [server]
-    host = "127.0.0.1"
-    port = 8000
-    api_key = "secret"
-    served_model_name = "smollm2"
+The seed template's names are aliases (each option's `aliases`): [latent_attention] chunk_size,
+prefix_caching; [latent_attention.memory] pool_size (a number of blocks, the seed's "chunks");
+[precision] compute, cache, weights; [scheduler] max_model_len, max_num_seqs,
+max_waiting_requests; [safety] nan_check; [server] host, port, api_key, served_model_name.
 
-An unknown key or a bad value raises `SettingsError` naming the key and what is allowed.
+An unknown key, a bad value, or one option given twice (or the cache sized both ways) is a
+`SettingsError` naming the key or flag and what is allowed. The value rules are the engine's
+own (`latentkv.engine.args.OPTION_CHECKS`).
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from latentkv.engine.args import (OPTION_CHECKS, EngineArgs, boolean, check_option, non_negative_int, positive_int,
+                                  text)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
-CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "bf16": "auto", "fp16": "auto", "float16": "auto", "bfloat16": "auto"}
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-QUANTIZATIONS = ("none", "int8", "int4")
-POOL_BLOCKS_LIMIT = 2**20  # an int pool_size below this counts chunks, at or above it bytes
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
 
 class SettingsError(ValueError):
     """A setting that cannot be used; the message names the key and the allowed values."""
 
 
+def option(default, help: str, *aliases: str, server: bool = False, type=None, short: str | None = None):
+    """A Settings field: its flag's help, its seed-template TOML aliases, whether only `serve`
+    has it, the flag's argparse type and short form."""
+    return field(default=default, metadata={"help": help, "aliases": aliases, "server": server, "type": type,
+                                            "short": short})
+
+
 @dataclass
 class Settings:
     """Everything `serve`, `chat` and `generate` need besides the prompt."""
 
-    model: str | None = None
-    dtype: str = "auto"
-    kv_cache_dtype: str | None = None          # None: int8 for the bundled model, else "auto"
-    quantization: str = "none"                 # weight-only: none | int8 | int4
-    block_size: int = 16
-    kv_cache_memory: int | str | None = None   # bytes or "2GiB"; None: the engine's default
-    kv_cache_blocks: int | None = None         # pool_size as a number of blocks
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_waiting_requests: int = 256
-    enable_prefix_caching: bool = True
-    nan_check: bool = True
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    served_model_name: str | None = None
+    model: str | None = option(None, "the model (the MODEL argument)")
+    dtype: str = option("auto", "model dtype: auto, float32, bfloat16, float16", "precision.compute")
+    kv_cache_dtype: str | None = option(None, "latent cache dtype: auto (the model dtype), int8, fp8_e4m3 "
+                                              "(default: int8 for the bundled model, else auto)", "precision.cache")
+    quantization: str | None = option(None, "weight-only quantized linears: none, int8, int4 (int4: CPU)",
+                                      "precision.weights", short="-q")
+    block_size: int = option(16, "tokens per cache block (default 16)", "latent_attention.chunk_size", type=int)
+    kv_cache_memory: int | None = option(None, "latent cache size, e.g. 512MiB, 2GiB or bytes")
+    kv_cache_blocks: int | None = option(None, "latent cache size in blocks (instead of --kv-cache-memory)",
+                                         "latent_attention.memory.pool_size", type=int)
+    max_model_len: int | None = option(None, "longest prompt + output in tokens", "scheduler.max_model_len", type=int)
+    max_num_seqs: int = option(64, "sequences running at once (default 64)", "scheduler.max_num_seqs", type=int)
+    max_num_batched_tokens: int | None = option(None, "tokens per engine step (default max(2048, max_num_seqs))",
+                                                type=int)
+    enable_prefix_caching: bool = option(True, "reuse cached prompt prefixes (default on)",
+                                         "latent_attention.prefix_caching")
+    nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
+    host: str = option("127.0.0.1", "address to bind (default 127.0.0.1)", "server.host", server=True)
+    port: int = option(8000, "port (default 8000)", "server.port", server=True, type=int)
+    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every route but /health (shows in "
+                                       "`ps`: prefer --api-key-file or $LATENTKV_API_KEY)", "server.api_key", server=True)
+    api_key_file: str | None = option(None, "read the API key from this file", "server.api_key_file", server=True)
+    metrics_public: bool = option(False, "serve /metrics without the API key (default off)", "server.metrics_public",
+                                  server=True)
+    max_request_bytes: int = option(DEFAULT_MAX_REQUEST_BYTES, "refuse larger request bodies with 413, before parsing "
+                                    f"(default {DEFAULT_MAX_REQUEST_BYTES})", "server.max_request_bytes", server=True,
+                                    type=int)
+    served_model_name: str | None = option(None, "the model name clients send (default: the model's)",
+                                           "server.served_model_name", server=True)
+    max_waiting_requests: int = option(256, "answer 503 + Retry-After when more sequences than this would wait "
+                                            "(default 256)", "scheduler.max_waiting_requests", server=True, type=int)
 
-
-# TOML key path -> Settings field. Value checks live in `check_value`.
-TOML_KEYS: dict[str, str] = {
-    "model": "model",
-    "latent_attention.chunk_size": "block_size",
-    "latent_attention.prefix_caching": "enable_prefix_caching",
-    "latent_attention.memory.pool_size": "kv_cache_memory",
-    "precision.compute": "dtype",
-    "precision.cache": "kv_cache_dtype",
-    "precision.weights": "quantization",
-    "scheduler.max_model_len": "max_model_len",
-    "scheduler.max_num_seqs": "max_num_seqs",
-    "scheduler.max_waiting_requests": "max_waiting_requests",
-    "safety.nan_check": "nan_check",
-    "server.host": "host",
-    "server.port": "port",
-    "server.api_key": "api_key",
-    "server.served_model_name": "served_model_name",
-}
-
-# Settings field -> (description of allowed values, checker returning the clean value or raising)
-def _positive_int(value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError
-    return value
-
-
-def _non_negative_int(value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError
-    return value
-
-
-def _bool(value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "on", "yes", "1", "false", "off", "no", "0"):
-        return value.lower() in ("true", "on", "yes", "1")
-    raise ValueError
-
-
-def _choice(allowed, aliases=None):
-    def check(value):
-        value = (aliases or {}).get(value, value)
-        if value not in allowed:
-            raise ValueError
-        return value
-    return check
-
-
-def _text(value):
-    if not isinstance(value, str) or not value:
-        raise ValueError
-    return value
+    def engine_args(self, model: str, kv_cache_dtype: str) -> EngineArgs:
+        """EngineArgs for the resolved model folder: every engine option by its own name."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)
+                  if not f.metadata["server"] and f.name not in ("model", "kv_cache_dtype")}
+        return EngineArgs(model=model, kv_cache_dtype=kv_cache_dtype, **values)
 
 
 def _port(value):
-    value = _non_negative_int(value)
+    value = non_negative_int(value)
     if value > 65535:
         raise ValueError
     return value
 
 
-def _memory(value):
-    from latentkv.engine.runner import parse_memory
-    if isinstance(value, bool):
-        raise ValueError
-    parse_memory(value)  # raises ValueError for a bad size
-    return value
+# The engine's rules, plus the server's own options.
+CHECKS = {**OPTION_CHECKS,
+          "kv_cache_blocks": ("a positive number of cache blocks (for a size in bytes use kv_cache_memory)",
+                              OPTION_CHECKS["kv_cache_blocks"][1]),
+          "host": ("a host name or address", text),
+          "port": ("an integer port 0-65535", _port),
+          "api_key": ("a non-empty string", text),
+          "api_key_file": ("a file path", text),
+          "metrics_public": ("true or false", boolean),
+          "max_request_bytes": ("a positive integer", positive_int),
+          "served_model_name": ("a non-empty string", text),
+          "max_waiting_requests": ("an integer >= 0", non_negative_int)}
+OPTIONS = {f.name: f for f in fields(Settings)}
+TOML_KEYS = {name: name for name in OPTIONS} | {alias: f.name for f in fields(Settings) for alias in f.metadata["aliases"]}
+CACHE_SIZE = ("kv_cache_memory", "kv_cache_blocks")  # two units of one setting
 
 
-CHECKS = {
-    "model": ("a path", _text),
-    "dtype": (f"one of {list(DTYPES)}", _choice(DTYPES, DTYPE_ALIASES)),
-    "kv_cache_dtype": (f"one of {list(CACHE_DTYPES)}", _choice(CACHE_DTYPES, CACHE_DTYPE_ALIASES)),
-    "quantization": (f"one of {list(QUANTIZATIONS)}", _choice(QUANTIZATIONS)),
-    "block_size": (f"one of {list(BLOCK_SIZES)}", _choice(BLOCK_SIZES)),
-    "kv_cache_memory": ("a size such as \"2GiB\" or bytes, or a number of chunks below 2**20", _memory),
-    "max_model_len": ("a positive integer", _positive_int),
-    "max_num_seqs": ("a positive integer", _positive_int),
-    "max_waiting_requests": ("an integer >= 0", _non_negative_int),
-    "enable_prefix_caching": ("true or false", _bool),
-    "nan_check": ("true or false", _bool),
-    "host": ("a host name or address", _text),
-    "port": ("an integer port 0-65535", _port),
-    "api_key": ("a non-empty string", _text),
-    "served_model_name": ("a non-empty string", _text),
-}
-
-
-def check_value(key: str, field_name: str, value):
-    """Return `value` cleaned for `field_name`, or raise SettingsError naming `key`."""
-    allowed, checker = CHECKS[field_name]
+def check_value(where: str, name: str, value):
+    """`value` cleaned for option `name`, or SettingsError naming `where` (key or flag)."""
     try:
-        return checker(value)
-    except (ValueError, TypeError):
-        raise SettingsError(f"{key} = {value!r} is not valid; allowed: {allowed}") from None
+        return check_option(name, value, where, CHECKS)
+    except ValueError as err:
+        raise SettingsError(str(err)) from None
 
 
 def flatten(table: dict, prefix: str = "") -> dict[str, object]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; tables that are known keys themselves stay whole."""
+    """{"a": {"b": 1}} -> {"a.b": 1}; an empty table stays a key (and is refused as unknown)."""
     flat = {}
     for key, value in table.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and path not in TOML_KEYS:
+        if isinstance(value, dict):
             if not value:
                 flat[path] = value
             flat.update(flatten(value, path + "."))
@@ -194,10 +148,16 @@ def flatten(table: dict, prefix: str = "") -> dict[str, object]:
 
 
 def allowed_keys_near(path: str) -> list[str]:
-    """The known keys in the same table as `path` (or all of them when none is)."""
+    """The known keys in the same table as `path` (or the options' own names when none is)."""
     table = path.rpartition(".")[0]
-    near = [k for k in TOML_KEYS if k.rpartition(".")[0] == table]
-    return near or sorted(TOML_KEYS)
+    near = [k for k in TOML_KEYS if table and k.rpartition(".")[0] == table]
+    return near or list(OPTIONS)
+
+
+def check_cache_size(values: dict, where: str) -> None:
+    if all(values.get(name) is not None for name in CACHE_SIZE):
+        raise SettingsError(f"{where}: kv_cache_memory and kv_cache_blocks (pool_size) both size the latent cache; "
+                            "give one")
 
 
 def read_toml(path: str | Path) -> dict[str, object]:
@@ -209,69 +169,54 @@ def read_toml(path: str | Path) -> dict[str, object]:
         raise SettingsError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as err:
         raise SettingsError(f"{path}: not valid TOML: {err}") from None
-    values = {}
+    values, given_as = {}, {}
     for key, value in flatten(raw).items():
         if key not in TOML_KEYS:
             raise SettingsError(f"{path}: unknown key {key!r}; allowed keys here: {', '.join(allowed_keys_near(key))}")
-        field_name = TOML_KEYS[key]
-        values[field_name] = check_value(key, field_name, value)
-    split_pool_size(values)
+        name = TOML_KEYS[key]
+        if name in given_as:
+            raise SettingsError(f"{path}: {given_as[name]!r} and {key!r} both set {name}; give one")
+        given_as[name] = key
+        values[name] = check_value(f"{path}: {key}", name, value)
+    check_cache_size(values, str(path))
     return values
 
 
-def split_pool_size(values: dict) -> None:
-    """An int pool_size below 2**20 counts chunks (blocks), as in the seed; else bytes."""
-    size = values.get("kv_cache_memory")
-    if isinstance(size, int) and size < POOL_BLOCKS_LIMIT:
-        values["kv_cache_blocks"] = values.pop("kv_cache_memory")
-
-
 def build_settings(config_file: str | Path | None = None, overrides: dict | None = None) -> Settings:
-    """Defaults, then the TOML file, then `overrides` (CLI flags; None values are ignored)."""
+    """Defaults, then the TOML file, then `overrides` (flags by option name; None: not given)."""
     values = read_toml(config_file) if config_file else {}
-    known = {f.name for f in fields(Settings)}
+    flags = {}
     for name, value in (overrides or {}).items():
         if value is None:
             continue
-        if name not in known:
-            raise SettingsError(f"unknown setting {name!r}; known: {sorted(known)}")
-        values[name] = check_value("--" + name.replace("_", "-"), name, value) if name in CHECKS else value
-        if name == "kv_cache_memory":
-            values.pop("kv_cache_blocks", None)
-    return Settings(**values)
+        if name not in OPTIONS:
+            raise SettingsError(f"unknown setting {name!r}; known: {list(OPTIONS)}")
+        flags[name] = value if name == "model" else check_value("--" + name.replace("_", "-"), name, value)
+    check_cache_size(flags, "flags")
+    if any(name in flags for name in CACHE_SIZE):  # a flag sizes the cache: the file's size goes
+        for name in CACHE_SIZE:
+            values.pop(name, None)
+    return Settings(**(values | flags))
 
 
-def add_engine_arguments(parser) -> None:
-    """The engine options shared by serve / chat / generate (all default to None, so a
-    `--config` file's values apply unless a flag is given)."""
+def add_engine_arguments(parser: argparse.ArgumentParser, server: bool = False) -> None:
+    """MODEL, --config and a flag per option (`serve`'s own ones with server=True). Every flag
+    defaults to None, so a `--config` file's values apply unless the flag is given."""
     parser.add_argument("model", nargs="?", default=None,
                         help="a latentkv/DeepSeek folder, a Llama-family GGUF file or HF folder (converted and cached), "
                              "or nothing for the bundled SmolLM2-135M-Instruct")
     parser.add_argument("--config", default=None, metavar="FILE", help="TOML settings file (flags override it)")
-    parser.add_argument("--dtype", default=None, help=f"model dtype: {', '.join(DTYPES)}")
-    parser.add_argument("--kv-cache-dtype", default=None, help=f"latent cache dtype: {', '.join(CACHE_DTYPES)}")
-    parser.add_argument("--quantization", "-q", default=None,
-                        help=f"weight-only quantization of the linears: {', '.join(QUANTIZATIONS)} (int4: CPU)")
-    parser.add_argument("--block-size", type=int, default=None, help="tokens per cache block (default 16)")
-    parser.add_argument("--kv-cache-memory", default=None, help="latent cache size, e.g. 512MiB, 2GiB or bytes")
-    parser.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output in tokens")
-    parser.add_argument("--max-num-seqs", type=int, default=None, help="sequences running at once (default 64)")
-    caching = parser.add_mutually_exclusive_group()
-    caching.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
-                         default=None, help="reuse cached prompt prefixes (default on)")
-    caching.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
-                         const=False, help="turn prefix caching off")
-    nan = parser.add_mutually_exclusive_group()
-    nan.add_argument("--nan-check", dest="nan_check", action="store_const", const=True, default=None,
-                     help="fail a request whose logits hold NaN/Inf (default on)")
-    nan.add_argument("--no-nan-check", dest="nan_check", action="store_const", const=False, help="skip that check")
+    for f in fields(Settings):
+        meta = f.metadata
+        if f.name == "model" or (meta["server"] and not server):
+            continue
+        names = ["--" + f.name.replace("_", "-")] + ([meta["short"]] if meta["short"] else [])
+        if isinstance(f.default, bool):
+            parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, help=meta["help"])
+        else:
+            parser.add_argument(*names, type=meta["type"], default=None, help=meta["help"])
 
 
-ENGINE_FLAGS = ("model", "dtype", "kv_cache_dtype", "quantization", "block_size", "kv_cache_memory", "max_model_len",
-                "max_num_seqs", "enable_prefix_caching", "nan_check")
-
-
-def settings_from_args(args, extra: tuple[str, ...] = ()) -> Settings:
+def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from parsed arguments: `--config` first, then every flag that was given."""
-    overrides = {name: getattr(args, name, None) for name in ENGINE_FLAGS + extra}
-    return build_settings(getattr(args, "config", None), overrides)
+    return build_settings(getattr(args, "config", None), {name: getattr(args, name, None) for name in OPTIONS})

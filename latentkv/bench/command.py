@@ -3,7 +3,14 @@ run, prints a table with ratios, and writes JSON + PNG under --out."""
 from __future__ import annotations
 
 import argparse
-import importlib
+
+import torch
+
+from latentkv.bench import decode, memory, prefix, throughput
+from latentkv.bench.models import default_models
+from latentkv.convert.sources import default_gguf_path
+
+BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix}
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
@@ -62,15 +69,11 @@ def fill_defaults(args) -> None:
             setattr(args, key, value)
     wants_stock = hasattr(args, "stock") and args.stock is None and not args.no_baselines
     if args.model is None or wants_stock:
-        from .models import default_models
-
         model, _, stock = default_models(need_stock=wants_stock)
         args.model = args.model or model
         if wants_stock:
             args.stock = stock
     if args.source is None and not args.no_baselines:
-        from ..convert.sources import default_gguf_path
-
         args.source = str(default_gguf_path())
     if args.no_baselines:
         args.source = None
@@ -79,9 +82,7 @@ def fill_defaults(args) -> None:
 
 
 def run(name: str, args) -> int:
-    import torch
-
     fill_defaults(args)
     with torch.no_grad():
-        importlib.import_module(f"latentkv.bench.{name}").run(args)
+        BENCHES[name].run(args)
     return 0

@@ -9,9 +9,16 @@ from __future__ import annotations
 import gc
 import json
 import sys
+from pathlib import Path
 
 import psutil
 import torch
+from transformers import AutoModelForCausalLM
+
+from latentkv.cache.accounting import latent_bytes_per_token
+from latentkv.config import ModelConfig
+from latentkv.llm import LLM
+from latentkv.sampling import SamplingParams
 
 MIB = 2**20
 
@@ -22,11 +29,6 @@ def rss() -> float:
 
 
 def hold_latentkv(model: str, tokens: int, dtype: str) -> dict:
-    from latentkv import LLM, SamplingParams
-    from latentkv.cache.accounting import latent_bytes_per_token
-    from latentkv.config import ModelConfig
-    from pathlib import Path
-
     cfg = ModelConfig.from_file(Path(model) / "config.json")
     budget = latent_bytes_per_token(cfg, "auto", dtype) * (tokens + 16)
     base = rss()
@@ -39,10 +41,6 @@ def hold_latentkv(model: str, tokens: int, dtype: str) -> dict:
 
 
 def hold_transformers(source: str, tokens: int, dtype: str) -> dict:
-    from pathlib import Path
-
-    from transformers import AutoModelForCausalLM
-
     base = rss()
     path = Path(source)
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from latentkv.convert.api import convert
+from latentkv.convert.sources import default_gguf_path
+from latentkv.resolve import resolve_model
+
 
 def default_models(need_stock: bool) -> tuple[str, str, str | None]:
     """-> (converted native folder, source GGUF, stock folder or None)."""
-    from ..convert.sources import default_gguf_path
-    from ..resolve import resolve_model
-
     native = resolve_model(None).path
     stock = ensure_stock(native) if need_stock else None
     return str(native), str(default_gguf_path()), (str(stock) if stock else None)
@@ -17,9 +18,6 @@ def default_models(need_stock: bool) -> tuple[str, str, str | None]:
 
 def ensure_stock(native: Path) -> Path:
     """The stock export of the bundled model, cached next to its native conversion."""
-    from ..convert import convert
-    from ..convert.sources import default_gguf_path
-
     stock = native.with_name(native.name + "-stock")
     if not (stock / "config.json").exists():
         tmp = stock.with_name(stock.name + ".tmp")

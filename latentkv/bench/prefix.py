@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
+from latentkv.sampling import SamplingParams
+
 from .report import median, new_figure, print_table, save_figure, write_json
 from .systems import LatentKVSystem, cache_budget
 
 
 def ttft(system: LatentKVSystem, prompt: list[int]) -> float:
-    from latentkv import SamplingParams
-
     engine = system.engine
     rid = f"prefix-{time.perf_counter_ns()}"
     start = time.perf_counter()

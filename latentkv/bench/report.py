@@ -7,6 +7,7 @@ import platform
 import statistics
 from pathlib import Path
 
+import psutil
 import torch
 
 
@@ -38,6 +39,7 @@ def write_json(out_dir: Path, name: str, payload: dict) -> Path:
 
 
 def new_figure(title: str, xlabel: str, ylabel: str, log_x: bool = False, log_y: bool = False):
+    # matplotlib only when a plot is drawn: it is slow to import and picks a backend on import
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,7 +63,7 @@ def save_figure(fig, out_dir: Path, name: str) -> Path:
     fig.legend(loc="upper left", bbox_to_anchor=(0.12, 0.88), fontsize=8) if fig.axes[0].get_legend_handles_labels()[0] else None
     fig.tight_layout()
     fig.savefig(path)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # see new_figure
 
     plt.close(fig)
     return path
@@ -80,8 +82,6 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def machine_facts() -> dict:
-    import psutil
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -12,15 +12,20 @@ import itertools
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from transformers import AutoModelForCausalLM
+
+from latentkv.cache.accounting import latent_bytes_per_token
+from latentkv.config import ModelConfig
+from latentkv.llm import LLM
+from latentkv.sampling import SamplingParams
 
 _ids = itertools.count()
 
 
 class LatentKVSystem:
     def __init__(self, name: str, model: str, kv_cache_dtype: str = "auto", max_model_len: int = 8192 + 256, **engine_kwargs):
-        from latentkv import LLM
-
         self.name = name
         self.llm = LLM(model=model, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
                        skip_tokenizer_init=True, max_num_seqs=engine_kwargs.pop("max_num_seqs", 64), **engine_kwargs)
@@ -37,8 +42,6 @@ class LatentKVSystem:
 
     def generate_timed(self, n: int) -> list[float]:
         """Run one greedy request; timestamps of each generated token."""
-        from latentkv import SamplingParams
-
         rid = f"bench-{next(_ids)}"
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         self.engine.add_request(rid, self.prompt, params)
@@ -57,16 +60,11 @@ class LatentKVSystem:
 def cache_budget(model: str, tokens: int) -> str:
     """A latent-cache size for `tokens` tokens of bf16 latent: each bench system gets what it
     needs instead of a share of free memory (several engines live in one bench process)."""
-    from ..cache.accounting import latent_bytes_per_token
-    from ..config import ModelConfig
-
     cfg = ModelConfig.from_file(Path(model) / "config.json")
     return f"{1 + latent_bytes_per_token(cfg, 'auto', 'bfloat16') * tokens // 2**20}MiB"
 
 
 def load_hf(source: str, dtype: torch.dtype = torch.bfloat16):
-    from transformers import AutoModelForCausalLM
-
     path = Path(source)
     if path.suffix == ".gguf":
         return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
@@ -99,7 +97,7 @@ class TransformersSystem:
 
 
 def llama_cpp_available() -> bool:
-    try:
+    try:  # llama-cpp-python is optional (the `bench` extra)
         import llama_cpp  # noqa: F401
     except ImportError:
         return False
@@ -108,7 +106,7 @@ def llama_cpp_available() -> bool:
 
 class LlamaCppSystem:
     def __init__(self, name: str, gguf: str, n_ctx: int = 8192 + 256):
-        from llama_cpp import Llama
+        from llama_cpp import Llama  # optional (the `bench` extra); only when this baseline runs
 
         self.name = name
         self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=torch.get_num_threads(), verbose=False)
@@ -129,7 +127,5 @@ class LlamaCppSystem:
 
     def argmax(self) -> int:
         """Greedy choice from the last evaluated token's logits."""
-        import numpy as np
-
         logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
         return int(np.argmax(logits))

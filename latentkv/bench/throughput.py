@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from latentkv.sampling import SamplingParams
+
 from .report import median, new_figure, percentile, print_table, save_figure, write_json
 from .systems import LatentKVSystem, cache_budget, load_hf
 
@@ -24,8 +26,6 @@ def make_requests(n: int, vocab: int, prompt_range, output_range, seed: int) -> 
 
 
 def run_latentkv(system: LatentKVSystem, reqs) -> dict:
-    from latentkv import SamplingParams
-
     engine = system.engine
     start = time.perf_counter()
     stamps: dict[str, list[float]] = {}

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ModelConfig
-from .latent_cache import check_cache_dtype
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-SCALE_BYTES = 4  # one float32 scale per token per layer for a quantized latent
+from latentkv.config import ModelConfig
+from latentkv.facts import MODEL_DTYPES, SCALE_BYTES
 
 
 @dataclass
@@ -25,20 +22,24 @@ class KVAccount:
         return nbytes // self.bytes_per_token
 
 
+def latent_bytes(ranks: list[int], rope_dim: int, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:
+    """Bytes one token occupies in the latent cache over layers of latent widths `ranks`:
+    c (one byte + a scale when quantized, else the model dtype) and k_r (the model dtype)."""
+    elt = MODEL_DTYPES[model_dtype].itemsize
+    if cache_dtype == "auto":
+        return sum((rank + rope_dim) * elt for rank in ranks)
+    return sum(rank + SCALE_BYTES + rope_dim * elt for rank in ranks)
+
+
 def latent_bytes_per_token(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:
-    """Bytes one token occupies in the latent cache, all layers: c (+ scale) and k_r."""
-    check_cache_dtype(cache_dtype)
-    elt = DTYPE_BYTES[model_dtype]
-    total = 0
-    for layer in range(cfg.num_hidden_layers):
-        rank, rope = cfg.kv_rank(layer), cfg.qk_rope_head_dim
-        total += (rank + rope) * elt if cache_dtype == "auto" else rank + SCALE_BYTES + rope * elt
-    return total
+    """`latent_bytes` of a model: all its layers, per-layer ranks included."""
+    ranks = [cfg.kv_rank(layer) for layer in range(cfg.num_hidden_layers)]
+    return latent_bytes(ranks, cfg.qk_rope_head_dim, cache_dtype, model_dtype)
 
 
 def gqa_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, model_dtype: str = "bfloat16") -> int:
     """Standard K and V cache: 2 · Hkv · d per layer (MHA when Hkv = H)."""
-    return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[model_dtype]
+    return 2 * num_layers * num_kv_heads * head_dim * MODEL_DTYPES[model_dtype].itemsize
 
 
 def account(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> KVAccount:

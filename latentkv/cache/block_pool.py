@@ -160,8 +160,3 @@ class BlockPool:
                 if not block.hash:
                     block.forget()
                 self.free_ids[block_id] = None
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every idle block's hash (used blocks keep theirs)."""
-        for block_id in list(self.free_ids):
-            self.evict(block_id)

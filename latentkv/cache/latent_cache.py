@@ -10,14 +10,7 @@ from __future__ import annotations
 
 import torch
 
-CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
-_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
-
-
-def check_cache_dtype(cache_dtype: str) -> str:
-    if cache_dtype not in CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype {cache_dtype!r} is not supported; expected one of {CACHE_DTYPES}")
-    return cache_dtype
+_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}  # the quantized entries of facts.CACHE_DTYPES
 
 
 class LatentCache:
@@ -32,7 +25,7 @@ class LatentCache:
         device: torch.device | str = "cpu",
     ):
         self.block_size, self.kv_rank, self.rope_dim = block_size, kv_rank, rope_dim
-        self.dtype, self.cache_dtype = dtype, check_cache_dtype(cache_dtype)
+        self.dtype, self.cache_dtype = dtype, cache_dtype
         if cache_dtype == "auto":
             self.kv = torch.zeros(num_blocks, block_size, kv_rank + rope_dim, dtype=dtype, device=device)
         else:
@@ -88,11 +81,6 @@ class LatentCache:
         dequantize_latent(codes, scale, self.cache_dtype, self.dtype, out=out[..., : self.kv_rank])
         out[..., self.kv_rank :] = rope
         return out
-
-    def copy_block(self, src: int, dst: int) -> None:
-        """Copy one block (for copy-on-write of shared blocks)."""
-        for t in self.tensors():
-            t[dst] = t[src]
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.kv] if not self.quantized else [self.latent, self.scale, self.rope]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import itertools
 import sys
 
-from latentkv.settings import SettingsError, add_engine_arguments, settings_from_args
+from latentkv.commands.startup import start_engine
+from latentkv.engine.chat_template import render_chat
+from latentkv.sampling import SamplingParams
+from latentkv.settings import add_engine_arguments, settings_from_args
 
 CHAT_HELP = "commands: /exit (or Ctrl-D) to leave, /reset to forget the conversation"
 
@@ -33,8 +36,7 @@ def add_sampling_arguments(parser, temperature: float) -> None:
     parser.add_argument("--seed", type=int, default=None)
 
 
-def sampling_params(args):
-    from latentkv.sampling import SamplingParams
+def sampling_params(args) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed)
 
@@ -42,15 +44,9 @@ def sampling_params(args):
 def load(args, what: str):
     """Settings and a started engine, or an exit code after printing why not."""
     try:
-        settings = settings_from_args(args)
         params = sampling_params(args)
-    except (SettingsError, ValueError) as err:
-        print(f"latentkv {what}: {err}", file=sys.stderr)
-        return None, None
-    from latentkv.commands.startup import start_engine
-    try:
-        engine, _ = start_engine(settings)
-    except ValueError as err:  # no such model, a bad checkpoint, a cache that holds nothing, ...
+        engine, _ = start_engine(settings_from_args(args))
+    except ValueError as err:  # a bad setting, no such model, a bad checkpoint, a cache that holds nothing, ...
         print(f"latentkv {what}: {err}", file=sys.stderr)
         return None, None
     return engine, params
@@ -100,7 +96,6 @@ def run_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         if args.chat:
-            from latentkv.server.chat import render_chat
             text, ids = render_chat(engine.tokenizer, [{"role": "user", "content": prompt}])
         else:
             text, ids = prompt, None
@@ -118,7 +113,6 @@ def run_generate(args) -> int:
 def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[str, list[int]]:
     """Render the conversation, dropping the oldest turns (never the system message or
     the newest user message) until prompt + max_tokens fits in the context."""
-    from latentkv.server.chat import render_chat
     budget = engine.max_model_len - min(max_tokens, engine.max_model_len // 2)
     while True:
         text, ids = render_chat(engine.tokenizer, history)

@@ -1,9 +1,13 @@
-"""Start an engine from `Settings`: resolve the model, size the cache, print the banner."""
+"""Start an engine from `Settings`: resolve the model, build its EngineArgs, print the banner."""
 from __future__ import annotations
 
 import sys
 import time
 
+from latentkv.cache.accounting import account, gqa_bytes_per_token
+from latentkv.engine.args import EngineArgs
+from latentkv.engine.engine import LLMEngine
+from latentkv.facts import dtype_name
 from latentkv.resolve import ResolvedModel, resolve_model
 from latentkv.settings import Settings
 
@@ -12,15 +16,8 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def engine_args(settings: Settings, resolved: ResolvedModel):
-    from latentkv.engine.engine import EngineArgs
-
-    return EngineArgs(
-        model=str(resolved.path), dtype=settings.dtype, kv_cache_dtype=cache_dtype(settings, resolved),
-        block_size=settings.block_size, kv_cache_memory=cache_budget(settings, resolved),
-        max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-        enable_prefix_caching=settings.enable_prefix_caching, nan_check=settings.nan_check,
-        quantization=None if settings.quantization == "none" else settings.quantization)
+def engine_args(settings: Settings, resolved: ResolvedModel) -> EngineArgs:
+    return settings.engine_args(str(resolved.path), cache_dtype(settings, resolved))
 
 
 def cache_dtype(settings: Settings, resolved: ResolvedModel) -> str:
@@ -31,43 +28,21 @@ def cache_dtype(settings: Settings, resolved: ResolvedModel) -> str:
     return "int8" if resolved.bundled else "auto"
 
 
-def cache_budget(settings: Settings, resolved: ResolvedModel):
-    """Bytes for the latent cache: as given, or `kv_cache_blocks` blocks of this model."""
-    if settings.kv_cache_blocks is None:
-        return settings.kv_cache_memory
-    from latentkv.config import ModelConfig
-    from latentkv.engine.runner import bytes_per_block
-    cfg = ModelConfig.from_file(resolved.path / "config.json")
-    return settings.kv_cache_blocks * bytes_per_block(cfg, settings.block_size, model_dtype(settings),
-                                                      cache_dtype(settings, resolved))
-
-
-def model_dtype(settings: Settings):
-    import torch
-    from latentkv.model.loader import resolve_dtype
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return resolve_dtype(settings.dtype, device)
-
-
-def start_engine(settings: Settings):
+def start_engine(settings: Settings) -> tuple[LLMEngine, ResolvedModel]:
     """-> (LLMEngine, ResolvedModel), after printing the startup banner."""
-    from latentkv.engine.engine import LLMEngine
-
     started = time.perf_counter()
     resolved = resolve_model(settings.model, log=log)
     engine = LLMEngine.from_args(engine_args(settings, resolved))
-    for line in banner(engine, resolved, settings):
+    for line in banner(engine, resolved):
         log(line)
     log(f"latentkv: ready in {time.perf_counter() - started:.1f} s")
     return engine, resolved
 
 
-def banner(engine, resolved: ResolvedModel, settings: Settings) -> list[str]:
+def banner(engine: LLMEngine, resolved: ResolvedModel) -> list[str]:
     """Model, KV bytes per token (original / compressed / ratio), cache capacity."""
-    from latentkv.cache.accounting import account, gqa_bytes_per_token
-
     cfg = engine.cfg
-    dtype = str(engine.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(engine.model.dtype)
     cache_dtype = engine.args.kv_cache_dtype
     acct = account(cfg, cache_dtype, dtype)
     if resolved.original is not None:

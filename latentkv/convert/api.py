@@ -10,6 +10,7 @@ from latentkv.convert.corpus import default_documents, file_documents, token_win
 from latentkv.convert.export import export
 from latentkv.convert.pipeline import Settings, build_model, resolve_rope_dim
 from latentkv.convert.sources import SourceModel, read_source
+from latentkv.facts import MODEL_DTYPES
 
 DEFAULT_CALIB_TOKENS = 32768
 DEFAULT_CTX = 512
@@ -18,7 +19,6 @@ DEFAULT_EVAL_TOKENS = 4096
 # perplexity of the original SmolLM2 in docs/conversion.md.
 DEFAULT_ROPE_DIM = 64
 DEFAULT_CACHE_RATIO = 5 / 6  # rope 64 + rank 256 = 320 of 384 elements: +4.6% (int8 latent +4.6%)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def split_cache(src: SourceModel, cache_ratio: float, rope_dim) -> tuple[int | str, int]:
@@ -79,8 +79,8 @@ def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_rat
     rope_dim: even int or "all"; kv_rank: int (mean latent width) or "full"; cache_ratio:
     cache elements as a fraction of the source's (sets both); eval_tokens=0 skips measuring.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+    if dtype not in MODEL_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}")
     src = source if isinstance(source, SourceModel) else read_source(source)
     if stock and dtype == "float16":
         raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
@@ -94,9 +94,9 @@ def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_rat
     if sequential:
         from latentkv.convert.sequential import build_sequential
 
-        cfg, tensors, info = build_sequential(src, stats, windows, settings, dtype=DTYPES[dtype])
+        cfg, tensors, info = build_sequential(src, stats, windows, settings, dtype=MODEL_DTYPES[dtype])
     else:
-        cfg, tensors, info = build_model(src, stats, settings, dtype=DTYPES[dtype], sensitivity_ids=windows[:2])
+        cfg, tensors, info = build_model(src, stats, settings, dtype=MODEL_DTYPES[dtype], sensitivity_ids=windows[:2])
     measured = measure(src, cfg, tensors, eval_tokens, ctx) if eval_tokens else {}
     record = {"rope_dim": settings.rope_dim, "kv_rank": settings.kv_rank, "cache_ratio": cache_ratio,
               "stock": stock, "weighting": weighting, "k_weight": k_weight, "rank_alloc": rank_alloc,

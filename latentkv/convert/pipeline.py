@@ -6,7 +6,7 @@ Statistics are collected once (calibrate.py) so several settings can share them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -40,7 +40,6 @@ class Settings:
     k_weight: float = 5.0
     stock: bool = False
     rope_theta: float | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def augmented_weights(src: SourceModel, i: int):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from latentkv.cache.accounting import latent_bytes
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
 from latentkv.convert.corpus import default_documents, token_windows
@@ -23,14 +24,10 @@ from latentkv.convert.reference import source_logits
 from latentkv.convert.sources import read_source
 from latentkv.eval.ppl import PROTOCOL, perplexity
 
-SCALE_BYTES = 4  # float32 per-token scale of an int8 latent (latentkv.cache)
-
 
 def cache_bytes(ranks: list[int], rope_dim: int, int8: bool) -> int:
     """KV bytes per token over all layers: bf16 latent + rope, or int8 latent + scale + bf16 rope."""
-    if int8:
-        return sum(r + SCALE_BYTES + 2 * rope_dim for r in ranks)
-    return sum(2 * (r + rope_dim) for r in ranks)
+    return latent_bytes(ranks, rope_dim, "int8" if int8 else "auto", "bfloat16")
 
 
 def default_ranks(src, rope_dim: int) -> list:

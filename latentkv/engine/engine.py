@@ -15,61 +15,27 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from latentkv.cache.block_pool import BlockPool
+from latentkv.engine.args import EngineArgs
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
 from latentkv.engine.isolation import describe_failure, run_isolated
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.outputs import CompletionOutput, RequestOutput
-from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
+from latentkv.engine.prompt_errors import PromptError, check_token_ids
+from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
 from latentkv.model.fuse import fuse_for_inference
-from latentkv.model.quant import QUANTIZATIONS, quantize_linears
+from latentkv.model.loader import load_model
+from latentkv.model.quant import quantize_linears
 from latentkv.sampling import SamplingParams
 
-
-@dataclass
-class EngineArgs:
-    model: str
-    tokenizer: str | None = None
-    dtype: str | torch.dtype = "auto"
-    device: str | None = None               # None: cuda when available, else cpu
-    kv_cache_dtype: str = "auto"            # "auto" (model dtype) | "int8" | "fp8_e4m3"
-    block_size: int = 16
-    kv_cache_memory: int | str | None = None  # bytes or e.g. "2GiB"; None: kv_cache_fraction
-    kv_cache_fraction: float | None = None  # of free memory (default 0.9 on CUDA, 0.25 on CPU)
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    skip_tokenizer_init: bool = False
-    nan_check: bool = False
-    attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
-    quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
-
-    def validate(self) -> None:
-        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
-            raise ValueError(f"block_size must be a power of two up to 128, got {self.block_size}")
-        if self.kv_cache_dtype not in ("auto", "int8", "fp8_e4m3"):
-            raise ValueError(f"kv_cache_dtype must be 'auto', 'int8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS} (weight-only), got {self.quantization!r}")
-        if self.attention_path not in ("auto", "naive", "absorbed"):
-            raise ValueError(f"attention_path must be 'auto', 'naive' or 'absorbed', got {self.attention_path!r}")
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
-            # else the oldest sequences would take every step's budget and the rest wait
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                             f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step")
+__all__ = ["EngineArgs", "LLMEngine"]
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
@@ -77,7 +43,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def load_tokenizer(path: str):
     """AutoTokenizer from a folder; a broken tokenizer file is a ValueError naming the folder's files."""
-    from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as err:  # noqa: BLE001 - tokenizers/transformers raise many kinds (even plain Exception)
@@ -108,8 +73,7 @@ def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
 
 class LLMEngine:
     def __init__(self, args: EngineArgs, model, tokenizer):
-        args.validate()
-        self.args = args
+        self.args = args  # checked when it was built
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = model.config
@@ -117,7 +81,7 @@ class LLMEngine:
         max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         num_blocks, per_block = plan_num_blocks(
             self.cfg, args.block_size, model.dtype, args.kv_cache_dtype, device,
-            args.kv_cache_memory, args.kv_cache_fraction,
+            args.kv_cache_memory, args.kv_cache_blocks, args.kv_cache_fraction,
             max_useful_blocks=args.max_num_seqs * -(-max_model_len // args.block_size))
         report_capacity(num_blocks, args.block_size, per_block, args.kv_cache_dtype)
         self.capacity_tokens = num_blocks * args.block_size
@@ -132,16 +96,13 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks, args.block_size, args.enable_prefix_caching)
         batched = args.max_num_batched_tokens or max(2048, args.max_num_seqs)
         self.scheduler = Scheduler(KVManager(self.pool), args.max_num_seqs, batched)
-        self.runner = ModelRunner(model, args.block_size, num_blocks, args.kv_cache_dtype,
-                                  args.attention_path, args.seed, args.nan_check)
         self.eos_token_ids = find_eos_token_ids(Path(args.model), self.cfg, tokenizer)
-        self.runner.eos_token_ids = self.eos_token_ids
+        self.runner = ModelRunner(model, args.block_size, num_blocks, args.kv_cache_dtype,
+                                  args.attention_path, args.seed, args.nan_check, self.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> "LLMEngine":
-        from latentkv.model.loader import load_model
-        args.validate()
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if args.quantization == "int4" and device != "cpu":
             raise ValueError(f"quantization 'int4' uses ATen's CPU kernel; device must be 'cpu', got {device!r}")
@@ -178,13 +139,13 @@ class LLMEngine:
 
     def check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
-            raise ValueError("the prompt is empty")
-        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.cfg.vocab_size})")
-        if len(ids) > self.max_model_len:
-            capped = " (the whole KV cache; raise kv_cache_memory)" if self.max_model_len == self.capacity_tokens else ""
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}{capped}")
+            raise PromptError("the prompt is empty")
+        check_token_ids(ids, self.cfg.vocab_size)
+        if len(ids) >= self.max_model_len:  # the one prompt-length rule (the server relies on it too)
+            capped = " (capped to what the whole KV cache holds; raise kv_cache_memory)" \
+                if self.max_model_len == self.capacity_tokens else ""
+            raise PromptError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}{capped}, "
+                              "so it leaves no room for output", code="context_length_exceeded")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
 
@@ -201,9 +162,6 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
     # -- the loop --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
@@ -211,18 +169,18 @@ class LLMEngine:
             if self.scheduler.has_unfinished():  # would loop forever: a bug, say so
                 raise RuntimeError(f"scheduler made no progress: {self.stats()}")
             return []
-        result, failed = run_isolated(self.runner, out)
-        done = [s for s in out.scheduled if id(s.seq) not in failed]
-        self.scheduler.mark_computed(SchedulerOutput(scheduled=done))
+        results = run_isolated(self.runner, out)
+        self.scheduler.mark_computed(SchedulerOutput(
+            scheduled=[s for s, r in zip(out.scheduled, results) if not isinstance(r, str)]))
         touched: dict[str, None] = {}
-        for s in out.scheduled:
+        for s, r in zip(out.scheduled, results):
             seq = s.seq
-            if id(seq) in failed:
+            if isinstance(r, str):   # it failed even when run alone
                 touched[seq.request_id] = None
-                self.fail(seq, failed[id(seq)])
+                self.fail(seq, r)
                 continue
             try:
-                if self.process(seq, result):
+                if self.process(seq, r):
                     touched[seq.request_id] = None
             except Exception as err:  # noqa: BLE001 - a bug in one sequence's bookkeeping fails it alone
                 touched[seq.request_id] = None
@@ -230,17 +188,16 @@ class LLMEngine:
         return [self.make_output(self.requests.pop(rid) if self.is_done(rid) else self.requests[rid])
                 for rid in touched if rid in self.requests]
 
-    def process(self, seq: Sequence, result) -> bool:
-        """Take one sequence's share of the step's result; True when it produced a token or finished."""
-        if id(seq) in result.prompt_logprobs:
-            seq.prompt_logprobs.extend(self.decorate(result.prompt_logprobs[id(seq)]))
-        if id(seq) not in result.samples:
+    def process(self, seq: Sequence, r: SeqResult) -> bool:
+        """Take one sequence's share of the step; True when it produced a token or finished."""
+        if r.prompt_logprobs is not None:
+            seq.prompt_logprobs.extend(self.decorate(r.prompt_logprobs))
+        if r.token is None:
             return False
-        if id(seq) in result.nonfinite:
+        if r.nonfinite:
             self.finish(seq, "error", error="NaN or Inf in the logits")
             return True
-        token, logprobs, chosen = result.samples[id(seq)]
-        self.append_token(seq, token, logprobs, chosen)
+        self.append_token(seq, r.token, r.logprobs, r.chosen_logprob)
         return True
 
     def fail(self, seq: Sequence, error: str) -> None:

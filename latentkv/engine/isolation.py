@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import traceback
 
-from latentkv.engine.runner import StepResult
+from latentkv.engine.runner import SeqResult
 from latentkv.engine.scheduler import SchedulerOutput
 
 
@@ -20,27 +20,22 @@ def describe_failure(err: BaseException) -> str:
     return f"internal error in this request: {type(err).__name__}: {err}"
 
 
-def run_isolated(runner, out: SchedulerOutput):
-    """-> (StepResult, {id(seq): error message}) for the scheduled sequences of `out`."""
+def run_isolated(runner, out: SchedulerOutput) -> list[SeqResult | str]:
+    """One entry per `out.scheduled`, in order: its SeqResult, or the error message of a
+    sequence that fails even when run alone."""
     seeded = [s.seq for s in out.scheduled if s.seq.generator is not None]
     states = [seq.generator.get_state() for seq in seeded]
     try:
-        return runner.run(out), {}
+        return runner.run(out)
     except Exception:  # noqa: BLE001 - find out whose it is
         print("latentkv: a batched step failed; retrying its sequences one at a time", file=sys.stderr)
         traceback.print_exc()
     for seq, state in zip(seeded, states):
         seq.generator.set_state(state)
-    result, failed = StepResult(), {}
+    results: list[SeqResult | str] = []
     for s in out.scheduled:
         try:
-            merge(result, runner.run(SchedulerOutput(scheduled=[s])))
+            results += runner.run(SchedulerOutput(scheduled=[s]))
         except Exception as err:  # noqa: BLE001 - this sequence's own failure
-            failed[id(s.seq)] = describe_failure(err)
-    return result, failed
-
-
-def merge(into: StepResult, part: StepResult) -> None:
-    into.samples.update(part.samples)
-    into.prompt_logprobs.update(part.prompt_logprobs)
-    into.nonfinite |= part.nonfinite
+            results.append(describe_failure(err))
+    return results

@@ -25,9 +25,6 @@ class CompletionOutput:
     finish_reason: str | None = None   # "stop" | "length" | "abort" | "error" | None (running)
     stop_reason: int | str | None = None
 
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
 
 @dataclass
 class RequestOutput:

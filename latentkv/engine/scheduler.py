@@ -27,7 +27,7 @@ class ScheduledSeq:
     num_new_tokens: int
 
     @property
-    def samples(self) -> bool:
+    def picks_token(self) -> bool:
         """Does this chunk reach the end of the sequence (so its last logits pick a token)?"""
         return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
 

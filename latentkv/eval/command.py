@@ -5,6 +5,10 @@ import argparse
 import json
 import sys
 
+from latentkv.convert.sources import SourceError
+from latentkv.eval.ppl import evaluate
+from latentkv.facts import CACHE_DTYPES
+
 
 def register(subparsers) -> None:
     """Add `eval` with its `ppl` subcommand."""
@@ -16,7 +20,7 @@ def register(subparsers) -> None:
     ppl.add_argument("--text", nargs="+", default=None, metavar="FILE", help="text files (default: the held-out Python docs)")
     ppl.add_argument("--ctx", type=int, default=512, help="window length in tokens")
     ppl.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens")
-    ppl.add_argument("--cache-dtype", default="auto", choices=["auto", "int8", "fp8_e4m3"], help="latent cache (MLA models)")
+    ppl.add_argument("--cache-dtype", default="auto", choices=list(CACHE_DTYPES), help="latent cache (MLA models)")
     ppl.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantized linears (MLA models)")
     ppl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                      help="model dtype (MLA models; bfloat16 is how CPU serving runs, and int4's fast kernel path)")
@@ -26,9 +30,6 @@ def register(subparsers) -> None:
 
 
 def run_ppl(args: argparse.Namespace) -> int:
-    from latentkv.convert.sources import SourceError
-    from latentkv.eval.ppl import evaluate
-
     try:
         r = evaluate(args.model, args.text, args.ctx, args.max_tokens, args.cache_dtype, args.quantization,
                      args.dtype)

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from latentkv.facts import MLA_MODEL_TYPES
+
 PROTOCOL = ("non-overlapping windows of {ctx} tokens, each scored from its own start; "
             "the first token of each window is not predicted; ppl = exp(mean NLL)")
 
@@ -43,7 +45,7 @@ def perplexity(logits_fn: Callable[[torch.Tensor], torch.Tensor], windows: torch
 def is_mla_folder(path: Path) -> bool:
     """Whether a path is a DeepSeek-V2/V3-layout folder (ours or DeepSeek's)."""
     cfg = path / "config.json"
-    return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in ("deepseek_v2", "deepseek_v3")
+    return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in MLA_MODEL_TYPES
 
 
 def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantization: str | None = None,

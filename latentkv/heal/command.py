@@ -1,7 +1,7 @@
 """`latentkv heal CONVERTED --teacher SOURCE --data FILES...`"""
 from __future__ import annotations
 
-from .trainer import HealConfig
+from .trainer import HealConfig, heal
 
 
 def register(subparsers) -> None:
@@ -26,8 +26,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .trainer import heal
-
     cfg = HealConfig(converted=args.converted, teacher=args.teacher, data=args.data, out=args.out, steps=args.steps,
                      minutes=args.minutes, lr=args.lr, warmup=args.warmup, seq_len=args.seq_len, batch=args.batch,
                      train=args.train, lm_weight=args.lm_weight, save_every=args.save_every, seed=args.seed,

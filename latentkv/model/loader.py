@@ -16,10 +16,10 @@ import torch
 from safetensors import safe_open
 
 from ..config import ModelConfig
+from ..facts import MODEL_DTYPES
 from .deepseek import MLAForCausalLM
 from .rope import layer_inv_freq
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 FP8_BLOCK = 128
 
@@ -32,9 +32,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if isinstance(dtype, str):
         if dtype == "auto":
             dtype = "bfloat16" if device.type == "cpu" else "float16"
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported; expected one of {list(DTYPES)} or 'auto'")
-        dtype = DTYPES[dtype]
+        if dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported; expected one of {list(MODEL_DTYPES)} or 'auto'")
+        dtype = MODEL_DTYPES[dtype]
     if dtype == torch.float16 and device.type == "cpu":
         raise ValueError("dtype float16 is only supported on CUDA; on CPU use float32 or bfloat16 (float16 matmul is ~1000x slower there)")
     return dtype

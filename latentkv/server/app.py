@@ -11,11 +11,12 @@ from latentkv.server.async_engine import AsyncEngine
 from latentkv.server.chat import create_chat_completion
 from latentkv.server.completions import create_completion
 from latentkv.server.errors import install_error_handlers
-from latentkv.server.guard import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyGuard
+from latentkv.server.guard import ApiKeyGuard, BodyGuard
 from latentkv.server.metrics import ServerMetrics
 from latentkv.server.openapi import install_openapi
 from latentkv.server.protocol import ChatCompletionRequest, CompletionRequest
 from latentkv.server.serving import ServerState
+from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
 class CountStatus:

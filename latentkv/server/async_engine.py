@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from latentkv.engine.outputs import RequestOutput
+from latentkv.engine.prompt_errors import PromptError
 from latentkv.sampling import SamplingParams
-from latentkv.server.errors import PromptError
 
 
 class EngineDeadError(RuntimeError):

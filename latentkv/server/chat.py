@@ -5,19 +5,16 @@ import time
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from latentkv.engine.chat_template import render_chat
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import ChatCompletionRequest, sampling_param_named
-from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, check_prompt_length, collect, follow,
+from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, collect, follow,
                                      new_id, raise_if_failed, sse, sse_error, submit_all, usage)
-from latentkv.server.template import render_chat
 
 
-def chat_prompt(conversation: list[dict], add_generation_prompt: bool, max_model_len: int):
-    def prepare(tokenizer):
-        text, ids = render_chat(tokenizer, conversation, add_generation_prompt)
-        check_prompt_length(ids, max_model_len)
-        return text, ids
-    return prepare
+def chat_prompt(conversation: list[dict], add_generation_prompt: bool):
+    """-> prepare(tokenizer): run in the tokenizer thread; the engine checks the prompt's length."""
+    return lambda tokenizer: render_chat(tokenizer, conversation, add_generation_prompt)
 
 
 async def create_chat_completion(req: ChatCompletionRequest, state: ServerState):
@@ -31,7 +28,7 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
         raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(req.n)
     request_id = new_id("chatcmpl")
-    prepare = chat_prompt(conversation, req.add_generation_prompt, state.max_model_len)
+    prepare = chat_prompt(conversation, req.add_generation_prompt)
     subs = await submit_all(state, request_id, [prepare], params, "messages")
     if req.stream:
         return StreamingResponse(stream_chat(req, state, subs, request_id), media_type="text/event-stream")

@@ -5,27 +5,26 @@ import time
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from latentkv.engine.prompt_errors import PromptError, check_token_ids
+from latentkv.server.errors import bad_request
 from latentkv.server.protocol import CompletionRequest, sampling_param_named
-from latentkv.server.errors import PromptError, bad_request
-from latentkv.server.serving import (DeltaTracker, ServerState, check_prompt_length, check_token_ids, chunk_writer,
-                                     collect, completion_logprobs, follow, new_id, raise_if_failed, sse, sse_error,
-                                     submit_all, usage)
+from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, collect, completion_logprobs, follow,
+                                     new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
-def text_prompt(prompt: str, max_model_len: int):
+# Each prompt becomes prepare(tokenizer) -> (text, ids), run in the tokenizer thread; the
+# engine checks the prompt (empty, vocabulary, length) when it adds the request.
+def text_prompt(prompt: str):
     def prepare(tokenizer):
         if tokenizer is None:
             raise PromptError("this server has no tokenizer; send the prompt as token ids")
-        ids = tokenizer(prompt).input_ids
-        check_prompt_length(ids, max_model_len)
-        return prompt, ids
+        return prompt, tokenizer(prompt).input_ids
     return prepare
 
 
-def token_prompt(ids: list[int], max_model_len: int, vocab_size: int | None):
+def token_prompt(ids: list[int], vocab_size: int):
     def prepare(tokenizer):
-        check_prompt_length(ids, max_model_len)
-        check_token_ids(ids, vocab_size)   # before decoding: an id past the vocabulary must not reach the tokenizer
+        check_token_ids(ids, vocab_size)   # before decoding them (the engine checks the rest)
         text = tokenizer.decode(ids) if tokenizer is not None else None
         return text, list(ids)
     return prepare
@@ -53,8 +52,7 @@ async def create_completion(req: CompletionRequest, state: ServerState):
     except ValueError as err:
         raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(len(prompts) * req.n)
-    prepares = [text_prompt(p, state.max_model_len) if isinstance(p, str)
-                else token_prompt(p, state.max_model_len, state.vocab_size) for p in prompts]
+    prepares = [text_prompt(p) if isinstance(p, str) else token_prompt(p, state.vocab_size) for p in prompts]
     request_id = new_id("cmpl")
     subs = await submit_all(state, request_id, prepares, params, "prompt")
     if req.stream:

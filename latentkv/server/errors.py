@@ -16,15 +16,6 @@ VALIDATION_CODES = {"missing": "missing_required_parameter", "json_invalid": "in
                     "model_attributes_type": "invalid_type", "dict_type": "invalid_type"}
 
 
-class PromptError(ValueError):
-    """A prompt the engine cannot take; `code` says why in machine terms (e.g.
-    "context_length_exceeded", "invalid_token_id")."""
-
-    def __init__(self, message: str, code: str = "invalid_prompt"):
-        super().__init__(message)
-        self.code = code
-
-
 class ApiError(Exception):
     """An error answered with `status` and OpenAI's error body."""
 

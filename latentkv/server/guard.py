@@ -14,8 +14,7 @@ import os
 from pathlib import Path
 
 from latentkv.server.errors import error_body
-
-DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
+from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 PUBLIC_PATHS = ("/health",)
 API_KEY_ENV = "LATENTKV_API_KEY"
 

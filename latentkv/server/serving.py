@@ -9,9 +9,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from latentkv.server.async_engine import AsyncEngine, EngineDeadError, EngineStepError, Submission
-from latentkv.server.errors import ApiError, PromptError, bad_request, internal_error_body
-from latentkv.server.guard import DEFAULT_MAX_REQUEST_BYTES
+from latentkv.server.errors import ApiError, bad_request, internal_error_body
 from latentkv.server.metrics import ServerMetrics
+from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass
@@ -24,8 +24,8 @@ class ServerState:
     max_model_len: int
     max_num_seqs: int
     max_waiting_requests: int
+    vocab_size: int                         # token ids of prompts must be below it
     api_key: str | None = None
-    vocab_size: int | None = None           # token ids of prompts must be below it
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     metrics_public: bool = False            # /metrics without the key
     created: int = field(default_factory=lambda: int(time.time()))
@@ -54,25 +54,6 @@ class ServerState:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def check_prompt_length(ids: list[int], max_model_len: int) -> None:
-    """A prompt must leave room for at least one generated token."""
-    if not ids:
-        raise PromptError("the prompt is empty")
-    if len(ids) >= max_model_len:
-        raise PromptError(f"the prompt has {len(ids)} tokens; max_model_len is {max_model_len}, "
-                          "so it leaves no room for output", code="context_length_exceeded")
-
-
-def check_token_ids(ids: list[int], vocab_size: int | None) -> None:
-    """Token ids given by the client must be in the vocabulary (checked before anything decodes them)."""
-    if vocab_size is None:
-        return
-    for t in ids:
-        if not 0 <= t < vocab_size:
-            raise PromptError(f"prompt token id {t} is outside the vocabulary (0 <= id < {vocab_size})",
-                              code="invalid_token_id")
 
 
 async def submit_all(state: ServerState, base_id: str, prepares: list, params, param: str) -> list[Submission]:

@@ -48,8 +48,3 @@ def test_int8_scale_is_max_abs_over_127():
     assert scale.item() == pytest.approx(2.54 / 127)
     assert q.tolist() == [[25, -127, 50]]
     assert torch.allclose(dequantize_latent(q, scale, "int8", torch.float32), c, atol=scale.item() / 2)
-
-
-def test_unknown_cache_dtype_is_refused():
-    with pytest.raises(ValueError, match="kv_cache_dtype 'int4'"):
-        LatentCache(1, 4, 8, 4, cache_dtype="int4")

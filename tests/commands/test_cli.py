@@ -65,6 +65,22 @@ def test_unreadable_api_key_file_is_a_clean_error(tmp_path, capsys):
     assert "no-such-key" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,config,named,allowed", [
+    (["--kv-cache-dtype", "bfloat16"], None, "--kv-cache-dtype = 'bfloat16'", "fp8_e4m3"),   # bad dtype
+    (["--kv-cache-memory", "2 parsecs"], None, "--kv-cache-memory = '2 parsecs'", "GiB"),     # bad unit
+    ([], 'kv_cache_memory = "12 furlongs"\n', "kv_cache_memory = '12 furlongs'", "GiB"),
+    ([], '[precision]\ncompute = "half"\n', "precision.compute = 'half'", "bfloat16"),
+])
+def test_startup_errors_name_the_key_and_allowed_values(tmp_path, capsys, argv, config, named, allowed):
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        argv = [*argv, "--config", str(tmp_path / "c.toml")]
+    for command in ("serve", "generate --prompt x", "chat"):
+        assert main([*command.split(), *argv]) == 2
+        err = capsys.readouterr().err
+        assert named in err and allowed in err
+
+
 def test_missing_model_is_a_clean_error(tmp_path, capsys):
     for command in ("serve", "chat", "generate --prompt x"):
         assert main([*command.split(), str(tmp_path / "absent")]) == 2
@@ -77,7 +93,7 @@ def test_serve_subprocess_answers_over_http(model_dir, tmp_path):
         port = s.getsockname()[1]
     config = tmp_path / "serve.toml"
     config.write_text('[server]\nserved_model_name = "cli-tiny"\n\n[precision]\ncompute = "float32"\n'
-                      '[latent_attention.memory]\npool_size = 64\n')
+                      '[latent_attention.memory]\npool_size = 64\n')  # the seed's names: 64 blocks
     proc = subprocess.Popen([sys.executable, "-m", "latentkv.cli", "serve", str(model_dir), "--config", str(config),
                              "--port", str(port), "--max-model-len", "256", "--max-request-bytes", "2048"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -165,15 +165,6 @@ def test_attention_paths_agree(tiny_lm):
     assert outs["naive"] == outs["absorbed"] == outs["auto"]
 
 
-def test_memory_sizes():
-    from latentkv.engine.runner import parse_memory
-    assert parse_memory("2GiB") == 2 * 2**30 and parse_memory("512 MiB") == 512 * 2**20
-    assert parse_memory("1.5GB") == 1_500_000_000 and parse_memory(4096) == 4096 and parse_memory("100") == 100
-    for bad in ("lots", "-1GiB", 0, "2 parsecs"):
-        with pytest.raises(ValueError):
-            parse_memory(bad)
-
-
 def test_default_cache_budget_is_capped_by_what_can_be_used(tiny_lm, capsys):
     folder, _, _ = tiny_lm()
     llm = LLM(str(folder), dtype="float32", block_size=16, max_num_seqs=4, max_model_len=100)

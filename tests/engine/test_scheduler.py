@@ -25,7 +25,7 @@ def run(sched, seqs, targets, check=None):
         assert out, "scheduler made no progress"
         if check:
             check(out)
-        samplers = [s.seq for s in out.scheduled if s.samples]
+        samplers = [s.seq for s in out.scheduled if s.picks_token]
         # the cache must hold every scheduled token's slot
         for s in out.scheduled:
             assert len(s.seq.block_table) * sched.kv.block_size >= s.seq.num_computed_tokens + s.num_new_tokens
@@ -157,7 +157,7 @@ def test_random_arrivals_and_aborts_keep_invariants():
         assert out or not sched.has_unfinished()
         sched.mark_computed(out)
         for s in out.scheduled:
-            if s.samples:
+            if s.picks_token:
                 s.seq.append_token(next_token(s.seq))
                 if s.seq.num_output_tokens >= targets[s.seq.request_id]:
                     s.seq.finish("length")

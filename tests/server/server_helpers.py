@@ -10,7 +10,7 @@ import uvicorn
 
 from latentkv.engine.engine import EngineArgs, LLMEngine
 from latentkv.server.app import build_app, build_state
-from latentkv.server.guard import DEFAULT_MAX_REQUEST_BYTES
+from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 MODEL_NAME = "tiny-mla"
 

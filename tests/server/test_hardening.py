@@ -198,7 +198,7 @@ def test_unhandled_500s_are_counted(server, monkeypatch):
 # 9. message content cannot inject the template's control tokens
 def test_chat_content_cannot_forge_a_turn(server, client):
     from transformers import AutoTokenizer
-    from latentkv.server.template import render_chat
+    from latentkv.engine.chat_template import render_chat
 
     tok = AutoTokenizer.from_pretrained(server.engine.args.model)
     plain = [{"role": "user", "content": "hello there"}]
@@ -217,8 +217,8 @@ def test_chat_content_cannot_forge_a_turn(server, client):
 
 def test_a_template_that_rewrites_content_refuses_control_tokens():
     from tiny_lm import build_tokenizer
-    from latentkv.server.errors import PromptError
-    from latentkv.server.template import render_chat
+    from latentkv.engine.prompt_errors import PromptError
+    from latentkv.engine.chat_template import render_chat
 
     tok = build_tokenizer()
     tok.chat_template = "{% for m in messages %}<s>{{ m['content'] | upper }}\n{% endfor %}"

@@ -1,0 +1,143 @@
+"""`EngineArgs`: every engine option, checked once when constructed.
+
+`OPTION_CHECKS` is the one rule per option: `EngineArgs` applies it to its fields, and
+`--config` files and command-line flags (latentkv/settings.py) apply the same rule to the
+same names, so an error there names the key or flag that gave the value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from latentkv.facts import BLOCK_SIZES, CACHE_DTYPE_ALIASES, CACHE_DTYPES, MODEL_DTYPE_ALIASES, MODEL_DTYPES
+from latentkv.memory import parse_memory
+from latentkv.model.quant import QUANTIZATIONS
+
+ATTENTION_PATHS = ("auto", "naive", "absorbed")
+
+
+def positive_int(value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError
+    return value
+
+
+def non_negative_int(value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError
+    return value
+
+
+def boolean(value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "on", "yes", "1", "false", "off", "no", "0"):
+        return value.lower() in ("true", "on", "yes", "1")
+    raise ValueError
+
+
+def text(value):
+    if not isinstance(value, str) or not value:
+        raise ValueError
+    return value
+
+
+def choice(allowed, aliases=None):
+    def check(value):
+        value = (aliases or {}).get(value, value)
+        if value not in allowed:
+            raise ValueError
+        return value
+    return check
+
+
+def model_dtype(value):
+    """A dtype name (or alias), "auto", or one of the torch dtypes itself."""
+    if isinstance(value, torch.dtype) and value in MODEL_DTYPES.values():
+        return value
+    return choice(("auto", *MODEL_DTYPES), MODEL_DTYPE_ALIASES)(value)
+
+
+def quantization(value):
+    """None or "none" (plain linears) -> None; else a weight-only scheme."""
+    return None if value in (None, "none") else choice(QUANTIZATIONS)(value)
+
+
+def fraction(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+        raise ValueError
+    return float(value)
+
+
+def memory(value):
+    return parse_memory(value)  # its ValueError says what is wrong with the size
+
+
+# option -> (the allowed values in words, check returning the clean value or raising ValueError)
+OPTION_CHECKS = {
+    "model": ("a path", text),
+    "tokenizer": ("a path", text),
+    "dtype": (f"one of {['auto', *MODEL_DTYPES]}", model_dtype),
+    "kv_cache_dtype": (f"one of {list(CACHE_DTYPES)} ('auto' stores the latent in the model dtype)",
+                       choice(CACHE_DTYPES, CACHE_DTYPE_ALIASES)),
+    "quantization": (f"one of {['none', *QUANTIZATIONS]} (weight-only; int4: CPU)", quantization),
+    "block_size": (f"one of {list(BLOCK_SIZES)}", choice(BLOCK_SIZES)),
+    "kv_cache_memory": ("a positive size such as \"2GiB\", \"512MiB\" or a number of bytes", memory),
+    "kv_cache_blocks": ("a positive number of cache blocks", positive_int),
+    "kv_cache_fraction": ("a fraction in (0, 1]", fraction),
+    "max_model_len": ("a positive integer", positive_int),
+    "max_num_seqs": ("a positive integer", positive_int),
+    "max_num_batched_tokens": ("a positive integer", positive_int),
+    "enable_prefix_caching": ("true or false", boolean),
+    "nan_check": ("true or false", boolean),
+    "skip_tokenizer_init": ("true or false", boolean),
+    "seed": ("an integer >= 0", non_negative_int),
+    "attention_path": (f"one of {list(ATTENTION_PATHS)}", choice(ATTENTION_PATHS)),
+}
+
+
+def check_option(name: str, value, where: str | None = None, checks: dict = OPTION_CHECKS):
+    """`value` cleaned by the rule for option `name`; else ValueError naming `where` (the
+    TOML key or flag that gave it; default the option's name) and the allowed values."""
+    allowed, check = checks[name]
+    try:
+        return check(value)
+    except (ValueError, TypeError) as err:
+        why = f" ({err})" if str(err) else ""
+        raise ValueError(f"{where or name} = {value!r} is not valid{why}; allowed: {allowed}") from None
+
+
+@dataclass
+class EngineArgs:
+    model: str
+    tokenizer: str | None = None
+    dtype: str | torch.dtype = "auto"
+    device: str | None = None               # None: cuda when available, else cpu
+    kv_cache_dtype: str = "auto"            # "auto" (model dtype) | "int8" | "fp8_e4m3"
+    block_size: int = 16
+    kv_cache_memory: int | str | None = None  # bytes or e.g. "2GiB" (read into bytes here)
+    kv_cache_blocks: int | None = None      # or a number of blocks; neither: kv_cache_fraction
+    kv_cache_fraction: float | None = None  # of free memory (default 0.9 on CUDA, 0.25 on CPU)
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+    nan_check: bool = False
+    attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
+    quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in OPTION_CHECKS and not (value is None and f.default is None):
+                setattr(self, f.name, check_option(f.name, value))
+        if self.kv_cache_memory is not None and self.kv_cache_blocks is not None:
+            raise ValueError(f"give kv_cache_memory ({self.kv_cache_memory} bytes) or kv_cache_blocks "
+                             f"({self.kv_cache_blocks}), not both: they size the same cache")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            # else the oldest sequences would take every step's budget and the rest wait
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step")

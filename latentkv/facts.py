@@ -1,0 +1,27 @@
+"""Facts the whole package shares, each stated once (imported by settings, engine,
+cache, model loader, converter and eval alike; this module imports nothing of latentkv)."""
+from __future__ import annotations
+
+import torch
+
+# Model (weight and activation) dtypes by name. "auto" picks bfloat16 on CPU, float16 on CUDA.
+MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MODEL_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+# Latent cache dtypes: "auto" stores the latent in the model dtype; int8 / fp8_e4m3 store one
+# byte per element plus a float32 scale per token and layer (SCALE_BYTES).
+CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+SCALE_BYTES = 4
+
+# Tokens per cache block (powers of two: the block runs and prefix hashes assume it).
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+# config.json model_type of the models latentkv serves (MLA) and of the sources it converts.
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+SOURCE_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,41 @@
+"""Memory sizes: reading "2GiB"-style sizes, and how much memory a device has free."""
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_memory(value: int | float | str) -> int:
+    """Bytes from an int or a string such as "2GiB", "512 MiB", "1.5GB", "4096"."""
+    if isinstance(value, bool):
+        raise ValueError(f"cannot read a memory size from {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"a memory size must be positive, got {value}")
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read a memory size from {value!r}; use bytes or e.g. '512MiB', '2GiB'")
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"a memory size must be positive, got {value!r}")
+    return size
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes on `device` now (CUDA: mem_get_info; CPU: MemAvailable)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
