@@ -7,12 +7,13 @@ import os
 
 import torch
 
-from latentkv.bench import decode, memory, prefix, serve, throughput
+from latentkv.bench import decode, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
 from latentkv.facts import MODEL_DTYPES
 
-BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix, "serve": serve}
+BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
+           "store_restart": store_restart, "serve": serve}
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
@@ -60,7 +61,12 @@ def register(subparsers) -> None:
     p = sub.add_parser("prefix", help="time to first token with a shared prefix, prefix cache on vs off")
     add_model_args(p)
     p.add_argument("--prefixes", type=int, nargs="+")
-    p.set_defaults(func=lambda a: run("prefix", a))
+    p.add_argument("--store", action="store_true",
+                   help="instead: TTFT after a restart, cold vs restored from the on-disk store; store bytes per "
+                        "token vs GQA/MHA; throughput with the store on vs off")
+    p.add_argument("--store-dir", help="store directory for --store (default: a temporary one, deleted after)")
+    p.add_argument("--concurrency", type=int, nargs="+", help="--store: requests at once for the throughput part")
+    p.set_defaults(func=lambda a: run("store_restart" if a.store else "prefix", a))
 
     p = sub.add_parser("serve", help="OpenAI-API load (N concurrent streaming requests): latentkv serve vs vllm serve")
     add_model_args(p)

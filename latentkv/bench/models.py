@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from latentkv.bench.systems import load_hf
 from latentkv.convert.api import convert
+from latentkv.convert.options import ConvertOptions
 from latentkv.convert.sources import default_gguf_path
 from latentkv.resolve import resolve_model
 
@@ -26,7 +27,7 @@ def ensure_stock(native: Path, width: int | None = None) -> Path:
     stock = native.with_name(native.name + "-stock" + (str(width) if width else ""))
     if not (stock / "config.json").exists():
         tmp = stock.with_name(stock.name + ".tmp")
-        convert(source=default_gguf_path(), out=tmp, stock=True, stock_width=width)
+        convert(default_gguf_path(), tmp, ConvertOptions(stock=True, stock_width=width))
         tmp.rename(stock)
     return stock
 

@@ -4,7 +4,8 @@ Unquantized: one tensor [num_blocks, block_size, kv_rank + rope_dim] in the mode
 so the absorbed path reads key rows `[c ; k_r]` with no copy.
 Quantized (`int8`, `fp8_e4m3`): `c` in one byte per element with a float32 scale per
 token (`scale = max|c| / qmax`), `k_r` kept in the model dtype (it is small and RoPE
-makes it sensitive); dequantized when attention gathers it.
+makes it sensitive); dequantized when attention reads it. Reads and writes through
+block tables live in `latentkv.attention.paged`.
 """
 from __future__ import annotations
 
@@ -37,42 +38,6 @@ class LatentCache:
     @property
     def quantized(self) -> bool:
         return self.cache_dtype != "auto"
-
-    def write(self, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Store c [T, kv_rank] and k_r [T, rope_dim] at flat slots [T]."""
-        if not self.quantized:
-            self.kv.view(-1, self.kv.shape[-1]).index_copy_(0, slot_mapping, torch.cat((c, k_r), dim=-1).to(self.dtype))
-            return
-        q, scale = quantize_latent(c, self.cache_dtype)
-        self.latent.view(-1, self.kv_rank).index_copy_(0, slot_mapping, q)
-        self.scale.view(-1).index_copy_(0, slot_mapping, scale)
-        self.rope.view(-1, self.rope_dim).index_copy_(0, slot_mapping, k_r.to(self.dtype))
-
-    def gather(self, block_tables: torch.Tensor) -> torch.Tensor:
-        """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype (a copy)."""
-        b, nb = block_tables.shape
-        if not self.quantized:
-            return self.kv[block_tables].view(b, nb * self.block_size, -1)
-        kv = self.dequantize(self.latent[block_tables], self.scale[block_tables], self.rope[block_tables])
-        return kv.view(b, nb * self.block_size, -1)
-
-    def pieces(self, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:
-        """One sequence's first `length` tokens, stored on `runs` of consecutive blocks ->
-        [1, L_i, kv_rank + rope_dim] pieces in order, summing to `length`. Unquantized,
-        each piece is a view: decode reads the cache once, with no gather copy."""
-        out, left = [], length
-        for first, count in runs:
-            take = min(left, count * self.block_size)
-            if take <= 0:
-                break
-            if self.quantized:
-                blocks = slice(first, first + count)
-                kv = self.dequantize(self.latent[blocks], self.scale[blocks], self.rope[blocks])
-            else:
-                kv = self.kv[first:first + count]
-            out.append(kv.view(1, count * self.block_size, -1)[:, :take])
-            left -= take
-        return out
 
     def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         """codes [..., r], scale [...], rope [..., dr] -> [..., r + dr] in the model dtype,

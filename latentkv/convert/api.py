@@ -1,23 +1,29 @@
-"""`convert(...)`: read a source, calibrate, convert, measure, write the folder."""
+"""`convert(source, out, options)`: read a source, calibrate, convert, measure, write the folder."""
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.corpus import default_documents, file_documents, token_windows
+from latentkv.convert.corpus import default_documents, file_documents, heldout_text, token_windows
 from latentkv.convert.export import export
-from latentkv.convert.pipeline import Settings, build_model, resolve_rope_dim
-from latentkv.convert.sources import SourceModel, read_source
+from latentkv.convert.layout import converted_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model, resolve_rope_dim
+from latentkv.convert.reference import source_logits
+from latentkv.convert.sequential import build_sequential
+from latentkv.convert.source_model import SourceModel
+from latentkv.convert.sources import read_source
 from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
+from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
 from latentkv.facts import MODEL_DTYPES
 
-DEFAULT_CALIB_TOKENS = 32768
-DEFAULT_CTX = 512
-DEFAULT_EVAL_TOKENS = 4096
+DEFAULTS = ConvertOptions()
 # With no size option: the smallest cache (int8 latent bytes counted) measured within +5%
-# perplexity of the original SmolLM2 in docs/conversion.md.
+# perplexity of the original SmolLM2 in docs/conversion.md. (Here, beside `convert`: the
+# start-up cache key hashes this module's DEFAULT_* with convert's defaults.)
 DEFAULT_ROPE_DIM = 64
 DEFAULT_CACHE_RATIO = 5 / 6  # rope 64 + rank 256 = 320 of 384 elements: +4.6% (int8 latent +4.6%)
 
@@ -34,25 +40,24 @@ def split_cache(src: SourceModel, cache_ratio: float, rope_dim) -> tuple[int | s
     return rope_dim, total - dr
 
 
-def resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, target="vllm", stock_width=None, **extra) -> Settings:
-    """Settings from the user's size options (none: the measured default); stock widths snap to `target`'s."""
-    if cache_ratio is not None and kv_rank is not None:
-        raise ValueError("give --cache-ratio or --kv-rank, not both")
-    if cache_ratio is None and kv_rank is None and rope_dim is None:
-        cache_ratio = DEFAULT_CACHE_RATIO
-    if stock and (target != "any" or stock_width is not None):
-        if cache_ratio is not None:  # the width asked for, before snapping
-            kv_rank, cache_ratio = round(float(cache_ratio) * src.kv_elements()) - STOCK_ROPE_DIM, None
-        rope_dim, kv_rank, notes = stock_size(src, rope_dim, kv_rank, target, stock_width)
+def resolve_sizes(src: SourceModel, options: ConvertOptions) -> ConvertOptions:
+    """The options (checked) with rope_dim and kv_rank decided (none given: the measured default)."""
+    if options.stock and src.qkv_bias:
+        raise ValueError("the stock deepseek_v3 format has no q_proj bias; convert this source without --stock")
+    rope_dim, kv_rank, ratio = options.rope_dim, options.kv_rank, options.cache_ratio
+    if ratio is None and kv_rank is None and rope_dim is None:
+        ratio = DEFAULT_CACHE_RATIO
+    if options.stock and (options.target != "any" or options.stock_width is not None):
+        if ratio is not None:  # the width asked for, before snapping to one the target takes
+            kv_rank, ratio = round(float(ratio) * src.kv_elements()) - STOCK_ROPE_DIM, None
+        rope_dim, kv_rank, notes = stock_size(src, rope_dim, kv_rank, options.target, options.stock_width)
         for note in notes:
             print(f"latentkv convert: {note}")
-    if cache_ratio is not None:
-        rope_dim, kv_rank = split_cache(src, float(cache_ratio), rope_dim)
+    if ratio is not None:
+        rope_dim, kv_rank = split_cache(src, float(ratio), rope_dim)
     if rope_dim is None:
         rope_dim = min(DEFAULT_ROPE_DIM, src.num_kv_heads * src.head_dim)
-    if kv_rank is None:
-        kv_rank = "full"
-    return Settings(rope_dim=rope_dim, kv_rank=kv_rank, stock=stock, **extra)
+    return replace(options, rope_dim=rope_dim, kv_rank="full" if kv_rank is None else kv_rank, cache_ratio=ratio)
 
 
 def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int) -> torch.Tensor:
@@ -62,53 +67,31 @@ def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int) ->
 
 
 def measure(src: SourceModel, cfg: dict, tensors: dict, eval_tokens: int, ctx: int) -> dict:
-    """Held-out perplexities of the source and the converted model (in memory)."""
-    from latentkv.convert.mla_reference import mla_logits
-    from latentkv.convert.reference import source_logits
-    from latentkv.eval.ppl import PROTOCOL, perplexity
-
-    windows = token_windows(src.tokenizer(), list(default_documents(heldout=True)), ctx, eval_tokens, seed=1)
-    tensors32 = {k: v.float() for k, v in tensors.items()}
+    """Held-out perplexities of the source and the converted model, with the protocol and
+    windows of `latentkv eval ppl` (the converted model is latentkv's own, as it loads)."""
+    windows = text_windows(src.tokenizer(), heldout_text(), ctx, eval_tokens)
+    model = converted_model(cfg, tensors)
     source = perplexity(lambda ids: source_logits(src, ids), windows, desc="perplexity (source)")
-    converted = perplexity(lambda ids: mla_logits(cfg, tensors32, ids), windows, desc="perplexity (converted)")
+    converted = perplexity(model.full_logits, windows, desc="perplexity (converted)")
     return {"source ppl": source["ppl"], "converted ppl": converted["ppl"],
             "ratio": converted["ppl"] / source["ppl"],
             "protocol": PROTOCOL.format(ctx=ctx) + f", {source['tokens']} tokens of the default held-out text"}
 
 
-def convert(source=None, out="converted", rope_dim=None, kv_rank=None, cache_ratio=None, calib=None,
-            calib_tokens: int = DEFAULT_CALIB_TOKENS, stock: bool = False, dtype: str = "float32",
-            ctx: int = DEFAULT_CTX, eval_tokens: int = DEFAULT_EVAL_TOKENS, weighting: str = "attention",
-            rank_alloc: str = "uniform", rope_theta: float | None = None, sequential: bool = False,
-            k_weight: float = 5.0, target: str = "vllm", stock_width: int | None = None) -> Path:
-    """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`.
-
-    rope_dim: even int or "all"; kv_rank: int (mean latent width) or "full"; cache_ratio:
-    cache elements as a fraction of the source's (sets both); eval_tokens=0 skips measuring.
-    stock: target ("vllm", "vllm-cpu", "flashmla" or "any") and stock_width pick the latent width
-    (stock.py).
-    """
-    if dtype not in MODEL_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}")
+def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) -> Path:
+    """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`."""
+    options.check()
     src = source if isinstance(source, SourceModel) else read_source(source)
-    if stock and dtype == "float16":
-        raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
-    if stock and src.qkv_bias:
-        raise ValueError("the stock deepseek_v3 format has no q_proj bias; convert this source without --stock")
-    settings = resolve_settings(src, rope_dim, kv_rank, cache_ratio, stock, target, stock_width, weighting=weighting,
-                                rank_alloc=rank_alloc, rope_theta=rope_theta, sequential=sequential, k_weight=k_weight)
-    resolve_rope_dim(src, settings.rope_dim, stock)  # fail before the (long) calibration
-    windows = calibration_windows(src, calib, calib_tokens, ctx)
+    options = resolve_sizes(src, options)
+    resolve_rope_dim(src, options.rope_dim, options.stock)  # fail before the (long) calibration
+    windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx)
     stats = collect_stats(src, windows)
-    if sequential:
-        from latentkv.convert.sequential import build_sequential
-
-        cfg, tensors, info = build_sequential(src, stats, windows, settings, dtype=MODEL_DTYPES[dtype])
+    dtype = MODEL_DTYPES[options.dtype]
+    if options.sequential:
+        cfg, tensors, info = build_sequential(src, stats, windows, options, dtype=dtype)
     else:
-        cfg, tensors, info = build_model(src, stats, settings, dtype=MODEL_DTYPES[dtype], sensitivity_ids=windows[:2])
-    measured = measure(src, cfg, tensors, eval_tokens, ctx) if eval_tokens else {}
-    record = {"rope_dim": settings.rope_dim, "kv_rank": settings.kv_rank, "cache_ratio": cache_ratio,
-              "stock": stock, "target": target if stock else None, "weighting": weighting, "k_weight": k_weight, "rank_alloc": rank_alloc,
-              "sequential": sequential, "calib": calib or "default corpus",
-              "calib_tokens": int(stats[0].tokens), "ctx": ctx, "rope_theta": info["rope_theta"], "dtype": dtype}
+        cfg, tensors, info = build_model(src, stats, options, dtype=dtype, sensitivity_ids=windows[:2])
+    measured = measure(src, cfg, tensors, options.eval_tokens, options.ctx) if options.eval_tokens else {}
+    record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
+              "rope_theta": info["rope_theta"]}
     return export(Path(out), src, cfg, tensors, info, record, measured)

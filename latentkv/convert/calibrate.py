@@ -14,7 +14,8 @@ import torch
 from tqdm.auto import tqdm
 
 from latentkv.convert import reference as ref
-from latentkv.convert.sources import SourceModel
+from latentkv.convert.source_model import SourceModel
+from latentkv.model.norm import rms_norm
 
 
 @dataclass
@@ -96,7 +97,7 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_
         energy = 0.0
         moved = []
         for h in hidden:
-            x = ref.rms_norm(h, layer["attn_norm"], src.rms_norm_eps)
+            x = rms_norm(h, layer["attn_norm"], src.rms_norm_eps)
             add_moments(xx, x.reshape(-1, D))
             out, probs = ref.attention(src, layer, x, positions, return_probs=True)
             add_distances(dist, probs)
@@ -105,7 +106,7 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_
             energy += h.double().pow(2).sum().item()
             if next_layer is None:  # reuse this attention output: the source layer's forward
                 h = h + out
-                moved.append(h + ref.mlp(layer, ref.rms_norm(h, layer["mlp_norm"], src.rms_norm_eps)))
+                moved.append(h + ref.mlp(layer, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps)))
         count = N * T
         stats.append(LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), rho=(rho / count).cpu(),
                                 kappa=(kappa / count).cpu(), h_energy=energy / count, tokens=count))

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
 from latentkv.convert import sweep
-from latentkv.convert.api import DEFAULT_CALIB_TOKENS, DEFAULT_EVAL_TOKENS, convert
+from latentkv.convert.api import convert
+from latentkv.convert.options import ConvertOptions
 from latentkv.convert.sources import SourceError
 from latentkv.convert.stock import TARGETS
 from latentkv.facts import MODEL_DTYPES
+
+D = ConvertOptions()  # the defaults
 
 
 def rope_dim_arg(text: str):
@@ -23,12 +27,12 @@ def kv_rank_arg(text: str):
 
 # flag, default, argparse keywords: each lost to the default in docs/conversion.md's ablations
 EXPERT_OPTIONS = [
-    ("--weighting", "attention", dict(choices=["attention", "aware", "balanced"],
+    ("--weighting", D.weighting, dict(choices=["attention", "aware", "balanced"],
                                       help="latent error weighting (aware +10.8%%, balanced +12.0%% vs attention +8.1%%)")),
-    ("--k-weight", 5.0, dict(type=float, help="key against value error weight (5 measured best)")),
-    ("--rank-alloc", "uniform", dict(choices=["uniform", "spectrum", "measured"],
+    ("--k-weight", D.k_weight, dict(type=float, help="key against value error weight (5 measured best)")),
+    ("--rank-alloc", D.rank_alloc, dict(choices=["uniform", "spectrum", "measured"],
                                      help="per-layer ranks under the global budget (both non-uniform ones lost)")),
-    ("--sequential", False, dict(action="store_true",
+    ("--sequential", D.sequential, dict(action="store_true",
                                  help="refit each latent on converted activations (< 1%% better, 2x calibration)")),
 ]
 
@@ -49,16 +53,16 @@ def register(subparsers) -> None:
     p.add_argument("--kv-rank", type=kv_rank_arg, default=None, help="latent width (mean over layers), or 'full'")
     p.add_argument("--cache-ratio", type=float, default=None, help="cache elements as a fraction of the source's (e.g. 0.5)")
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
-    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens (default 32768)")
+    p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
-    p.add_argument("--target", default="vllm", choices=list(TARGETS),
+    p.add_argument("--target", default=D.target, choices=list(TARGETS),
                    help="stock: the engine whose MLA widths (kv rank + rope) to snap to: vllm 320/512/576, "
                    "vllm-cpu and flashmla 576, any: as asked")
     p.add_argument("--stock-width", type=int, default=None,
                    help="stock: force this kv rank + rope width (e.g. 576); above what the source needs is zero-padded")
-    p.add_argument("--dtype", default="float32", choices=list(MODEL_DTYPES))
-    p.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window length")
-    p.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens to measure perplexity on (0: skip)")
+    p.add_argument("--dtype", default=D.dtype, choices=list(MODEL_DTYPES))
+    p.add_argument("--ctx", type=int, default=D.ctx, help="calibration / evaluation window length")
+    p.add_argument("--eval-tokens", type=int, default=None, help=f"held-out tokens to measure perplexity on (default {D.eval_tokens}; 0: skip)")
     expert = p.add_argument_group("expert options", "research knobs that measured worse or marginal on SmolLM2 "
                                   "(docs/conversion.md); they take effect only with --expert")
     expert.add_argument("--expert", action="store_true", help="allow the options below")
@@ -74,13 +78,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"latentkv convert: error: {', '.join(expert_options_used(args))} need --expert "
               "(they measured worse than the defaults, see docs/conversion.md)", file=sys.stderr)
         return 2
+    given = {f.name: getattr(args, f.name) for f in fields(ConvertOptions)
+             if getattr(args, f.name, None) is not None}  # an option left out keeps its default
     try:
-        out = convert(args.source, out=args.out, rope_dim=args.rope_dim, kv_rank=args.kv_rank,
-                      cache_ratio=args.cache_ratio, calib=args.calib,
-                      calib_tokens=args.calib_tokens or DEFAULT_CALIB_TOKENS, stock=args.stock, dtype=args.dtype,
-                      ctx=args.ctx, eval_tokens=DEFAULT_EVAL_TOKENS if args.eval_tokens is None else args.eval_tokens,
-                      weighting=args.weighting, rank_alloc=args.rank_alloc, sequential=args.sequential,
-                      k_weight=args.k_weight, target=args.target, stock_width=args.stock_width)
+        out = convert(args.source, out=args.out, options=ConvertOptions(**given))
     except (SourceError, ValueError, FileNotFoundError) as err:
         print(f"latentkv convert: error: {err}", file=sys.stderr)
         return 2

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latentkv.convert.sources import SourceError, SourceModel, check_tensors, default_inv_freq
+from latentkv.convert.source_model import SourceError, SourceModel, check_tensors
+from latentkv.model.rope import default_inv_freq
 
 # GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.")
 LAYER_NAMES = {
@@ -119,7 +120,7 @@ def read_gguf(path: Path) -> SourceModel:
         intermediate_size=int(read_field(reader, "llama.feed_forward_length")),
         num_layers=int(read_field(reader, "llama.block_count")), num_heads=H, num_kv_heads=Hkv, head_dim=d,
         rms_norm_eps=float(read_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=theta, inv_freq=default_inv_freq(theta, d),
+        rope_theta=theta, inv_freq=default_inv_freq(d, theta),
         max_position_embeddings=int(read_field(reader, "llama.context_length", 4096)),
         tie_word_embeddings="lm_head.weight" not in tensors,
         qkv_bias=any(n.endswith("q_proj.bias") for n in tensors),

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from latentkv.convert.sources import SourceError, SourceModel, check_tensors
+from latentkv.convert.source_model import SourceError, SourceModel, check_tensors
+from latentkv.model.rope import default_inv_freq
 
 SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
 KNOWN_UNSUPPORTED = {
@@ -87,9 +88,7 @@ def rope_frequencies(path: Path, hf_cfg) -> tuple[torch.Tensor, float]:
     kind = params.get("rope_type", "default")
     theta = float(params.get("rope_theta", 10000.0))
     if kind == "default":
-        from latentkv.convert.sources import default_inv_freq
-
-        return default_inv_freq(theta, hf_cfg.head_dim), theta
+        return default_inv_freq(hf_cfg.head_dim, theta), theta
     if kind not in ROPE_INIT_FUNCTIONS:
         raise SourceError(f"{path}: unsupported: RoPE type {kind!r}")
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[kind](hf_cfg, "cpu")

@@ -1,9 +1,13 @@
-"""The DeepSeek-V3 config.json of a converted model (all layers dense, one KV head per query head)."""
+"""The DeepSeek-V3 config.json of a converted model (all layers dense, one KV head per query head),
+and the model it describes, built in memory: the converter measures with latentkv's own model."""
 from __future__ import annotations
 
 import torch
 
-from latentkv.convert.sources import SourceModel
+from latentkv.config import ModelConfig
+from latentkv.convert.source_model import SourceModel
+from latentkv.model.deepseek import MLAForCausalLM
+from latentkv.model.loader import model_from_tensors
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -64,3 +68,8 @@ def deepseek_config(src: SourceModel, dn: int, dr: int, ranks: list[int], stock:
             "q_bias": bool(src.qkv_bias),
         }
     return cfg
+
+
+def converted_model(cfg: dict, tensors: dict[str, torch.Tensor]) -> MLAForCausalLM:
+    """The converted model in float32 (as `latentkv eval ppl` loads the exported folder)."""
+    return model_from_tensors(ModelConfig.from_dict(cfg), tensors, torch.float32)

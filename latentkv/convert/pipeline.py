@@ -1,4 +1,4 @@
-"""Source + calibration statistics + settings -> converted model (config dict, tensors).
+"""Source + calibration statistics + options -> converted model (config dict, tensors).
 
 The steps, each in its own module: RoPE plans (rope.py), the latent of each layer
 (latent.py), the layer weights (assemble.py), the DeepSeek-V3 config (layout.py).
@@ -6,40 +6,21 @@ Statistics are collected once (calibrate.py) so several settings can share them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 from tqdm.auto import tqdm
 
 from latentkv.convert import latent as lat
-from latentkv.convert import rope
-from latentkv.convert.assemble import build_layer, dropped_pairs, key_features, key_maps, nope_queries
+from latentkv.convert import rope, sensitivity
+from latentkv.convert.assemble import build_layer, key_features, key_maps, nope_queries
 from latentkv.convert.calibrate import LayerStats
 from latentkv.convert.layout import deepseek_config
-from latentkv.convert.sources import SourceModel
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.source_model import SourceModel
+from latentkv.model.rope import default_inv_freq
 
 THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stock rope schedule
-
-
-@dataclass
-class Settings:
-    """rope_dim: int or "all"; kv_rank: int, "full" or per-layer list;
-    weighting: "attention" (errors in attention-output units), "aware" (K by query moments, V by
-    Wo, energies balanced) or "balanced" (plain norm-balanced PCA);
-    rank_alloc: "uniform", "spectrum" or "measured" (per-layer ranks; both measured worse, see
-    docs/conversion.md); sequential: refit each latent on the converted model's activations;
-    k_weight: extra weight of key error against value error (5 measured best: the first-order
-    model underrates score errors); stock: plain deepseek_v3 output; rope_theta: stock schedule
-    (None: chosen)."""
-
-    rope_dim: int | str = 64
-    kv_rank: int | str | list = "full"
-    weighting: str = "attention"
-    rank_alloc: str = "uniform"
-    sequential: bool = False
-    k_weight: float = 5.0
-    stock: bool = False
-    rope_theta: float | None = None
 
 
 def augmented_weights(src: SourceModel, i: int):
@@ -64,7 +45,7 @@ def resolve_rope_dim(src: SourceModel, rope_dim: int | str, stock: bool) -> int:
 
 def stock_slots(theta: float, rope_dim: int) -> torch.Tensor:
     """DeepSeek's standard rope angles [dr/2] for rope_theta."""
-    return 1.0 / (theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim))
+    return default_inv_freq(rope_dim, theta, torch.float64)
 
 
 def choose_theta(src: SourceModel, stats: list[LayerStats], rope_dim: int) -> float:
@@ -89,7 +70,7 @@ def layer_energy(src, i, st) -> tuple[torch.Tensor, torch.Tensor]:
     return rope.head_energy(unmix, lam, qe, H // Hkv), rope.phase_means(st.dist, src.inv_freq)
 
 
-def plan_rope(src: SourceModel, stats: list[LayerStats], settings: Settings):
+def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions):
     """(plans per layer, rope_dim, theta or None, dn)."""
     dr = resolve_rope_dim(src, settings.rope_dim, settings.stock)
     theta = None
@@ -131,7 +112,7 @@ def latent_problem(src, i, plan, st, dn, weighting, k_weight=1.0):
 
 def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: str, scales=None) -> list[int]:
     """Per-layer latent widths from an int (mean under a global budget), "full" or a list."""
-    if kv_rank == "full":
+    if kv_rank in ("full", None):
         return list(full)
     if isinstance(kv_rank, (list, tuple)):
         return [min(int(r), f) for r, f in zip(kv_rank, full)]
@@ -169,7 +150,7 @@ def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
     return float((((lt @ xx) * lt).sum() / rank).clamp(min=1e-30).sqrt())
 
 
-def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, plans_info=None, dtype=torch.float32,
+def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32,
                 sensitivity_ids: torch.Tensor | None = None):
     """Converted model: (DeepSeek-V3 config dict, tensors by name, info dict).
 
@@ -178,7 +159,7 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, p
     plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
     if settings.rank_alloc == "measured" and not settings.stock and isinstance(settings.kv_rank, int):
         ranks = measured_ranks(src, stats, settings, (plans, dr, theta, dn), sensitivity_ids)
-        settings = Settings(**{**settings.__dict__, "kv_rank": ranks, "rank_alloc": "uniform"})
+        settings = replace(settings, kv_rank=ranks, rank_alloc="uniform")
     problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
                 for i, st in enumerate(stats)]
     facts = [lat.factorize(wz, st.xx, m, wz.shape[0]) for (wz, m, _), st in zip(problems, stats)]
@@ -209,11 +190,9 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: Settings, p
 
 def measured_ranks(src, stats, settings, plans_info, ids) -> list[int]:
     """Per-layer ranks by measured sensitivity at the requested mean rank (sensitivity.py)."""
-    from latentkv.convert import sensitivity
-
     if ids is None:
         raise ValueError("rank_alloc 'measured' needs calibration windows to measure sensitivity on")
-    uniform = Settings(**{**settings.__dict__, "rank_alloc": "uniform"})
+    uniform = replace(settings, rank_alloc="uniform")
     cfg, tensors, info = build_model(src, stats, uniform, plans_info)
     plans, _, _, dn = plans_info
     problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)

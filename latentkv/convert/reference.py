@@ -1,4 +1,5 @@
-"""A plain float32 forward of a Llama-family `SourceModel` (the conversion's reference).
+"""A plain float32 forward of a Llama-family `SourceModel` (the conversion's reference;
+the converted model runs on latentkv.model).
 
 Used to evaluate sources, to collect calibration statistics layer by layer, and as the
 ground truth of the exactness tests. Shapes: ids [B, T], hidden [B, T, D].
@@ -8,25 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from latentkv.convert.sources import SourceModel
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, in float32."""
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, d/2] of angle position * inv_freq (float32, as transformers)."""
-    angles = positions.float()[:, None] * inv_freq.float()[None, :]
-    return angles.cos(), angles.sin()
-
-
-def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [..., T, d] whose pair i is (x_i, x_{i+d/2}) by cos/sin [T, d/2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+from latentkv.convert.source_model import SourceModel
+from latentkv.model.norm import rms_norm
+from latentkv.model.rope import cos_sin, rotate
 
 
 def project_qkv(src: SourceModel, layer: dict, x: torch.Tensor):
@@ -52,8 +37,8 @@ def attention(src: SourceModel, layer: dict, x: torch.Tensor, positions: torch.T
     """Self-attention output [B,T,D] of normed input x; optionally also probs [B,H,T,T]."""
     B, T, _ = x.shape
     q, k, v = project_qkv(src, layer, x)
-    cos, sin = rope_cos_sin(src.inv_freq.to(x.device), positions)
-    q, k = rotate_half_rope(q, cos, sin), rotate_half_rope(k, cos, sin)
+    cos, sin = cos_sin(positions, src.inv_freq.to(x.device))  # [T, d/2], against [B, H, T, d/2]
+    q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
     scale = src.head_dim ** -0.5
     if return_probs:
         probs = attention_probs(q, k, scale)

@@ -13,8 +13,9 @@ from tqdm.auto import tqdm
 
 from latentkv.convert import latent as lat
 from latentkv.convert import reference as ref
-from latentkv.convert.mla_reference import mla_layer
-from latentkv.convert.sources import SourceModel
+from latentkv.convert.layout import converted_model
+from latentkv.convert.source_model import SourceModel
+from latentkv.model.norm import rms_norm
 
 
 def layer_inputs(src: SourceModel, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -33,7 +34,7 @@ def loss_from(src: SourceModel, first: int, h: torch.Tensor, ids: torch.Tensor) 
     positions = torch.arange(ids.shape[1])
     for i in range(first, src.num_layers):
         h = ref.decoder_layer(src, i, h, positions)
-    logits = F.linear(ref.rms_norm(h, src.tensors["model.norm.weight"], src.rms_norm_eps), src.lm_head())
+    logits = F.linear(rms_norm(h, src.tensors["model.norm.weight"], src.rms_norm_eps), src.lm_head())
     return float(F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()))
 
 
@@ -41,11 +42,11 @@ def loss_from(src: SourceModel, first: int, h: torch.Tensor, ids: torch.Tensor) 
 def measure_scales(src: SourceModel, ids: torch.Tensor, cfg: dict, tensors: dict, spectra, ranks) -> list[float]:
     """s_l = loss rise from compressing layer l alone / its predicted residual error."""
     inputs = layer_inputs(src, ids)
-    positions = torch.arange(ids.shape[1])
+    model = converted_model(cfg, tensors)
     base = loss_from(src, 0, inputs[0], ids)
     scales = []
     for i in tqdm(range(src.num_layers), desc="measuring layer sensitivity", unit="layer"):
-        h = mla_layer(cfg, tensors, i, inputs[i], positions)
+        h = model.forward_layer(i, inputs[i])
         rise = max(loss_from(src, i + 1, h, ids) - base, 0.0)
         residual = float(spectra[i][ranks[i]:].sum())
         scales.append(rise / residual if residual > 0 else 0.0)

@@ -10,12 +10,14 @@ import torch
 
 from latentkv.convert import latent as lat
 from latentkv.convert.calibrate import LayerStats, collect_stats
-from latentkv.convert.mla_reference import mla_layer
-from latentkv.convert.pipeline import Settings, build_model, latent_problem, layer_tensors, plan_rope
-from latentkv.convert.sources import SourceModel
+from latentkv.convert.layout import converted_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model, latent_problem, layer_tensors, plan_rope
+from latentkv.convert.source_model import SourceModel
+from latentkv.model.loader import load_weights
 
 
-def build_sequential(src: SourceModel, stats: list[LayerStats], windows: torch.Tensor, settings: Settings,
+def build_sequential(src: SourceModel, stats: list[LayerStats], windows: torch.Tensor, settings: ConvertOptions,
                      dtype=torch.float32, plans_info=None):
     """(config, tensors, info) like build_model, each latent refit on converted activations."""
     plans_info = plans_info or plan_rope(src, stats, settings)
@@ -23,15 +25,18 @@ def build_sequential(src: SourceModel, stats: list[LayerStats], windows: torch.T
     plans, dr, _, dn = plans_info
     ranks = info["ranks"]
     scale = ((dn + dr) / src.head_dim) ** 0.5
+    model = converted_model(cfg, tensors)
 
     def refit(i: int, st: LayerStats) -> None:
         wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
         fact = lat.factorize(wz, st.xx, m, info["latent_used"][i])
         width = ranks[i] if settings.stock else None  # a padded stock latent stays padded
-        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, torch.float32, width))
+        layer = layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, torch.float32, width)
+        tensors.update(layer)
+        load_weights(model, ((name, t, "refit") for name, t in layer.items()), torch.float32, partial=True)
 
     def converted_layer(i: int, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return mla_layer(cfg, tensors, i, h, positions)
+        return model.forward_layer(i, h)  # positions 0..T-1, as collect_stats passes them
 
     collect_stats(src, windows, next_layer=converted_layer, on_layer=refit)
     return {**cfg}, {k: v.to(dtype) for k, v in tensors.items()}, {**info, "sequential": True}

@@ -1,92 +1,17 @@
-"""What a conversion starts from: one Llama-family model held in memory.
+"""`read_source(path)`: a conversion's source from a `.gguf` file or a Hugging Face folder.
 
-`read_source(path)` dispatches on the path (a `.gguf` file or a Hugging Face folder)
-and returns a `SourceModel` whose tensors use Hugging Face Llama names, in float32,
-with RoPE in the Hugging Face "rotate half" layout (pair i = dims (i, i + d/2)).
+Both readers return a `SourceModel` (source_model.py).
 """
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from latentkv.convert.gguf_reader import read_gguf
+from latentkv.convert.hf_reader import read_hf_folder
+from latentkv.convert.source_model import SourceError, SourceModel
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class SourceError(ValueError):
-    """A source model that cannot be read or converted; the message says why."""
-
-
-@dataclass
-class SourceModel:
-    """A Llama-family decoder: shapes, RoPE frequencies and float32 weights.
-
-    `tensors` maps Hugging Face names (`model.layers.{i}.self_attn.q_proj.weight`, ...)
-    to tensors; `inv_freq [head_dim/2]` is each rotate-half pair's angle per token.
-    """
-
-    path: Path
-    kind: str  # "gguf" or "hf"
-    arch: str  # "llama", "qwen2" or "mistral"
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    inv_freq: torch.Tensor
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    bos_token_id: int | None
-    eos_token_id: int | list[int] | None
-    chat_template: str | None = None
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
-
-    def layer(self, i: int) -> dict[str, torch.Tensor | None]:
-        """Layer i's weights under short names (q, k, v, o, q_bias, ..., gate, up, down)."""
-        p = f"model.layers.{i}."
-        t = self.tensors
-        return {
-            "attn_norm": t[p + "input_layernorm.weight"],
-            "q": t[p + "self_attn.q_proj.weight"],
-            "k": t[p + "self_attn.k_proj.weight"],
-            "v": t[p + "self_attn.v_proj.weight"],
-            "o": t[p + "self_attn.o_proj.weight"],
-            "q_bias": t.get(p + "self_attn.q_proj.bias"),
-            "k_bias": t.get(p + "self_attn.k_proj.bias"),
-            "v_bias": t.get(p + "self_attn.v_proj.bias"),
-            "mlp_norm": t[p + "post_attention_layernorm.weight"],
-            "gate": t[p + "mlp.gate_proj.weight"],
-            "up": t[p + "mlp.up_proj.weight"],
-            "down": t[p + "mlp.down_proj.weight"],
-        }
-
-    def lm_head(self) -> torch.Tensor:
-        """[vocab, hidden] output projection (the embedding when tied)."""
-        return self.tensors.get("lm_head.weight", self.tensors["model.embed_tokens.weight"])
-
-    def kv_elements(self) -> int:
-        """KV cache elements per token per layer: 2 * Hkv * d."""
-        return 2 * self.num_kv_heads * self.head_dim
-
-    def tokenizer(self):
-        """A transformers tokenizer for this model."""
-        from transformers import AutoTokenizer
-
-        if self.kind == "gguf":
-            return AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
-        return AutoTokenizer.from_pretrained(str(self.path))
-
-
-def default_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
-    """[head_dim/2] standard RoPE angles, computed in float32 as transformers does."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
 
 
 def default_gguf_path() -> Path:
@@ -108,32 +33,5 @@ def read_source(path: str | Path | None = None) -> SourceModel:
     if path.is_file():
         if path.suffix != ".gguf":
             raise SourceError(f"{path}: a source is a .gguf file or a Hugging Face model folder")
-        from latentkv.convert.gguf_reader import read_gguf
-
         return read_gguf(path)
-    from latentkv.convert.hf_reader import read_hf_folder
-
     return read_hf_folder(path)
-
-
-def check_tensors(source: SourceModel) -> None:
-    """Raise SourceError naming the file and the first missing or misshapen tensor."""
-    D, d = source.hidden_size, source.head_dim
-    H, Hkv, F = source.num_heads, source.num_kv_heads, source.intermediate_size
-    shapes = {"model.embed_tokens.weight": (source.vocab_size, D), "model.norm.weight": (D,)}
-    for i in range(source.num_layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-            p + "self_attn.q_proj.weight": (H * d, D), p + "self_attn.k_proj.weight": (Hkv * d, D),
-            p + "self_attn.v_proj.weight": (Hkv * d, D), p + "self_attn.o_proj.weight": (D, H * d),
-            p + "mlp.gate_proj.weight": (F, D), p + "mlp.up_proj.weight": (F, D), p + "mlp.down_proj.weight": (D, F),
-        })
-        if source.qkv_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (H * d,), p + "self_attn.k_proj.bias": (Hkv * d,),
-                           p + "self_attn.v_proj.bias": (Hkv * d,)})
-    for name, shape in shapes.items():
-        if name not in source.tensors:
-            raise SourceError(f"{source.path}: missing tensor {name}")
-        if tuple(source.tensors[name].shape) != shape:
-            raise SourceError(f"{source.path}: tensor {name} has shape {tuple(source.tensors[name].shape)}, expected {shape}")

@@ -10,19 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
-
-import torch
 
 from latentkv.cache.accounting import latent_bytes
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
-from latentkv.convert.corpus import default_documents, token_windows
-from latentkv.convert.mla_reference import mla_logits
-from latentkv.convert.pipeline import Settings, build_model, plan_rope
+from latentkv.convert.corpus import heldout_text
+from latentkv.convert.layout import converted_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model, plan_rope
 from latentkv.convert.reference import source_logits
 from latentkv.convert.sources import read_source
-from latentkv.eval.ppl import PROTOCOL, perplexity
+from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
 
 
 def cache_bytes(ranks: list[int], rope_dim: int, int8: bool) -> int:
@@ -41,23 +41,23 @@ def sweep_points(src, stats, windows, rope_dims, formats, ranks_for, int8_format
     """Measure every (rope dim, format, rank) point; yields row dicts."""
     for rope_dim in rope_dims:
         for fmt in formats:
-            settings = Settings(rope_dim=rope_dim, stock=fmt == "stock")
+            settings = ConvertOptions(rope_dim=rope_dim, stock=fmt == "stock")
             try:
                 plans_info = plan_rope(src, stats, settings)
             except ValueError as err:
                 log(f"skip rope {rope_dim} {fmt}: {err}")
                 continue
             for rank in ranks_for(rope_dim):
-                settings.kv_rank = rank
-                cfg, tensors, info = build_model(src, stats, settings, plans_info)
+                cfg, tensors, info = build_model(src, stats, replace(settings, kv_rank=rank), plans_info)
                 row = {"rope_dim": info["rope_dim"], "format": fmt, "kv_rank": max(info["ranks"]),
                        "elements": sum(info["ranks"]) / len(info["ranks"]) + info["rope_dim"],
                        "bytes_bf16": cache_bytes(info["ranks"], info["rope_dim"], False),
                        "bytes_int8": cache_bytes(info["ranks"], info["rope_dim"], True),
                        "rope_theta": info["rope_theta"]}
-                row["ppl"] = perplexity(lambda ids: mla_logits(cfg, tensors, ids), windows)["ppl"]
+                model = converted_model(cfg, tensors)
+                row["ppl"] = perplexity(model.full_logits, windows)["ppl"]
                 if fmt in int8_formats:
-                    row["ppl_int8"] = perplexity(lambda ids: mla_logits(cfg, tensors, ids, int8=True), windows)["ppl"]
+                    row["ppl_int8"] = perplexity(lambda ids: model.full_logits(ids, cache_dtype="int8"), windows)["ppl"]
                 log(json.dumps(row))
                 yield row
 
@@ -122,7 +122,7 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
         stats = collect_stats(src, calibration_windows(src, None, calib_tokens, ctx))
         if stats_cache:
             save_stats(stats, stats_cache)
-    windows = token_windows(src.tokenizer(), list(default_documents(heldout=True)), ctx, eval_tokens, seed=1)
+    windows = text_windows(src.tokenizer(), heldout_text(), ctx, eval_tokens)
     base = perplexity(lambda ids: source_logits(src, ids), windows)["ppl"]
     log(f"source perplexity {base:.4f}")
     src_bytes = 2 * src.kv_elements() * src.num_layers

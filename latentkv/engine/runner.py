@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from latentkv.attention.metadata import build_metadata
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.cache.latent_cache import allocate_caches
 from latentkv.engine.outputs import PositionLogprobs
@@ -19,7 +20,7 @@ from latentkv.engine.sampler import gather_logprobs, sample
 from latentkv.engine.scheduler import SchedulerOutput
 from latentkv.facts import dtype_name
 from latentkv.memory import available_memory
-from latentkv.model.batch import build_attention_batch
+
 
 def bytes_per_block(cfg, block_size: int, dtype: torch.dtype, cache_dtype: str) -> int:
     """Bytes of one block across all layers (latent + rope + scales), from the KV accounting."""
@@ -61,9 +62,9 @@ class ModelRunner:
         starts = [seq.num_computed_tokens for seq in seqs]
         lens = [s.num_new_tokens for s in out.scheduled]
         input_ids = [t for seq, a, n in zip(seqs, starts, lens) for t in seq.token_ids[a:a + n]]
-        batch, positions = build_attention_batch(lens, [a + n for a, n in zip(starts, lens)],
-                                                 [seq.block_table for seq in seqs], self.block_size,
-                                                 self.device, self.attention_path)
+        batch, positions = build_metadata(lens, [a + n for a, n in zip(starts, lens)],
+                                          [seq.block_table for seq in seqs], self.block_size,
+                                          self.device, self.attention_path)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions, batch, self.caches)
         rows, plp_rows = self.pick_logit_rows(out, batch.query_start.tolist())
         results = [SeqResult() for _ in seqs]

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..model.loader import weight_files
+from ..model.loader import checkpoint_tensors, weight_files
 
 STATE_TENSORS = "optimizer.safetensors"
 STATE_JSON = "state.json"
@@ -31,11 +31,9 @@ def save_model(model, source: Path, out: Path, dtype: torch.dtype) -> None:
     for item in source.iterdir():
         if item.is_file() and item.suffix != ".safetensors" and item.name != "model.safetensors.index.json":
             shutil.copy2(item, out / item.name)
-    tied = model.config.tie_word_embeddings
     tensors = {
-        name: p.detach().to(torch.float32 if ".mlp.gate." in name else dtype).contiguous()
-        for name, p in model.named_parameters()
-        if not (tied and name == "lm_head.weight")
+        name: t.to(torch.float32 if ".mlp.gate." in name else dtype).contiguous()
+        for name, t in checkpoint_tensors(model).items()
     }
     for old in out.glob("*.safetensors"):
         old.unlink()

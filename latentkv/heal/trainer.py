@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..convert.reference import source_logits
+from ..convert.sources import read_source
 from ..model.loader import load_model
 from .checkpoint import input_dtype, load_state, save_model, save_state
 from .data import batch_indices, training_windows
@@ -95,9 +97,6 @@ def select_trainable(model, train: str) -> list[torch.nn.Parameter]:
 
 
 def make_teacher(path: str | None, vocab: int):
-    from ..convert.reference import source_logits
-    from ..convert.sources import read_source
-
     src = read_source(path)
     if src.vocab_size != vocab:
         raise ValueError(f"the teacher's vocabulary ({src.vocab_size}) differs from the converted model's ({vocab})")

@@ -9,10 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import get_backend
+from ..attention.backend import AttentionBackend
+from ..attention.metadata import AttentionMetadata, build_metadata
+from ..cache.latent_cache import LatentCache, allocate_caches
 from ..config import ModelConfig
-from .batch import AttentionBatch, build_attention_batch
 from .mla import MLAttention
 from .norm import RMSNorm
+from .packed import PackedLinear
+from .rope import cos_sin
 
 
 class MLP(nn.Module):
@@ -20,16 +25,12 @@ class MLP(nn.Module):
 
     def __init__(self, dim: int, inter_dim: int):
         super().__init__()
-        self.gate_proj = nn.Linear(dim, inter_dim, bias=False)
-        self.up_proj = nn.Linear(dim, inter_dim, bias=False)
+        self.gate_up_proj = PackedLinear(dim, [("gate_proj", inter_dim, False), ("up_proj", inter_dim, False)])
         self.down_proj = nn.Linear(inter_dim, dim, bias=False)
-        self.gate_up = None  # engine-only fusion of gate and up (fuse.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Gate(nn.Module):
@@ -94,46 +95,45 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend):
         super().__init__()
-        self.self_attn = MLAttention(cfg, layer)
+        self.self_attn = MLAttention(cfg, layer, backend)
         self.mlp = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, batch, cache):
-        x = x + self.self_attn(self.input_layernorm(x), rope, batch, cache)
+    def forward(self, x, rope, meta, cache):
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DeepseekModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, input_ids, positions, batch, caches):
+    def forward(self, input_ids, positions, meta, caches):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope_tables(positions)
         for i, (layer, cache) in enumerate(zip(self.layers, caches)):
-            x = layer(x, (cos[i], sin[i]), batch, cache)
+            x = layer(x, (cos[i], sin[i]), meta, cache)
         return self.norm(x)
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [layers, T, dr/2] for every layer at once (layers may rotate at
         different frequencies in converted models), in float32."""
-        attn = self.layers[0].self_attn
-        freqs = torch.stack([layer.self_attn.inv_freq for layer in self.layers])
-        angles = positions.to(torch.float32)[None, :, None] * freqs[:, None, :]
-        return angles.cos() * attn.rope_factor, angles.sin() * attn.rope_factor
+        factor = self.layers[0].self_attn.rope_factor
+        cos, sin = cos_sin(positions, torch.stack([layer.self_attn.inv_freq for layer in self.layers]))
+        return cos * factor, sin * factor
 
 
 class MLAForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, attention_backend: str = "torch"):
         super().__init__()
         self.config = cfg
-        self.model = DeepseekModel(cfg)
+        self.model = DeepseekModel(cfg, get_backend(attention_backend))
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -147,9 +147,9 @@ class MLAForCausalLM(nn.Module):
         """The compute dtype (linears may be stored as int8 with scales of this dtype)."""
         return self.model.embed_tokens.weight.dtype
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, caches: list) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, caches: list) -> torch.Tensor:
         """input_ids, positions [T] (flat batch) -> final hidden states [T, hidden]."""
-        return self.model(input_ids, positions, batch, caches)
+        return self.model(input_ids, positions, meta, caches)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
@@ -163,11 +163,19 @@ class MLAForCausalLM(nn.Module):
     def forward_sequences(self, token_ids: torch.Tensor, path: str = "naive", cache_dtype: str = "auto") -> torch.Tensor:
         """Whole sequences through a throwaway cache (one block each), differentiable:
         token_ids [B, S] -> logits [B, S, vocab]. Used for scoring and for healing."""
-        from ..cache.latent_cache import allocate_caches
-
         b, s = token_ids.shape
-        device = self.device
-        caches = allocate_caches(self.config, b, s, self.dtype, cache_dtype, device)
-        batch, positions = build_attention_batch([s] * b, [s] * b, [[i] for i in range(b)], s, device, path)
-        hidden = self(token_ids.reshape(-1).to(device), positions, batch, caches)
+        caches = allocate_caches(self.config, b, s, self.dtype, cache_dtype, self.device)
+        meta, positions = build_metadata([s] * b, [s] * b, [[i] for i in range(b)], s, self.device, path)
+        hidden = self(token_ids.reshape(-1).to(self.device), positions, meta, caches)
         return self.compute_logits(hidden).view(b, s, -1)
+
+    @torch.no_grad()
+    def forward_layer(self, i: int, hidden: torch.Tensor, cache_dtype: str = "auto") -> torch.Tensor:
+        """The residual stream [B, S, hidden] of whole sequences (positions 0..S-1) after
+        decoder layer i alone (the converter refits and measures layer by layer)."""
+        b, s, d = hidden.shape
+        cfg = self.config
+        cache = LatentCache(b, s, cfg.kv_rank(i), cfg.qk_rope_head_dim, self.dtype, cache_dtype, self.device)
+        meta, positions = build_metadata([s] * b, [s] * b, [[j] for j in range(b)], s, self.device, "naive")
+        cos, sin = self.model.rope_tables(positions)
+        return self.model.layers[i](hidden.reshape(-1, d).to(self.dtype), (cos[i], sin[i]), meta, cache).view(b, s, d)

@@ -1,4 +1,4 @@
-"""Load a Hugging Face folder (config.json + safetensors) into an MLAForCausalLM.
+"""Load a Hugging Face folder (config.json + safetensors) into an MLAForCausalLM, and back.
 
 Safetensors only: pickled `.bin`/`.pt` weights are refused, never unpickled. Every
 tensor is checked by name and shape; errors name the tensor and the file. DeepSeek's
@@ -18,6 +18,7 @@ from safetensors import safe_open
 from ..config import ModelConfig
 from ..facts import MODEL_DTYPES
 from .deepseek import MLAForCausalLM
+from .packed import PackedLinear
 from .rope import layer_inv_freq
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -44,7 +45,11 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors shards of a folder (from the index when there is one)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"{index}: not a safetensors index (needs a \"weight_map\" object): "
+                                  f"{type(err).__name__}: {err}") from None
         missing = [s for s in shards if not (folder / s).exists()]
         if missing:
             raise CheckpointError(f"{index}: lists shard {missing[0]} which is not in {folder}")
@@ -61,7 +66,8 @@ def weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder}: no *.safetensors weight files")
 
 
-def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu") -> MLAForCausalLM:
+def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               attention_backend: str = "torch") -> MLAForCausalLM:
     """Read config.json and the safetensors shards of `path` into a model on device/dtype."""
     folder = Path(path)
     if not (folder / "config.json").exists():
@@ -69,36 +75,115 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
     cfg = ModelConfig.from_file(folder / "config.json")
     device = torch.device(device)
     dtype = resolve_dtype(dtype, device)
+    model = empty_model(cfg, dtype, device, attention_backend)
+    load_weights(model, file_tensors(weight_files(folder), cfg), dtype)
+    return model.eval()
+
+
+def model_from_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+                       device: str | torch.device = "cpu") -> MLAForCausalLM:
+    """A model from checkpoint-named tensors held in memory (the converter's), as load_model would build it."""
+    model = empty_model(cfg, dtype, torch.device(device))
+    load_weights(model, ((name, t, "memory") for name, t in tensors.items()), dtype)
+    return model.eval()
+
+
+def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str = "torch") -> MLAForCausalLM:
+    """Allocated, not initialized: load_weights fills every parameter (packed ones in place)."""
     with torch.device("meta"):
-        model = MLAForCausalLM(cfg)
+        model = MLAForCausalLM(cfg, attention_backend)
     model.to_empty(device=device)
-    load_weights(model, weight_files(folder), dtype)
+    for module in model.modules():
+        if isinstance(module, PackedLinear):  # filled part by part; a part without a bias stays zero
+            module.weight.data = torch.empty(module.weight.shape, dtype=dtype, device=device)
+            if module.bias is not None:
+                module.bias.data = torch.zeros(module.bias.shape, dtype=dtype, device=device)
     for i, layer in enumerate(model.model.layers):
         layer.self_attn.inv_freq = layer_inv_freq(cfg, i).to(device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval()
+    return model
 
 
-def load_weights(model: MLAForCausalLM, files: list[Path], dtype: torch.dtype) -> None:
+def checkpoint_slots(model: MLAForCausalLM) -> dict[str, tuple[str, slice | None]]:
+    """Checkpoint tensor name -> (parameter name, its rows; None: all of it). Packed linears
+    (packed.py) hold several checkpoint tensors as row blocks (nano-vllm's packed_modules_mapping)."""
+    slots: dict[str, tuple[str, slice | None]] = {}
+    for name, _ in model.named_parameters(remove_duplicate=False):
+        owner, _, kind = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if not isinstance(module, PackedLinear):
+            slots[name] = (name, None)
+            continue
+        parent, start = owner.rpartition(".")[0], 0
+        for part, rows, bias in module.parts:
+            if kind == "weight" or bias:
+                slots[f"{parent}.{part}.{kind}"] = (name, slice(start, start + rows))
+            start += rows
+    return slots
+
+
+def checkpoint_tensors(model: MLAForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's weights under checkpoint names, packed linears cut back into their parts
+    (views; what load_model read, bit for bit)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.config.tie_word_embeddings
-    expected = {n for n in params if not (tied and n == "lm_head.weight")}
-    seen: set[str] = set()
+    return {name: params[pname].detach() if rows is None else params[pname].detach()[rows]
+            for name, (pname, rows) in checkpoint_slots(model).items() if not (tied and name == "lm_head.weight")}
+
+
+def file_tensors(files: list[Path], cfg: ModelConfig):
+    """Yield (checkpoint name, tensor, file) of every tensor of the shards."""
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
+        with open_safetensors(file) as f:
             names = set(f.keys())
             for name in sorted(names):
-                for target, tensor in read_tensor(f, name, names, model.config):
-                    if tied and target == "lm_head.weight":
-                        continue  # some tied checkpoints still carry a copy
-                    copy_param(params, target, tensor, file, dtype)
-                    seen.add(target)
+                for target, tensor in read_checked(f, name, names, cfg, file):
+                    yield target, tensor, file
+
+
+def load_weights(model: MLAForCausalLM, tensors, dtype: torch.dtype, partial: bool = False) -> None:
+    """Copy (checkpoint name, tensor, where) items into the model; every tensor the config
+    implies must come (unless partial: the converter reloads one layer at a time)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    slots = checkpoint_slots(model)
+    tied = model.config.tie_word_embeddings
+    expected = {n for n in slots if not (tied and n == "lm_head.weight")}
+    seen: set[str] = set()
+    where: set[str] = set()
+    for name, tensor, source in tensors:
+        where.add(str(source))
+        if tied and name == "lm_head.weight":
+            continue  # some tied checkpoints still carry a copy
+        copy_param(params, slots, name, tensor, source, dtype)
+        seen.add(name)
     missing = sorted(expected - seen)
-    if missing:
-        shape = tuple(params[missing[0]].shape)
+    if missing and not partial:
+        pname, rows = slots[missing[0]]
+        shape = slot_shape(params[pname], rows)
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"missing tensor {missing[0]} (expected shape {shape}){more} in {', '.join(str(f) for f in files)}")
+        raise CheckpointError(f"missing tensor {missing[0]} (expected shape {shape}){more} in {', '.join(sorted(where))}")
+
+
+def open_safetensors(file: Path):
+    """safe_open, with a truncated, empty or foreign file reported as a CheckpointError naming it."""
+    if file.stat().st_size == 0:
+        raise CheckpointError(f"{file}: the file is empty (0 bytes); not a safetensors file")
+    try:
+        return safe_open(str(file), framework="pt")
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+        raise CheckpointError(f"{file}: cannot read it as safetensors ({type(err).__name__}: {err}); "
+                              "is it truncated or not a safetensors file?") from None
+
+
+def read_checked(f, name: str, names: set[str], cfg: ModelConfig, file: Path):
+    """`read_tensor`, with a tensor whose bytes cannot be read reported as file + tensor."""
+    try:
+        yield from read_tensor(f, name, names, cfg)
+    except CheckpointError:
+        raise
+    except Exception as err:  # noqa: BLE001 - e.g. data past the end of a truncated file
+        raise CheckpointError(f"{file}: cannot read tensor {name} ({type(err).__name__}: {err})") from None
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -141,15 +226,20 @@ def dequantize_fp8(weight: torch.Tensor, f, name: str, names: set[str]) -> torch
     return weight.float() * full
 
 
-def copy_param(params: dict, name: str, tensor: torch.Tensor, file: Path, dtype: torch.dtype) -> None:
-    if name not in params:
-        raise CheckpointError(f"unexpected tensor {name} in {file} (shape {tuple(tensor.shape)}): not part of this model's config")
-    param = params[name]
-    if tuple(param.shape) != tuple(tensor.shape):
-        raise CheckpointError(
-            f"tensor {name} in {file} has shape {tuple(tensor.shape)}; the config expects {tuple(param.shape)}"
-        )
-    # The router stays float32 (routing decisions are precision-sensitive).
-    target = torch.float32 if ".mlp.gate." in name else dtype
+def slot_shape(param: torch.Tensor, rows: slice | None) -> tuple:
+    return tuple(param.shape) if rows is None else (rows.stop - rows.start, *param.shape[1:])
+
+
+def copy_param(params: dict, slots: dict, name: str, tensor: torch.Tensor, source, dtype: torch.dtype) -> None:
+    if name not in slots:
+        raise CheckpointError(f"unexpected tensor {name} in {source} (shape {tuple(tensor.shape)}): not part of this model's config")
+    pname, rows = slots[name]
+    param, shape = params[pname], slot_shape(params[pname], rows)
+    if tuple(tensor.shape) != shape:
+        raise CheckpointError(f"tensor {name} in {source} has shape {tuple(tensor.shape)}; the config expects {shape}")
     with torch.no_grad():
-        param.data = tensor.to(device=param.device, dtype=target)
+        if rows is not None:
+            param.data[rows] = tensor.to(device=param.device, dtype=param.dtype)
+            return
+        # The router stays float32 (routing decisions are precision-sensitive).
+        param.data = tensor.to(device=param.device, dtype=torch.float32 if ".mlp.gate." in name else dtype)

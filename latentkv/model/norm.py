@@ -13,5 +13,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.rms_norm accumulates in float32 for low-precision inputs; one op instead of seven
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., d] / rms(x) * weight [d]."""
+    # F.rms_norm accumulates in float32 for low-precision inputs; one op instead of seven
+    return F.rms_norm(x, weight.shape, weight, eps)

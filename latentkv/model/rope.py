@@ -40,8 +40,10 @@ def attention_factor(s: RopeScaling) -> float:
     return yarn_mscale(s.factor)
 
 
-def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+def default_inv_freq(dim: int, theta: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[dim/2] the standard schedule theta^(-2i/dim), computed in `dtype` (float32, as
+    transformers does; the converter's stock search uses float64). The one table of it."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
 
 
 def yarn_inv_freq(dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
@@ -72,13 +74,21 @@ def layer_inv_freq(cfg: ModelConfig, layer: int) -> torch.Tensor:
     return default_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Rotate x [T, ..., dr] by cos/sin [T, dr/2]; returns the same layout as x.
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] and inv_freq [..., d/2] -> cos, sin [..., T, d/2] in float32."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[..., None, :]
+    return angles.cos(), angles.sin()
 
-    Computed in float32 as transformers does, then cast back.
-    """
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate x [T, ..., dr] by cos/sin [T, dr/2]; returns the same layout as x."""
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)
-    cos, sin = cos.view(shape), sin.view(shape)
+    return rotate(x, cos.view(shape), sin.view(shape), interleaved)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate x [..., d] by cos/sin broadcastable to [..., d/2]: interleaved pairs (2i, 2i+1)
+    or halves (i, i + d/2). Computed in float32 as transformers does, then cast back."""
     xf = x.float()
     if interleaved:
         a, b = xf[..., 0::2], xf[..., 1::2]

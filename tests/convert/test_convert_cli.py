@@ -16,7 +16,7 @@ def test_convert_then_eval(tmp_path, capsys):
     heldout.write_text("\n\n".join(t for _, t in pydoc_documents()[-6:]))
     out = tmp_path / "mla"
     code = main(["convert", "--out", str(out), "--rope-dim", "32", "--kv-rank", "96", "--calib", str(text),
-                 "--calib-tokens", "256", "--ctx", "128", "--eval-tokens", "0", "--dtype", "bfloat16"])
+                 "--calib-tokens", "256", "--ctx", "128", "--eval-tokens", "256", "--dtype", "bfloat16"])
     assert code == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "deepseek_v3" and cfg["qk_rope_head_dim"] == 32
@@ -24,7 +24,12 @@ def test_convert_then_eval(tmp_path, capsys):
     assert cfg["num_key_value_heads"] == cfg["num_attention_heads"] and cfg["q_lora_rank"] is None
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
     assert "chat_template" in (out / "tokenizer_config.json").read_text() or (out / "chat_template.jinja").is_file()
-    capsys.readouterr()
+    card = capsys.readouterr().out
+    # one model: what the converter measured is what `eval ppl` measures on the folder it wrote
+    for name, model in [("source", []), ("converted", [str(out)])]:
+        assert main(["eval", "ppl", *model, "--ctx", "128", "--max-tokens", "256", "--json"]) == 0
+        ppl = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ppl"]
+        assert f"| {name} ppl | {ppl:.4f} |" in card, (name, ppl, card)
     results = {}
     for name, model in [("source", []), ("converted", [str(out)])]:
         assert main(["eval", "ppl", *model, "--text", str(heldout), "--ctx", "64", "--max-tokens", "128", "--json"]) == 0

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.export import export
-from latentkv.convert.mla_reference import mla_logits
-from latentkv.convert.pipeline import Settings, build_model
+from latentkv.convert.layout import converted_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model
 from latentkv.convert.reference import source_logits
+from latentkv.convert.sequential import build_sequential
 from latentkv.convert.sources import read_source
-from latentkv.model.loader import load_model
+from latentkv.model.loader import checkpoint_tensors, load_model
 
 import llama_tiny
 
@@ -18,7 +21,7 @@ import llama_tiny
 def convert_exact(src, tmp_path, windows):
     """Exact conversion written as a native folder; returns (folder, cfg, tensors)."""
     stats = collect_stats(src, windows)
-    cfg, tensors, info = build_model(src, stats, Settings(rope_dim="all", kv_rank="full"))
+    cfg, tensors, info = build_model(src, stats, ConvertOptions(rope_dim="all", kv_rank="full"))
     out = export(tmp_path / "mla", src, cfg, tensors, info, {"rope_dim": "all", "kv_rank": "full"}, {})
     return out, cfg, tensors
 
@@ -34,10 +37,13 @@ def test_tiny_full_rank_matches_transformers(tmp_path, kind):
     windows = torch.randint(0, llama_tiny.VOCAB, (3, 48), generator=torch.Generator().manual_seed(2))
     out, cfg, tensors = convert_exact(src, tmp_path, windows)
     assert cfg["qk_rope_head_dim"] == src.num_kv_heads * src.head_dim
-    assert (mla_logits(cfg, tensors, ids) - expected).abs().max() <= 1e-3
+    assert (converted_model(cfg, tensors).full_logits(ids) - expected).abs().max() <= 1e-3  # in memory, as measured
     model = load_model(out, dtype=torch.float32)
     assert (model.full_logits(ids) - expected).abs().max() <= 1e-3
     assert (model.full_logits(ids, path="absorbed") - expected).abs().max() <= 1e-3
+    # the packed q_proj + kv_a_proj_with_mqa, with their biases for qwen2_bias, split back exactly
+    stored, exported = load_file(out / "model.safetensors"), checkpoint_tensors(model)
+    assert sorted(exported) == sorted(stored) and all(torch.equal(exported[k], stored[k]) for k in stored)
 
 
 def test_smollm2_full_rank_matches_transformers(tmp_path, smollm2, smollm2_tokenizer):
@@ -57,3 +63,16 @@ def test_smollm2_full_rank_matches_transformers(tmp_path, smollm2, smollm2_token
         assert (model.full_logits(ids) - expected).abs().max() <= 1e-3, prompt
     assert (out / "tokenizer.json").is_file() or (out / "tokenizer_config.json").is_file()
     assert (out / "generation_config.json").is_file() and (out / "README.md").is_file()
+
+
+def test_sequential_refit_on_the_converted_model_stays_exact(tmp_path):
+    """The refit runs the windows through latentkv's own model layer by layer; at full rank
+    it must still reproduce the source."""
+    llama_tiny.save("llama_gqa", tmp_path / "src")
+    src = read_source(tmp_path / "src")
+    windows = torch.randint(0, llama_tiny.VOCAB, (3, 48), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, llama_tiny.VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    cfg, tensors, info = build_sequential(src, collect_stats(src, windows), windows,
+                                          ConvertOptions(rope_dim="all", kv_rank="full"))
+    assert info["sequential"]
+    assert (converted_model(cfg, tensors).full_logits(ids) - source_logits(src, ids)).abs().max() <= 1e-4

@@ -7,8 +7,9 @@ import torch
 
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.export import export
-from latentkv.convert.mla_reference import mla_logits
-from latentkv.convert.pipeline import Settings, build_model
+from latentkv.convert.layout import converted_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model
 from latentkv.convert.sources import read_source
 from latentkv.model.loader import load_model
 
@@ -22,7 +23,7 @@ def test_stock_export_loads_in_transformers(tmp_path):
     src = read_source(tmp_path / "src")
     windows = torch.randint(0, llama_tiny.VOCAB, (3, 64), generator=torch.Generator().manual_seed(2))
     stats = collect_stats(src, windows)
-    cfg, tensors, info = build_model(src, stats, Settings(rope_dim=8, kv_rank=24, stock=True))
+    cfg, tensors, info = build_model(src, stats, ConvertOptions(rope_dim=8, kv_rank=24, stock=True))
     out = export(tmp_path / "stock", src, cfg, tensors, info, {"stock": True}, {})
     written = json.loads((out / "config.json").read_text())
     assert "latentkv" not in written and written["rope_interleave"] is True
@@ -34,4 +35,4 @@ def test_stock_export_loads_in_transformers(tmp_path):
         expected = hf(ids).logits
     ours = load_model(out, dtype=torch.float32).full_logits(ids)
     assert (ours - expected).abs().max() <= 1e-4
-    assert (mla_logits(cfg, tensors, ids) - expected).abs().max() <= 1e-4
+    assert (converted_model(cfg, tensors).full_logits(ids) - expected).abs().max() <= 1e-4

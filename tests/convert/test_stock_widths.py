@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from latentkv.convert.api import resolve_settings
+from latentkv.convert.api import resolve_sizes
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.export import export
-from latentkv.convert.pipeline import Settings, build_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model
 from latentkv.convert.sources import read_source
 from latentkv.convert.stock import TARGETS, snap_width, stock_size
 from latentkv.model.loader import load_model
@@ -18,7 +19,7 @@ from latentkv.model.loader import load_model
 import llama_tiny
 
 # SmolLM2-135M's attention shape: 3 KV heads x 64 dims = 384 cache elements per token per layer
-SMOL = SimpleNamespace(num_kv_heads=3, head_dim=64, kv_elements=lambda: 384)
+SMOL = SimpleNamespace(num_kv_heads=3, head_dim=64, qkv_bias=False, kv_elements=lambda: 384)
 
 
 @pytest.mark.parametrize("width,target,expected", [
@@ -30,7 +31,7 @@ def test_snap_width_picks_the_nearest_supported(width, target, expected):
 
 
 def test_cache_ratio_snaps_and_says_so(capsys):
-    settings = resolve_settings(SMOL, None, None, 0.667, stock=True)
+    settings = resolve_sizes(SMOL, ConvertOptions(cache_ratio=0.667, stock=True))
     assert (settings.rope_dim, settings.kv_rank) == (64, 256)
     assert "stock width 256 snapped to 320" in capsys.readouterr().out
 
@@ -63,9 +64,9 @@ def test_padded_stock_export_is_the_same_model(tmp_path):
     llama_tiny.save("llama_gqa", tmp_path / "src")
     src = read_source(tmp_path / "src")
     stats = collect_stats(src, torch.randint(0, llama_tiny.VOCAB, (3, 64), generator=torch.Generator().manual_seed(2)))
-    cfg, tensors, info = build_model(src, stats, Settings(rope_dim=8, kv_rank="full", stock=True))
+    cfg, tensors, info = build_model(src, stats, ConvertOptions(rope_dim=8, kv_rank="full", stock=True))
     full = cfg["kv_lora_rank"]
-    cfg_p, tensors_p, info_p = build_model(src, stats, Settings(rope_dim=8, kv_rank=full + 12, stock=True))
+    cfg_p, tensors_p, info_p = build_model(src, stats, ConvertOptions(rope_dim=8, kv_rank=full + 12, stock=True))
     assert cfg_p["kv_lora_rank"] == full + 12 and info_p["latent_used"] == info["ranks"]
     kv_b = tensors_p["model.layers.0.self_attn.kv_b_proj.weight"]
     assert kv_b.shape[1] == full + 12 and kv_b[:, full:].abs().max() == 0

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from latentkv.eval.ppl import perplexity, window_ids
+from latentkv.eval.perplexity import perplexity, window_ids
 
 
 def test_uniform_model_has_vocab_perplexity():

@@ -1,5 +1,7 @@
 """Healing on a tiny Llama converted to MLA at a small rank: KL falls, resume is exact,
 NaN steps are skipped, the output loads in LLM and (stock) in transformers."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ def tiny_pair(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tiny_lm import CORPUS, VOCAB, build_tokenizer
-    from latentkv.convert import convert
+    from latentkv.convert import ConvertOptions, convert
 
     root = tmp_path_factory.mktemp("heal")
     torch.manual_seed(0)
@@ -24,9 +26,9 @@ def tiny_pair(tmp_path_factory):
     build_tokenizer().save_pretrained(root / "llama")
     text = root / "train.txt"
     text.write_text("\n".join(CORPUS * 20))
-    common = dict(source=str(root / "llama"), rope_dim=8, kv_rank=6, calib=[str(text)], calib_tokens=2048)
-    native = convert(out=str(root / "native"), **common)
-    stock = convert(out=str(root / "stock"), stock=True, target="any", **common)
+    options = ConvertOptions(rope_dim=8, kv_rank=6, calib=[str(text)], calib_tokens=2048)
+    native = convert(str(root / "llama"), str(root / "native"), options)
+    stock = convert(str(root / "llama"), str(root / "stock"), replace(options, stock=True, target="any"))
     return root / "llama", native, stock, text
 
 

@@ -17,6 +17,7 @@ import torch
 
 from latentkv import LLM, SamplingParams
 from latentkv.convert import convert
+from latentkv.convert.options import ConvertOptions
 
 pytestmark = pytest.mark.vllm
 
@@ -39,7 +40,7 @@ def vllm_python() -> str:
 def exports(tmp_path_factory):
     """width -> stock export of the bundled SmolLM2 (a short calibration: the test is about serving)."""
     root = tmp_path_factory.mktemp("stock")
-    return {w: convert(out=str(root / f"stock{w}"), stock=True, stock_width=w, calib_tokens=2048, eval_tokens=0)
+    return {w: convert(None, str(root / f"stock{w}"), ConvertOptions(stock=True, stock_width=w, calib_tokens=2048, eval_tokens=0))
             for w in (576, 512, 320)}
 
 

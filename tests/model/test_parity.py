@@ -2,8 +2,8 @@
 import pytest
 import torch
 
+from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
-from latentkv.model.batch import build_attention_batch
 from latentkv.model.loader import load_model
 
 TOL = 1e-4
@@ -12,7 +12,7 @@ BLOCK = 4
 
 def run_step(model, caches, tokens, context_len, table, path):
     """Feed `tokens` (the last len(tokens) of context_len) of one sequence; logits [len, vocab]."""
-    batch, positions = build_attention_batch([len(tokens)], [context_len], [table], BLOCK, path=path)
+    batch, positions = build_metadata([len(tokens)], [context_len], [table], BLOCK, path=path)
     hidden = model(torch.tensor(tokens), positions, batch, caches)
     return model.compute_logits(hidden)
 
@@ -62,7 +62,7 @@ def test_mixed_batch_matches_separate_sequences(tiny_checkpoints):
     caches = allocate_caches(model.config, 16, BLOCK, torch.float32)
     table_a, table_b = [5, 1, 9], [2, 7]
     run_step(model, caches, a[:10], 10, table_a, "naive")  # a is cached up to token 10
-    batch, positions = build_attention_batch([1, 7], [11, 7], [table_a, table_b], BLOCK)
+    batch, positions = build_metadata([1, 7], [11, 7], [table_a, table_b], BLOCK)
     logits = model.compute_logits(model(torch.tensor(a[10:] + b), positions, batch, caches))
     ref_a = model.full_logits(torch.tensor([a]))[0, -1]
     ref_b = model.full_logits(torch.tensor([b]))[0]

@@ -1,4 +1,4 @@
-"""The attention metadata of one flat, token-major batch (the runner builds it).
+"""The attention metadata of one flat, token-major batch (the runner builds it, backends read it).
 
 A step feeds T new tokens from B sequences; each sequence has `query_len` new tokens
 at the end of `context_len` tokens whose latents are (after this step's writes) in the
@@ -13,7 +13,7 @@ import torch
 
 
 @dataclass
-class AttentionBatch:
+class AttentionMetadata:
     query_start: torch.Tensor  # [B+1] offsets of each sequence's new tokens in the flat batch
     context_lens: torch.Tensor  # [B] tokens in cache after this step's writes
     block_tables: torch.Tensor  # [B, nb] physical block ids, only as many columns as needed
@@ -25,7 +25,7 @@ class AttentionBatch:
     max_context_len: int
     path: str = "auto"  # "naive" | "absorbed" | "auto"
     runs: list[tuple[int, int]] | None = None  # one sequence: its blocks as (first, count) runs of consecutive ids
-    groups: list | None = None  # [(flat rows [n], AttentionBatch)]: attend per group (see attention_groups)
+    groups: list | None = None  # [(flat rows [n], AttentionMetadata)]: attend per group (see attention_groups)
     _masks: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -54,7 +54,7 @@ class AttentionBatch:
         return self._masks[(key_len, heads)]
 
 
-def build_attention_batch(
+def build_metadata(
     query_lens: list[int],
     context_lens: list[int],
     block_tables: list[list[int]],
@@ -62,7 +62,7 @@ def build_attention_batch(
     device: torch.device | str = "cpu",
     path: str = "auto",
     split: bool = True,
-) -> tuple[AttentionBatch, torch.Tensor]:
+) -> tuple[AttentionMetadata, torch.Tensor]:
     """Build the metadata and the positions [T] of the new tokens.
 
     query_lens[b] new tokens of sequence b sit at positions
@@ -96,7 +96,7 @@ def build_attention_batch(
     block_ids = tables[seq_of, positions // block_size]
     slot_mapping = block_ids * block_size + positions % block_size
 
-    batch = AttentionBatch(
+    batch = AttentionMetadata(
         query_start=query_start.to(device),
         context_lens=ctx.to(device),
         block_tables=tables.to(device),
@@ -127,8 +127,8 @@ def attention_groups(query_lens, context_lens, block_tables, block_size, device,
     groups = []
     for seqs in members:
         rows = torch.tensor([r for i in seqs for r in range(starts[i], starts[i + 1])], device=device)
-        sub, _ = build_attention_batch([query_lens[i] for i in seqs], [context_lens[i] for i in seqs],
-                                       [block_tables[i] for i in seqs], block_size, device, path, split=False)
+        sub, _ = build_metadata([query_lens[i] for i in seqs], [context_lens[i] for i in seqs],
+                                [block_tables[i] for i in seqs], block_size, device, path, split=False)
         groups.append((rows, sub))
     return groups
 

@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from latentkv.attention.metadata import block_runs
+from latentkv.attention.paged import gather, pieces, write
 from latentkv.cache.latent_cache import LatentCache, dequantize_latent, quantize_latent
 
 
@@ -11,8 +13,8 @@ def test_write_then_gather_through_block_table(cache_dtype):
     c, k_r = torch.randn(7, 16, generator=gen), torch.randn(7, 8, generator=gen)
     table = [4, 1]  # tokens 0-3 in block 4, 4-6 in block 1
     slots = torch.tensor([4 * 4 + i for i in range(4)] + [1 * 4 + i for i in range(3)])
-    cache.write(c, k_r, slots)
-    kv = cache.gather(torch.tensor([table]))[0, :7]
+    write(cache, c, k_r, slots)
+    kv = gather(cache, torch.tensor([table]))[0, :7]
     assert kv.shape == (7, 24)
     assert torch.equal(kv[:, 16:], k_r)  # rope part is never quantized
     err = (kv[:, :16] - c).abs().max().item()
@@ -24,21 +26,19 @@ def test_write_then_gather_through_block_table(cache_dtype):
 def test_pieces_of_block_runs_equal_the_gather(cache_dtype):
     """A sequence on runs of consecutive blocks is read piece by piece: the same rows as a
     gather through its block table, and (unquantized) views of the cache, not copies."""
-    from latentkv.model.batch import block_runs
-
     gen = torch.Generator().manual_seed(1)
     cache = LatentCache(num_blocks=12, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype)
     table = [2, 3, 4, 9, 10, 0]
     length = 4 * len(table) - 1
     slots = torch.tensor([table[i // 4] * 4 + i % 4 for i in range(length)])
-    cache.write(torch.randn(length, 16, generator=gen), torch.randn(length, 8, generator=gen), slots)
+    write(cache, torch.randn(length, 16, generator=gen), torch.randn(length, 8, generator=gen), slots)
     runs = block_runs(table)
     assert runs == [(2, 3), (9, 2), (0, 1)]
-    pieces = cache.pieces(runs, length)
-    assert [p.shape[1] for p in pieces] == [12, 8, 3]
-    assert torch.equal(torch.cat(pieces, 1), cache.gather(torch.tensor([table]))[:, :length])
+    parts = pieces(cache, runs, length)
+    assert [p.shape[1] for p in parts] == [12, 8, 3]
+    assert torch.equal(torch.cat(parts, 1), gather(cache, torch.tensor([table]))[:, :length])
     if cache_dtype == "auto":
-        assert all(p.untyped_storage().data_ptr() == cache.kv.untyped_storage().data_ptr() for p in pieces)
+        assert all(p.untyped_storage().data_ptr() == cache.kv.untyped_storage().data_ptr() for p in parts)
     assert block_runs(list(range(0, 40, 2))) is None  # too fragmented: gather instead
 
 

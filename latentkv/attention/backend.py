@@ -1,0 +1,71 @@
+"""The attention-backend seam (docs/internals.md, "Attention backends").
+
+`MLAttention` (model/mla.py) does the math in the paper's names and hands the rest to
+`backend.forward(layer, q_nope, q_rope, c, k_r, cache, meta) -> [T, H, dv]`. The driver
+here is shared: write the new latents, split mixed steps into groups, pick the path by
+cost, pad the flat batch to [B, Qmax] and back. A backend gives the kernels:
+`latent_attention` (absorbed MQA over the paged latent: paged MLA decode),
+`dense_attention` (the naive path on expanded keys) and `context` (rows to expand).
+"""
+from __future__ import annotations
+
+import torch
+
+from .metadata import AttentionMetadata
+from .paged import write
+
+PATHS = ("auto", "naive", "absorbed")
+
+
+def choose_path(layer, meta: AttentionMetadata) -> str:
+    """The cheaper path by multiply-adds on the padded shapes (or the one meta forces)."""
+    if meta.path != "auto":
+        return meta.path
+    b, q, length = meta.num_seqs, meta.max_query_len, meta.max_context_len
+    h, r, dn, dr, dv = layer.n_heads, layer.kv_rank, layer.dn, layer.dr, layer.dv
+    naive = b * length * r * h * (dn + dv) + b * q * length * h * (dn + dr + dv)
+    absorbed = b * q * h * r * (dn + dv) + b * q * length * h * (2 * r + dr)
+    return "absorbed" if absorbed <= naive else "naive"
+
+
+class AttentionBackend:
+    """Base class: the shared driver; subclasses give the three methods below."""
+
+    name = "base"
+
+    def forward(self, layer, q_nope, q_rope, c, k_r, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """-> [T, H, dv] in flat order; writes this step's latents to cache first."""
+        write(cache, c, k_r, meta.slot_mapping)  # every group's new latents first: each reads its own
+        if meta.groups is None:
+            return self.attend(layer, q_nope, q_rope, cache, meta)
+        out = q_nope.new_empty(q_nope.shape[0], layer.n_heads, layer.dv)
+        for rows, group in meta.groups:
+            out[rows] = self.attend(layer, q_nope[rows], q_rope[rows], cache, group)
+        return out
+
+    def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """One group: q_* [T,H,*] (flat, already in the cache) -> [T,H,dv]."""
+        single = meta.num_seqs == 1  # the flat batch already is the padded one
+        if single:
+            q_nope, q_rope = q_nope[None], q_rope[None]
+        else:
+            q_nope, q_rope = q_nope[meta.query_index], q_rope[meta.query_index]  # [B, Qmax, H, *]
+        if choose_path(layer, meta) == "absorbed":
+            o_lat = self.latent_attention(layer.absorb(q_nope, q_rope), cache, meta)
+            out = layer.unabsorb(o_lat, q_nope.shape[1])
+        else:
+            key, value = layer.expand(self.context(cache, meta))
+            out = self.dense_attention(torch.cat((q_nope, q_rope), dim=-1), key, value, meta, layer.scale)
+        return out[0] if single else out[meta.query_valid]  # [T, H, dv], back in flat order
+
+    def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """query [B, Q*H, r+dr] (absorbed, scaled) -> o_lat [B, Q*H, r]; causal by meta.key_mask."""
+        raise NotImplementedError
+
+    def dense_attention(self, query, key, value, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """query [B,Q,H,D], key [B,L,H,D], value [B,L,H,dv] -> [B,Q,H,dv]."""
+        raise NotImplementedError
+
+    def context(self, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """-> the cached rows [B, L, r+dr] of the batch's sequences, in the model dtype."""
+        raise NotImplementedError

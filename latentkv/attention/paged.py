@@ -1,0 +1,51 @@
+"""Reads and writes of the paged latent cache (`LatentCache` is the storage; this is the layout).
+
+A token at flat slot s lives in block s // block_size, row s % block_size. Reads return
+`[c ; k_r]` rows `[*, L, kv_rank + rope_dim]` in the model dtype, dequantized when the
+latent is stored in one byte.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..cache.latent_cache import LatentCache, quantize_latent
+
+
+def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store c [T, kv_rank] and k_r [T, rope_dim] at flat slots [T]."""
+    if not cache.quantized:
+        rows = cache.kv.view(-1, cache.kv.shape[-1])
+        rows.index_copy_(0, slot_mapping, torch.cat((c, k_r), dim=-1).to(cache.dtype))
+        return
+    q, scale = quantize_latent(c, cache.cache_dtype)
+    cache.latent.view(-1, cache.kv_rank).index_copy_(0, slot_mapping, q)
+    cache.scale.view(-1).index_copy_(0, slot_mapping, scale)
+    cache.rope.view(-1, cache.rope_dim).index_copy_(0, slot_mapping, k_r.to(cache.dtype))
+
+
+def gather(cache: LatentCache, block_tables: torch.Tensor) -> torch.Tensor:
+    """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype (a copy)."""
+    b, nb = block_tables.shape
+    if not cache.quantized:
+        return cache.kv[block_tables].view(b, nb * cache.block_size, -1)
+    kv = cache.dequantize(cache.latent[block_tables], cache.scale[block_tables], cache.rope[block_tables])
+    return kv.view(b, nb * cache.block_size, -1)
+
+
+def pieces(cache: LatentCache, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:
+    """One sequence's first `length` tokens, stored on `runs` of consecutive blocks ->
+    [1, L_i, kv_rank + rope_dim] pieces in order, summing to `length`. Unquantized,
+    each piece is a view: decode reads the cache once, with no gather copy."""
+    out, left = [], length
+    for first, count in runs:
+        take = min(left, count * cache.block_size)
+        if take <= 0:
+            break
+        if cache.quantized:
+            blocks = slice(first, first + count)
+            kv = cache.dequantize(cache.latent[blocks], cache.scale[blocks], cache.rope[blocks])
+        else:
+            kv = cache.kv[first:first + count]
+        out.append(kv.view(1, count * cache.block_size, -1)[:, :take])
+        left -= take
+    return out
