@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test install serve clean test-vllm
+.PHONY: test install serve clean test-vllm install-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
