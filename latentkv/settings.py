@@ -72,6 +72,8 @@ class Settings:
                                                 type=int)
     enable_prefix_caching: bool = option(True, "reuse cached prompt prefixes (default on)",
                                          "latent_attention.prefix_caching")
+    attention_backend: str = option("auto", "attention kernels: auto (native C++ where it builds), native, torch")
+    threads: int | None = option(None, "CPU threads (default: $LATENTKV_THREADS, else all cores)", type=int)
     nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
     host: str = option("127.0.0.1", "address to bind (default 127.0.0.1)", "server.host", server=True)
     port: int = option(8000, "port (default 8000)", "server.port", server=True, type=int)

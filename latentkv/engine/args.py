@@ -15,6 +15,7 @@ from latentkv.memory import parse_memory
 from latentkv.model.quant import QUANTIZATIONS
 
 ATTENTION_PATHS = ("auto", "naive", "absorbed")
+ATTENTION_BACKENDS = ("auto", "native", "torch")  # latentkv.attention.BACKEND_CHOICES (not imported: it builds)
 
 
 def positive_int(value):
@@ -94,6 +95,9 @@ OPTION_CHECKS = {
     "skip_tokenizer_init": ("true or false", boolean),
     "seed": ("an integer >= 0", non_negative_int),
     "attention_path": (f"one of {list(ATTENTION_PATHS)}", choice(ATTENTION_PATHS)),
+    "attention_backend": (f"one of {list(ATTENTION_BACKENDS)} ('auto': native where it builds)",
+                          choice(ATTENTION_BACKENDS)),
+    "threads": ("a positive number of threads", positive_int),
 }
 
 
@@ -128,6 +132,8 @@ class EngineArgs:
     nan_check: bool = False
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
     quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
+    attention_backend: str = "auto"         # "auto" (native where it builds, else torch) | "native" | "torch"
+    threads: int | None = None              # torch = OpenMP threads; None: $LATENTKV_THREADS, else all cores
 
     def __post_init__(self):
         for f in fields(self):
