@@ -63,3 +63,22 @@ def test_bench_memory(tiny, tmp_path):
     measured = data["measured"][0]
     assert positive(measured["latentkv"]["rss_held_mib"]), measured
     assert positive(measured["transformers"]["rss_held_mib"]), measured
+
+
+def test_bench_kernel(tmp_path):
+    out = tmp_path / "kernel"
+    assert main(["bench", "kernel", "--quick", "--heads", "4", "--rank", "32", "--rope", "16", "--threads", "1",
+                 "--out", str(out)]) == 0
+    assert (out / "kernel.png").stat().st_size > 0
+    data = json.loads((out / "kernel.json").read_text())
+    assert data["bandwidth_gbs"] > 0 and "avx2" in data["cpu_flags"]
+    assert [(r["latent"], r["batch"], r["context"]) for r in data["results"]] == [
+        (data["model_dtype"], 1, 64), (data["model_dtype"], 1, 200), (data["model_dtype"], 3, 64),
+        (data["model_dtype"], 3, 200), ("int8", 1, 64), ("int8", 1, 200), ("int8", 3, 64), ("int8", 3, 200)]
+    elt = 2 if data["model_dtype"] == "bfloat16" else 4
+    per_token = {data["model_dtype"]: (32 + 16) * elt, "int8": 32 + 4 + 16 * elt}  # rank + rope; codes + scale + rope
+    for row in data["results"]:
+        assert row["bytes"] == row["batch"] * row["context"] * per_token[row["latent"]]
+        assert positive(row["reference GB/s"]) and positive(row["reference % bw"])
+        if data["isa"]:
+            assert positive(row["native GB/s"]) and positive(row["native speed-up"])

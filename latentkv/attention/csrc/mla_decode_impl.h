@@ -92,6 +92,27 @@ static inline void load_tile(const Job& job, const int64_t* table, int64_t j0, i
   }
 }
 
+// Scores of one query row against n tokens of the tile, four tokens per pass: four independent
+// accumulators (one would make the FMA latency, not the loads, the limit) sharing each q load.
+static inline void scores(const float* __restrict q, const float* __restrict tile, int n, int D, float* __restrict sc) {
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = tile + (int64_t)t * D;
+    const float *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int d = 0; d < D; ++d) {
+      float qd = q[d];
+      s0 += qd * k0[d];
+      s1 += qd * k1[d];
+      s2 += qd * k2[d];
+      s3 += qd * k3[d];
+    }
+    sc[t] = s0, sc[t + 1] = s1, sc[t + 2] = s2, sc[t + 3] = s3;
+  }
+  for (; t < n; ++t) sc[t] = dot(q, tile + (int64_t)t * D, D);
+}
+
 // One item: rows' running (max, sum, acc) over tokens [t0, t1) of sequence b.
 // q [M, D] float32, lim [M] visible keys per row; writes acc [M, r], mx [M], sum [M].
 static void attend_span(const Job& job, int64_t b, int64_t t0, int64_t t1, const float* q, const int64_t* lim,
@@ -106,34 +127,34 @@ static void attend_span(const Job& job, int64_t b, int64_t t0, int64_t t1, const
   for (int64_t j0 = t0; j0 < t1; j0 += TILE) {
     int n = (int)(t1 - j0 < TILE ? t1 - j0 : TILE);
     load_tile(job, table, j0, n, tile);
+    for (int64_t i = (int64_t)n * D; i < (int64_t)TILE * D; ++i) tile[i] = 0.0f;  // rows past the span: weight 0
     for (int m = 0; m < M; ++m) {
       int64_t visible = lim[m] - j0;  // rows see keys j < lim[m]
       int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
       if (nv == 0) continue;
-      const float* qm = q + (int64_t)m * D;
+      scores(q + (int64_t)m * D, tile, nv, D, sc);
       float tmax = -__builtin_inff();
-      for (int t = 0; t < nv; ++t) {
-        sc[t] = dot(qm, tile + (int64_t)t * D, D);
-        tmax = sc[t] > tmax ? sc[t] : tmax;
-      }
+      for (int t = 0; t < nv; ++t) tmax = sc[t] > tmax ? sc[t] : tmax;
       float old = mx[m], now = tmax > old ? tmax : old;
-      float* am = acc + (int64_t)m * r;
-      if (now != old) {
-        float alpha = fast_exp(old - now);  // old = -inf: exp clamps to ~0 and acc is 0 anyway
-        sum[m] *= alpha;
-#pragma omp simd
-        for (int i = 0; i < r; ++i) am[i] *= alpha;
-        mx[m] = now;
-      }
+      float alpha = fast_exp(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+      mx[m] = now;
       float s = 0.0f;
+#pragma omp simd reduction(+ : s)
       for (int t = 0; t < nv; ++t) {
-        float p = fast_exp(sc[t] - now);
-        s += p;
-        const float* kt = tile + (int64_t)t * D;
-#pragma omp simd
-        for (int i = 0; i < r; ++i) am[i] += p * kt[i];
+        sc[t] = fast_exp(sc[t] - now);
+        s += sc[t];
       }
-      sum[m] += s;
+      sum[m] = sum[m] * alpha + s;
+      // values: each acc element once per tile (not once per token), the tile's tokens summed in order
+      float* am = acc + (int64_t)m * r;
+      for (int t = nv; t < TILE; ++t) sc[t] = 0.0f;  // a fixed trip count below: the i loop vectorizes
+#pragma omp simd
+      for (int i = 0; i < r; ++i) {
+        float a = am[i] * alpha;
+#pragma GCC unroll 16
+        for (int t = 0; t < TILE; ++t) a += sc[t] * tile[(int64_t)t * D + i];
+        am[i] = a;
+      }
     }
   }
 }
