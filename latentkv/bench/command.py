@@ -7,11 +7,12 @@ import os
 
 import torch
 
-from latentkv.bench import decode, kernel, memory, prefix, throughput
+from latentkv.bench import decode, kernel, memory, prefix, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
 
-BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix, "kernel": kernel}
+BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
+           "store_restart": store_restart, "kernel": kernel}
 KERNEL_FULL = {"batches": [1, 8, 32], "contexts": [1024, 4096, 8192, 16384, 32768], "repeats": 5, "calls": 5}
 KERNEL_QUICK = {"batches": [1, 3], "contexts": [64, 200], "repeats": 2, "calls": 2}
 
@@ -67,7 +68,12 @@ def register(subparsers) -> None:
     p = sub.add_parser("prefix", help="time to first token with a shared prefix, prefix cache on vs off")
     add_model_args(p)
     p.add_argument("--prefixes", type=int, nargs="+")
-    p.set_defaults(func=lambda a: run("prefix", a))
+    p.add_argument("--store", action="store_true",
+                   help="instead: TTFT after a restart, cold vs restored from the on-disk store; store bytes per "
+                        "token vs GQA/MHA; throughput with the store on vs off")
+    p.add_argument("--store-dir", help="store directory for --store (default: a temporary one, deleted after)")
+    p.add_argument("--concurrency", type=int, nargs="+", help="--store: requests at once for the throughput part")
+    p.set_defaults(func=lambda a: run("store_restart" if a.store else "prefix", a))
 
     p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent")
     p.add_argument("--batches", type=int, nargs="+", help="sequences per call (default 1 8 32)")
