@@ -4,7 +4,8 @@
 - `native_bf16()`: bf16 matmuls run at speed only with avx512_bf16 or AMX; elsewhere PyTorch
   emulates them (measured 1.2 GFLOP/s against 116 in float32 on an AVX2-only EPYC), so
   `dtype="auto"` is bfloat16 only where this is True (`model.loader.resolve_dtype`).
-- `default_threads()`: all cores this process may run on, unless LATENTKV_THREADS says otherwise.
+- `default_threads()`: all cores this process may run on, unless LATENTKV_THREADS (or else
+  OMP_NUM_THREADS, the usual knob) says otherwise.
 """
 from __future__ import annotations
 
@@ -51,12 +52,13 @@ def describe() -> str:
 
 
 def default_threads() -> int:
-    """LATENTKV_THREADS if set, else every core this process may use."""
-    value = os.environ.get("LATENTKV_THREADS")
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"LATENTKV_THREADS={value!r}: expected a positive integer")
-        return int(value)
+    """LATENTKV_THREADS if set, else OMP_NUM_THREADS, else every core this process may use."""
+    for name in ("LATENTKV_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name)
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"{name}={value!r}: expected a positive integer")
+            return int(value)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -29,7 +29,10 @@ def test_describe_names_present_and_missing_flags(monkeypatch):
 
 def test_threads_default_to_all_cores_unless_set(monkeypatch):
     monkeypatch.delenv("LATENTKV_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert cpu.default_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert cpu.default_threads() == 5
     monkeypatch.setenv("LATENTKV_THREADS", "3")
     assert cpu.default_threads() == 3
     monkeypatch.setenv("LATENTKV_THREADS", "many")

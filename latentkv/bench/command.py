@@ -58,6 +58,8 @@ def register(subparsers) -> None:
     add_model_args(p, stock=True)
     p.add_argument("--contexts", type=int, nargs="+")
     p.add_argument("--tokens", type=int, help="tokens decoded per measurement")
+    p.add_argument("--reference-attention", action="store_true",
+                   help="also run every latentkv row on the PyTorch reference attention (native vs reference)")
     p.set_defaults(func=lambda a: run("decode", a))
 
     p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")

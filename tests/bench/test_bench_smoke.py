@@ -98,3 +98,13 @@ def test_bench_prefix_store(tiny, tmp_path):
         assert disk[f"latentkv store on disk, {name} latent"] >= disk[f"latentkv latent in RAM, {name}"]
     assert disk["latentkv store on disk, int8 latent"] < disk["latentkv store on disk, auto latent"]
     assert positive(data["throughput"]["tok_s_store_on"]) and positive(data["throughput"]["tok_s_store_off"])
+
+
+def test_bench_decode_native_vs_reference_attention(tiny, tmp_path):
+    out = tmp_path / "decode-ref"
+    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--reference-attention",
+                 "--contexts", "64", "--out", str(out)]) == 0
+    row = json.loads((out / "decode.json").read_text())["results"][0]
+    for name in ("latentkv bf16", "latentkv w4 + int8 latent"):
+        assert positive(row["tok_s"][name]) and positive(row["tok_s"][f"{name} (torch attention)"])
+        assert positive(row["ratio"][f"{name} (torch attention)"])
