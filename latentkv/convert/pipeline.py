@@ -51,28 +51,23 @@ def stock_slots(theta: float, rope_dim: int) -> torch.Tensor:
 def choose_theta(src: SourceModel, stats: list[LayerStats], rope_dim: int) -> float:
     """The stock rope_theta (from THETA_GRID) whose schedule keeps the most score energy."""
     best, best_gain = src.rope_theta, -1.0
-    inputs = []
-    for i, st in enumerate(stats):
-        wq, wk, _, _ = augmented_weights(src, i)
-        inputs.append((wq, wk, st))
+    energies = [layer_energy(src, i, st) for i, st in enumerate(stats)]  # independent of theta: once
     for theta in tqdm(THETA_GRID + [src.rope_theta], desc="choosing stock rope_theta", leave=False):
-        gain = 0.0
-        for wq, wk, st in inputs:
-            gain += layer_stock_gain(src, wq, wk, st, stock_slots(theta, rope_dim))
+        slots = stock_slots(theta, rope_dim)
+        gain = sum(rope.stock_gain(e, phi, st.dist, src.inv_freq, slots) for (e, phi), st in zip(energies, stats))
         if gain > best_gain:
             best, best_gain = theta, gain
     return best
 
 
-def layer_stock_gain(src, wq, wk, st, slots) -> float:
-    """Score energy one layer keeps with the given stock slots."""
+def layer_energy(src, i, st) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e [H, Hkv, P], φ [H, P]) of layer i: score energy per head and (component, frequency), mean phases."""
+    wq, wk, _, _ = augmented_weights(src, i)
     H, Hkv = src.num_heads, src.num_kv_heads
     qe = rope.query_energy(wq, st.xx, H)
     weight = qe.view(Hkv, H // Hkv, -1).sum(1)
     _, unmix, lam = rope.weighted_pca(rope.key_covariance(wk, st.xx, Hkv), weight)
-    e = rope.head_energy(unmix, lam, qe, H // Hkv)
-    phi = rope.phase_means(st.dist, src.inv_freq)
-    return rope.stock_gain(e, phi, st.dist, src.inv_freq, slots)
+    return rope.head_energy(unmix, lam, qe, H // Hkv), rope.phase_means(st.dist, src.inv_freq)
 
 
 def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions):
@@ -171,19 +166,24 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOpti
     ranks = resolve_ranks(settings.kv_rank, [wz.shape[0] for wz, _, _ in problems], [f.spectrum for f in facts],
                           "uniform" if settings.stock else settings.rank_alloc,
                           [1 / st.h_energy for st in stats] if settings.weighting == "attention" else None)
-    if settings.stock and len(set(ranks)) > 1:
+    # stock: one global width; a layer that needs less is padded with zero latent dims (the same model)
+    width = int(settings.kv_rank) if settings.stock and isinstance(settings.kv_rank, int) else None
+    if settings.stock and len(set(ranks)) > 1 and not width:
         raise ValueError("the stock format needs one global rank")
     tensors = {"model.embed_tokens.weight": src.tensors["model.embed_tokens.weight"].to(dtype),
                "model.norm.weight": src.tensors["model.norm.weight"].to(dtype)}
     if not src.tie_word_embeddings:
         tensors["lm_head.weight"] = src.tensors["lm_head.weight"].to(dtype)
+    elif settings.stock:  # vLLM's DeepseekV2ForCausalLM ignores tie_word_embeddings: write the head out
+        tensors["lm_head.weight"] = src.tensors["model.embed_tokens.weight"].to(dtype).clone()
     scale = ((dn + dr) / src.head_dim) ** 0.5
     for i in range(src.num_layers):
         fact = lat.Factorization(facts[i].latent[: ranks[i]], facts[i].recon[:, : ranks[i]], facts[i].spectrum)
-        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, stats[i], dtype))
+        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, stats[i], dtype, width))
+    used, ranks = ranks, [width] * len(ranks) if width else ranks
     cfg = deepseek_config(src, dn=dn, dr=dr, ranks=ranks, stock=settings.stock, theta=theta,
                           inv_freq=[p.slot_freq.tolist() for p in plans], dtype=dtype)
-    info = {"ranks": ranks, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
+    info = {"ranks": ranks, "latent_used": used, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
             "kept_pairs": [p.kept.tolist() for p in plans]}
     return cfg, tensors, info
 
@@ -202,10 +202,12 @@ def measured_ranks(src, stats, settings, plans_info, ids) -> list[int]:
     return sensitivity.allocate(spectra, scales, int(settings.kv_rank), [wz.shape[0] for wz, _, _ in problems])
 
 
-def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, torch.Tensor]:
-    """Layer i's tensors under DeepSeek-V3 names."""
+def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None) -> dict[str, torch.Tensor]:
+    """Layer i's tensors under DeepSeek-V3 names; width pads the (stock) latent with zero dims."""
     wq, wk, wv, wo = augmented_weights(src, i)
     fact = lat.rotate(fact, seed=i)
+    if width:
+        fact = lat.pad(fact, width)
     if stock:
         fact = linearize_norm(fact, latent_rms(fact, st.xx, fact.latent.shape[0]))
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)

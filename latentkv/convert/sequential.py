@@ -29,8 +29,9 @@ def build_sequential(src: SourceModel, stats: list[LayerStats], windows: torch.T
 
     def refit(i: int, st: LayerStats) -> None:
         wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
-        fact = lat.factorize(wz, st.xx, m, ranks[i])
-        layer = layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, torch.float32)
+        fact = lat.factorize(wz, st.xx, m, info["latent_used"][i])
+        width = ranks[i] if settings.stock else None  # a padded stock latent stays padded
+        layer = layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, torch.float32, width)
         tensors.update(layer)
         load_weights(model, ((name, t, "refit") for name, t in layer.items()), torch.float32, partial=True)
 
