@@ -13,7 +13,6 @@ from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model, resolve_rope_dim
 from latentkv.convert.reference import source_logits
-from latentkv.convert.sequential import build_sequential
 from latentkv.convert.source_model import SourceModel
 from latentkv.convert.sources import read_source
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
@@ -80,10 +79,7 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx)
     stats = collect_stats(src, windows)
     dtype = MODEL_DTYPES[options.dtype]
-    if options.sequential:
-        cfg, tensors, info = build_sequential(src, stats, windows, options, dtype=dtype)
-    else:
-        cfg, tensors, info = build_model(src, stats, options, dtype=dtype, sensitivity_ids=windows[:2])
+    cfg, tensors, info = build_model(src, stats, options, dtype=dtype)
     measured = measure(src, cfg, tensors, options.eval_tokens, options.ctx) if options.eval_tokens else {}
     record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
               "rope_theta": info["rope_theta"]}

@@ -2,13 +2,13 @@
 
 For each layer we keep the second moment of the attention input (augmented with a
 constant 1 so biases are exact), the attention mass by query-key distance of each
-head (for RoPE's phase statistics), and the residual stream's energy. Everything
+head (for RoPE's phase statistics) and how strongly value and score errors reach
+each head's output. Everything
 the converter needs (key / query / value moments) is derived from these.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -26,14 +26,13 @@ class LayerStats:
     dist [H, T] float64: attention probability mass at distance Δ = 0..T-1, per head;
     rho [H]: E_m[Σ_n p_mn²], how much one value error reaches a head's output;
     kappa [H]: E_m[Σ_n p_mn² |Wo_h(v_n − o_m)|²], how much one score error moves it;
-    h_energy: E|h|² of the residual stream entering the layer; tokens: count.
+    tokens: count.
     """
 
     xx: torch.Tensor
     dist: torch.Tensor
     rho: torch.Tensor
     kappa: torch.Tensor
-    h_energy: float
     tokens: int
 
 
@@ -69,19 +68,12 @@ def add_sensitivity(rho: torch.Tensor, kappa: torch.Tensor, probs: torch.Tensor,
     kappa += term.sum((0, 2)).double()
 
 
-LayerFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 @torch.no_grad()
-def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_layer: LayerFn | None = None,
-                  on_layer: Callable[[int, LayerStats], None] | None = None, device="cpu") -> list[LayerStats]:
+def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, device="cpu") -> list[LayerStats]:
     """Statistics of every layer over token windows [N, T].
 
     The residual stream of all windows is held (N*T*D floats); one layer's attention
-    probabilities at a time. `next_layer(i, h, positions)` moves the stream past layer i
-    (default: the source layer; the converter passes its converted layer to calibrate
-    each layer on the converted model's activations). `on_layer(i, stats)` runs after
-    layer i's statistics are complete and before the stream moves on.
+    probabilities at a time.
     """
     N, T = windows.shape
     D, H = src.hidden_size, src.num_heads
@@ -94,7 +86,6 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_
         dist = torch.zeros(H, T, dtype=torch.float64, device=device)
         rho = torch.zeros(H, dtype=torch.float64, device=device)
         kappa = torch.zeros(H, dtype=torch.float64, device=device)
-        energy = 0.0
         moved = []
         for h in hidden:
             x = rms_norm(h, layer["attn_norm"], src.rms_norm_eps)
@@ -103,16 +94,12 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_
             add_distances(dist, probs)
             v = ref.project_qkv(src, layer, x)[2].repeat_interleave(H // src.num_kv_heads, dim=1)
             add_sensitivity(rho, kappa, probs, v, layer["o"])
-            energy += h.double().pow(2).sum().item()
-            if next_layer is None:  # reuse this attention output: the source layer's forward
-                h = h + out
-                moved.append(h + ref.mlp(layer, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps)))
+            h = h + out  # the source layer's forward, reusing this attention output
+            moved.append(h + ref.mlp(layer, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps)))
         count = N * T
         stats.append(LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), rho=(rho / count).cpu(),
-                                kappa=(kappa / count).cpu(), h_energy=energy / count, tokens=count))
-        if on_layer is not None:
-            on_layer(i, stats[-1])
-        hidden = moved if next_layer is None else [next_layer(i, h, positions) for h in hidden]
+                                kappa=(kappa / count).cpu(), tokens=count))
+        hidden = moved
     return stats
 
 
@@ -121,7 +108,6 @@ def save_stats(stats: list[LayerStats], path) -> None:
     from safetensors.torch import save_file
 
     tensors = {f"{name}": torch.stack([getattr(st, name) for st in stats]) for name in ("xx", "dist", "rho", "kappa")}
-    tensors["h_energy"] = torch.tensor([st.h_energy for st in stats], dtype=torch.float64)
     tensors["tokens"] = torch.tensor([st.tokens for st in stats])
     save_file(tensors, str(path))
 
@@ -132,4 +118,4 @@ def load_stats(path) -> list[LayerStats]:
 
     t = load_file(str(path))
     return [LayerStats(xx=t["xx"][i], dist=t["dist"][i], rho=t["rho"][i], kappa=t["kappa"][i],
-                       h_energy=float(t["h_energy"][i]), tokens=int(t["tokens"][i])) for i in range(len(t["rho"]))]
+                       tokens=int(t["tokens"][i])) for i in range(len(t["rho"]))]

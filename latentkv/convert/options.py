@@ -15,11 +15,8 @@ class ConvertOptions:
     for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
     dtype; rope_theta: the stock schedule (None: chosen).
-    Method — weighting: "attention" (errors in attention-output units), "aware" or
-    "balanced"; k_weight: extra weight of key against value error (5 measured best: the
-    first-order model underrates score errors); rank_alloc: "uniform", "spectrum" or
-    "measured"; sequential: refit each latent on the converted model's activations
-    (docs/conversion.md: the alternatives to the defaults measured worse)."""
+    Method — k_weight: extra weight of key against value error in the latent's
+    attention-output metric (5 measured best: the first-order model underrates score errors)."""
 
     rope_dim: int | str | None = None
     kv_rank: int | str | list | None = None
@@ -31,10 +28,7 @@ class ConvertOptions:
     stock: bool = False
     dtype: str = "float32"
     rope_theta: float | None = None
-    weighting: str = "attention"
     k_weight: float = 5.0
-    rank_alloc: str = "uniform"
-    sequential: bool = False
 
     def check(self) -> None:
         """Errors that need no source."""
@@ -44,3 +38,5 @@ class ConvertOptions:
             raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
         if self.cache_ratio is not None and self.kv_rank is not None:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
+        if self.k_weight <= 0:
+            raise ValueError(f"k_weight must be positive, got {self.k_weight}")
