@@ -48,18 +48,14 @@ def stock_slots(theta: float, rope_dim: int) -> torch.Tensor:
 
 def choose_theta(src: SourceModel, stats: list[LayerStats], rope_dim: int) -> float:
     """The stock rope_theta (from THETA_GRID) whose schedule keeps the most score energy."""
-    best, best_gain = src.rope_theta, -1.0
-    inputs = []
-    for i, st in enumerate(stats):
-        wq, wk, _, _ = augmented_weights(src, i)
-        inputs.append((wq, wk, st))
-    for theta in tqdm(THETA_GRID + [src.rope_theta], desc="choosing stock rope_theta", leave=False):
-        gain = 0.0
-        for wq, wk, st in inputs:
-            gain += layer_stock_gain(src, wq, wk, st, stock_slots(theta, rope_dim))
-        if gain > best_gain:
-            best, best_gain = theta, gain
-    return best
+    thetas = THETA_GRID + [src.rope_theta]
+    gains = [0.0] * len(thetas)
+    for i, st in enumerate(tqdm(stats, desc="choosing stock rope_theta", unit="layer", leave=False)):
+        wq, wk, _, _ = augmented_weights(src, i)  # one layer's weights at a time
+        for t, theta in enumerate(thetas):
+            gains[t] += layer_stock_gain(src, wq, wk, st, stock_slots(theta, rope_dim))
+    best = max(range(len(thetas)), key=lambda t: (gains[t], -t))  # ties: the first, as before
+    return thetas[best]
 
 
 def layer_stock_gain(src, wq, wk, st, slots) -> float:
@@ -138,26 +134,40 @@ def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
     return float((((lt @ xx) * lt).sum() / rank).clamp(min=1e-30).sqrt())
 
 
-def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32):
-    """Converted model: (DeepSeek-V3 config dict, tensors by name, info dict)."""
+def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None,
+                  dtype=torch.float32):
+    """(DeepSeek-V3 config dict, info dict, parts): `parts` yields the converted tensors a piece at a
+    time — the embeddings and final norm, then one dict per layer, each layer computed (and its
+    source weights read) only when it is asked for, so a caller that writes each part and lets it
+    go holds one layer of the output."""
     plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
-    problems = [latent_problem(src, i, plans[i], st, dn, settings.k_weight) for i, st in enumerate(stats)]
-    facts = [lat.factorize(wz, st.xx, m, wz.shape[0]) for (wz, m, _), st in zip(problems, stats)]
-    ranks = resolve_ranks(settings.kv_rank, [wz.shape[0] for wz, _, _ in problems])
+    full = [2 * int(p.dropped.sum()) + src.num_kv_heads * src.head_dim for p in plans]  # rows of Z = [f_K; V]
+    ranks = resolve_ranks(settings.kv_rank, full)
     if settings.stock and len(set(ranks)) > 1:
         raise ValueError("the stock format needs one global rank")
-    tensors = {"model.embed_tokens.weight": src.tensors["model.embed_tokens.weight"].to(dtype),
-               "model.norm.weight": src.tensors["model.norm.weight"].to(dtype)}
-    if not src.tie_word_embeddings:
-        tensors["lm_head.weight"] = src.tensors["lm_head.weight"].to(dtype)
-    scale = ((dn + dr) / src.head_dim) ** 0.5
-    for i in range(src.num_layers):
-        fact = lat.Factorization(facts[i].latent[: ranks[i]], facts[i].recon[:, : ranks[i]], facts[i].spectrum)
-        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, stats[i], dtype))
     cfg = deepseek_config(src, dn=dn, dr=dr, ranks=ranks, stock=settings.stock, theta=theta,
                           inv_freq=[p.slot_freq.tolist() for p in plans], dtype=dtype)
     info = {"ranks": ranks, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
             "kept_pairs": [p.kept.tolist() for p in plans]}
+    scale = ((dn + dr) / src.head_dim) ** 0.5
+
+    def parts():
+        top = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if src.tie_word_embeddings else ["lm_head.weight"])
+        yield {name: src.tensors[name].to(dtype) for name in top}
+        for i, st in enumerate(stats):
+            wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.k_weight)
+            fact = lat.factorize(wz, st.xx, m, ranks[i])
+            yield layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, dtype)
+
+    return cfg, info, parts()
+
+
+def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32):
+    """Converted model in memory: (DeepSeek-V3 config dict, tensors by name, info dict)."""
+    cfg, info, parts = convert_parts(src, stats, settings, plans_info, dtype)
+    tensors = {}
+    for part in parts:
+        tensors.update(part)
     return cfg, tensors, info
 
 

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.export import export
+from latentkv.convert.export import export, write_card
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model
@@ -21,7 +21,8 @@ def convert_exact(src, tmp_path, windows):
     """Exact conversion written as a native folder; returns (folder, cfg, tensors)."""
     stats = collect_stats(src, windows)
     cfg, tensors, info = build_model(src, stats, ConvertOptions(rope_dim="all", kv_rank="full"))
-    out = export(tmp_path / "mla", src, cfg, tensors, info, {"rope_dim": "all", "kv_rank": "full"}, {})
+    out = export(tmp_path / "mla", src, cfg, tensors, info, {"rope_dim": "all", "kv_rank": "full"})
+    write_card(out, src, cfg, info, {}, {})
     return out, cfg, tensors
 
 
