@@ -73,21 +73,32 @@ def measure(src: SourceModel, folder: Path, eval_tokens: int, ctx: int) -> dict:
             "protocol": PROTOCOL.format(ctx=ctx) + f", {source['tokens']} tokens of the default held-out text"}
 
 
+def step(n: int, text: str) -> None:
+    """One line per stage; the long stages then show their own bar with the time left."""
+    tqdm.write(f"latentkv convert [{n}/5] {text}")
+
+
 def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) -> Path:
     """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`."""
     options.check()
     started = time.perf_counter()
+    step(1, f"reading {source if source is not None else 'the bundled SmolLM2'}")
     src = source if isinstance(source, SourceModel) else read_source(source)
     options = resolve_sizes(src, options)
     resolve_rope_dim(src, options.rope_dim, options.stock)  # fail before the (long) calibration
+    step(2, "tokenizing calibration text")
     windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx)
+    step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens")
     stats = collect_stats(src, windows)
     dtype = MODEL_DTYPES[options.dtype]
     cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
     record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
               "rope_theta": info["rope_theta"]}
+    step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}) and writing {out}")
     out = export(Path(out), src, cfg, tqdm(parts, desc="converting and writing layers", unit="part",
                                           total=src.num_layers + 1), info, record)
+    if options.eval_tokens:
+        step(5, f"measuring perplexity on {options.eval_tokens} held-out tokens (source and converted)")
     measured = measure(src, out, options.eval_tokens, options.ctx) if options.eval_tokens else {}
     write_card(out, src, cfg, info, record, measured)
     print(f"latentkv convert: {time.perf_counter() - started:.1f} s, peak RSS {peak_rss() / 2**30:.2f} GiB")

@@ -22,7 +22,7 @@ class ConvertOptions:
     kv_rank: int | str | list | None = None
     cache_ratio: float | None = None
     calib: list | None = None
-    calib_tokens: int = 32768
+    calib_tokens: int = 16384  # 32768 measured no better (docs/conversion.md, "Time and memory")
     ctx: int = 512
     eval_tokens: int = 4096
     stock: bool = False
