@@ -9,9 +9,10 @@ from latentkv.commands import generate, serve
 from latentkv.convert import command as convert_command
 from latentkv.eval import command as eval_command
 from latentkv.heal import command as heal_command
+from latentkv.store import command as store_command
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func` on their parsers.
-COMMAND_MODULES = [generate, convert_command, eval_command, heal_command, bench_command, serve]
+COMMAND_MODULES = [generate, convert_command, eval_command, heal_command, bench_command, serve, store_command]
 
 
 def build_parser() -> argparse.ArgumentParser:

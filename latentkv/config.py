@@ -152,14 +152,21 @@ class ModelConfig:
         path = Path(path)
         try:
             raw = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: not valid JSON ({err})") from err
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read it ({err})") from err
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
         try:
             return cls.from_dict(raw)
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from err
+        except (TypeError, ValueError, AttributeError, KeyError) as err:  # a field of an unexpected shape
+            raise ConfigError(f"{path}: cannot read the model config ({type(err).__name__}: {err})") from err
 
     def validate(self) -> None:
+        check_field_types(self)
         positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "v_head_dim"]
         for name in positive:
             if getattr(self, name) <= 0:
@@ -197,6 +204,37 @@ class ModelConfig:
             raise ConfigError(f"topk_method {self.topk_method!r} is not supported; expected one of {methods}")
         if self.scoring_func not in ("softmax", "sigmoid"):
             raise ConfigError(f"scoring_func {self.scoring_func!r} is not supported; expected 'softmax' or 'sigmoid'")
+
+
+INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "max_position_embeddings",
+              "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace",
+              "moe_layer_freq", "n_group", "topk_group")
+OPTIONAL_INT_FIELDS = ("q_lora_rank", "n_routed_experts")
+FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "routed_scaling_factor")
+BOOL_FIELDS = ("tie_word_embeddings", "attention_bias")
+
+
+def check_field_types(cfg: "ModelConfig") -> None:
+    """A field of the wrong JSON type (e.g. "kv_lora_rank": "512") is named, not a TypeError later."""
+    def wrong(name: str, expected: str):
+        value = getattr(cfg, name)
+        raise ConfigError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+
+    for name in INT_FIELDS + OPTIONAL_INT_FIELDS:
+        value = getattr(cfg, name)
+        if (value is not None or name in INT_FIELDS) and (isinstance(value, bool) or not isinstance(value, int)):
+            wrong(name, "an integer")
+    for name in FLOAT_FIELDS:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            wrong(name, "a number")
+    for name in BOOL_FIELDS:
+        if not isinstance(getattr(cfg, name), bool):
+            wrong(name, "true or false")
+    ranks = cfg.kv_lora_ranks
+    if ranks is not None and not (isinstance(ranks, list) and all(type(r) is int for r in ranks)):
+        raise ConfigError(f"latentkv.kv_lora_ranks must be a list of integers, got {ranks!r}")
 
 
 def _req(raw: dict, key: str):

@@ -1,6 +1,7 @@
 """`SamplingParams`: how one request picks its tokens (vLLM's names and meanings)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 
@@ -57,6 +58,9 @@ class SamplingParams:
         return self.temperature < 1e-5   # (as vLLM) smaller temperatures are greedy in all but float noise
 
     def validate(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            check(isinstance(value, (int, float)) and math.isfinite(value), f"{name} must be a finite number, got {value!r}")
         check(isinstance(self.n, int) and self.n >= 1, f"n must be an int >= 1, got {self.n!r}")
         check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be -1, 0 (off) or a positive int, got {self.top_k!r}")
@@ -65,7 +69,8 @@ class SamplingParams:
         check(self.repetition_penalty > 0.0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         check(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         check(-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        check(self.seed is None or isinstance(self.seed, int), f"seed must be an int or None, got {self.seed!r}")
+        check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**63),
+              f"seed must be an int in [-2**63, 2**63) or None, got {self.seed!r}")
         check(all(isinstance(s, str) and s for s in self.stop), f"stop must be non-empty strings, got {self.stop!r}")
         check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
               f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")

@@ -14,13 +14,18 @@ TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-
     max_num_batched_tokens = 2048
     enable_prefix_caching = true
     nan_check = true                 # a NaN/Inf in the logits fails that request
-    host = "127.0.0.1"               # serve only: host, port, api_key, served_model_name,
-    port = 8000                      # max_waiting_requests (more waiting: 503 + Retry-After)
+    kv_store = "~/.cache/latentkv/store"  # on-disk latent store (docs/store.md); kv_store_max_size = "10GiB"
+    warm = "templates.jsonl"         # templates prefilled at start; warm_fraction = 0.05 of the cache pinned
+    host = "127.0.0.1"               # serve only: host, port, api_key, api_key_file, served_model_name,
+    port = 8000                      # max_waiting_requests (more waiting: 503 + Retry-After),
+    max_request_bytes = 4194304      # larger bodies: 413 before parsing
+    metrics_public = false           # true: /metrics needs no API key
 
 The seed template's names are aliases (each option's `aliases`): [latent_attention] chunk_size,
 prefix_caching; [latent_attention.memory] pool_size (a number of blocks, the seed's "chunks");
 [precision] compute, cache, weights; [scheduler] max_model_len, max_num_seqs,
-max_waiting_requests; [safety] nan_check; [server] host, port, api_key, served_model_name.
+max_waiting_requests; [safety] nan_check; [server] host, port, api_key, served_model_name;
+[latent_attention.store] path, max_size, warm, warm_fraction.
 
 An unknown key, a bad value, or one option given twice (or the cache sized both ways) is a
 `SettingsError` naming the key or flag and what is allowed. The value rules are the engine's
@@ -33,12 +38,16 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from latentkv.engine.args import OPTION_CHECKS, EngineArgs, check_option, non_negative_int, text
+from latentkv.engine.args import (OPTION_CHECKS, STORE_MAX_SIZE, WARM_FRACTION, EngineArgs, boolean, check_option,
+                                  non_negative_int, positive_int, text)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
 
 class SettingsError(ValueError):
@@ -73,10 +82,24 @@ class Settings:
     enable_prefix_caching: bool = option(True, "reuse cached prompt prefixes (default on)",
                                          "latent_attention.prefix_caching")
     nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
+    kv_store: str | None = option(None, "keep full prefix-cache blocks on disk in this directory, reused across "
+                                        "restarts and shared by processes (docs/store.md)", "latent_attention.store.path")
+    kv_store_max_size: int | str = option(STORE_MAX_SIZE, f"bound of the --kv-store directory (default {STORE_MAX_SIZE})",
+                                          "latent_attention.store.max_size")
+    warm: str | None = option(None, "JSONL of template prompts or chat conversations prefilled at start and pinned",
+                              "latent_attention.store.warm")
+    warm_fraction: float = option(WARM_FRACTION, f"share of the cache --warm templates may pin (default {WARM_FRACTION})",
+                                  "latent_attention.store.warm_fraction", type=float)
     host: str = option("127.0.0.1", "address to bind (default 127.0.0.1)", "server.host", server=True)
     port: int = option(8000, "port (default 8000)", "server.port", server=True, type=int)
-    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on /v1 routes", "server.api_key",
-                                 server=True)
+    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every route but /health (shows in "
+                                       "`ps`: prefer --api-key-file or $LATENTKV_API_KEY)", "server.api_key", server=True)
+    api_key_file: str | None = option(None, "read the API key from this file", "server.api_key_file", server=True)
+    metrics_public: bool = option(False, "serve /metrics without the API key (default off)", "server.metrics_public",
+                                  server=True)
+    max_request_bytes: int = option(DEFAULT_MAX_REQUEST_BYTES, "refuse larger request bodies with 413, before parsing "
+                                    f"(default {DEFAULT_MAX_REQUEST_BYTES})", "server.max_request_bytes", server=True,
+                                    type=int)
     served_model_name: str | None = option(None, "the model name clients send (default: the model's)",
                                            "server.served_model_name", server=True)
     max_waiting_requests: int = option(256, "answer 503 + Retry-After when more sequences than this would wait "
@@ -103,6 +126,9 @@ CHECKS = {**OPTION_CHECKS,
           "host": ("a host name or address", text),
           "port": ("an integer port 0-65535", _port),
           "api_key": ("a non-empty string", text),
+          "api_key_file": ("a file path", text),
+          "metrics_public": ("true or false", boolean),
+          "max_request_bytes": ("a positive integer", positive_int),
           "served_model_name": ("a non-empty string", text),
           "max_waiting_requests": ("an integer >= 0", non_negative_int)}
 OPTIONS = {f.name: f for f in fields(Settings)}

@@ -170,3 +170,16 @@ def test_flags_override_the_file(tmp_path):
         settings_from_args(parse(["--kv-cache-memory", "2 parsecs"]))
     with pytest.raises(SettingsError, match="both size the latent cache"):
         settings_from_args(parse(["--kv-cache-memory", "1GiB", "--kv-cache-blocks", "8"]))
+
+
+def test_server_hardening_options(tmp_path):
+    s = build_settings(write(tmp_path, '[server]\nmax_request_bytes = 2048\nmetrics_public = true\n'
+                                       'api_key_file = "/run/secrets/key"\n'))
+    assert (s.max_request_bytes, s.metrics_public, s.api_key_file) == (2048, True, "/run/secrets/key")
+    assert Settings().max_request_bytes == 4 * 2**20 and Settings().metrics_public is False
+    with pytest.raises(SettingsError, match="server.max_request_bytes = 0 .*positive"):
+        read_toml(write(tmp_path, "[server]\nmax_request_bytes = 0\n"))
+    args = argparse.ArgumentParser()
+    add_engine_arguments(args, server=True)
+    flags = settings_from_args(args.parse_args(["--metrics-public", "--max-request-bytes", "100"]))
+    assert (flags.metrics_public, flags.max_request_bytes) == (True, 100)

@@ -6,11 +6,11 @@ import argparse
 
 import torch
 
-from latentkv.bench import decode, memory, prefix, throughput
+from latentkv.bench import decode, memory, prefix, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
 
-BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix}
+BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix, "store_restart": store_restart}
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
@@ -58,7 +58,12 @@ def register(subparsers) -> None:
     p = sub.add_parser("prefix", help="time to first token with a shared prefix, prefix cache on vs off")
     add_model_args(p)
     p.add_argument("--prefixes", type=int, nargs="+")
-    p.set_defaults(func=lambda a: run("prefix", a))
+    p.add_argument("--store", action="store_true",
+                   help="instead: TTFT after a restart, cold vs restored from the on-disk store; store bytes per "
+                        "token vs GQA/MHA; throughput with the store on vs off")
+    p.add_argument("--store-dir", help="store directory for --store (default: a temporary one, deleted after)")
+    p.add_argument("--concurrency", type=int, nargs="+", help="--store: requests at once for the throughput part")
+    p.set_defaults(func=lambda a: run("store_restart" if a.store else "prefix", a))
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
 
 

@@ -7,7 +7,8 @@ import uvicorn
 
 from latentkv.commands.startup import log, start_engine
 from latentkv.server.app import build_app, build_state
-from latentkv.settings import SettingsError, add_engine_arguments, settings_from_args
+from latentkv.server.guard import resolve_api_key
+from latentkv.settings import add_engine_arguments, settings_from_args
 
 
 def register(subparsers) -> None:
@@ -21,13 +22,15 @@ def register(subparsers) -> None:
 def run_serve(args) -> int:
     try:
         settings = settings_from_args(args)
+        api_key = resolve_api_key(settings.api_key, settings.api_key_file)
         engine, resolved = start_engine(settings)
-    except ValueError as err:  # a bad setting, no such model, a bad checkpoint, a cache that holds nothing, ...
+    except ValueError as err:  # a bad setting or key file, no such model, a bad checkpoint, a cache that holds nothing, ...
         print(f"latentkv serve: {err}", file=sys.stderr)
         return 2
     name = settings.served_model_name or resolved.name
-    state = build_state(engine, name, settings.max_waiting_requests, settings.api_key)
+    state = build_state(engine, name, settings.max_waiting_requests, api_key, settings.max_request_bytes,
+                        settings.metrics_public)
     log(f"latentkv: serving {name!r} on http://{settings.host}:{settings.port}/v1"
-        + (" (API key required)" if settings.api_key else ""))
+        + (" (API key required)" if api_key else ""))
     uvicorn.run(build_app(state), host=settings.host, port=settings.port, log_level="warning")
     return 0

@@ -15,6 +15,8 @@ from latentkv.memory import parse_memory
 from latentkv.model.quant import QUANTIZATIONS
 
 ATTENTION_PATHS = ("auto", "naive", "absorbed")
+STORE_MAX_SIZE = "10GiB"   # default bound of a --kv-store directory
+WARM_FRACTION = 0.05       # default share of the cache --warm templates may pin
 
 
 def positive_int(value):
@@ -70,6 +72,13 @@ def fraction(value):
     return float(value)
 
 
+def share(value):
+    """A fraction in [0, 1] (0 allowed: nothing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError
+    return float(value)
+
+
 def memory(value):
     return parse_memory(value)  # its ValueError says what is wrong with the size
 
@@ -94,6 +103,10 @@ OPTION_CHECKS = {
     "skip_tokenizer_init": ("true or false", boolean),
     "seed": ("an integer >= 0", non_negative_int),
     "attention_path": (f"one of {list(ATTENTION_PATHS)}", choice(ATTENTION_PATHS)),
+    "kv_store": ("a directory path", text),
+    "kv_store_max_size": ("a positive size such as \"20GiB\" or a number of bytes", memory),
+    "warm": ("a JSONL file path", text),
+    "warm_fraction": ("a fraction in [0, 1]", share),
 }
 
 
@@ -128,6 +141,10 @@ class EngineArgs:
     nan_check: bool = False
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
     quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
+    kv_store: str | None = None             # directory of the on-disk latent store (docs/store.md); None: off
+    kv_store_max_size: int | str = STORE_MAX_SIZE  # the whole directory (read into bytes), LRU-evicted beyond
+    warm: str | None = None                 # JSONL of template prompts / conversations prefilled at start
+    warm_fraction: float = WARM_FRACTION    # of the cache's blocks the templates may pin in RAM
 
     def __post_init__(self):
         for f in fields(self):

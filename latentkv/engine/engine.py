@@ -4,10 +4,16 @@ add_request -> Sequence(s) in the scheduler's waiting queue; step() = schedule, 
 the model, sample, then per sampled token: append, detokenize, check stop conditions,
 free finished sequences; it returns a cumulative `RequestOutput` for every request
 that produced a token (or finished) in this step.
+
+A failure inside a step fails only the sequences it belongs to (see engine/isolation.py):
+when the batched model run raises, the step is rerun one sequence at a time, the ones
+that still fail finish with finish_reason "error" (their blocks freed and scrubbed), and
+the others carry on as if nothing happened. That holds for bugs nobody has found yet.
 """
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -17,27 +23,46 @@ from transformers import AutoTokenizer
 from latentkv.cache.block_pool import BlockPool
 from latentkv.engine.args import EngineArgs
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
+from latentkv.engine.isolation import describe_failure, run_isolated
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.outputs import CompletionOutput, RequestOutput
-from latentkv.engine.runner import ModelRunner, plan_num_blocks, report_capacity
-from latentkv.engine.scheduler import Scheduler
+from latentkv.engine.prompt_errors import PromptError, check_token_ids
+from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, report_capacity
+from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears
 from latentkv.sampling import SamplingParams
+from latentkv.store.tier import open_tier
+from latentkv.store.warm import warm_up
 
 __all__ = ["EngineArgs", "LLMEngine"]
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+
+
 def load_tokenizer(path: str):
-    return AutoTokenizer.from_pretrained(path)
+    """AutoTokenizer from a folder; a broken tokenizer file is a ValueError naming the folder's files."""
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 - tokenizers/transformers raise many kinds (even plain Exception)
+        present = [f for f in TOKENIZER_FILES if (Path(path) / f).exists()]
+        where = ", ".join(str(Path(path) / f) for f in present) or str(path)
+        raise ValueError(f"cannot load the tokenizer from {where}: {type(err).__name__}: {err}") from None
 
 
 def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
     """EOS ids from generation_config.json, else config.json, else the tokenizer."""
     gen = folder / "generation_config.json"
     if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except (ValueError, AttributeError) as err:
+            raise ValueError(f"{gen}: not a JSON object ({type(err).__name__}: {err})") from None
+        if isinstance(eos, bool) or not (eos is None or isinstance(eos, int)
+                                         or (isinstance(eos, list) and all(type(t) is int for t in eos))):
+            raise ValueError(f"{gen}: eos_token_id must be an integer or a list of integers, got {eos!r}")
         if eos is not None:
             return list(eos) if isinstance(eos, list) else [eos]
     if cfg.eos_token_ids:
@@ -61,6 +86,12 @@ class LLMEngine:
             max_useful_blocks=args.max_num_seqs * -(-max_model_len // args.block_size))
         report_capacity(num_blocks, args.block_size, per_block, args.kv_cache_dtype)
         self.capacity_tokens = num_blocks * args.block_size
+        if self.capacity_tokens < max_model_len:
+            # else a long request is cut short by the cache, not by a limit anyone was told about
+            print(f"latentkv: warning: the KV cache holds {self.capacity_tokens} tokens, fewer than max_model_len "
+                  f"{max_model_len}; max_model_len is capped to {self.capacity_tokens} (raise kv_cache_memory "
+                  "for longer sequences)", file=sys.stderr)
+            max_model_len = self.capacity_tokens
         self.bytes_per_block = per_block
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks, args.block_size, args.enable_prefix_caching)
@@ -70,6 +101,13 @@ class LLMEngine:
         self.runner = ModelRunner(model, args.block_size, num_blocks, args.kv_cache_dtype,
                                   args.attention_path, args.seed, args.nan_check, self.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
+        self.store = open_tier(args, model.dtype, self.runner.caches, self.pool)
+        self.scheduler.kv.store = self.store
+        if self.store is not None:
+            print(f"latentkv: {self.store.describe()}", file=sys.stderr, flush=True)
+        self.pinned_blocks: list[int] = []   # template blocks held in RAM for the engine's life
+        if args.warm:
+            warm_up(self, args.warm, args.warm_fraction)
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -108,16 +146,13 @@ class LLMEngine:
 
     def check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
-            raise ValueError("the prompt is empty")
-        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.cfg.vocab_size})")
+            raise PromptError("the prompt is empty")
+        check_token_ids(ids, self.cfg.vocab_size)
         if len(ids) >= self.max_model_len:  # the one prompt-length rule (the server relies on it too)
-            raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}, "
-                             "so it leaves no room for output")
-        if len(ids) > self.capacity_tokens:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than the whole KV cache holds "
-                             f"({self.capacity_tokens} tokens); raise kv_cache_memory")
+            capped = " (capped to what the whole KV cache holds; raise kv_cache_memory)" \
+                if self.max_model_len == self.capacity_tokens else ""
+            raise PromptError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}{capped}, "
+                              "so it leaves no room for output", code="context_length_exceeded")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
 
@@ -141,22 +176,44 @@ class LLMEngine:
             if self.scheduler.has_unfinished():  # would loop forever: a bug, say so
                 raise RuntimeError(f"scheduler made no progress: {self.stats()}")
             return []
-        results = self.runner.run(out)
-        self.scheduler.mark_computed(out)
+        results = run_isolated(self.runner, out)
+        self.scheduler.mark_computed(SchedulerOutput(
+            scheduled=[s for s, r in zip(out.scheduled, results) if not isinstance(r, str)]))
         touched: dict[str, None] = {}
         for s, r in zip(out.scheduled, results):
             seq = s.seq
-            if r.prompt_logprobs is not None:
-                seq.prompt_logprobs.extend(self.decorate(r.prompt_logprobs))
-            if r.token is None:
+            if isinstance(r, str):   # it failed even when run alone
+                touched[seq.request_id] = None
+                self.fail(seq, r)
                 continue
-            touched[seq.request_id] = None
-            if r.nonfinite:
-                self.finish(seq, "error", error="NaN or Inf in the logits")
-                continue
-            self.append_token(seq, r.token, r.logprobs, r.chosen_logprob)
+            try:
+                if self.process(seq, r):
+                    touched[seq.request_id] = None
+            except Exception as err:  # noqa: BLE001 - a bug in one sequence's bookkeeping fails it alone
+                touched[seq.request_id] = None
+                self.fail(seq, describe_failure(err))
         return [self.make_output(self.requests.pop(rid) if self.is_done(rid) else self.requests[rid])
                 for rid in touched if rid in self.requests]
+
+    def process(self, seq: Sequence, r: SeqResult) -> bool:
+        """Take one sequence's share of the step; True when it produced a token or finished."""
+        if r.prompt_logprobs is not None:
+            seq.prompt_logprobs.extend(self.decorate(r.prompt_logprobs))
+        if r.token is None:
+            return False
+        if r.nonfinite:
+            self.finish(seq, "error", error="NaN or Inf in the logits")
+            return True
+        self.append_token(seq, r.token, r.logprobs, r.chosen_logprob)
+        return True
+
+    def fail(self, seq: Sequence, error: str) -> None:
+        """Finish one sequence with finish_reason "error" and free (and scrub) its blocks —
+        also when its failure came half-way through `finish` (every step here is idempotent)."""
+        blocks = list(seq.block_table)
+        seq.finish("error", None, error)
+        self.scheduler.finish(seq)
+        self.scrub(blocks)
 
     def append_token(self, seq: Sequence, token: int, logprobs, chosen: float | None) -> None:
         seq.append_token(token)
@@ -178,7 +235,7 @@ class LLMEngine:
                 return self.finish(seq, "stop", stop_reason=seq.stop_reason, flush=False)
         if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
             return self.finish(seq, "length")
-        if len(seq) >= min(self.max_model_len, self.capacity_tokens):
+        if len(seq) >= self.max_model_len:   # (max_model_len <= the cache's capacity, see __init__)
             return self.finish(seq, "length")
 
     def finish(self, seq: Sequence, reason: str, stop_reason=None, error: str | None = None, flush: bool = True) -> None:
@@ -238,4 +295,13 @@ class LLMEngine:
             "prefix_hits": self.pool.prefix_hits,
             "preemptions": self.scheduler.num_preemptions,
             "capacity_tokens": self.capacity_tokens,
+            "pinned_blocks": len(self.pinned_blocks),
+            **({f"store_{k}": v for k, v in vars(self.store.counters).items()} if self.store is not None else {}),
         }
+
+    def close(self) -> None:
+        """Write out the store's pending blocks and stop its writer (the engine stays usable
+        without the store)."""
+        if self.store is not None:
+            self.store.close()
+            self.scheduler.kv.store = self.store = None

@@ -15,6 +15,7 @@ class KVManager:
     def __init__(self, pool: BlockPool):
         self.pool = pool
         self.block_size = pool.block_size
+        self.store = None   # a latentkv.store.tier.StoreTier: the on-disk second tier, when set
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of `seq`'s longest cached prefix of full blocks. At least one token is
@@ -25,7 +26,10 @@ class KVManager:
         num_full = (len(seq) - 1) // self.block_size
         seq.block_hashes = hash_full_blocks(seq.token_ids[:num_full * self.block_size], self.block_size,
                                             seq.block_hashes[:num_full])
-        return self.pool.match_prefix(seq.block_hashes[:num_full], seq.token_ids)
+        hits = self.pool.match_prefix(seq.block_hashes[:num_full], seq.token_ids)
+        if self.store is not None and len(hits) < num_full:
+            hits += self.store.restore(seq.block_hashes[:num_full], seq.token_ids, hits)
+        return hits
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int, num_have: int | None = None) -> int:
         num_have = len(seq.block_table) if num_have is None else num_have
@@ -58,9 +62,13 @@ class KVManager:
             return
         bs = self.block_size
         seq.block_hashes = hash_full_blocks(seq.token_ids[:num_full * bs], bs, seq.block_hashes[:num_full])
+        full = []
         for i in range(seq.num_registered_blocks, num_full):
             parent = seq.block_hashes[i - 1] if i else NO_HASH
-            self.pool.register(seq.block_table[i], parent, seq.token_ids[i * bs:(i + 1) * bs], seq.block_hashes[i])
+            full.append((seq.block_table[i], parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.block_hashes[i]))
+            self.pool.register(*full[-1])
+        if self.store is not None:
+            self.store.save(full)   # to the on-disk tier, written behind
         seq.num_registered_blocks = num_full
 
     def release(self, seq: Sequence) -> None:

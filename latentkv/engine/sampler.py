@@ -120,7 +120,8 @@ def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: 
     if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         ranks = torch.arange(vocab, device=device)[None, :]
-        k = torch.tensor([k if k > 0 else vocab for k in top_k], device=device)[:, None]
+        # k past the vocabulary means "all" (and must not overflow an int64 tensor)
+        k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=device)[:, None]
         drop = ranks >= k
         sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs

@@ -45,7 +45,11 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors shards of a folder (from the index when there is one)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"{index}: not a safetensors index (needs a \"weight_map\" object): "
+                                  f"{type(err).__name__}: {err}") from None
         missing = [s for s in shards if not (folder / s).exists()]
         if missing:
             raise CheckpointError(f"{index}: lists shard {missing[0]} which is not in {folder}")
@@ -131,10 +135,10 @@ def checkpoint_tensors(model: MLAForCausalLM) -> dict[str, torch.Tensor]:
 def file_tensors(files: list[Path], cfg: ModelConfig):
     """Yield (checkpoint name, tensor, file) of every tensor of the shards."""
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
+        with open_safetensors(file) as f:
             names = set(f.keys())
             for name in sorted(names):
-                for target, tensor in read_tensor(f, name, names, cfg):
+                for target, tensor in read_checked(f, name, names, cfg, file):
                     yield target, tensor, file
 
 
@@ -159,6 +163,27 @@ def load_weights(model: MLAForCausalLM, tensors, dtype: torch.dtype, partial: bo
         shape = slot_shape(params[pname], rows)
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"missing tensor {missing[0]} (expected shape {shape}){more} in {', '.join(sorted(where))}")
+
+
+def open_safetensors(file: Path):
+    """safe_open, with a truncated, empty or foreign file reported as a CheckpointError naming it."""
+    if file.stat().st_size == 0:
+        raise CheckpointError(f"{file}: the file is empty (0 bytes); not a safetensors file")
+    try:
+        return safe_open(str(file), framework="pt")
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+        raise CheckpointError(f"{file}: cannot read it as safetensors ({type(err).__name__}: {err}); "
+                              "is it truncated or not a safetensors file?") from None
+
+
+def read_checked(f, name: str, names: set[str], cfg: ModelConfig, file: Path):
+    """`read_tensor`, with a tensor whose bytes cannot be read reported as file + tensor."""
+    try:
+        yield from read_tensor(f, name, names, cfg)
+    except CheckpointError:
+        raise
+    except Exception as err:  # noqa: BLE001 - e.g. data past the end of a truncated file
+        raise CheckpointError(f"{file}: cannot read tensor {name} ({type(err).__name__}: {err})") from None
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")

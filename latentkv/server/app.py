@@ -1,25 +1,28 @@
-"""The FastAPI app: routes, API-key check, status counting, engine loop lifecycle."""
+"""The FastAPI app: routes, guards (API key, body limit), status counting, engine loop lifecycle."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from latentkv.server.async_engine import AsyncEngine
 from latentkv.server.chat import create_chat_completion
 from latentkv.server.completions import create_completion
-from latentkv.server.errors import ApiError, install_error_handlers
+from latentkv.server.errors import install_error_handlers
+from latentkv.server.guard import ApiKeyGuard, BodyGuard
 from latentkv.server.metrics import ServerMetrics
+from latentkv.server.openapi import install_openapi
 from latentkv.server.protocol import ChatCompletionRequest, CompletionRequest
 from latentkv.server.serving import ServerState
+from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
 class CountStatus:
     """ASGI middleware counting /v1 responses by status code (pure ASGI, so streaming
-    responses still see client disconnects)."""
+    responses still see client disconnects). It sits outside every other middleware, so
+    401/413 answers count too, and so does a 500 that an exception turns into outside it."""
 
     def __init__(self, app, metrics: ServerMetrics):
         self.app = app
@@ -29,12 +32,21 @@ class CountStatus:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
 
+        started = False
+
         async def counting_send(message):
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.count_status(message["status"])
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:   # Starlette's outermost handler will answer 500
+                self.metrics.count_status(500)
+            raise
 
 
 async def unless_disconnected(request: Request, work):
@@ -53,7 +65,8 @@ async def unless_disconnected(request: Request, work):
         task.cancel()
 
 
-def build_state(engine, served_model_name: str, max_waiting_requests: int = 256, api_key: str | None = None) -> ServerState:
+def build_state(engine, served_model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
+                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False) -> ServerState:
     """Wrap an `LLMEngine` for serving (the engine loop starts with the app)."""
     holder: dict = {}
     metrics = ServerMetrics(lambda: holder["engine"].stats)
@@ -61,7 +74,9 @@ def build_state(engine, served_model_name: str, max_waiting_requests: int = 256,
     holder["engine"] = async_engine
     return ServerState(engine=async_engine, metrics=metrics, served_model_name=served_model_name,
                        max_model_len=engine.max_model_len, max_num_seqs=engine.args.max_num_seqs,
-                       max_waiting_requests=max_waiting_requests, api_key=api_key)
+                       max_waiting_requests=max_waiting_requests, api_key=api_key,
+                       vocab_size=engine.cfg.vocab_size, max_request_bytes=max_request_bytes,
+                       metrics_public=metrics_public)
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -76,18 +91,12 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="latentkv", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
+    install_openapi(app, api_key_required=state.api_key is not None)
+    # added last = runs first: count, then the key, then the body limit and JSON check
+    app.add_middleware(BodyGuard, max_bytes=state.max_request_bytes,
+                       json_paths=("/v1/completions", "/v1/chat/completions"))
+    app.add_middleware(ApiKeyGuard, api_key=state.api_key, metrics_public=state.metrics_public)
     app.add_middleware(CountStatus, metrics=state.metrics)
-
-    def check_api_key(request: Request) -> None:
-        if state.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
-            message = "missing API key" if not header else "invalid API key"
-            raise ApiError(401, f"{message}: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-
-    guarded = [Depends(check_api_key)]
 
     @app.get("/health")
     async def health():
@@ -95,21 +104,21 @@ def build_app(state: ServerState) -> FastAPI:
             return JSONResponse({"status": "error", "detail": state.engine.error}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{
             "id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "latentkv",
             "max_model_len": state.max_model_len}]}
 
-    @app.post("/v1/completions", dependencies=guarded)
+    @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         return await unless_disconnected(request, create_completion(req, state))
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return await unless_disconnected(request, create_chat_completion(req, state))
 

@@ -2,20 +2,24 @@
 
 HTTP handlers (on the asyncio loop) never touch the engine: they send commands ("add",
 "abort") through a thread-safe queue and read each request's outputs from its own
-asyncio queue. Tokenization and chat templating also run in the engine thread (the
-`prepare` callable of an add), so the tokenizer is only ever used by one thread.
+asyncio queue. Tokenization and chat templating (the `prepare` callable of an add) run
+in one tokenizer thread with its own copy of the tokenizer — not in the engine thread,
+so a huge prompt never stalls the other requests' steps, and not on the event loop.
 """
 from __future__ import annotations
 
 import asyncio
+import copy
 import queue
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 from latentkv.engine.outputs import RequestOutput
+from latentkv.engine.prompt_errors import PromptError
 from latentkv.sampling import SamplingParams
 
 
@@ -36,6 +40,8 @@ class Submission:
     outputs: asyncio.Queue
     accepted: asyncio.Future
     arrived: float = field(default_factory=time.perf_counter)
+    text: str | None = None           # filled by `prepare` in the tokenizer thread
+    token_ids: list[int] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -53,6 +59,9 @@ class AsyncEngine:
         self.stopping = False
         self.error: str | None = None
         self.thread = threading.Thread(target=self.run, name="latentkv-engine", daemon=True)
+        # the engine thread detokenizes with engine.tokenizer; prompts get their own copy and thread
+        self.tokenizer = copy.deepcopy(engine.tokenizer)
+        self.tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="latentkv-tokenize")
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -63,6 +72,7 @@ class AsyncEngine:
         self.wakeup.set()
         if self.thread.is_alive():
             self.thread.join(timeout=30)
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def alive(self) -> bool:
@@ -76,12 +86,19 @@ class AsyncEngine:
         return max(0, in_flight + num_seqs - self.engine.args.max_num_seqs, self.stats["waiting"])
 
     async def add(self, request_id: str, prepare: Callable, params: SamplingParams) -> Submission:
-        """Queue a request; returns once the engine accepted it. Raises ValueError (bad
-        prompt) or EngineDeadError."""
+        """Prepare (tokenize) the prompt in the tokenizer thread, then queue the request;
+        returns once the engine accepted it. Raises ValueError (bad prompt: anything
+        `prepare` raises is the prompt's fault) or EngineDeadError."""
         if not self.alive:
             raise EngineDeadError(self.error or "the engine loop is not running")
         loop = asyncio.get_running_loop()
         sub = Submission(request_id, prepare, params, loop, asyncio.Queue(), loop.create_future())
+        try:
+            sub.text, sub.token_ids = await loop.run_in_executor(self.tokenize_pool, prepare, self.tokenizer)
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 - e.g. a tokenizer's TypeError on odd text
+            raise PromptError(f"cannot tokenize the prompt: {type(err).__name__}: {err}") from None
         with self.lock:
             self.num_seqs_in_flight += params.n
         self.commands.put(("add", sub))
@@ -156,8 +173,7 @@ class AsyncEngine:
 
     def accept(self, sub: Submission) -> None:
         try:
-            text, ids = sub.prepare(self.engine.tokenizer)
-            self.engine.add_request(sub.request_id, text, sub.params, prompt_token_ids=ids)
+            self.engine.add_request(sub.request_id, sub.text, sub.params, prompt_token_ids=sub.token_ids)
         except Exception as err:  # noqa: BLE001 - a bad prompt is the client's error
             self.release(sub.params.n)
             sub.loop.call_soon_threadsafe(set_exception_once, sub.accepted, err)

@@ -7,13 +7,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from latentkv.engine.chat_template import render_chat
 from latentkv.server.errors import bad_request
-from latentkv.server.protocol import ChatCompletionRequest
+from latentkv.server.protocol import ChatCompletionRequest, sampling_param_named
 from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, collect, follow,
                                      new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
 def chat_prompt(conversation: list[dict], add_generation_prompt: bool):
-    """-> prepare(tokenizer): run in the engine thread; the engine checks the prompt's length."""
+    """-> prepare(tokenizer): run in the tokenizer thread; the engine checks the prompt's length."""
     return lambda tokenizer: render_chat(tokenizer, conversation, add_generation_prompt)
 
 
@@ -21,11 +21,11 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
     state.check_model(req.model)
     conversation = req.conversation()
     if not any(m["content"] for m in conversation):
-        raise bad_request("the messages are empty", param="messages")
+        raise bad_request("the messages are empty", param="messages", code="invalid_prompt")
     try:
         params = req.sampling_params(req.token_limit(), req.num_logprobs())
     except ValueError as err:
-        raise bad_request(str(err)) from None
+        raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(req.n)
     request_id = new_id("chatcmpl")
     prepare = chat_prompt(conversation, req.add_generation_prompt)

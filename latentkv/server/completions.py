@@ -5,24 +5,26 @@ import time
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from latentkv.engine.prompt_errors import PromptError, check_token_ids
 from latentkv.server.errors import bad_request
-from latentkv.server.protocol import CompletionRequest
+from latentkv.server.protocol import CompletionRequest, sampling_param_named
 from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, collect, completion_logprobs, follow,
                                      new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
-# Each prompt becomes prepare(tokenizer) -> (text, ids), run in the engine thread; the
+# Each prompt becomes prepare(tokenizer) -> (text, ids), run in the tokenizer thread; the
 # engine checks the prompt (empty, vocabulary, length) when it adds the request.
 def text_prompt(prompt: str):
     def prepare(tokenizer):
         if tokenizer is None:
-            raise ValueError("this server has no tokenizer; send the prompt as token ids")
+            raise PromptError("this server has no tokenizer; send the prompt as token ids")
         return prompt, tokenizer(prompt).input_ids
     return prepare
 
 
-def token_prompt(ids: list[int]):
+def token_prompt(ids: list[int], vocab_size: int):
     def prepare(tokenizer):
+        check_token_ids(ids, vocab_size)   # before decoding them (the engine checks the rest)
         text = tokenizer.decode(ids) if tokenizer is not None else None
         return text, list(ids)
     return prepare
@@ -31,14 +33,14 @@ def token_prompt(ids: list[int]):
 def check_request(req: CompletionRequest) -> list:
     prompts = req.prompts()
     if not prompts:
-        raise bad_request("the prompt is empty", param="prompt")
+        raise bad_request("the prompt is empty", param="prompt", code="invalid_prompt")
     for p in prompts:
         if (isinstance(p, str) and not p) or (isinstance(p, list) and not p):
-            raise bad_request("the prompt is empty", param="prompt")
+            raise bad_request("the prompt is empty", param="prompt", code="invalid_prompt")
     if req.echo and req.logprobs is not None:
-        raise bad_request("echo together with logprobs is not supported", param="echo")
+        raise bad_request("echo together with logprobs is not supported", param="echo", code="unsupported_parameter")
     if req.suffix:
-        raise bad_request("suffix is not supported", param="suffix")
+        raise bad_request("suffix is not supported", param="suffix", code="unsupported_parameter")
     return prompts
 
 
@@ -48,9 +50,9 @@ async def create_completion(req: CompletionRequest, state: ServerState):
     try:
         params = req.sampling_params(req.max_tokens, req.logprobs)
     except ValueError as err:
-        raise bad_request(str(err)) from None
+        raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(len(prompts) * req.n)
-    prepares = [text_prompt(p) if isinstance(p, str) else token_prompt(p) for p in prompts]
+    prepares = [text_prompt(p) if isinstance(p, str) else token_prompt(p, state.vocab_size) for p in prompts]
     request_id = new_id("cmpl")
     subs = await submit_all(state, request_id, prepares, params, "prompt")
     if req.stream:

@@ -11,6 +11,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+# engine stats key -> help; present only when the engine runs with a KV store (--kv-store)
+STORE_COUNTERS = {
+    "store_hits": "KV store blocks read back instead of prefilled",
+    "store_misses": "KV store lookups that found no usable block",
+    "store_bytes_read": "bytes read from the KV store",
+    "store_bytes_written": "bytes written to the KV store",
+    "store_write_drops": "blocks not written to the KV store (queue full or store unwritable)",
+    "store_corrupt_blocks": "KV store files that failed their checksum (skipped and removed)",
+    "store_evicted_blocks": "KV store files evicted to keep the size bound",
+}
+
 
 class EngineStatsCollector:
     """Gauges and counters taken from `stats()` of the engine (via a callable)."""
@@ -36,6 +47,7 @@ class EngineStatsCollector:
             "latentkv_prefix_cache_hits": ("prefix-cache block hits", s["prefix_hits"]),
             "latentkv_num_preemptions": ("sequences preempted for lack of cache blocks", s["preemptions"]),
         }
+        counters.update({f"latentkv_{key}": (doc, s[key]) for key, doc in STORE_COUNTERS.items() if key in s})
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
 

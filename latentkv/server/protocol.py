@@ -1,47 +1,76 @@
 """OpenAI request bodies as pydantic models, and their translation to `SamplingParams`.
 
-Types are strict (a string where a number belongs is a 400, as with OpenAI); fields we
-do not know are ignored, as OpenAI does. vLLM's extras `top_k`, `min_p`, `min_tokens`,
-`ignore_eos`, `repetition_penalty`, `stop_token_ids` are accepted too.
+Types are strict (a string where a number belongs is a 400, as with OpenAI), except that
+an integral float such as 7.0 counts as an integer (JSON Schema's rule); floats must be
+finite. Every number has bounds, so nothing out of range reaches a tensor op; token ids
+are checked against the vocabulary when the prompt is prepared. Fields we do not know are
+ignored, as OpenAI does. vLLM's extras `top_k`, `min_p`, `min_tokens`, `ignore_eos`,
+`repetition_penalty`, `stop_token_ids` are accepted too.
 """
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from latentkv.sampling import SamplingParams
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
-TokenIds = list[Annotated[int, Field(ge=0)]]
+MAX_INT = 2**31 - 1      # counts and token ids: anything larger is a client error, not a tensor overflow
+MAX_STOP = 16            # stop strings / stop token ids per request
+MAX_PROMPTS = 64         # prompts in one completions request
+
+
+def integral(value):
+    """7.0 -> 7 (JSON Schema counts it as an integer); anything else is left to the strict check."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def Int(**bounds):
+    """An integer field with bounds (ge/le/...); the bounds sit beside the int so the JSON
+    Schema gets minimum/maximum, and the before-validator turns 7.0 into 7."""
+    return Annotated[int, Field(**bounds), BeforeValidator(integral)]
+
+
+TokenId = Int(ge=0, le=MAX_INT)
+TokenIds = list[TokenId]
+STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+def sampling_param_named(err: ValueError) -> str | None:
+    """The field a `SamplingParams` check names first (its messages start with it)."""
+    first = str(err).split(" ", 1)[0]
+    return first if first in SamplingParams.__dataclass_fields__ else None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """The fields completions and chat share."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
 
     model: str | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    n: Int(ge=1, le=MAX_N) = 1
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Int(ge=-1, le=MAX_INT) | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: TokenIds | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=1e4)] | None = None
+    seed: Int(ge=-(2**63), lt=2**63 - MAX_N) | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: Int(ge=0, le=MAX_INT) = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
 
@@ -72,9 +101,9 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, TokenIds, list[Union[str, TokenIds]]]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    prompt: Union[str, TokenIds, Annotated[list[Union[str, TokenIds]], Field(max_length=MAX_PROMPTS)]]
+    max_tokens: Int(ge=1, le=MAX_INT) | None = 16
+    logprobs: Int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -89,13 +118,13 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -108,10 +137,10 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Int(ge=1, le=MAX_INT) | None = None
+    max_completion_tokens: Int(ge=1, le=MAX_INT) | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_logprobs: Int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     add_generation_prompt: bool = True
 
     def conversation(self) -> list[dict]:

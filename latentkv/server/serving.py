@@ -9,8 +9,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from latentkv.server.async_engine import AsyncEngine, EngineDeadError, EngineStepError, Submission
-from latentkv.server.errors import ApiError, bad_request, error_body
+from latentkv.server.errors import ApiError, bad_request, internal_error_body
 from latentkv.server.metrics import ServerMetrics
+from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass
@@ -23,7 +24,10 @@ class ServerState:
     max_model_len: int
     max_num_seqs: int
     max_waiting_requests: int
+    vocab_size: int                         # token ids of prompts must be below it
     api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    metrics_public: bool = False            # /metrics without the key
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, model: str | None) -> None:
@@ -43,9 +47,9 @@ class ServerState:
         try:
             return await self.engine.add(request_id, prepare, params)
         except EngineDeadError as err:
-            raise ApiError(500, str(err)) from None
-        except ValueError as err:
-            raise bad_request(str(err), param=param) from None
+            raise ApiError(503, str(err), code="engine_unavailable") from None
+        except ValueError as err:   # a PromptError from preparing it, or the engine's own check
+            raise bad_request(str(err), param=param, code=getattr(err, "code", "invalid_prompt")) from None
 
 
 def new_id(prefix: str) -> str:
@@ -90,7 +94,9 @@ async def follow(state: ServerState, subs: list[Submission]):
                 remaining -= 1
                 continue
             if isinstance(item, BaseException):
-                raise ApiError(500, str(item)) if isinstance(item, (EngineDeadError, EngineStepError)) else item
+                if isinstance(item, EngineDeadError):
+                    raise ApiError(503, str(item), code="engine_unavailable")
+                raise ApiError(500, str(item), code="generation_error") if isinstance(item, EngineStepError) else item
             now = time.perf_counter()
             if any(c.token_ids for c in item.outputs):
                 if i in last:
@@ -221,4 +227,4 @@ def sse(payload: dict | str) -> str:
 def sse_error(err: Exception) -> str:
     if isinstance(err, ApiError):
         return sse(err.body() | {"status": err.status})
-    return sse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error") | {"status": 500})
+    return sse(internal_error_body(err) | {"status": 500})

@@ -63,3 +63,19 @@ def test_bench_memory(tiny, tmp_path):
     measured = data["measured"][0]
     assert positive(measured["latentkv"]["rss_held_mib"]), measured
     assert positive(measured["transformers"]["rss_held_mib"]), measured
+
+
+def test_bench_prefix_store(tiny, tmp_path):
+    out = tmp_path / "prefix-store"
+    assert main(["bench", "prefix", "--store", "--quick", "--model", tiny, "--no-baselines", "--out", str(out)]) == 0
+    assert (out / "prefix-store.png").stat().st_size > 0
+    data = json.loads((out / "prefix-store.json").read_text())
+    assert [r["prefix"] for r in data["ttft"]] == [64, 256]
+    for row in data["ttft"]:
+        assert positive(row["ttft_cold_s"]) and positive(row["ttft_restored_s"]) and positive(row["speedup"])
+        assert row["restored_tokens"] == row["prefix"]   # every full block of the prefix came from disk
+    disk = {r["cache"]: r["bytes/token"] for r in data["bytes_per_token"]}
+    for name in ("auto", "int8"):   # the bench's cache dtype, and int8 beside it
+        assert disk[f"latentkv store on disk, {name} latent"] >= disk[f"latentkv latent in RAM, {name}"]
+    assert disk["latentkv store on disk, int8 latent"] < disk["latentkv store on disk, auto latent"]
+    assert positive(data["throughput"]["tok_s_store_on"]) and positive(data["throughput"]["tok_s_store_off"])

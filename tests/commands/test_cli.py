@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import socket
 import subprocess
 import sys
@@ -59,6 +60,11 @@ def test_config_with_an_unknown_key_fails_naming_it(tmp_path, capsys):
         assert "'latent_attention.prefetch.enabled'" in capsys.readouterr().err
 
 
+def test_unreadable_api_key_file_is_a_clean_error(tmp_path, capsys):
+    assert main(["serve", str(tmp_path), "--api-key-file", str(tmp_path / "no-such-key")]) == 2
+    assert "no-such-key" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,config,named,allowed", [
     (["--kv-cache-dtype", "bfloat16"], None, "--kv-cache-dtype = 'bfloat16'", "fp8_e4m3"),   # bad dtype
     (["--kv-cache-memory", "2 parsecs"], None, "--kv-cache-memory = '2 parsecs'", "GiB"),     # bad unit
@@ -89,8 +95,9 @@ def test_serve_subprocess_answers_over_http(model_dir, tmp_path):
     config.write_text('[server]\nserved_model_name = "cli-tiny"\n\n[precision]\ncompute = "float32"\n'
                       '[latent_attention.memory]\npool_size = 64\n')  # the seed's names: 64 blocks
     proc = subprocess.Popen([sys.executable, "-m", "latentkv.cli", "serve", str(model_dir), "--config", str(config),
-                             "--port", str(port), "--max-model-len", "256"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--port", str(port), "--max-model-len", "256", "--max-request-bytes", "2048"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "LATENTKV_API_KEY": "env-key"})
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -101,9 +108,13 @@ def test_serve_subprocess_answers_over_http(model_dir, tmp_path):
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
-            "model": "cli-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True})
+        body = {"model": "cli-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True}
+        url, key = f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": "Bearer env-key"}
+        r = httpx.post(url, timeout=60, json=body, headers=key)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert httpx.post(url, timeout=60, json=body).status_code == 401   # the key came from $LATENTKV_API_KEY
+        big = {**body, "messages": [{"role": "user", "content": "x" * 4096}]}
+        assert httpx.post(url, timeout=60, json=big, headers=key).status_code == 413
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

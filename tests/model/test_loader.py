@@ -102,3 +102,51 @@ def test_packed_projections_are_built_at_construction(tiny_checkpoints):
     assert [part for part, _, _ in attn.qkv_a_proj.parts] == ["q_a_proj", "kv_a_proj_with_mqa"]
     assert [part for part, _, _ in expert.gate_up_proj.parts] == ["gate_proj", "up_proj"]
     assert not hasattr(attn, "kv_a_proj_with_mqa") and not hasattr(expert, "gate_proj")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_broken_safetensors_name_the_file(tiny_checkpoints, tmp_path, damage):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[:len(data) // 2], "empty": b"", "garbage": b"\x07" * 64}[damage])
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("field,value", [("kv_lora_rank", "512"), ("num_hidden_layers", 2.5),
+                                         ("vocab_size", True), ("rms_norm_eps", "tiny"), ("tie_word_embeddings", "no")])
+def test_config_field_of_the_wrong_type_names_file_and_field(tiny_checkpoints, tmp_path, field, value):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as err:
+        load_model(folder)
+    assert "config.json" in str(err.value) and field in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2, 3]", '{"model_type": "deepseek_v2", "rope_scaling": "yes"}'])
+def test_malformed_config_json_names_the_file(tiny_checkpoints, tmp_path, text):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_model(folder)
+    assert str(folder / "config.json") in str(err.value)
+
+
+def test_garbage_tokenizer_and_generation_config_name_the_file(tmp_path):
+    from tiny_lm import build_tokenizer
+    from latentkv.engine.engine import find_eos_token_ids, load_tokenizer
+
+    folder = tmp_path / "tok"
+    build_tokenizer().save_pretrained(folder)
+    assert load_tokenizer(str(folder)) is not None
+    (folder / "tokenizer.json").write_text("this is not a tokenizer")
+    with pytest.raises(ValueError) as err:
+        load_tokenizer(str(folder))
+    assert str(folder / "tokenizer.json") in str(err.value)
+    (folder / "generation_config.json").write_text('{"eos_token_id": "two"}')
+    with pytest.raises(ValueError, match="generation_config.json: eos_token_id"):
+        find_eos_token_ids(folder, None, None)

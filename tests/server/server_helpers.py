@@ -10,6 +10,7 @@ import uvicorn
 
 from latentkv.engine.engine import EngineArgs, LLMEngine
 from latentkv.server.app import build_app, build_state
+from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 MODEL_NAME = "tiny-mla"
 
@@ -37,10 +38,12 @@ class RunningServer:
         self.thread.join(timeout=30)
 
 
-def start_server(folder, api_key: str | None = None, max_waiting_requests: int = 256, **engine_kwargs) -> RunningServer:
+def start_server(folder, api_key: str | None = None, max_waiting_requests: int = 256,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False,
+                 **engine_kwargs) -> RunningServer:
     args = EngineArgs(model=str(folder), dtype="float32", nan_check=True, **engine_kwargs)
     engine = LLMEngine.from_args(args)
-    state = build_state(engine, MODEL_NAME, max_waiting_requests, api_key)
+    state = build_state(engine, MODEL_NAME, max_waiting_requests, api_key, max_request_bytes, metrics_public)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

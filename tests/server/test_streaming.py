@@ -95,7 +95,7 @@ def test_nan_in_the_logits_fails_only_that_request(server, client, poisoned_toke
     assert metric(server, "latentkv_request_finish_total", '{reason="error"}') >= 2
 
 
-def test_an_engine_step_that_raises_fails_its_requests_and_the_server_goes_on(server, client, monkeypatch):
+def test_a_step_that_raises_once_is_retried_per_sequence_and_nothing_fails(server, client, monkeypatch):
     real_run = server.engine.runner.run
     calls = []
 
@@ -106,14 +106,43 @@ def test_an_engine_step_that_raises_fails_its_requests_and_the_server_goes_on(se
         return real_run(out)
 
     monkeypatch.setattr(server.engine.runner, "run", run_once_broken)
-    with pytest.raises(openai.InternalServerError) as info:
-        client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4)
-    assert "injected step failure" in str(info.value)
-    assert client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4,
-                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 4
+    expected = client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+    calls.clear()
+    again = client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert len(calls) > 1 and again.choices[0].text == expected and again.choices[0].finish_reason == "length"
     wait_until_idle(server)
     assert metric(server, "latentkv_cache_blocks_used") == 0
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_a_request_that_always_fails_in_the_engine_fails_alone_during_a_stream(server, client, monkeypatch):
+    """A bug that only one request triggers (here: any batch holding its poisoned token
+    id 311) fails that request with a 500; a concurrent stream finishes intact."""
+    real_run = server.engine.runner.run
+
+    def run_poisoned(out):
+        if any(311 in s.seq.token_ids for s in out.scheduled):
+            raise RuntimeError("injected per-request failure")
+        return real_run(out)
+
+    params = dict(model=MODEL_NAME, prompt="the quick brown fox", max_tokens=40, temperature=0,
+                  extra_body={"ignore_eos": True})
+    expected = client.completions.create(**params).choices[0].text
+    monkeypatch.setattr(server.engine.runner, "run", run_poisoned)
+    errors_before = metric(server, "latentkv_requests_total", '{status="500"}')
+    stream = client.completions.create(**params, stream=True)
+    chunks = iter(stream)
+    text = next(chunks).choices[0].text   # the stream runs
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model=MODEL_NAME, prompt=[5, 311, 7], max_tokens=4)
+    assert "injected per-request failure" in str(info.value)
+    text += "".join(c.choices[0].text for c in chunks)
+    assert text == expected
+    assert metric(server, "latentkv_requests_total", '{status="500"}') == errors_before + 1
+    wait_until_idle(server)
+    assert metric(server, "latentkv_cache_blocks_used") == 0
 
 
 @pytest.fixture

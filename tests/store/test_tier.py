@@ -1,0 +1,150 @@
+"""The store as the engine's second tier: restart reuse, fingerprints, collisions, corrupt
+files, two engines on one directory, an unusable store. Tiny models, greedy outputs
+compared with a cold run (no store)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import latentkv.cache.block_pool as block_pool
+from latentkv import LLM, SamplingParams
+from latentkv.store.files import decode
+from latentkv.store.store import SUFFIX
+
+BS = 4
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def make_llm(folder, **kw):
+    return LLM(str(folder), **{**dict(dtype="float32", block_size=BS, kv_cache_memory="2MiB", seed=0), **kw})
+
+
+def ids(seed, n, vocab=300):
+    rng = random.Random(seed)
+    return [rng.randrange(2, vocab) for _ in range(n)]
+
+
+PREFIX = ids(0, 8 * BS)                  # 8 full blocks
+FIRST = PREFIX + ids(1, 5)               # served before the restart
+SECOND = PREFIX + ids(2, 7)              # after it: shares the 8 blocks
+
+
+def run(llm, prompt):
+    return llm.generate([{"prompt_token_ids": prompt}], GREEDY, use_tqdm=False)[0]
+
+
+def serve_and_stop(folder, store, prompt=FIRST, **kw):
+    llm = make_llm(folder, kv_store=str(store), **kw)
+    run(llm, prompt)
+    llm.engine.close()   # flushes the write-behind queue
+
+
+def block_paths(store):
+    return sorted(store.glob(f"*/blocks/*/*{SUFFIX}"))
+
+
+def test_restart_reuses_blocks_and_outputs_match_cold(lm_folder, tmp_path):
+    folder = lm_folder()
+    cold = run(make_llm(folder), SECOND)
+    serve_and_stop(folder, tmp_path / "store")
+    assert len(block_paths(tmp_path / "store")) >= 8
+    llm = make_llm(folder, kv_store=str(tmp_path / "store"))
+    warm = run(llm, SECOND)
+    stats = llm.engine.stats()
+    assert stats["store_hits"] == 8 and stats["store_corrupt_blocks"] == 0
+    assert warm.num_cached_tokens == 8 * BS
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert stats["store_bytes_read"] > 0
+
+
+def test_another_model_or_cache_dtype_misses(lm_folder, tmp_path):
+    store = tmp_path / "store"
+    serve_and_stop(lm_folder(), store)
+    for other in (make_llm(lm_folder("v2_dense"), kv_store=str(store)),
+                  make_llm(lm_folder(), kv_store=str(store), kv_cache_dtype="int8")):
+        out = run(other, SECOND)
+        assert other.engine.stats()["store_hits"] == 0 and out.num_cached_tokens == 0
+    assert len([d for d in store.iterdir() if d.is_dir()]) == 3   # one subdirectory per fingerprint
+
+
+def test_forced_hash_collision_is_a_miss(lm_folder, tmp_path, monkeypatch):
+    """Every block hash depends only on the parent and the block's length, so two
+    different prompts of one length collide on every block."""
+    folder = lm_folder()
+    other = ids(7, len(FIRST))
+    cold = run(make_llm(folder), other)
+    monkeypatch.setattr(block_pool, "hash_block",
+                        lambda parent, tokens: (parent + bytes([len(tokens)]) * 16)[:16].ljust(16, b"\0"))
+    serve_and_stop(folder, tmp_path / "store")
+    llm = make_llm(folder, kv_store=str(tmp_path / "store"))
+    out = run(llm, other)
+    stats = llm.engine.stats()
+    assert stats["store_hits"] == 0 and stats["store_misses"] >= 1
+    assert out.outputs[0].token_ids == cold.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_first_block_is_skipped_counted_removed(lm_folder, tmp_path, damage):
+    folder = lm_folder()
+    cold = run(make_llm(folder), SECOND)
+    store = tmp_path / "store"
+    serve_and_stop(folder, store)
+    first_hash = block_pool.hash_block(block_pool.NO_HASH, PREFIX[:BS]).hex()
+    (path,) = [p for p in block_paths(store) if p.name.startswith(first_hash)]
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[:len(data) // 2]
+    else:
+        data[-3] ^= 0x10   # inside the last tensor's bytes
+    path.write_bytes(bytes(data))
+    llm = make_llm(folder, kv_store=str(store))
+    out = run(llm, SECOND)
+    stats = llm.engine.stats()
+    assert stats["store_corrupt_blocks"] == 1 and stats["store_hits"] == 0
+    llm.engine.close()   # the recomputed block was written again, whole, in its place
+    assert decode(path.read_bytes()).token_ids == tuple(PREFIX[:BS])
+    assert out.outputs[0].token_ids == cold.outputs[0].token_ids
+
+
+def test_two_engines_share_one_directory(lm_folder, tmp_path):
+    folder = lm_folder()
+    store = str(tmp_path / "store")
+    a, b = make_llm(folder, kv_store=store), make_llm(folder, kv_store=store)
+    other_prefix = ids(3, 6 * BS)
+    run(a, FIRST)
+    run(b, other_prefix + ids(4, 3))
+    a.engine.store.writer.flush()
+    b.engine.store.writer.flush()
+    # each reads what the other wrote, while both are running
+    out_b = run(b, SECOND)
+    out_a = run(a, other_prefix + ids(5, 2))
+    assert b.engine.stats()["store_hits"] == 8 and a.engine.stats()["store_hits"] == 6
+    cold = make_llm(folder)
+    assert out_b.outputs[0].token_ids == run(cold, SECOND).outputs[0].token_ids
+    assert out_a.outputs[0].token_ids == run(cold, other_prefix + ids(5, 2)).outputs[0].token_ids
+
+
+def test_unusable_store_warns_once_and_runs_without_it(lm_folder, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    llm = make_llm(lm_folder(), kv_store=str(blocker / "store"))
+    assert llm.engine.store is None and "store_hits" not in llm.engine.stats()
+    assert run(llm, FIRST).outputs[0].token_ids
+    assert capsys.readouterr().err.count("not usable") == 1
+
+
+def test_write_failure_warns_once_then_drops(lm_folder, tmp_path, capsys, monkeypatch):
+    llm = make_llm(lm_folder(), kv_store=str(tmp_path / "store"))
+    store = llm.engine.store.store
+
+    def disk_full(block):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "write", disk_full)
+    run(llm, FIRST)
+    run(llm, SECOND + ids(9, 9))
+    llm.engine.store.writer.flush()
+    stats = llm.engine.stats()
+    assert stats["store_write_drops"] >= 9 and stats["store_bytes_written"] == 0
+    assert capsys.readouterr().err.count("cannot write to the KV store") == 1
