@@ -89,7 +89,7 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     step(2, "tokenizing calibration text")
     windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx)
     step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens")
-    stats = collect_stats(src, windows)
+    stats = collect_stats(src, windows, dtype=MODEL_DTYPES[options.calib_dtype])
     dtype = MODEL_DTYPES[options.dtype]
     cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
     record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),

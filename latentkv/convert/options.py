@@ -12,7 +12,8 @@ class ConvertOptions:
     per-layer list; cache_ratio: cache elements as a fraction of the source's (sets both);
     none of the three: api.DEFAULT_CACHE_RATIO.
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
-    for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip).
+    for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip);
+    calib_dtype: the calibration forward's matmuls (statistics always float32 or wider).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
     dtype; rope_theta: the stock schedule (None: chosen).
     Method — k_weight: extra weight of key against value error in the latent's
@@ -25,6 +26,7 @@ class ConvertOptions:
     calib_tokens: int = 16384  # 32768 measured no better (docs/conversion.md, "Time and memory")
     ctx: int = 512
     eval_tokens: int = 4096
+    calib_dtype: str = "float32"  # never bf16 by default on CPU; "bfloat16" is an opt-in speed-up
     stock: bool = False
     dtype: str = "float32"
     rope_theta: float | None = None
@@ -32,8 +34,8 @@ class ConvertOptions:
 
     def check(self) -> None:
         """Errors that need no source."""
-        if self.dtype not in MODEL_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}")
+        if self.dtype not in MODEL_DTYPES or self.calib_dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype and calib_dtype must be one of {', '.join(MODEL_DTYPES)}")
         if self.stock and self.dtype == "float16":
             raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
         if self.cache_ratio is not None and self.kv_rank is not None:
