@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.corpus import default_documents, file_documents, heldout_text, token_windows
 from latentkv.convert.export import export, write_card
-from latentkv.convert.options import ConvertOptions
+from latentkv.convert.options import ConvertOptions, calib_torch_dtype
 from latentkv.convert.pipeline import convert_parts, resolve_rope_dim
 from latentkv.convert.reference import source_logits
 from latentkv.convert.source_model import SourceModel
@@ -88,8 +88,9 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     resolve_rope_dim(src, options.rope_dim, options.stock)  # fail before the (long) calibration
     step(2, "tokenizing calibration text")
     windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx)
-    step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens")
-    stats = collect_stats(src, windows, dtype=MODEL_DTYPES[options.calib_dtype])
+    calib_dtype = calib_torch_dtype(options.calib_dtype)
+    step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens ({str(calib_dtype)[6:]} matmuls)")
+    stats = collect_stats(src, windows, dtype=calib_dtype)
     dtype = MODEL_DTYPES[options.dtype]
     cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
     record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),

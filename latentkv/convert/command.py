@@ -38,8 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
     p.add_argument("--dtype", default=D.dtype, choices=list(MODEL_DTYPES))
-    p.add_argument("--calib-dtype", default=D.calib_dtype, choices=list(MODEL_DTYPES),
-                   help="calibration forward matmuls (bfloat16: faster on CPUs with native bf16; statistics stay float32)")
+    p.add_argument("--calib-dtype", default=D.calib_dtype, choices=["auto", *MODEL_DTYPES],
+                   help="calibration forward matmuls (auto: bfloat16 where the CPU/GPU has it natively, else "
+                   "float32; statistics stay float32)")
     p.add_argument("--ctx", type=int, default=D.ctx, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help=f"held-out tokens to measure perplexity on (default {D.eval_tokens}; 0: skip)")
     p.add_argument("--k-weight", type=float, default=None,

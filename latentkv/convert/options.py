@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from latentkv.facts import MODEL_DTYPES
 
@@ -13,7 +16,8 @@ class ConvertOptions:
     none of the three: api.DEFAULT_CACHE_RATIO.
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
     for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip);
-    calib_dtype: the calibration forward's matmuls (statistics always float32 or wider).
+    calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the
+    statistics are always float32 or wider).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
     dtype; rope_theta: the stock schedule (None: chosen).
     Method — k_weight: extra weight of key against value error in the latent's
@@ -26,7 +30,7 @@ class ConvertOptions:
     calib_tokens: int = 16384  # 32768 measured no better (docs/conversion.md, "Time and memory")
     ctx: int = 512
     eval_tokens: int = 4096
-    calib_dtype: str = "float32"  # never bf16 by default on CPU; "bfloat16" is an opt-in speed-up
+    calib_dtype: str = "auto"  # bfloat16 where the hardware has native bf16 matmuls, else float32
     stock: bool = False
     dtype: str = "float32"
     rope_theta: float | None = None
@@ -34,11 +38,32 @@ class ConvertOptions:
 
     def check(self) -> None:
         """Errors that need no source."""
-        if self.dtype not in MODEL_DTYPES or self.calib_dtype not in MODEL_DTYPES:
-            raise ValueError(f"dtype and calib_dtype must be one of {', '.join(MODEL_DTYPES)}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}")
+        if self.calib_dtype not in ("auto", *MODEL_DTYPES):
+            raise ValueError(f"calib_dtype must be auto or one of {', '.join(MODEL_DTYPES)}")
         if self.stock and self.dtype == "float16":
             raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
         if self.cache_ratio is not None and self.kv_rank is not None:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
         if self.k_weight <= 0:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
+
+
+def native_bf16() -> bool:
+    """Whether bfloat16 matmuls run natively here: a CUDA device, or a CPU with AVX512-BF16 / AMX."""
+    if torch.cuda.is_available():
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: do not guess
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def calib_torch_dtype(name: str) -> torch.dtype:
+    """The calibration forward's dtype: "auto" is bfloat16 only where the hardware has it natively
+    (measured: same converted perplexity as float32, docs/conversion.md), never a guess."""
+    if name == "auto":
+        return torch.bfloat16 if native_bf16() else torch.float32
+    return MODEL_DTYPES[name]
