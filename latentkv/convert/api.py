@@ -16,6 +16,7 @@ from latentkv.convert.pipeline import convert_parts, resolve_rope_dim
 from latentkv.convert.reference import source_logits
 from latentkv.convert.source_model import SourceModel
 from latentkv.convert.sources import read_source
+from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
 from latentkv.facts import MODEL_DTYPES
 from latentkv.memory import peak_rss
@@ -48,6 +49,12 @@ def resolve_sizes(src: SourceModel, options: ConvertOptions) -> ConvertOptions:
     rope_dim, kv_rank, ratio = options.rope_dim, options.kv_rank, options.cache_ratio
     if ratio is None and kv_rank is None and rope_dim is None:
         ratio = DEFAULT_CACHE_RATIO
+    if options.stock and (options.target != "any" or options.stock_width is not None):
+        if ratio is not None:  # the width asked for, before snapping to one the target takes
+            kv_rank, ratio = round(float(ratio) * src.kv_elements()) - STOCK_ROPE_DIM, None
+        rope_dim, kv_rank, notes = stock_size(src, rope_dim, kv_rank, options.target, options.stock_width)
+        for note in notes:
+            print(f"latentkv convert: {note}")
     if ratio is not None:
         rope_dim, kv_rank = split_cache(src, float(ratio), rope_dim)
     if rope_dim is None:

@@ -9,6 +9,7 @@ from latentkv.convert import sweep
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.sources import SourceError
+from latentkv.convert.stock import TARGETS
 from latentkv.facts import MODEL_DTYPES
 
 D = ConvertOptions()  # the defaults
@@ -37,6 +38,11 @@ def register(subparsers) -> None:
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
     p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
+    p.add_argument("--target", default=D.target, choices=list(TARGETS),
+                   help="stock: the engine whose MLA widths (kv rank + rope) to snap to: vllm 320/512/576, "
+                   "vllm-cpu and flashmla 576, any: as asked")
+    p.add_argument("--stock-width", type=int, default=None,
+                   help="stock: force this kv rank + rope width (e.g. 576); above what the source needs is zero-padded")
     p.add_argument("--dtype", default=D.dtype, choices=list(MODEL_DTYPES))
     p.add_argument("--calib-dtype", default=D.calib_dtype, choices=["auto", *MODEL_DTYPES],
                    help="calibration forward matmuls (auto: bfloat16 where the CPU/GPU has it natively, else "

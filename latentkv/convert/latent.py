@@ -69,3 +69,17 @@ def rotate(fact: Factorization, seed: int = 0) -> Factorization:
     r = fact.latent.shape[0]
     q, _ = torch.linalg.qr(torch.randn(r, r, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
     return Factorization(q @ fact.latent, fact.recon @ q.T, fact.spectrum)
+
+
+def pad(fact: Factorization, width: int) -> Factorization:
+    """The latent widened to `width` with zero dims (zero rows of latent, zero columns of recon): exact.
+
+    The stock kv_a_layernorm's mean square is then over `width` dims; linearize_norm scales by the
+    padded RMS, so each token's normalized latent is the same as unpadded.
+    """
+    r = fact.latent.shape[0]
+    if width <= r:
+        return fact
+    latent = torch.cat([fact.latent, fact.latent.new_zeros(width - r, fact.latent.shape[1])], 0)
+    recon = torch.cat([fact.recon, fact.recon.new_zeros(fact.recon.shape[0], width - r)], 1)
+    return Factorization(latent, recon, fact.spectrum)

@@ -54,7 +54,7 @@ def deepseek_config(src: SourceModel, dn: int, dr: int, ranks: list[int], stock:
         "rope_interleave": True,
         "attention_bias": bool(src.qkv_bias),
         "attention_dropout": 0.0,
-        "tie_word_embeddings": bool(src.tie_word_embeddings),
+        "tie_word_embeddings": bool(src.tie_word_embeddings) and not stock,  # stock writes lm_head (vLLM unties)
         "bos_token_id": src.bos_token_id,
         "eos_token_id": src.eos_token_id,
         "torch_dtype": DTYPE_NAMES.get(dtype, "float32"),

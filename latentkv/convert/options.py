@@ -19,7 +19,9 @@ class ConvertOptions:
     calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the
     statistics are always float32 or wider).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
-    dtype; rope_theta: the stock schedule (None: chosen).
+    dtype; rope_theta: the stock schedule (None: chosen); target: the engine whose stock widths
+    (kv rank + rope) to snap to ("vllm", "vllm-cpu", "flashmla", "any"; stock.py); stock_width:
+    force one (above what the source needs is zero-padded).
     Method — k_weight: extra weight of key against value error in the latent's
     attention-output metric (5 measured best: the first-order model underrates score errors)."""
 
@@ -34,6 +36,8 @@ class ConvertOptions:
     stock: bool = False
     dtype: str = "float32"
     rope_theta: float | None = None
+    target: str = "vllm"
+    stock_width: int | None = None
     k_weight: float = 5.0
 
     def check(self) -> None:

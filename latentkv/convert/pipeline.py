@@ -48,25 +48,24 @@ def stock_slots(theta: float, rope_dim: int) -> torch.Tensor:
 
 def choose_theta(src: SourceModel, stats: list[LayerStats], rope_dim: int) -> float:
     """The stock rope_theta (from THETA_GRID) whose schedule keeps the most score energy."""
-    thetas = THETA_GRID + [src.rope_theta]
-    gains = [0.0] * len(thetas)
-    for i, st in enumerate(tqdm(stats, desc="choosing stock rope_theta", unit="layer", leave=False)):
-        wq, wk, _, _ = augmented_weights(src, i)  # one layer's weights at a time
-        for t, theta in enumerate(thetas):
-            gains[t] += layer_stock_gain(src, wq, wk, st, stock_slots(theta, rope_dim))
-    best = max(range(len(thetas)), key=lambda t: (gains[t], -t))  # ties: the first, as before
-    return thetas[best]
+    best, best_gain = src.rope_theta, -1.0
+    energies = [layer_energy(src, i, st) for i, st in enumerate(stats)]  # independent of theta: once
+    for theta in tqdm(THETA_GRID + [src.rope_theta], desc="choosing stock rope_theta", leave=False):
+        slots = stock_slots(theta, rope_dim)
+        gain = sum(rope.stock_gain(e, phi, st.dist, src.inv_freq, slots) for (e, phi), st in zip(energies, stats))
+        if gain > best_gain:
+            best, best_gain = theta, gain
+    return best
 
 
-def layer_stock_gain(src, wq, wk, st, slots) -> float:
-    """Score energy one layer keeps with the given stock slots."""
+def layer_energy(src, i, st) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e [H, Hkv, P], φ [H, P]) of layer i: score energy per head and (component, frequency), mean phases."""
+    wq, wk, _, _ = augmented_weights(src, i)
     H, Hkv = src.num_heads, src.num_kv_heads
     qe = rope.query_energy(wq, st.xx, H)
     weight = qe.view(Hkv, H // Hkv, -1).sum(1)
     _, unmix, lam = rope.weighted_pca(rope.key_covariance(wk, st.xx, Hkv), weight)
-    e = rope.head_energy(unmix, lam, qe, H // Hkv)
-    phi = rope.phase_means(st.dist, src.inv_freq)
-    return rope.stock_gain(e, phi, st.dist, src.inv_freq, slots)
+    return rope.head_energy(unmix, lam, qe, H // Hkv), rope.phase_means(st.dist, src.inv_freq)
 
 
 def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions):
@@ -143,21 +142,27 @@ def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOp
     plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
     full = [2 * int(p.dropped.sum()) + src.num_kv_heads * src.head_dim for p in plans]  # rows of Z = [f_K; V]
     ranks = resolve_ranks(settings.kv_rank, full)
-    if settings.stock and len(set(ranks)) > 1:
+    # stock: one global width; a layer that needs less is padded with zero latent dims (the same model)
+    width = int(settings.kv_rank) if settings.stock and isinstance(settings.kv_rank, int) else None
+    if settings.stock and len(set(ranks)) > 1 and not width:
         raise ValueError("the stock format needs one global rank")
+    used, ranks = ranks, [width] * len(ranks) if width else ranks
     cfg = deepseek_config(src, dn=dn, dr=dr, ranks=ranks, stock=settings.stock, theta=theta,
                           inv_freq=[p.slot_freq.tolist() for p in plans], dtype=dtype)
-    info = {"ranks": ranks, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
+    info = {"ranks": ranks, "latent_used": used, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
             "kept_pairs": [p.kept.tolist() for p in plans]}
     scale = ((dn + dr) / src.head_dim) ** 0.5
 
     def parts():
         top = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if src.tie_word_embeddings else ["lm_head.weight"])
-        yield {name: src.tensors[name].to(dtype) for name in top}
+        first = {name: src.tensors[name].to(dtype) for name in top}
+        if src.tie_word_embeddings and settings.stock:  # vLLM's DeepseekV2ForCausalLM ignores tie_word_embeddings
+            first["lm_head.weight"] = first["model.embed_tokens.weight"].clone()
+        yield first
         for i, st in enumerate(stats):
             wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.k_weight)
-            fact = lat.factorize(wz, st.xx, m, ranks[i])
-            yield layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, dtype)
+            fact = lat.factorize(wz, st.xx, m, used[i])
+            yield layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, dtype, width)
 
     return cfg, info, parts()
 
@@ -171,10 +176,12 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOpti
     return cfg, tensors, info
 
 
-def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype) -> dict[str, torch.Tensor]:
-    """Layer i's tensors under DeepSeek-V3 names."""
+def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None) -> dict[str, torch.Tensor]:
+    """Layer i's tensors under DeepSeek-V3 names; width pads the (stock) latent with zero dims."""
     wq, wk, wv, wo = augmented_weights(src, i)
     fact = lat.rotate(fact, seed=i)
+    if width:
+        fact = lat.pad(fact, width)
     if stock:
         fact = linearize_norm(fact, latent_rms(fact, st.xx, fact.latent.shape[0]))
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)

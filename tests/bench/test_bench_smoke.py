@@ -2,10 +2,13 @@
 No timing assertions: only that the measurements exist and are sane numbers."""
 import json
 import math
+import socket
 
 import pytest
 
+from latentkv.bench.throughput import make_requests
 from latentkv.cli import main
+from tiny_lm import VOCAB as LM_VOCAB, save_tiny_lm
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,21 @@ def test_bench_memory(tiny, tmp_path):
     measured = data["measured"][0]
     assert positive(measured["latentkv"]["rss_held_mib"]), measured
     assert positive(measured["transformers"]["rss_held_mib"]), measured
+
+
+def test_bench_serve_latentkv_over_the_openai_api(tmp_path):
+    """The load client against a real `latentkv serve` on loopback (the vLLM systems need .venv-vllm)."""
+    save_tiny_lm(tmp_path / "lm")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = run_bench("serve", str(tmp_path / "lm"), tmp_path, "--systems", "latentkv", "--threads", "1",
+                     "--cache-memory", "16MiB", "--port", str(port))
+    assert [(r["system"], r["concurrency"]) for r in data["results"]] == [("latentkv serve", 1), ("latentkv serve", 4)]
+    for row in data["results"]:
+        assert positive(row["tok_s"]) and row["ttft_p50"] <= row["ttft_p99"] and row["itl_p50"] <= row["itl_p99"]
+        asked = make_requests(row["concurrency"], LM_VOCAB, (8, 64), (4, 12), seed=row["concurrency"])
+        assert row["tokens"] == sum(olen for _, olen in asked)
 
 
 def test_bench_prefix_store(tiny, tmp_path):

