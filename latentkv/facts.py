@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-# Model (weight and activation) dtypes by name. "auto" picks bfloat16 on CPU, float16 on CUDA.
+# Model (weight and activation) dtypes by name. "auto" (model.loader.resolve_dtype): float16 on CUDA;
+# on CPU bfloat16 where the CPU has avx512_bf16 or AMX (cpu.native_bf16), else float32.
 MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

@@ -81,6 +81,8 @@ class Settings:
                                                 type=int)
     enable_prefix_caching: bool = option(True, "reuse cached prompt prefixes (default on)",
                                          "latent_attention.prefix_caching")
+    attention_backend: str = option("auto", "attention kernels: auto (native C++ where it builds), native, torch")
+    threads: int | None = option(None, "CPU threads (default: $LATENTKV_THREADS, else $OMP_NUM_THREADS, else all cores)", type=int)
     nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
     kv_store: str | None = option(None, "keep full prefix-cache blocks on disk in this directory, reused across "
                                         "restarts and shared by processes (docs/store.md)", "latent_attention.store.path")

@@ -1,9 +1,21 @@
+import os
+
 import pytest
 import torch
 
+from latentkv.attention import native
 from tiny import CONFIGS, save_hf_model
 
 torch.set_num_threads(1)  # tiny models: a second spinning thread only adds contention
+os.environ.setdefault("LATENTKV_THREADS", "1")  # engines (default: all cores) follow the same rule
+
+
+@pytest.fixture(params=["native", "torch"])
+def attention_backend(request):
+    """Run a test through each attention backend (the native one where it builds)."""
+    if request.param == "native" and not native.available():
+        pytest.skip(f"native backend not built: {native.unavailable_reason()}")
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`latentkv bench {memory,decode,throughput,prefix,serve}`: each runs its baselines in the same
+"""`latentkv bench {memory,decode,throughput,prefix,serve,kernel}`: each runs its baselines in the same
 run, prints a table with ratios, and writes JSON + PNG under --out."""
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import os
 
 import torch
 
-from latentkv.bench import decode, memory, prefix, serve, store_restart, throughput
+from latentkv.bench import decode, kernel, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
 from latentkv.facts import MODEL_DTYPES
 
 BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
-           "store_restart": store_restart, "serve": serve}
+           "store_restart": store_restart, "serve": serve, "kernel": kernel}
+KERNEL_FULL = {"batches": [1, 8, 32], "contexts": [1024, 4096, 8192, 16384, 32768], "repeats": 5, "calls": 5}
+KERNEL_QUICK = {"batches": [1, 3], "contexts": [64, 200], "repeats": 2, "calls": 2}
 
 FULL = {
     "contexts": [128, 1024, 4096, 8192], "tokens": 64, "repeats": 3,
@@ -27,7 +29,7 @@ QUICK = {
 }
 
 
-def add_model_args(p: argparse.ArgumentParser, stock: bool = False) -> None:
+def add_model_args(p: argparse.ArgumentParser, stock: bool = False, threads: bool = True) -> None:
     p.add_argument("--model", help="converted MLA folder (default: the bundled SmolLM2, converted and cached)")
     p.add_argument("--source", help="the original model (GGUF file or HF folder) for the baselines (default: the bundled SmolLM2 GGUF)")
     if stock:
@@ -36,6 +38,13 @@ def add_model_args(p: argparse.ArgumentParser, stock: bool = False) -> None:
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke test that finishes in about a minute")
     p.add_argument("--repeats", type=int, help="interleaved repeats per measurement")
+    if threads:  # `bench serve` has its own --threads (cores per server)
+        add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads for every system (torch, OpenMP, llama.cpp; default 2)")
 
 
 def register(subparsers) -> None:
@@ -51,6 +60,8 @@ def register(subparsers) -> None:
     add_model_args(p, stock=True)
     p.add_argument("--contexts", type=int, nargs="+")
     p.add_argument("--tokens", type=int, help="tokens decoded per measurement")
+    p.add_argument("--reference-attention", action="store_true",
+                   help="also run every latentkv row on the PyTorch reference attention (native vs reference)")
     p.set_defaults(func=lambda a: run("decode", a))
 
     p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")
@@ -69,7 +80,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=lambda a: run("store_restart" if a.store else "prefix", a))
 
     p = sub.add_parser("serve", help="OpenAI-API load (N concurrent streaming requests): latentkv serve vs vllm serve")
-    add_model_args(p)
+    add_model_args(p, threads=False)
     p.add_argument("--concurrency", type=int, nargs="+")
     p.add_argument("--systems", nargs="+", default=["latentkv", "vllm-original", "vllm-stock"],
                    help="latentkv (the converted model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock export)")
@@ -81,7 +92,41 @@ def register(subparsers) -> None:
     p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
     p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
     p.set_defaults(func=lambda a: run("serve", a))
+
+    p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent")
+    p.add_argument("--batches", type=int, nargs="+", help="sequences per call (default 1 8 32)")
+    p.add_argument("--contexts", type=int, nargs="+", help="tokens per sequence (default 1K-32K)")
+    p.add_argument("--latents", nargs="+", default=["bf16", "int8"], choices=["bf16", "int8", "fp8_e4m3"],
+                   help="latent dtypes (bf16: the latent in the model dtype, which 'auto' picks for this CPU)")
+    p.add_argument("--heads", type=int, default=9, help="query heads (default 9: the bundled model)")
+    p.add_argument("--rank", type=int, default=256, help="latent rank (default 256: the bundled model's conversion)")
+    p.add_argument("--rope", type=int, default=64, help="rope dims (default 64)")
+    p.add_argument("--calls", type=int, help="back-to-back calls per timing")
+    p.add_argument("--repeats", type=int, help="interleaved repeats (median)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
+    add_threads_arg(p)
+    p.set_defaults(func=run_kernel)
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
+
+
+def set_threads(args) -> None:
+    """Every system of the run on the same threads: torch and the native kernel's OpenMP team
+    (engines read LATENTKV_THREADS), llama.cpp (systems.py reads torch's)."""
+    if args.threads < 1:
+        raise SystemExit(f"--threads {args.threads}: expected a positive number")
+    os.environ["LATENTKV_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
+
+
+def run_kernel(args) -> int:
+    set_threads(args)
+    for key, value in (KERNEL_QUICK if args.quick else KERNEL_FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    with torch.no_grad():
+        kernel.run(args)
+    return 0
 
 
 def fill_defaults(args) -> None:
@@ -104,6 +149,7 @@ def fill_defaults(args) -> None:
 
 
 def run(name: str, args) -> int:
+    set_threads(args)
     fill_defaults(args)
     with torch.no_grad():
         BENCHES[name].run(args)

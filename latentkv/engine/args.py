@@ -15,6 +15,7 @@ from latentkv.memory import parse_memory
 from latentkv.model.quant import QUANTIZATIONS
 
 ATTENTION_PATHS = ("auto", "naive", "absorbed")
+ATTENTION_BACKENDS = ("auto", "native", "torch")  # latentkv.attention.BACKEND_CHOICES (not imported: it builds)
 STORE_MAX_SIZE = "10GiB"   # default bound of a --kv-store directory
 WARM_FRACTION = 0.05       # default share of the cache --warm templates may pin
 
@@ -103,6 +104,9 @@ OPTION_CHECKS = {
     "skip_tokenizer_init": ("true or false", boolean),
     "seed": ("an integer >= 0", non_negative_int),
     "attention_path": (f"one of {list(ATTENTION_PATHS)}", choice(ATTENTION_PATHS)),
+    "attention_backend": (f"one of {list(ATTENTION_BACKENDS)} ('auto': native where it builds)",
+                          choice(ATTENTION_BACKENDS)),
+    "threads": ("a positive number of threads", positive_int),
     "kv_store": ("a directory path", text),
     "kv_store_max_size": ("a positive size such as \"20GiB\" or a number of bytes", memory),
     "warm": ("a JSONL file path", text),
@@ -141,6 +145,8 @@ class EngineArgs:
     nan_check: bool = False
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
     quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
+    attention_backend: str = "auto"         # "auto" (native where it builds, else torch) | "native" | "torch"
+    threads: int | None = None              # torch = OpenMP threads; None: cpu.default_threads() (all cores)
     kv_store: str | None = None             # directory of the on-disk latent store (docs/store.md); None: off
     kv_store_max_size: int | str = STORE_MAX_SIZE  # the whole directory (read into bytes), LRU-evicted beyond
     warm: str | None = None                 # JSONL of template prompts / conversations prefilled at start

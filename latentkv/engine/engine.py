@@ -21,6 +21,7 @@ import torch
 from transformers import AutoTokenizer
 
 from latentkv.cache.block_pool import BlockPool
+from latentkv.cpu import default_threads
 from latentkv.engine.args import EngineArgs
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
 from latentkv.engine.isolation import describe_failure, run_isolated
@@ -114,7 +115,8 @@ class LLMEngine:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if args.quantization == "int4" and device != "cpu":
             raise ValueError(f"quantization 'int4' uses ATen's CPU kernel; device must be 'cpu', got {device!r}")
-        model = load_model(args.model, args.dtype, device)
+        torch.set_num_threads(args.threads or default_threads())  # the native kernel's OpenMP team follows it
+        model = load_model(args.model, args.dtype, device, args.attention_backend)
         if args.quantization:
             quantize_linears(model, args.quantization)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)

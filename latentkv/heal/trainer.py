@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..bench.report import new_figure, save_figure
 from ..convert.reference import source_logits
 from ..convert.sources import read_source
 from ..model.loader import load_model
@@ -233,8 +234,6 @@ def restore_master_weights(model, out: Path) -> None:
 def plot_curve(result: HealResult, out: Path) -> None:
     if not result.losses:
         return
-    from ..bench.report import new_figure, save_figure
-
     fig, ax = new_figure("Healing: distillation loss", "step", "loss / KL")
     ax.plot(result.losses, label="loss")
     ax.plot(result.kls, label="KL(teacher ‖ student)")

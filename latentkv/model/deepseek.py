@@ -130,7 +130,7 @@ class DeepseekModel(nn.Module):
 
 
 class MLAForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention_backend: str = "torch"):
+    def __init__(self, cfg: ModelConfig, attention_backend: str = "auto"):
         super().__init__()
         self.config = cfg
         self.model = DeepseekModel(cfg, get_backend(attention_backend))

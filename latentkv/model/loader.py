@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from ..config import ModelConfig
+from ..cpu import native_bf16
 from ..facts import MODEL_DTYPES
 from .deepseek import MLAForCausalLM
 from .packed import PackedLinear
@@ -32,7 +33,8 @@ class CheckpointError(ValueError):
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     if isinstance(dtype, str):
         if dtype == "auto":
-            dtype = "bfloat16" if device.type == "cpu" else "float16"
+            # bf16 only where the CPU computes it natively (cpu.native_bf16); emulated it is ~100x slower
+            dtype = ("bfloat16" if native_bf16() else "float32") if device.type == "cpu" else "float16"
         if dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; expected one of {list(MODEL_DTYPES)} or 'auto'")
         dtype = MODEL_DTYPES[dtype]
@@ -67,7 +69,7 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               attention_backend: str = "torch") -> MLAForCausalLM:
+               attention_backend: str = "auto") -> MLAForCausalLM:
     """Read config.json and the safetensors shards of `path` into a model on device/dtype."""
     folder = Path(path)
     if not (folder / "config.json").exists():
@@ -88,7 +90,7 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype
     return model.eval()
 
 
-def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str = "torch") -> MLAForCausalLM:
+def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str = "auto") -> MLAForCausalLM:
     """Allocated, not initialized: load_weights fills every parameter (packed ones in place)."""
     with torch.device("meta"):
         model = MLAForCausalLM(cfg, attention_backend)

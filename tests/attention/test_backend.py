@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from latentkv import attention
+from latentkv.attention import native
 from latentkv.attention.torch_ref import TorchBackend
 from latentkv.model.loader import load_model
 
@@ -23,7 +24,7 @@ class Recording(TorchBackend):
 
 
 def test_unknown_backend_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match=r"attention backend 'cuda-mla' is not available; expected one of \['torch'\]"):
+    with pytest.raises(ValueError, match=r"attention backend 'cuda-mla' is not available; expected one of \['auto', 'native', 'torch'\]"):
         attention.get_backend("cuda-mla")
 
 
@@ -32,9 +33,33 @@ def test_a_registered_backend_serves_both_paths(tiny_checkpoints, monkeypatch):
     monkeypatch.setitem(attention.BACKENDS, "recording", Recording)
     folder, _ = tiny_checkpoints("v3_dense_qlora")
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
-    reference = load_model(folder)
+    reference = load_model(folder, attention_backend="torch")
     model = load_model(folder, attention_backend="recording")
     for path, kernel in [("naive", "dense"), ("absorbed", "latent")]:
         Recording.calls.clear()
         assert torch.equal(model.full_logits(ids, path=path), reference.full_logits(ids, path=path))
         assert Recording.calls == [kernel] * model.config.num_hidden_layers
+
+
+@torch.inference_mode()
+def test_without_the_native_build_auto_falls_back_with_one_warning(tiny_checkpoints, monkeypatch):
+    """LATENTKV_NATIVE=0 makes the build 'unavailable', as a machine with no compiler would."""
+    monkeypatch.setenv("LATENTKV_NATIVE", "0")
+    monkeypatch.setattr(native, "_state", {})  # forget this process's build
+    monkeypatch.setattr(attention, "_warned", [])
+    assert not native.available() and "LATENTKV_NATIVE=0" in native.unavailable_reason()
+    with pytest.warns(RuntimeWarning, match="native CPU attention kernel is unavailable .*LATENTKV_NATIVE=0.*"
+                                            "using the PyTorch reference backend") as caught:
+        folder, _ = tiny_checkpoints("v3_dense_qlora")
+        model = load_model(folder)  # "auto"
+        load_model(folder)
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert isinstance(model.model.layers[0].self_attn.backend, TorchBackend)
+    with pytest.raises(RuntimeError, match=r"native attention backend is not available here \(.*LATENTKV_NATIVE=0"):
+        attention.get_backend("native")
+
+
+def test_auto_is_native_where_it_builds():
+    if not native.available():
+        pytest.skip(f"native backend not built: {native.unavailable_reason()}")
+    assert attention.get_backend("auto").name == "native"

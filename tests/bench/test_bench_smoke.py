@@ -68,6 +68,25 @@ def test_bench_memory(tiny, tmp_path):
     assert positive(measured["transformers"]["rss_held_mib"]), measured
 
 
+def test_bench_kernel(tmp_path):
+    out = tmp_path / "kernel"
+    assert main(["bench", "kernel", "--quick", "--heads", "4", "--rank", "32", "--rope", "16", "--threads", "1",
+                 "--out", str(out)]) == 0
+    assert (out / "kernel.png").stat().st_size > 0
+    data = json.loads((out / "kernel.json").read_text())
+    assert data["bandwidth_gbs"] > 0 and "avx2" in data["cpu_flags"]
+    assert [(r["latent"], r["batch"], r["context"]) for r in data["results"]] == [
+        (data["model_dtype"], 1, 64), (data["model_dtype"], 1, 200), (data["model_dtype"], 3, 64),
+        (data["model_dtype"], 3, 200), ("int8", 1, 64), ("int8", 1, 200), ("int8", 3, 64), ("int8", 3, 200)]
+    elt = 2 if data["model_dtype"] == "bfloat16" else 4
+    per_token = {data["model_dtype"]: (32 + 16) * elt, "int8": 32 + 4 + 16 * elt}  # rank + rope; codes + scale + rope
+    for row in data["results"]:
+        assert row["bytes"] == row["batch"] * row["context"] * per_token[row["latent"]]
+        assert positive(row["reference GB/s"]) and positive(row["reference % bw"])
+        if data["isa"]:
+            assert positive(row["native GB/s"]) and positive(row["native speed-up"])
+
+
 def test_bench_serve_latentkv_over_the_openai_api(tmp_path):
     """The load client against a real `latentkv serve` on loopback (the vLLM systems need .venv-vllm)."""
     save_tiny_lm(tmp_path / "lm")
@@ -97,3 +116,13 @@ def test_bench_prefix_store(tiny, tmp_path):
         assert disk[f"latentkv store on disk, {name} latent"] >= disk[f"latentkv latent in RAM, {name}"]
     assert disk["latentkv store on disk, int8 latent"] < disk["latentkv store on disk, auto latent"]
     assert positive(data["throughput"]["tok_s_store_on"]) and positive(data["throughput"]["tok_s_store_off"])
+
+
+def test_bench_decode_native_vs_reference_attention(tiny, tmp_path):
+    out = tmp_path / "decode-ref"
+    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--reference-attention",
+                 "--contexts", "64", "--out", str(out)]) == 0
+    row = json.loads((out / "decode.json").read_text())["results"][0]
+    for name in ("latentkv bf16", "latentkv w4 + int8 latent"):
+        assert positive(row["tok_s"][name]) and positive(row["tok_s"][f"{name} (torch attention)"])
+        assert positive(row["ratio"][f"{name} (torch attention)"])

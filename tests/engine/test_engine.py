@@ -38,11 +38,11 @@ def hf_greedy(model, prompt, max_tokens):
 
 
 @pytest.mark.parametrize("name", ["v3_dense_qlora", "v2_moe_group_limited", "v3_yarn_halves_tied"])
-def test_32_concurrent_greedy_equal_alone_and_transformers(tiny_lm, name):
+def test_32_concurrent_greedy_equal_alone_and_transformers(tiny_lm, name, attention_backend):
     folder, hf_model, _ = tiny_lm(name)
     prompts, params = random_requests(32, seed=1)
     # a small token budget mixes decodes with chunked prefills in the same steps
-    llm = make_llm(folder, max_num_batched_tokens=48)
+    llm = make_llm(folder, max_num_batched_tokens=48, attention_backend=attention_backend)
     batched = token_ids(generate(llm, prompts, params))
     alone = [token_ids(generate(llm, [p], [sp]))[0] for p, sp in zip(prompts, params)]
     assert batched == alone

@@ -30,9 +30,9 @@ def incremental_logits(model, ids: list[int], prefill: int, path: str) -> torch.
 
 
 @torch.inference_mode()
-def test_full_sequence_logits_match_transformers(tiny_checkpoints, tiny_name):
+def test_full_sequence_logits_match_transformers(tiny_checkpoints, tiny_name, attention_backend):
     folder, hf = tiny_checkpoints(tiny_name)
-    ours = load_model(folder)
+    ours = load_model(folder, attention_backend=attention_backend)
     ids = torch.randint(0, hf.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     ref = hf(ids).logits
     for path in ("naive", "absorbed"):
@@ -42,9 +42,9 @@ def test_full_sequence_logits_match_transformers(tiny_checkpoints, tiny_name):
 
 @torch.inference_mode()
 @pytest.mark.parametrize("path", ["naive", "absorbed", "auto"])
-def test_incremental_decode_matches_full_sequence(tiny_checkpoints, tiny_name, path):
+def test_incremental_decode_matches_full_sequence(tiny_checkpoints, tiny_name, path, attention_backend):
     folder, hf = tiny_checkpoints(tiny_name)
-    ours = load_model(folder)
+    ours = load_model(folder, attention_backend=attention_backend)
     ids = torch.randint(0, hf.config.vocab_size, (1, 19), generator=torch.Generator().manual_seed(2))
     full = ours.full_logits(ids, path="naive")[0]
     step = incremental_logits(ours, ids[0].tolist(), prefill=6, path=path)
@@ -53,10 +53,10 @@ def test_incremental_decode_matches_full_sequence(tiny_checkpoints, tiny_name, p
 
 
 @torch.inference_mode()
-def test_mixed_batch_matches_separate_sequences(tiny_checkpoints):
+def test_mixed_batch_matches_separate_sequences(tiny_checkpoints, attention_backend):
     """One flat batch holding a decode token of one sequence and a prefill chunk of another."""
     folder, _ = tiny_checkpoints("v3_moe_sigmoid")
-    model = load_model(folder)
+    model = load_model(folder, attention_backend=attention_backend)
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randint(0, 128, (11,), generator=gen).tolist(), torch.randint(0, 128, (7,), generator=gen).tolist()
     caches = allocate_caches(model.config, 16, BLOCK, torch.float32)
@@ -72,9 +72,9 @@ def test_mixed_batch_matches_separate_sequences(tiny_checkpoints):
 
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["v2_moe_group_limited", "v3_moe_sigmoid", "v3_yarn_halves_tied"])
-def test_greedy_continuation_matches_transformers_generate(tiny_checkpoints, name):
+def test_greedy_continuation_matches_transformers_generate(tiny_checkpoints, name, attention_backend):
     folder, hf = tiny_checkpoints(name)
-    ours = load_model(folder)
+    ours = load_model(folder, attention_backend=attention_backend)
     prompt = torch.randint(2, hf.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
     ref = hf.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, 8:].tolist()
 

@@ -1,0 +1,235 @@
+// latentkv native CPU attention: paged MLA decode (absorbed MQA over the latent cache).
+// Python side: latentkv/attention/native.py (build, ISA choice, fallback). Shapes:
+//   query [B, M, D] (M = Q*H absorbed query rows, D = kv_rank + rope_dim; bf16 or float32)
+//   cache: kv [blocks, bs, D] (bf16/float32) or latent [blocks, bs, r] int8|uint8(fp8 e4m3)
+//          + scale [blocks, bs] float32 + rope [blocks, bs, D - r] (bf16/float32)
+//   block_tables [B, nb] int64, context_lens [B] int64, query_pos [B, Q] int64 (or empty:
+//   every row sees the whole context) -> out [B, M, r] in the query dtype.
+#include <torch/extension.h>
+
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3 };
+constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
+constexpr int64_t SPAN = 256;   // fewest tokens per work item
+constexpr int64_t MAX_SPANS = 64;
+
+struct Job {
+  int M, D, r, bs, kind;
+  int64_t nb;
+  bool rope_bf16;
+  const void* kv;
+  const void* latent;
+  const float* scale;
+  const void* rope;
+  const int64_t* block_tables;
+};
+
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
+namespace isa_avx512 {
+#include "mla_decode_impl.h"
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_avx2 {
+#include "mla_decode_impl.h"
+}
+#pragma GCC pop_options
+
+namespace isa_scalar {  // the baseline x86-64 (or any other CPU's) code
+#include "mla_decode_impl.h"
+}
+
+namespace {
+
+using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, const int64_t*, float*, float*, float*,
+                        float*, float*);
+
+// 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq)
+bool isa_supported(int64_t isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (isa == 2)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+  if (isa == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  if (isa != 0) return false;
+#endif
+  return isa == 0;
+}
+
+SpanFn span_fn(int64_t isa) {
+  if (isa == 2) return isa_avx512::attend_span;
+  if (isa == 1) return isa_avx2::attend_span;
+  return isa_scalar::attend_span;
+}
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torch does
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+}  // namespace
+
+std::vector<int64_t> supported_isas() {
+  std::vector<int64_t> out;
+  for (int64_t isa = 0; isa <= 2; ++isa)
+    if (isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor latent, torch::Tensor scale,
+                         torch::Tensor rope, torch::Tensor block_tables, torch::Tensor context_lens,
+                         torch::Tensor query_pos, int64_t heads, int64_t kv_rank, int64_t block_size, int64_t isa,
+                         int64_t threads) {
+  TORCH_CHECK(isa_supported(isa), "mla_decode: this CPU does not support instruction set ", isa);
+  TORCH_CHECK(query.dim() == 3, "mla_decode: query must be [B, M, D]");
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 || query.scalar_type() == torch::kBFloat16,
+              "mla_decode: query must be float32 or bfloat16");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && context_lens.scalar_type() == torch::kInt64,
+              "mla_decode: block_tables and context_lens must be int64");
+  query = query.contiguous();
+  block_tables = block_tables.contiguous();
+  context_lens = context_lens.contiguous();
+  const int64_t B = query.size(0), M = query.size(1), D = query.size(2), r = kv_rank;
+  TORCH_CHECK(M % heads == 0, "mla_decode: query rows must be a multiple of the heads");
+
+  Job job{};
+  job.M = (int)M, job.D = (int)D, job.r = (int)r, job.bs = (int)block_size;
+  job.nb = block_tables.size(1);
+  job.block_tables = block_tables.data_ptr<int64_t>();
+  if (kv.numel() > 0) {
+    TORCH_CHECK(kv.is_contiguous() && kv.size(-1) == D, "mla_decode: kv must be contiguous [blocks, bs, D]");
+    TORCH_CHECK(kv.scalar_type() == torch::kFloat32 || kv.scalar_type() == torch::kBFloat16,
+                "mla_decode: kv must be float32 or bfloat16");
+    job.kind = kv.scalar_type() == torch::kFloat32 ? KIND_F32 : KIND_BF16;
+    job.kv = kv.data_ptr();
+  } else {
+    TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope.is_contiguous(),
+                "mla_decode: latent, scale and rope must be contiguous");
+    TORCH_CHECK(latent.size(-1) == r && rope.size(-1) == D - r, "mla_decode: latent/rope widths do not match D");
+    TORCH_CHECK(latent.scalar_type() == torch::kInt8 || latent.scalar_type() == torch::kUInt8,
+                "mla_decode: latent must be int8 or uint8 (fp8 e4m3 bits)");
+    TORCH_CHECK(scale.scalar_type() == torch::kFloat32, "mla_decode: scale must be float32");
+    TORCH_CHECK(rope.scalar_type() == torch::kFloat32 || rope.scalar_type() == torch::kBFloat16,
+                "mla_decode: rope must be float32 or bfloat16");
+    job.kind = latent.scalar_type() == torch::kInt8 ? KIND_I8 : KIND_FP8;
+    job.latent = latent.data_ptr();
+    job.scale = scale.data_ptr<float>();
+    job.rope = rope.data_ptr();
+    job.rope_bf16 = rope.scalar_type() == torch::kBFloat16;
+  }
+
+  // Visible keys per row: query_pos + 1 (causal), else the whole context.
+  const int64_t* ctx = context_lens.data_ptr<int64_t>();
+  std::vector<int64_t> lim(B * M);
+  bool causal = query_pos.numel() > 0;
+  if (causal) query_pos = query_pos.contiguous();
+  const int64_t Q = M / heads;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = 0; m < M; ++m) {
+      int64_t l = causal ? query_pos.data_ptr<int64_t>()[b * Q + m / heads] + 1 : ctx[b];
+      lim[b * M + m] = l < ctx[b] ? l : ctx[b];
+    }
+
+  // Work items: spans of a length that depends only on the sequence's own context (never on the
+  // batch or the threads), so each sequence's reduction order is fixed.
+  std::vector<int64_t> item_b, item_t0, item_t1, first(B + 1);
+  for (int64_t b = 0; b < B; ++b) {
+    first[b] = (int64_t)item_b.size();
+    int64_t len = ctx[b];
+    TORCH_CHECK(len >= 1 && (len + block_size - 1) / block_size <= job.nb, "mla_decode: sequence ", b,
+                " has context ", len, " beyond its block table");
+    int64_t span = (len + MAX_SPANS - 1) / MAX_SPANS;
+    span = span < SPAN ? SPAN : (span + TILE - 1) / TILE * TILE;
+    for (int64_t t0 = 0; t0 < len; t0 += span) {
+      item_b.push_back(b);
+      item_t0.push_back(t0);
+      item_t1.push_back(t0 + span < len ? t0 + span : len);
+    }
+  }
+  first[B] = (int64_t)item_b.size();
+  const int64_t items = first[B];
+  std::vector<float> acc(items * M * r), mx(items * M), sum(items * M);
+
+  // The query rows of each sequence, widened once.
+  std::vector<float> qf(B * M * D);
+  if (query.scalar_type() == torch::kFloat32) {
+    std::memcpy(qf.data(), query.data_ptr<float>(), sizeof(float) * B * M * D);
+  } else {
+    const uint16_t* qs = (const uint16_t*)query.data_ptr();
+    for (int64_t i = 0; i < B * M * D; ++i) qf[i] = bf16_to_f32(qs[i]);
+  }
+
+  SpanFn attend = span_fn(isa);
+  int nthreads = threads > 0 ? (int)threads : 1;
+#pragma omp parallel num_threads(nthreads)
+  {
+    std::vector<float> tile(TILE * D), sc(TILE);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      int64_t b = item_b[it];
+      attend(job, b, item_t0[it], item_t1[it], qf.data() + b * M * D, lim.data() + b * M, acc.data() + it * M * r,
+             mx.data() + it * M, sum.data() + it * M, tile.data(), sc.data());
+    }
+  }
+
+  // Log-sum-exp merge of each sequence's spans, in span order.
+  auto out = torch::empty({B, M, r}, query.options());
+  const bool bf16 = query.scalar_type() == torch::kBFloat16;
+  float* out32 = bf16 ? nullptr : out.data_ptr<float>();
+  uint16_t* out16 = bf16 ? (uint16_t*)out.data_ptr() : nullptr;
+#pragma omp parallel num_threads(nthreads)
+  {
+    std::vector<float> row(r);
+#pragma omp for schedule(static)
+    for (int64_t bm = 0; bm < B * M; ++bm) {
+      int64_t b = bm / M, m = bm % M;
+      float top = -__builtin_inff();
+      for (int64_t it = first[b]; it < first[b + 1]; ++it) top = mx[it * M + m] > top ? mx[it * M + m] : top;
+      float total = 0.0f;
+      std::fill(row.begin(), row.end(), 0.0f);
+      for (int64_t it = first[b]; it < first[b + 1]; ++it) {
+        float s = sum[it * M + m];
+        if (s == 0.0f) continue;  // no visible key in this span
+        float w = std::exp(mx[it * M + m] - top);
+        total += w * s;
+        const float* a = acc.data() + (it * M + m) * r;
+        for (int64_t i = 0; i < r; ++i) row[i] += w * a[i];
+      }
+      float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      if (bf16)
+        for (int64_t i = 0; i < r; ++i) out16[bm * r + i] = f32_to_bf16(row[i] * inv);
+      else
+        for (int64_t i = 0; i < r; ++i) out32[bm * r + i] = row[i] * inv;
+    }
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_decode.cpp)");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+}

@@ -1,0 +1,160 @@
+// Paged MLA decode attention, one instruction set. Included once per ISA by mla_decode.cpp
+// inside `namespace <isa>` under `#pragma GCC target(...)`: the loops below are written for
+// the auto-vectorizer (`#pragma omp simd`), so each inclusion compiles to that ISA's vectors.
+// Nothing here may include a header (we are inside a namespace).
+//
+// One work item = one sequence b and one span [t0, t1) of its cached tokens. The item reads
+// each token's latent row once (through the block table, in place), widens it to float32 in
+// an L1 tile (bf16: a shift; int8: times the token's scale; fp8 e4m3: a bit move, times
+// 2^120 and the scale), and uses the tile for all M = Q*H query rows: scores, online softmax
+// (running max and sum per row) and the value accumulation, in one pass. Items of one
+// sequence are merged by log-sum-exp in a fixed order (merge below), so the result does not
+// depend on the batch or on the number of threads.
+
+static inline float fast_exp(float x) {
+  // e^x for x <= 0 (scores minus their running max); ~2 ulp, vectorizable (no libm call).
+  x = x < -87.0f ? -87.0f : x;
+  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int e = ((int)n + 127) << 23;
+  float s;
+  __builtin_memcpy(&s, &e, 4);
+  return p * s;
+}
+
+static inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+static inline void widen_bf16(const uint16_t* __restrict src, float* __restrict dst, int n, float mul) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) {
+    uint32_t u = (uint32_t)src[i] << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    dst[i] = f * mul;
+  }
+}
+
+static inline void widen_f32(const float* __restrict src, float* __restrict dst, int n, float mul) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = src[i] * mul;
+}
+
+static inline void widen_i8(const int8_t* __restrict src, float* __restrict dst, int n, float mul) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = (float)src[i] * mul;
+}
+
+static inline void widen_fp8(const uint8_t* __restrict src, float* __restrict dst, int n, float mul) {
+  // e4m3fn bits s eeee mmm placed at f32 bits 31 and 26..20: the f32 exponent is the e4m3 one
+  // (bias 127 instead of 7), so times 2^120 gives the value, subnormals included (no NaN codes:
+  // the writer clamps to +-448).
+  const float k = mul * 1.329227995784916e36f;  // 2^120
+#pragma omp simd
+  for (int i = 0; i < n; ++i) {
+    uint32_t b = src[i];
+    uint32_t u = ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20);
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    dst[i] = f * k;
+  }
+}
+
+// Widen token rows [j0, j0 + n) of sequence `table` into tile [n, D] float32.
+static inline void load_tile(const Job& job, const int64_t* table, int64_t j0, int n, float* tile) {
+  const int D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
+  for (int t = 0; t < n; ++t) {
+    int64_t j = j0 + t;
+    int64_t slot = table[j / bs] * bs + j % bs;
+    float* dst = tile + (int64_t)t * D;
+    switch (job.kind) {
+      case KIND_F32: widen_f32((const float*)job.kv + slot * D, dst, D, 1.0f); break;
+      case KIND_BF16: widen_bf16((const uint16_t*)job.kv + slot * D, dst, D, 1.0f); break;
+      default: {
+        float sc = job.scale[slot];
+        if (job.kind == KIND_I8) widen_i8((const int8_t*)job.latent + slot * r, dst, r, sc);
+        else widen_fp8((const uint8_t*)job.latent + slot * r, dst, r, sc);
+        if (job.rope_bf16) widen_bf16((const uint16_t*)job.rope + slot * dr, dst + r, dr, 1.0f);
+        else widen_f32((const float*)job.rope + slot * dr, dst + r, dr, 1.0f);
+      }
+    }
+  }
+}
+
+// Scores of one query row against n tokens of the tile, four tokens per pass: four independent
+// accumulators (one would make the FMA latency, not the loads, the limit) sharing each q load.
+static inline void scores(const float* __restrict q, const float* __restrict tile, int n, int D, float* __restrict sc) {
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = tile + (int64_t)t * D;
+    const float *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int d = 0; d < D; ++d) {
+      float qd = q[d];
+      s0 += qd * k0[d];
+      s1 += qd * k1[d];
+      s2 += qd * k2[d];
+      s3 += qd * k3[d];
+    }
+    sc[t] = s0, sc[t + 1] = s1, sc[t + 2] = s2, sc[t + 3] = s3;
+  }
+  for (; t < n; ++t) sc[t] = dot(q, tile + (int64_t)t * D, D);
+}
+
+// One item: rows' running (max, sum, acc) over tokens [t0, t1) of sequence b.
+// q [M, D] float32, lim [M] visible keys per row; writes acc [M, r], mx [M], sum [M].
+static void attend_span(const Job& job, int64_t b, int64_t t0, int64_t t1, const float* q, const int64_t* lim,
+                        float* acc, float* mx, float* sum, float* tile, float* sc) {
+  const int M = job.M, D = job.D, r = job.r;
+  const int64_t* table = job.block_tables + b * job.nb;
+  for (int m = 0; m < M; ++m) {
+    mx[m] = -__builtin_inff();
+    sum[m] = 0.0f;
+  }
+  for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
+  for (int64_t j0 = t0; j0 < t1; j0 += TILE) {
+    int n = (int)(t1 - j0 < TILE ? t1 - j0 : TILE);
+    load_tile(job, table, j0, n, tile);
+    for (int64_t i = (int64_t)n * D; i < (int64_t)TILE * D; ++i) tile[i] = 0.0f;  // rows past the span: weight 0
+    for (int m = 0; m < M; ++m) {
+      int64_t visible = lim[m] - j0;  // rows see keys j < lim[m]
+      int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
+      if (nv == 0) continue;
+      scores(q + (int64_t)m * D, tile, nv, D, sc);
+      float tmax = -__builtin_inff();
+      for (int t = 0; t < nv; ++t) tmax = sc[t] > tmax ? sc[t] : tmax;
+      float old = mx[m], now = tmax > old ? tmax : old;
+      float alpha = fast_exp(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+      mx[m] = now;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int t = 0; t < nv; ++t) {
+        sc[t] = fast_exp(sc[t] - now);
+        s += sc[t];
+      }
+      sum[m] = sum[m] * alpha + s;
+      // values: each acc element once per tile (not once per token), the tile's tokens summed in order
+      float* am = acc + (int64_t)m * r;
+      for (int t = nv; t < TILE; ++t) sc[t] = 0.0f;  // a fixed trip count below: the i loop vectorizes
+#pragma omp simd
+      for (int i = 0; i < r; ++i) {
+        float a = am[i] * alpha;
+#pragma GCC unroll 16
+        for (int t = 0; t < TILE; ++t) a += sc[t] * tile[(int64_t)t * D + i];
+        am[i] = a;
+      }
+    }
+  }
+}

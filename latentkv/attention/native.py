@@ -1,0 +1,133 @@
+"""The native CPU backend: paged MLA decode in C++/OpenMP (csrc/mla_decode.cpp).
+
+Built with torch.utils.cpp_extension on first use into ~/.cache/latentkv/torch_extensions
+(rebuilt when the source changes). Where it cannot be built or loaded (no compiler, no
+ninja, another OS), `available()` is False, `get_backend("auto")` picks the PyTorch reference
+and one warning says why. The instruction set is chosen at run time: the best this CPU
+runs (avx512 > avx2 > scalar), or `LATENTKV_CPU_ISA=avx512|avx2|scalar` to force one.
+`LATENTKV_NATIVE=0` makes the build "unavailable" (the fallback, on purpose).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from .metadata import AttentionMetadata
+from .torch_ref import TorchBackend
+
+CSRC = Path(__file__).parent / "csrc"
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}
+MAX_QUERY_LEN = 16  # longer query blocks (prefill chunks) are matmul-shaped: the reference's bmm wins
+_state: dict = {}
+
+
+def build_dir() -> Path:
+    return Path(os.environ.get("LATENTKV_CACHE", Path.home() / ".cache" / "latentkv")) / "torch_extensions" / (
+        f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}")
+
+
+def extension():
+    """The compiled module, or None (with the reason in `unavailable_reason()`); built once per process."""
+    if "module" in _state:
+        return _state["module"]
+    _state["module"], _state["reason"] = None, None
+    try:
+        if os.environ.get("LATENTKV_NATIVE", "1") == "0":
+            raise RuntimeError("disabled by LATENTKV_NATIVE=0")
+        ensure_ninja()
+        # Optional heavy import: cpp_extension pulls in setuptools and is only needed to build.
+        from torch.utils.cpp_extension import load
+
+        directory = build_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        _state["module"] = load(
+            name="latentkv_mla_decode", sources=[str(CSRC / "mla_decode.cpp")], build_directory=str(directory),
+            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast"], extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(CSRC)], verbose=False)
+    except Exception as err:  # no compiler, no ninja, a failed build: the reference backend takes over
+        _state["reason"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+    return _state["module"]
+
+
+def ensure_ninja() -> None:
+    """cpp_extension runs `ninja` from PATH; the `ninja` wheel (a dependency) puts it next to python."""
+    if shutil.which("ninja"):
+        return
+    here = Path(sys.executable).parent
+    try:
+        import ninja  # optional: only its binary's folder is needed
+
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{here}{os.pathsep}{os.environ.get('PATH', '')}"
+    except ImportError:
+        os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def available() -> bool:
+    return extension() is not None
+
+
+def unavailable_reason() -> str | None:
+    extension()
+    return _state["reason"]
+
+
+def supported_isas() -> list[str]:
+    ext = extension()
+    if ext is None:
+        return []
+    codes = set(ext.supported_isas())
+    return [name for name, code in ISAS.items() if code in codes]
+
+
+def chosen_isa() -> str:
+    """The instruction set the kernel runs: LATENTKV_CPU_ISA if set (must be supported), else the best."""
+    supported = supported_isas()
+    forced = os.environ.get("LATENTKV_CPU_ISA")
+    if forced:
+        if forced not in ISAS:
+            raise ValueError(f"LATENTKV_CPU_ISA={forced!r}: expected one of {list(ISAS)}")
+        if forced not in supported:
+            raise ValueError(f"LATENTKV_CPU_ISA={forced!r}: this CPU runs only {supported}")
+        return forced
+    return supported[-1]
+
+
+def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: int = 1, isa: str | None = None,
+               threads: int | None = None) -> torch.Tensor:
+    """query [B, M, r+dr] (M = Q*heads rows, absorbed and scaled) over one layer's LatentCache ->
+    o_lat [B, M, r] in the query dtype. Rows of query token q see keys j <= query_pos[b, q]
+    (None: the whole context)."""
+    empty = query.new_empty(0)
+    if cache.quantized:
+        kv, latent, scale, rope = empty, cache.latent, cache.scale, cache.rope
+    else:
+        kv, latent, scale, rope = cache.kv, empty, empty, empty
+    pos = query_pos if query_pos is not None else context_lens.new_empty(0)
+    return extension().mla_decode(query, kv, latent, scale, rope, block_tables, context_lens, pos, heads,
+                                  cache.kv_rank, cache.block_size, ISAS[isa or chosen_isa()],
+                                  threads or torch.get_num_threads())
+
+
+class NativeBackend(TorchBackend):
+    """The reference backend with its absorbed attention (paged MLA decode) in C++: no gather,
+    no padding, each latent row read once for all heads. Prefill paths stay the reference's."""
+
+    name = "native"
+
+    def __init__(self):
+        if not available():
+            raise RuntimeError(f"the native attention backend is not available here ({unavailable_reason()})")
+        self.isa = chosen_isa()
+
+    def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
+        if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16) \
+                or meta.max_query_len > MAX_QUERY_LEN:
+            return super().latent_attention(query, cache, meta)
+        heads = query.shape[1] // meta.max_query_len
+        pos = None if meta.max_query_len == 1 else meta.query_pos
+        return mla_decode(query, cache, meta.block_tables, meta.context_lens, pos, heads, self.isa)

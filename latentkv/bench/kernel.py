@@ -1,0 +1,120 @@
+"""`latentkv bench kernel`: paged MLA decode attention alone, native kernel vs the PyTorch
+reference in the same run: GB/s of latent read and the share of this machine's measured
+bandwidth, by batch, context and latent dtype (the CPU's flags printed with the table).
+
+Each configuration fills a cache of B sequences x context tokens on shuffled blocks (as a
+long-running server's are) and times one layer's `latent_attention` call: a decode step
+runs it once per layer. Bytes read = B x context x the latent bytes per token of one layer.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import cpu
+from ..attention import native
+from ..attention.metadata import build_metadata
+from ..attention.torch_ref import TorchBackend
+from ..cache.accounting import latent_bytes
+from ..cache.latent_cache import LatentCache
+from ..facts import dtype_name
+from ..model.loader import resolve_dtype
+from .bandwidth import measure_bandwidth
+from .report import median, new_figure, print_table, save_figure, write_json
+
+BLOCK = 16
+
+
+def random_cache(batch: int, context: int, rank: int, rope: int, dtype: torch.dtype, cache_dtype: str, seed: int):
+    """A cache holding `batch` sequences of `context` random latents on shuffled blocks -> (cache, tables)."""
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = -(-context // BLOCK)
+    cache = LatentCache(batch * per_seq + 1, BLOCK, rank, rope, dtype, cache_dtype)
+    if cache.quantized:
+        cache.latent.copy_(torch.randint(-127, 128, cache.latent.shape, generator=gen, dtype=torch.int8).view(cache.latent.dtype))
+        if cache_dtype == "fp8_e4m3":  # random bytes include NaN codes; use real ones
+            cache.latent.copy_(torch.randn(cache.latent.shape, generator=gen).to(torch.float8_e4m3fn).view(torch.uint8))
+        cache.scale.uniform_(0.001, 0.01, generator=gen)
+        cache.rope.normal_(generator=gen)
+    else:
+        cache.kv.normal_(generator=gen)
+    blocks = (torch.randperm(batch * per_seq, generator=gen) + 1).view(batch, per_seq).tolist()
+    return cache, blocks
+
+
+def timed(fn, calls: int) -> float:
+    """Seconds per call of `calls` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str, threads: int) -> dict:
+    cache, tables = random_cache(batch, context, args.rank, args.rope, dtype, cache_dtype, seed=batch * 7 + context)
+    meta, _ = build_metadata([1] * batch, [context] * batch, tables, BLOCK)
+    query = (torch.randn(batch, args.heads, args.rank + args.rope) * (args.rank + args.rope) ** -0.5).to(dtype)
+    runs = {"reference": lambda: TorchBackend().latent_attention(query, cache, meta)}
+    if native.available():
+        runs["native"] = lambda: native.mla_decode(query, cache, meta.block_tables, meta.context_lens, heads=args.heads,
+                                                   threads=threads)
+    times = {name: [] for name in runs}
+    for fn in runs.values():
+        fn()  # warm-up
+    for _ in range(args.repeats):  # interleaved
+        for name, fn in runs.items():
+            times[name].append(timed(fn, args.calls))
+    per_token = latent_bytes([args.rank], args.rope, cache_dtype, dtype_name(dtype))
+    nbytes = batch * context * per_token
+    row = {"batch": batch, "context": context, "latent": cache_dtype if cache.quantized else dtype_name(dtype),
+           "bytes": nbytes}
+    for name, values in times.items():
+        seconds = median(values)
+        row[f"{name} ms"] = seconds * 1e3
+        row[f"{name} GB/s"] = nbytes / seconds / 1e9
+    return row
+
+
+def run(args) -> dict:
+    out = Path(args.out)
+    threads = torch.get_num_threads()
+    dtype = resolve_dtype("auto", torch.device("cpu"))
+    isa = native.chosen_isa() if native.available() else None
+    print(f"CPU flags: {cpu.describe()}; {threads} threads; model dtype (auto) {dtype_name(dtype)}; native kernel: "
+          + (f"{isa} (runs {', '.join(native.supported_isas())})" if isa else f"unavailable ({native.unavailable_reason()})"))
+    bandwidth = measure_bandwidth()
+    print(f"measured bandwidth (copy, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
+    configs = [(b, c, k) for k in args.latents for b in args.batches for c in args.contexts]
+    rows = []
+    for batch, context, latent in tqdm(configs, desc="kernel", unit="config"):
+        row = measure(batch, context, args, dtype, "auto" if latent == "bf16" else latent, threads)
+        for name in ("native", "reference"):
+            if f"{name} GB/s" in row:
+                row[f"{name} % bw"] = 100 * row[f"{name} GB/s"] * 1e9 / bandwidth
+        if "native ms" in row:
+            row["native speed-up"] = row["reference ms"] / row["native ms"]
+        rows.append(row)
+    shown = [{k: v for k, v in r.items() if k != "bytes"} for r in rows]
+    print_table(f"Paged MLA decode attention, one layer (H={args.heads}, rank {args.rank}, rope {args.rope}; "
+                f"median of {args.repeats} x {args.calls} calls)", list(shown[0].keys()), shown)
+    plot(rows, out)
+    payload = {"cpu_flags": cpu.features(), "isa": isa, "threads": threads, "bandwidth_gbs": bandwidth / 1e9,
+               "model_dtype": dtype_name(dtype), "heads": args.heads, "rank": args.rank, "rope": args.rope,
+               "results": rows}
+    write_json(out, "kernel", payload)
+    return payload
+
+
+def plot(rows: list[dict], out: Path) -> Path:
+    fig, ax = new_figure("Decode attention: latent GB/s by context", "context (tokens)", "GB/s of latent read", log_x=True)
+    for latent in dict.fromkeys(r["latent"] for r in rows):
+        for batch in dict.fromkeys(r["batch"] for r in rows):
+            sel = [r for r in rows if r["latent"] == latent and r["batch"] == batch]
+            for name, style in (("native", "-"), ("reference", ":")):
+                if f"{name} GB/s" in sel[0]:
+                    ax.plot([r["context"] for r in sel], [r[f"{name} GB/s"] for r in sel], style, marker="o",
+                            label=f"{name} {latent} B={batch}")
+    return save_figure(fig, out, "kernel")

@@ -1,0 +1,140 @@
+"""The native CPU kernel (paged MLA decode) against the reference backend and exact float64 math.
+
+Tolerances, as error / max|exact output| (exact = float64 attention over the same stored values:
+the same bf16 rows, the same int8 / fp8 codes and scales):
+- native, float32 query and cache: 2e-5 (float32 accumulation, a polynomial exp);
+- native, bfloat16 query: 8e-3 (its output is rounded to bf16 once: 2^-8 relative);
+- reference vs native: 1e-4 in float32; 5e-2 in bfloat16 (the reference rounds its scores,
+  probabilities and dequantized latent to bf16 before the matmuls).
+"""
+import random
+
+import pytest
+import torch
+
+from latentkv.attention import native
+from latentkv.attention.metadata import build_metadata
+from latentkv.attention.torch_ref import TorchBackend
+from latentkv.cache.latent_cache import LatentCache
+from latentkv.attention.paged import write
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"native backend not built: {native.unavailable_reason()}")
+
+NATIVE_TOL = {torch.float32: 2e-5, torch.bfloat16: 8e-3}
+REFERENCE_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+
+
+def filled_cache(lengths, heads, rank, rope, dtype, cache_dtype, block_size, seed):
+    """A cache holding random latents for sequences of `lengths` on shuffled blocks.
+    -> cache, block tables (out of order), exact rows [B][L_b, r + dr] float64."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lengths]
+    ids = list(range(1, sum(need) + 3))  # block 0 and two spare blocks stay unused
+    random.Random(seed).shuffle(ids)
+    tables, at = [], 0
+    for n in need:
+        tables.append(ids[at:at + n])
+        at += n
+    cache = LatentCache(len(ids) + 1, block_size, rank, rope, dtype, cache_dtype)
+    if cache_dtype == "auto":  # garbage in unused slots must not leak into any sum
+        cache.kv.normal_(generator=gen).mul_(100)
+    exact = []
+    for n, table in zip(lengths, tables):
+        c = torch.randn(n, rank, generator=gen) * (1 + torch.rand(n, 1, generator=gen) * 3)
+        k_r = torch.randn(n, rope, generator=gen)
+        pos = torch.arange(n)
+        slots = torch.tensor(table)[pos // block_size] * block_size + pos % block_size
+        write(cache, c.to(dtype), k_r.to(dtype), slots)
+        exact.append(stored_rows(cache, slots))
+    return cache, tables, exact
+
+
+def stored_rows(cache, slots):
+    """What the cache holds at `slots`, exactly, in float64 -> [n, r + dr]."""
+    if not cache.quantized:
+        return cache.kv.view(-1, cache.kv.shape[-1])[slots].double()
+    codes = cache.latent.view(-1, cache.kv_rank)[slots]
+    values = codes.double() if cache.cache_dtype == "int8" else codes.view(torch.float8_e4m3fn).double()
+    scale = cache.scale.view(-1)[slots].double()
+    return torch.cat((values * scale[:, None], cache.rope.view(cache.scale.numel(), cache.rope_dim)[slots].double()), dim=-1)
+
+
+def exact_attention(query, rows, query_lens, lengths, heads):
+    """float64 softmax attention of each row over its visible keys -> [B, M, r]."""
+    out = torch.zeros(query.shape[0], query.shape[1], rows[0].shape[1], dtype=torch.float64)
+    for b, (kv, q_len, n) in enumerate(zip(rows, query_lens, lengths)):
+        for m in range(query.shape[1]):
+            qi = m // heads
+            visible = n - q_len + qi + 1 if qi < q_len else 1
+            probs = (query[b, m].double() @ kv[:visible].T).softmax(-1)
+            out[b, m] = probs @ kv[:visible]
+    return out
+
+
+def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, query_lens=None, isa=None, seed=0):
+    query_lens = query_lens or [1] * len(lengths)
+    cache, tables, rows = filled_cache(lengths, heads, rank, rope, dtype, cache_dtype, block_size, seed)
+    meta, _ = build_metadata(query_lens, lengths, tables, block_size, split=False)
+    q_max = meta.max_query_len
+    gen = torch.Generator().manual_seed(seed + 1)
+    query = (torch.randn(len(lengths), q_max * heads, rank + rope, generator=gen) * (rank + rope) ** -0.5 * 2).to(dtype)
+    pos = None if q_max == 1 else meta.query_pos
+    got = native.mla_decode(query, cache, meta.block_tables, meta.context_lens, pos, heads, isa=isa)
+    reference = TorchBackend().latent_attention(query, cache, meta)
+    exact = exact_attention(query, rows, query_lens, lengths, heads)[..., :rank]
+    valid = meta.query_valid.repeat_interleave(heads, dim=1)  # padded query rows are dropped by the caller
+    scale = exact.abs().max()
+    assert got.dtype == dtype and got.shape == (len(lengths), q_max * heads, rank)
+    err_native = ((got.double() - exact).abs()[valid].max() / scale).item()
+    err_reference = ((got.double() - reference.double()).abs()[valid].max() / scale).item()
+    assert err_native <= NATIVE_TOL[dtype], f"native vs exact: {err_native:.2e}"
+    assert err_reference <= REFERENCE_TOL[dtype], f"native vs reference: {err_reference:.2e}"
+
+
+@pytest.mark.parametrize("isa", native.supported_isas())
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
+                                               (torch.bfloat16, "int8"), (torch.bfloat16, "fp8_e4m3"),
+                                               (torch.float32, "int8")])
+def test_batch_of_lengths_ending_mid_block_every_isa(isa, dtype, cache_dtype):
+    run_case([1, 17, 300, 45], heads=9, rank=64, rope=32, dtype=dtype, cache_dtype=cache_dtype, isa=isa)
+
+
+@pytest.mark.parametrize("heads,rank,rope", [(1, 32, 0), (16, 512, 64), (128, 128, 16), (3, 256, 64)])
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8"])
+def test_heads_ranks_and_rope_widths(heads, rank, rope, cache_dtype):
+    run_case([33, 130], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype=cache_dtype, seed=heads)
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8_e4m3"])
+def test_long_context_split_across_threads_is_merged_exactly(cache_dtype):
+    """5,000 tokens: many spans (a log-sum-exp merge) on several threads."""
+    run_case([5000, 3], heads=4, rank=64, rope=16, dtype=torch.float32, cache_dtype=cache_dtype, block_size=32)
+
+
+def test_several_query_tokens_are_causal():
+    """Q > 1 (a short chunk): each query row sees keys up to its own position only."""
+    run_case([40, 9, 70], heads=5, rank=32, rope=8, dtype=torch.float32, cache_dtype="auto",
+             query_lens=[4, 1, 3], block_size=8)
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.float32, "int8")])
+def test_result_does_not_depend_on_the_batch_or_threads(dtype, cache_dtype):
+    """A sequence's output is bit-identical alone, in a batch, and on 1 or 2 threads."""
+    lengths = [700, 20, 3000]
+    cache, tables, _ = filled_cache(lengths, 8, 64, 16, dtype, cache_dtype, 16, seed=3)
+    query = torch.randn(3, 8, 80, generator=torch.Generator().manual_seed(4)).to(dtype)
+    meta, _ = build_metadata([1] * 3, lengths, tables, 16)
+    batched = native.mla_decode(query, cache, meta.block_tables, meta.context_lens, heads=8, threads=2)
+    for b in range(3):
+        alone, _ = build_metadata([1], lengths[b:b + 1], tables[b:b + 1], 16)
+        one = native.mla_decode(query[b:b + 1], cache, alone.block_tables, alone.context_lens, heads=8, threads=1)
+        assert torch.equal(one[0], batched[b])
+
+
+def test_forcing_an_isa_the_cpu_lacks_or_does_not_know_is_refused(monkeypatch):
+    monkeypatch.setenv("LATENTKV_CPU_ISA", "neon")
+    with pytest.raises(ValueError, match="LATENTKV_CPU_ISA='neon': expected one of"):
+        native.chosen_isa()
+    for isa in native.supported_isas():
+        monkeypatch.setenv("LATENTKV_CPU_ISA", isa)
+        assert native.chosen_isa() == isa
