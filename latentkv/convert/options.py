@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from latentkv import cpu
 from latentkv.facts import MODEL_DTYPES
 
 
@@ -54,20 +54,9 @@ class ConvertOptions:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
 
 
-def native_bf16() -> bool:
-    """Whether bfloat16 matmuls run natively here: a CUDA device, or a CPU with AVX512-BF16 / AMX."""
-    if torch.cuda.is_available():
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: do not guess
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def calib_torch_dtype(name: str) -> torch.dtype:
     """The calibration forward's dtype: "auto" is bfloat16 only where the hardware has it natively
     (measured: same converted perplexity as float32, docs/conversion.md), never a guess."""
     if name == "auto":
-        return torch.bfloat16 if native_bf16() else torch.float32
+        return torch.bfloat16 if torch.cuda.is_available() or cpu.native_bf16() else torch.float32
     return MODEL_DTYPES[name]
