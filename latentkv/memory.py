@@ -1,8 +1,10 @@
-"""Memory sizes: reading "2GiB"-style sizes, and how much memory a device has free."""
+"""Memory sizes: reading "2GiB"-style sizes, how much memory a device has free, this process's peak RSS."""
 from __future__ import annotations
 
 import os
 import re
+import resource
+import sys
 
 import torch
 
@@ -39,3 +41,9 @@ def available_memory(device: torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

@@ -2,20 +2,22 @@
 
 For each layer we keep the second moment of the attention input (augmented with a
 constant 1 so biases are exact), the attention mass by query-key distance of each
-head (for RoPE's phase statistics), and the residual stream's energy. Everything
+head (for RoPE's phase statistics) and how strongly value and score errors reach
+each head's output. Everything
 the converter needs (key / query / value moments) is derived from these.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from latentkv.convert import reference as ref
 from latentkv.convert.source_model import SourceModel
 from latentkv.model.norm import rms_norm
+from latentkv.model.rope import cos_sin, rotate
 
 
 @dataclass
@@ -26,14 +28,13 @@ class LayerStats:
     dist [H, T] float64: attention probability mass at distance Δ = 0..T-1, per head;
     rho [H]: E_m[Σ_n p_mn²], how much one value error reaches a head's output;
     kappa [H]: E_m[Σ_n p_mn² |Wo_h(v_n − o_m)|²], how much one score error moves it;
-    h_energy: E|h|² of the residual stream entering the layer; tokens: count.
+    tokens: count.
     """
 
     xx: torch.Tensor
     dist: torch.Tensor
     rho: torch.Tensor
     kappa: torch.Tensor
-    h_energy: float
     tokens: int
 
 
@@ -43,76 +44,105 @@ def add_moments(xx: torch.Tensor, x: torch.Tensor) -> None:
     xx += (xa.T @ xa).double()  # float32 product per batch (fast), float64 running sum
 
 
-def add_distances(dist: torch.Tensor, probs: torch.Tensor) -> None:
-    """dist [H, T] += attention mass of probs [B, H, T, T] at each distance m - n."""
+def distance_index(T: int, device) -> torch.Tensor:
+    """[T*T] query–key distance m − n of each (m, n) entry, 0 where masked (n > m carries no mass)."""
+    m = torch.arange(T, device=device)
+    return (m[:, None] - m[None, :]).clamp(min=0).reshape(-1)
+
+
+def add_distances(dist: torch.Tensor, probs: torch.Tensor, delta: torch.Tensor) -> None:
+    """dist [H, T] += attention mass of probs [B, H, T, T] at each distance (delta: distance_index)."""
+    H, T = dist.shape
+    mass = probs.sum(0).reshape(H, T * T)
+    dist += torch.zeros(H, T, dtype=probs.dtype, device=probs.device).index_add_(1, delta, mass).double()
+
+
+def grouped(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """probs [B, H, T, T] @ v [B, Hkv, T, d] -> [B, H, T, d] without repeating v to H heads."""
     B, H, T, _ = probs.shape
-    m = torch.arange(T, device=probs.device)
-    delta = (m[:, None] - m[None, :]).clamp(min=0).reshape(-1)  # masked (n > m) entries carry 0 mass
-    mass = probs.float().sum(0).reshape(H, T * T)
-    dist += torch.zeros(H, T, dtype=torch.float32, device=probs.device).index_add_(1, delta, mass).double()
+    Hkv = v.shape[1]
+    return (probs.reshape(B, Hkv, (H // Hkv) * T, T) @ v).view(B, H, T, -1)
 
 
-def add_sensitivity(rho: torch.Tensor, kappa: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, wo: torch.Tensor) -> None:
+def add_sensitivity(rho: torch.Tensor, kappa: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                    gram: torch.Tensor) -> None:
     """Accumulate Σ_m Σ_n p_mn² (rho) and Σ_m Σ_n p_mn² |Wo_h(v_n − o_m)|² (kappa), per head.
 
     A score error δs_n moves a head's output by Σ_n p_n δs_n (v_n − o); independent errors
     of equal size give the kappa factor, value errors the rho factor (first order).
-    probs [B, H, T, T]; v [B, H, T, d] (repeated to H heads); wo [D, H*d].
+    |Wo_h x|² = xᵀ G_h x with G_h = Wo_hᵀ Wo_h, so everything stays in head space (d, not D).
+    probs [B, H, T, T]; v [B, Hkv, T, d]; o = probs @ v [B, H, T, d]; gram G [H, d, d].
     """
-    B, H, T, d = v.shape
-    u = torch.einsum("bhtd,ehd->bhte", v, wo.view(-1, H, d))  # Wo_h v_n [B, H, T, D]
-    o = probs @ u  # Wo_h o_m
+    B, H, T, d = o.shape
+    Hkv = v.shape[1]
+    vg = v.unsqueeze(2) @ gram.view(Hkv, H // Hkv, d, d)  # [B, Hkv, G, T, d]: G_h v_n
+    vgv = (vg * v.unsqueeze(2)).sum(-1).view(B, H, T)  # v_nᵀ G_h v_n
+    og = o @ gram  # G_h o_m
     p2 = probs.square()
-    u2 = u.square().sum(-1)  # [B, H, T]
-    term = (p2 @ u2[..., None]).squeeze(-1) - 2 * ((p2 @ u) * o).sum(-1) + p2.sum(-1) * o.square().sum(-1)
-    rho += p2.sum((0, 2, 3)).double()
+    p2sum = p2.sum(-1)
+    term = (p2 @ vgv[..., None]).squeeze(-1) - 2 * (grouped(p2, v) * og).sum(-1) + p2sum * (og * o).sum(-1)
+    rho += p2sum.sum((0, 2)).double()
     kappa += term.sum((0, 2)).double()
 
 
-LayerFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], positions: torch.Tensor,
+                dtype: torch.dtype = torch.float32) -> tuple[LayerStats, list]:
+    """One layer's statistics over the residual-stream batches `hidden` [B, T, D] (float32), and
+    the batches moved past the layer (the source's forward, reusing the attention computed here).
+
+    dtype: the projections' and MLP's matmuls (bfloat16 halves their time on CPUs with native
+    bf16); the residual stream, norms, softmax and every statistic stay float32 or wider."""
+    D, H, Hkv, d = src.hidden_size, src.num_heads, src.num_kv_heads, src.head_dim
+    T = positions.shape[0]
+    device = positions.device
+    xx = torch.zeros(D + 1, D + 1, dtype=torch.float64, device=device)
+    dist = torch.zeros(H, T, dtype=torch.float64, device=device)
+    rho = torch.zeros(H, dtype=torch.float64, device=device)
+    kappa = torch.zeros(H, dtype=torch.float64, device=device)
+    delta = distance_index(T, device)
+    wo = layer["o"]
+    gram = torch.einsum("xhd,xhe->hde", wo.view(D, H, d), wo.view(D, H, d))  # G_h = Wo_hᵀ Wo_h
+    cos, sin = cos_sin(positions, src.inv_freq.to(device))
+    mask = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+    low = {name: w if w is None or name.endswith("norm") else w.to(dtype) for name, w in layer.items()}
+    moved = []
+    for h in hidden:
+        B = h.shape[0]
+        x = rms_norm(h, layer["attn_norm"], src.rms_norm_eps)
+        add_moments(xx, x.reshape(-1, D))
+        q, k, v = (t.float() for t in ref.project_qkv(src, low, x.to(dtype)))
+        q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
+        scores = (q.reshape(B, Hkv, (H // Hkv) * T, d) @ k.transpose(-1, -2)).view(B, H, T, T) * d ** -0.5
+        probs = scores.masked_fill_(mask, float("-inf")).softmax(-1)
+        o = grouped(probs, v)
+        add_distances(dist, probs, delta)
+        add_sensitivity(rho, kappa, probs, v, o, gram)
+        del scores, probs
+        h = h + F.linear(o.transpose(1, 2).reshape(B, T, H * d), wo)
+        moved.append(h + ref.mlp(low, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps).to(dtype)).float())
+    count = sum(h.shape[0] for h in hidden) * T
+    stats = LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), rho=(rho / count).cpu(), kappa=(kappa / count).cpu(),
+                       tokens=count)
+    return stats, moved
 
 
 @torch.no_grad()
-def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, next_layer: LayerFn | None = None,
-                  on_layer: Callable[[int, LayerStats], None] | None = None, device="cpu") -> list[LayerStats]:
-    """Statistics of every layer over token windows [N, T].
+def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, device="cpu",
+                  dtype: torch.dtype = torch.float32) -> list[LayerStats]:
+    """Statistics of every layer over token windows [N, T] (dtype: the source forward's matmuls).
 
     The residual stream of all windows is held (N*T*D floats); one layer's attention
-    probabilities at a time. `next_layer(i, h, positions)` moves the stream past layer i
-    (default: the source layer; the converter passes its converted layer to calibrate
-    each layer on the converted model's activations). `on_layer(i, stats)` runs after
-    layer i's statistics are complete and before the stream moves on.
+    probabilities for one batch of windows at a time; one layer's weights at a time.
     """
     N, T = windows.shape
-    D, H = src.hidden_size, src.num_heads
     positions = torch.arange(T, device=device)
-    hidden = [ref.embed(src, windows[b:b + batch].to(device)) for b in range(0, N, batch)]
+    embedding = src.tensors["model.embed_tokens.weight"].to(device)  # read once (a streamed source reads per access)
+    hidden = [F.embedding(windows[b:b + batch].to(device), embedding) for b in range(0, N, batch)]
+    del embedding
     stats = []
     for i in tqdm(range(src.num_layers), desc="calibrating layers", unit="layer"):
-        layer = src.layer(i)
-        xx = torch.zeros(D + 1, D + 1, dtype=torch.float64, device=device)
-        dist = torch.zeros(H, T, dtype=torch.float64, device=device)
-        rho = torch.zeros(H, dtype=torch.float64, device=device)
-        kappa = torch.zeros(H, dtype=torch.float64, device=device)
-        energy = 0.0
-        moved = []
-        for h in hidden:
-            x = rms_norm(h, layer["attn_norm"], src.rms_norm_eps)
-            add_moments(xx, x.reshape(-1, D))
-            out, probs = ref.attention(src, layer, x, positions, return_probs=True)
-            add_distances(dist, probs)
-            v = ref.project_qkv(src, layer, x)[2].repeat_interleave(H // src.num_kv_heads, dim=1)
-            add_sensitivity(rho, kappa, probs, v, layer["o"])
-            energy += h.double().pow(2).sum().item()
-            if next_layer is None:  # reuse this attention output: the source layer's forward
-                h = h + out
-                moved.append(h + ref.mlp(layer, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps)))
-        count = N * T
-        stats.append(LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), rho=(rho / count).cpu(),
-                                kappa=(kappa / count).cpu(), h_energy=energy / count, tokens=count))
-        if on_layer is not None:
-            on_layer(i, stats[-1])
-        hidden = moved if next_layer is None else [next_layer(i, h, positions) for h in hidden]
+        st, hidden = layer_stats(src, src.layer(i), hidden, positions, dtype)
+        stats.append(st)
     return stats
 
 
@@ -121,7 +151,6 @@ def save_stats(stats: list[LayerStats], path) -> None:
     from safetensors.torch import save_file
 
     tensors = {f"{name}": torch.stack([getattr(st, name) for st in stats]) for name in ("xx", "dist", "rho", "kappa")}
-    tensors["h_energy"] = torch.tensor([st.h_energy for st in stats], dtype=torch.float64)
     tensors["tokens"] = torch.tensor([st.tokens for st in stats])
     save_file(tensors, str(path))
 
@@ -132,4 +161,4 @@ def load_stats(path) -> list[LayerStats]:
 
     t = load_file(str(path))
     return [LayerStats(xx=t["xx"][i], dist=t["dist"][i], rho=t["rho"][i], kappa=t["kappa"][i],
-                       h_energy=float(t["h_energy"][i]), tokens=int(t["tokens"][i])) for i in range(len(t["rho"]))]
+                       tokens=int(t["tokens"][i])) for i in range(len(t["rho"]))]

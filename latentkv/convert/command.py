@@ -25,23 +25,6 @@ def kv_rank_arg(text: str):
     return text if text == "full" else int(text)
 
 
-# flag, default, argparse keywords: each lost to the default in docs/conversion.md's ablations
-EXPERT_OPTIONS = [
-    ("--weighting", D.weighting, dict(choices=["attention", "aware", "balanced"],
-                                      help="latent error weighting (aware +10.8%%, balanced +12.0%% vs attention +8.1%%)")),
-    ("--k-weight", D.k_weight, dict(type=float, help="key against value error weight (5 measured best)")),
-    ("--rank-alloc", D.rank_alloc, dict(choices=["uniform", "spectrum", "measured"],
-                                     help="per-layer ranks under the global budget (both non-uniform ones lost)")),
-    ("--sequential", D.sequential, dict(action="store_true",
-                                 help="refit each latent on converted activations (< 1%% better, 2x calibration)")),
-]
-
-
-def expert_options_used(args: argparse.Namespace) -> list[str]:
-    """The expert flags given a non-default value."""
-    return [flag for flag, default, _ in EXPERT_OPTIONS if getattr(args, flag[2:].replace("-", "_")) != default]
-
-
 def register(subparsers) -> None:
     """Add the convert and convert-sweep subcommands."""
     p = subparsers.add_parser("convert", help="convert a Llama-family GQA/MHA model (GGUF or HF folder) to MLA",
@@ -61,23 +44,19 @@ def register(subparsers) -> None:
     p.add_argument("--stock-width", type=int, default=None,
                    help="stock: force this kv rank + rope width (e.g. 576); above what the source needs is zero-padded")
     p.add_argument("--dtype", default=D.dtype, choices=list(MODEL_DTYPES))
+    p.add_argument("--calib-dtype", default=D.calib_dtype, choices=["auto", *MODEL_DTYPES],
+                   help="calibration forward matmuls (auto: bfloat16 where the CPU/GPU has it natively, else "
+                   "float32; statistics stay float32)")
     p.add_argument("--ctx", type=int, default=D.ctx, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help=f"held-out tokens to measure perplexity on (default {D.eval_tokens}; 0: skip)")
-    expert = p.add_argument_group("expert options", "research knobs that measured worse or marginal on SmolLM2 "
-                                  "(docs/conversion.md); they take effect only with --expert")
-    expert.add_argument("--expert", action="store_true", help="allow the options below")
-    for flag, default, kwargs in EXPERT_OPTIONS:
-        expert.add_argument(flag, default=default, **kwargs)
+    p.add_argument("--k-weight", type=float, default=None,
+                   help=f"weight of key against value error in the latent (default {D.k_weight:g}, measured best)")
     p.set_defaults(func=run)
     sweep.register(subparsers)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run a conversion; errors in the source or options are one clear line and exit 2."""
-    if not args.expert and expert_options_used(args):
-        print(f"latentkv convert: error: {', '.join(expert_options_used(args))} need --expert "
-              "(they measured worse than the defaults, see docs/conversion.md)", file=sys.stderr)
-        return 2
     given = {f.name: getattr(args, f.name) for f in fields(ConvertOptions)
              if getattr(args, f.name, None) is not None}  # an option left out keeps its default
     try:

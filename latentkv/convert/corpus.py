@@ -42,8 +42,9 @@ def module_docstrings(path: Path) -> str:
     return "\n\n".join(d for d in docs if d and len(d) > 80)
 
 
-def docstring_documents() -> list[tuple[str, str]]:
-    """(name, text) of each standard-library module's docstrings."""
+@functools.lru_cache(maxsize=1)
+def docstring_documents() -> tuple[tuple[str, str], ...]:
+    """(name, text) of each standard-library module's docstrings (parsed once per process)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs = []
     for path in sorted(root.rglob("*.py")):
@@ -53,7 +54,7 @@ def docstring_documents() -> list[tuple[str, str]]:
         text = module_docstrings(path)
         if len(text) >= MIN_DOC_CHARS:
             docs.append((f"module:{rel.as_posix()}", text))
-    return docs
+    return tuple(docs)
 
 
 def is_heldout(name: str) -> bool:
@@ -64,7 +65,7 @@ def is_heldout(name: str) -> bool:
 @functools.lru_cache(maxsize=2)
 def default_documents(heldout: bool) -> tuple[str, ...]:
     """Texts of the default corpus: the held-out split or the calibration split."""
-    docs = pydoc_documents() + docstring_documents()
+    docs = pydoc_documents() + list(docstring_documents())
     return tuple(text for name, text in docs if is_heldout(name) == heldout)
 
 

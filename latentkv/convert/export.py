@@ -1,9 +1,12 @@
-"""Write a converted model as a Hugging Face folder: config.json, model.safetensors,
-tokenizer files, generation_config.json and a model card (README.md)."""
+"""Write a converted model as a Hugging Face folder: config.json, safetensors shards
+(model.safetensors when one is enough), tokenizer files, generation_config.json and a
+model card (README.md)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from typing import Iterable
 from pathlib import Path
 
 import torch
@@ -15,10 +18,41 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"]
 
 
-def write_weights(out: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """model.safetensors (one file; contiguous, unshared tensors)."""
-    save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+SHARD_BYTES = 1 << 30  # a shard is closed once it holds this much
+
+
+def write_weights(out: Path, parts: Iterable[dict[str, torch.Tensor]], shard_bytes: int | None = None) -> None:
+    """Write the tensors of `parts` (dicts, consumed one at a time) as safetensors shards of about
+    shard_bytes: model.safetensors when one shard holds everything, else
+    model-0000k-of-0000n.safetensors with model.safetensors.index.json. Holds one shard."""
+    shard_bytes = SHARD_BYTES if shard_bytes is None else shard_bytes
+    shards, pending, size = [], {}, 0
+
+    def flush():
+        name = f"shard-{len(shards):05d}.tmp.safetensors"
+        save_file({k: v.contiguous().clone() for k, v in pending.items()}, str(out / name), metadata={"format": "pt"})
+        shards.append((name, list(pending)))
+
+    for part in parts:
+        for name, tensor in part.items():
+            pending[name] = tensor
+            size += tensor.numel() * tensor.element_size()
+        if size >= shard_bytes:
+            flush()
+            pending, size = {}, 0
+    if pending or not shards:
+        flush()
+    if len(shards) == 1:
+        os.replace(out / shards[0][0], out / "model.safetensors")
+        return
+    weight_map = {}
+    for k, (tmp, names) in enumerate(shards, 1):
+        final = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        os.replace(out / tmp, out / final)
+        weight_map.update({n: final for n in names})
+    index = {"metadata": {"total_size": sum((out / f).stat().st_size for f in set(weight_map.values()))},
+             "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def write_tokenizer(out: Path, src: SourceModel) -> None:
@@ -75,16 +109,24 @@ def model_card(src: SourceModel, cfg: dict, info: dict, settings: dict, measured
     return "\n".join(lines) + "\n"
 
 
-def export(out: Path, src: SourceModel, cfg: dict, tensors: dict, info: dict, settings: dict, measured: dict) -> Path:
-    """Write the whole folder; returns its path."""
+def export(out: Path, src: SourceModel, cfg: dict, parts, info: dict, settings: dict,
+           shard_bytes: int | None = None) -> Path:
+    """Write the folder but the model card (write_card, once measured); `parts`: a dict of
+    tensors or an iterable of dicts (pipeline.convert_parts), written as they come."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for old in list(out.glob("*.safetensors")) + list(out.glob("model.safetensors.index.json")):
+        old.unlink()  # a folder converted again must not keep a previous run's shards
     if "latentkv" in cfg:
         cfg = {**cfg, "latentkv": {**cfg["latentkv"], "source": {"path": str(src.path), "kind": src.kind,
                                                                  "arch": src.arch, "settings": settings}}}
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    write_weights(out, tensors)
+    write_weights(out, [parts] if isinstance(parts, dict) else parts, shard_bytes)
     write_tokenizer(out, src)
     write_generation_config(out, src)
-    (out / "README.md").write_text(model_card(src, cfg, info, settings, measured))
     return out
+
+
+def write_card(out: Path, src: SourceModel, cfg: dict, info: dict, settings: dict, measured: dict) -> None:
+    """README.md: the model card."""
+    (Path(out) / "README.md").write_text(model_card(src, cfg, info, settings, measured))

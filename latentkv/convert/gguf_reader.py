@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from latentkv.convert.source_model import SourceError, SourceModel, check_tensors
+from latentkv.convert.tensor_store import TensorStore, resident_default
 from latentkv.model.rope import default_inv_freq
 
 # GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.")
@@ -80,8 +81,9 @@ def hf_name(name: str) -> str | None:
     return None
 
 
-def read_gguf(path: Path) -> SourceModel:
-    """Read a Llama GGUF: metadata, float32 tensors (Q/K un-permuted), chat template."""
+def read_gguf(path: Path, resident_limit: int | None = None) -> SourceModel:
+    """Read a Llama GGUF: metadata, float32 tensors (Q/K un-permuted, dequantized on use;
+    kept in memory when their float32 size is within resident_limit), chat template."""
     reader = open_reader(path)
     arch = read_field(reader, "general.architecture")
     if arch != "llama":
@@ -101,20 +103,22 @@ def read_gguf(path: Path) -> SourceModel:
     D = int(read_field(reader, "llama.embedding_length"))
     d = int(read_field(reader, "llama.attention.key_length", D // H))
     theta = float(read_field(reader, "llama.rope.freq_base", 10000.0))
-    tensors = {}
-    for tensor in reader.tensors:
-        name = hf_name(tensor.name)
-        if name is None:
-            continue
+    by_name = {hf_name(t.name): t for t in reader.tensors if hf_name(t.name) is not None}
+
+    def read(name: str) -> torch.Tensor:
+        tensor = by_name[name]
         w = dequantize(path, tensor)
         if tensor.name.endswith("attn_q.weight") or tensor.name.endswith("attn_q.bias"):
             w = unpermute(w, H)
         elif tensor.name.endswith("attn_k.weight") or tensor.name.endswith("attn_k.bias"):
             w = unpermute(w, Hkv)
-        tensors[name] = w
+        return w
+
+    shapes = {name: tuple(int(s) for s in reversed(t.shape)) for name, t in by_name.items()}
+    tensors = TensorStore(shapes, read, resident_default(shapes, resident_limit))
     if "model.embed_tokens.weight" not in tensors:
         raise SourceError(f"{path}: missing tensor token_embd.weight")
-    vocab = int(read_field(reader, "llama.vocab_size", tensors["model.embed_tokens.weight"].shape[0]))
+    vocab = int(read_field(reader, "llama.vocab_size", shapes["model.embed_tokens.weight"][0]))
     source = SourceModel(
         path=path, kind="gguf", arch="llama", vocab_size=vocab, hidden_size=D,
         intermediate_size=int(read_field(reader, "llama.feed_forward_length")),

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from latentkv.convert.source_model import SourceError, SourceModel, check_tensors
+from latentkv.convert.tensor_store import TensorStore, resident_default
 from latentkv.model.rope import default_inv_freq
 
 SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
@@ -58,8 +59,8 @@ def check_supported(path: Path, cfg: dict) -> str:
     return SUPPORTED[arch]
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the folder's *.safetensors files, as float32."""
+def read_safetensors(path: Path, resident_limit: int | None = None) -> TensorStore:
+    """The tensors of the folder's *.safetensors files, read one at a time as float32."""
     from safetensors import safe_open
 
     files = sorted(path.glob("*.safetensors"))
@@ -67,17 +68,24 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
         hint = f" (found {', '.join(pickled)}: pickled weights are never loaded)" if pickled else ""
         raise SourceError(f"{path}: no *.safetensors files{hint}")
-    tensors = {}
+    shapes, where = {}, {}
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    tensors[name] = f.get_tensor(name).float()
-        except SourceError:
-            raise
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+                    where[name] = file
         except Exception as err:
             raise SourceError(f"{file}: not a readable safetensors file ({type(err).__name__}: {err})") from err
-    return tensors
+
+    def read(name: str) -> torch.Tensor:
+        try:
+            with safe_open(str(where[name]), framework="pt") as f:
+                return f.get_tensor(name).float()
+        except Exception as err:
+            raise SourceError(f"{where[name]}: cannot read tensor {name} ({type(err).__name__}: {err})") from err
+
+    return TensorStore(shapes, read, resident_default(shapes, resident_limit))
 
 
 def rope_frequencies(path: Path, hf_cfg) -> tuple[torch.Tensor, float]:
@@ -97,8 +105,9 @@ def rope_frequencies(path: Path, hf_cfg) -> tuple[torch.Tensor, float]:
     return inv_freq.float(), theta
 
 
-def read_hf_folder(path: Path) -> SourceModel:
-    """Read a supported Hugging Face folder into a SourceModel (float32)."""
+def read_hf_folder(path: Path, resident_limit: int | None = None) -> SourceModel:
+    """Read a supported Hugging Face folder into a SourceModel (float32 tensors, read on use;
+    kept in memory when their float32 size is within resident_limit, tensor_store.py)."""
     from transformers import AutoConfig
 
     cfg = read_config(path)
@@ -107,12 +116,12 @@ def read_hf_folder(path: Path) -> SourceModel:
     if getattr(hf_cfg, "head_dim", None) is None:
         hf_cfg.head_dim = hf_cfg.hidden_size // hf_cfg.num_attention_heads
     inv_freq, theta = rope_frequencies(path, hf_cfg)
-    tensors = read_safetensors(path)
+    tensors = read_safetensors(path, resident_limit)
     if any("q_norm" in n or "k_norm" in n for n in tensors):
         raise SourceError(f"{path}: unsupported: QK-norm tensors (q_norm / k_norm)")
     tie = bool(getattr(hf_cfg, "tie_word_embeddings", False))
     if tie:
-        tensors.pop("lm_head.weight", None)
+        tensors.drop("lm_head.weight")
     elif "lm_head.weight" not in tensors:
         raise SourceError(f"{path}: missing tensor lm_head.weight")
     source = SourceModel(

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from latentkv import cpu
 from latentkv.facts import MODEL_DTYPES
 
 
@@ -12,39 +15,48 @@ class ConvertOptions:
     per-layer list; cache_ratio: cache elements as a fraction of the source's (sets both);
     none of the three: api.DEFAULT_CACHE_RATIO.
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
-    for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip).
+    for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip);
+    calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the
+    statistics are always float32 or wider).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
     dtype; rope_theta: the stock schedule (None: chosen); target: the engine whose stock widths
     (kv rank + rope) to snap to ("vllm", "vllm-cpu", "flashmla", "any"; stock.py); stock_width:
     force one (above what the source needs is zero-padded).
-    Method — weighting: "attention" (errors in attention-output units), "aware" or
-    "balanced"; k_weight: extra weight of key against value error (5 measured best: the
-    first-order model underrates score errors); rank_alloc: "uniform", "spectrum" or
-    "measured"; sequential: refit each latent on the converted model's activations
-    (docs/conversion.md: the alternatives to the defaults measured worse)."""
+    Method — k_weight: extra weight of key against value error in the latent's
+    attention-output metric (5 measured best: the first-order model underrates score errors)."""
 
     rope_dim: int | str | None = None
     kv_rank: int | str | list | None = None
     cache_ratio: float | None = None
     calib: list | None = None
-    calib_tokens: int = 32768
+    calib_tokens: int = 16384  # 32768 measured no better (docs/conversion.md, "Time and memory")
     ctx: int = 512
     eval_tokens: int = 4096
+    calib_dtype: str = "auto"  # bfloat16 where the hardware has native bf16 matmuls, else float32
     stock: bool = False
     dtype: str = "float32"
     rope_theta: float | None = None
     target: str = "vllm"
     stock_width: int | None = None
-    weighting: str = "attention"
     k_weight: float = 5.0
-    rank_alloc: str = "uniform"
-    sequential: bool = False
 
     def check(self) -> None:
         """Errors that need no source."""
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}")
+        if self.calib_dtype not in ("auto", *MODEL_DTYPES):
+            raise ValueError(f"calib_dtype must be auto or one of {', '.join(MODEL_DTYPES)}")
         if self.stock and self.dtype == "float16":
             raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
         if self.cache_ratio is not None and self.kv_rank is not None:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
+        if self.k_weight <= 0:
+            raise ValueError(f"k_weight must be positive, got {self.k_weight}")
+
+
+def calib_torch_dtype(name: str) -> torch.dtype:
+    """The calibration forward's dtype: "auto" is bfloat16 only where the hardware has it natively
+    (measured: same converted perplexity as float32, docs/conversion.md), never a guess."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() or cpu.native_bf16() else torch.float32
+    return MODEL_DTYPES[name]

@@ -6,13 +6,11 @@ Statistics are collected once (calibrate.py) so several settings can share them.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from tqdm.auto import tqdm
 
 from latentkv.convert import latent as lat
-from latentkv.convert import rope, sensitivity
+from latentkv.convert import rope
 from latentkv.convert.assemble import build_layer, key_features, key_maps, nope_queries
 from latentkv.convert.calibrate import LayerStats
 from latentkv.convert.layout import deepseek_config
@@ -85,33 +83,22 @@ def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOption
     return plans, dr, theta, dn
 
 
-def latent_problem(src, i, plan, st, dn, weighting, k_weight=1.0):
-    """(W_Z [n_z, D+1], weight M, n_k) of layer i's latent."""
+def latent_problem(src, i, plan, st, dn, k_weight):
+    """(W_Z [n_z, D+1], weight M, n_k) of layer i's latent, M in attention-output units (latent.py)."""
     wq, wk, wv, wo = augmented_weights(src, i)
     fk = key_features(plan, wk, src.num_kv_heads)
     wz = torch.cat([fk, wv], 0)
     n_k = fk.shape[0]
-    if weighting == "balanced":
-        m = lat.balanced_weight(wz, st.xx, n_k)
-        m[:n_k, :n_k] *= k_weight
-        return wz, m, n_k
-    if weighting not in ("aware", "attention"):
-        raise ValueError(f"unknown weighting {weighting!r} (attention, aware or balanced)")
     H, d = src.num_heads, src.head_dim
     wo_blocks = wo.view(wo.shape[0], H, d).permute(1, 0, 2)
-    if weighting == "attention":
-        m = lat.attention_weight(n_k, key_maps(plan, src.num_kv_heads, dn), nope_queries(plan, wq, H, dn), st.xx,
-                                 wo_blocks, H // src.num_kv_heads, st.rho, st.kappa, d)
-        m[:n_k, :n_k] *= k_weight
-        return wz, m, n_k
-    m = lat.aware_weight(wz, st.xx, n_k, key_maps(plan, src.num_kv_heads, dn),
-                         nope_queries(plan, wq, H, dn), wo_blocks, H // src.num_kv_heads)
+    m = lat.attention_weight(n_k, key_maps(plan, src.num_kv_heads, dn), nope_queries(plan, wq, H, dn), st.xx,
+                             wo_blocks, H // src.num_kv_heads, st.rho, st.kappa, d)
     m[:n_k, :n_k] *= k_weight
     return wz, m, n_k
 
 
-def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: str, scales=None) -> list[int]:
-    """Per-layer latent widths from an int (mean under a global budget), "full" or a list."""
+def resolve_ranks(kv_rank, full: list[int]) -> list[int]:
+    """Per-layer latent widths from an int (the same in every layer), "full" or a per-layer list."""
     if kv_rank in ("full", None):
         return list(full)
     if isinstance(kv_rank, (list, tuple)):
@@ -119,11 +106,7 @@ def resolve_ranks(kv_rank, full: list[int], spectra: list[torch.Tensor], alloc: 
     r = int(kv_rank)
     if r < 1:
         raise ValueError(f"kv rank must be >= 1 or 'full', got {kv_rank}")
-    if alloc == "uniform":
-        return [min(r, f) for f in full]
-    if alloc == "spectrum":
-        return lat.allocate_ranks(spectra, min(r * len(full), sum(full)), min_rank=max(1, r // 4), scales=scales)
-    raise ValueError(f"unknown rank allocation {alloc!r} (uniform, spectrum or measured)")
+    return [min(r, f) for f in full]
 
 
 STOCK_NORM_EPS = 1e-6  # DeepSeek's rms_norm_eps; transformers hard-codes it for kv_a_layernorm
@@ -150,56 +133,47 @@ def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
     return float((((lt @ xx) * lt).sum() / rank).clamp(min=1e-30).sqrt())
 
 
-def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32,
-                sensitivity_ids: torch.Tensor | None = None):
-    """Converted model: (DeepSeek-V3 config dict, tensors by name, info dict).
-
-    rank_alloc "measured" needs sensitivity_ids [B, T] (a few calibration windows).
-    """
+def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None,
+                  dtype=torch.float32):
+    """(DeepSeek-V3 config dict, info dict, parts): `parts` yields the converted tensors a piece at a
+    time — the embeddings and final norm, then one dict per layer, each layer computed (and its
+    source weights read) only when it is asked for, so a caller that writes each part and lets it
+    go holds one layer of the output."""
     plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
-    if settings.rank_alloc == "measured" and not settings.stock and isinstance(settings.kv_rank, int):
-        ranks = measured_ranks(src, stats, settings, (plans, dr, theta, dn), sensitivity_ids)
-        settings = replace(settings, kv_rank=ranks, rank_alloc="uniform")
-    problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
-                for i, st in enumerate(stats)]
-    facts = [lat.factorize(wz, st.xx, m, wz.shape[0]) for (wz, m, _), st in zip(problems, stats)]
-    ranks = resolve_ranks(settings.kv_rank, [wz.shape[0] for wz, _, _ in problems], [f.spectrum for f in facts],
-                          "uniform" if settings.stock else settings.rank_alloc,
-                          [1 / st.h_energy for st in stats] if settings.weighting == "attention" else None)
+    full = [2 * int(p.dropped.sum()) + src.num_kv_heads * src.head_dim for p in plans]  # rows of Z = [f_K; V]
+    ranks = resolve_ranks(settings.kv_rank, full)
     # stock: one global width; a layer that needs less is padded with zero latent dims (the same model)
     width = int(settings.kv_rank) if settings.stock and isinstance(settings.kv_rank, int) else None
     if settings.stock and len(set(ranks)) > 1 and not width:
         raise ValueError("the stock format needs one global rank")
-    tensors = {"model.embed_tokens.weight": src.tensors["model.embed_tokens.weight"].to(dtype),
-               "model.norm.weight": src.tensors["model.norm.weight"].to(dtype)}
-    if not src.tie_word_embeddings:
-        tensors["lm_head.weight"] = src.tensors["lm_head.weight"].to(dtype)
-    elif settings.stock:  # vLLM's DeepseekV2ForCausalLM ignores tie_word_embeddings: write the head out
-        tensors["lm_head.weight"] = src.tensors["model.embed_tokens.weight"].to(dtype).clone()
-    scale = ((dn + dr) / src.head_dim) ** 0.5
-    for i in range(src.num_layers):
-        fact = lat.Factorization(facts[i].latent[: ranks[i]], facts[i].recon[:, : ranks[i]], facts[i].spectrum)
-        tensors.update(layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, stats[i], dtype, width))
     used, ranks = ranks, [width] * len(ranks) if width else ranks
     cfg = deepseek_config(src, dn=dn, dr=dr, ranks=ranks, stock=settings.stock, theta=theta,
                           inv_freq=[p.slot_freq.tolist() for p in plans], dtype=dtype)
     info = {"ranks": ranks, "latent_used": used, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
             "kept_pairs": [p.kept.tolist() for p in plans]}
+    scale = ((dn + dr) / src.head_dim) ** 0.5
+
+    def parts():
+        top = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if src.tie_word_embeddings else ["lm_head.weight"])
+        first = {name: src.tensors[name].to(dtype) for name in top}
+        if src.tie_word_embeddings and settings.stock:  # vLLM's DeepseekV2ForCausalLM ignores tie_word_embeddings
+            first["lm_head.weight"] = first["model.embed_tokens.weight"].clone()
+        yield first
+        for i, st in enumerate(stats):
+            wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.k_weight)
+            fact = lat.factorize(wz, st.xx, m, used[i])
+            yield layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, dtype, width)
+
+    return cfg, info, parts()
+
+
+def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32):
+    """Converted model in memory: (DeepSeek-V3 config dict, tensors by name, info dict)."""
+    cfg, info, parts = convert_parts(src, stats, settings, plans_info, dtype)
+    tensors = {}
+    for part in parts:
+        tensors.update(part)
     return cfg, tensors, info
-
-
-def measured_ranks(src, stats, settings, plans_info, ids) -> list[int]:
-    """Per-layer ranks by measured sensitivity at the requested mean rank (sensitivity.py)."""
-    if ids is None:
-        raise ValueError("rank_alloc 'measured' needs calibration windows to measure sensitivity on")
-    uniform = replace(settings, rank_alloc="uniform")
-    cfg, tensors, info = build_model(src, stats, uniform, plans_info)
-    plans, _, _, dn = plans_info
-    problems = [latent_problem(src, i, plans[i], st, dn, settings.weighting, settings.k_weight)
-                for i, st in enumerate(stats)]
-    spectra = [lat.factorize(wz, st.xx, m, 1).spectrum for (wz, m, _), st in zip(problems, stats)]
-    scales = sensitivity.measure_scales(src, ids, cfg, tensors, spectra, info["ranks"])
-    return sensitivity.allocate(spectra, scales, int(settings.kv_rank), [wz.shape[0] for wz, _, _ in problems])
 
 
 def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None) -> dict[str, torch.Tensor]:

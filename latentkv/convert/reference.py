@@ -24,30 +24,15 @@ def project_qkv(src: SourceModel, layer: dict, x: torch.Tensor):
     return q, k, v
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal softmax probabilities [B, H, T, T] (k's heads repeated to q's)."""
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    scores = (q @ k.transpose(-1, -2)) * scale
-    T = q.shape[-2]
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(mask, float("-inf")).softmax(-1)
-
-
-def attention(src: SourceModel, layer: dict, x: torch.Tensor, positions: torch.Tensor, return_probs: bool = False):
-    """Self-attention output [B,T,D] of normed input x; optionally also probs [B,H,T,T]."""
+def attention(src: SourceModel, layer: dict, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Self-attention output [B,T,D] of normed input x (calibrate.py computes the probabilities itself)."""
     B, T, _ = x.shape
     q, k, v = project_qkv(src, layer, x)
     cos, sin = cos_sin(positions, src.inv_freq.to(x.device))  # [T, d/2], against [B, H, T, d/2]
     q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
     scale = src.head_dim ** -0.5
-    if return_probs:
-        probs = attention_probs(q, k, scale)
-        out = probs @ v.repeat_interleave(src.num_heads // src.num_kv_heads, dim=1)
-    else:
-        probs = None
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    out = F.linear(out.transpose(1, 2).reshape(B, T, -1), layer["o"])
-    return out, probs
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    return F.linear(out.transpose(1, 2).reshape(B, T, -1), layer["o"])
 
 
 def mlp(layer: dict, x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +43,7 @@ def mlp(layer: dict, x: torch.Tensor) -> torch.Tensor:
 def decoder_layer(src: SourceModel, i: int, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Residual stream after layer i, hidden [B,T,D] -> [B,T,D]."""
     layer = src.layer(i)
-    h = h + attention(src, layer, rms_norm(h, layer["attn_norm"], src.rms_norm_eps), positions)[0]
+    h = h + attention(src, layer, rms_norm(h, layer["attn_norm"], src.rms_norm_eps), positions)
     return h + mlp(layer, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps))
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from latentkv.convert.tensor_store import TensorStore
+
 
 class SourceError(ValueError):
     """A source model that cannot be read or converted; the message says why."""
@@ -43,13 +45,19 @@ class SourceModel:
     bos_token_id: int | None
     eos_token_id: int | list[int] | None
     chat_template: str | None = None
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    tensors: TensorStore = field(default=None, repr=False)
+    _tokenizer: object = field(default=None, init=False, repr=False, compare=False)
+    _layer: tuple = field(default=(None, None), init=False, repr=False, compare=False)
 
     def layer(self, i: int) -> dict[str, torch.Tensor | None]:
-        """Layer i's weights under short names (q, k, v, o, q_bias, ..., gate, up, down)."""
+        """Layer i's weights under short names (q, k, v, o, q_bias, ..., gate, up, down).
+
+        The last layer read is kept: passes over the layers read each one once."""
+        if self._layer[0] == i:
+            return self._layer[1]
         p = f"model.layers.{i}."
         t = self.tensors
-        return {
+        layer = {
             "attn_norm": t[p + "input_layernorm.weight"],
             "q": t[p + "self_attn.q_proj.weight"],
             "k": t[p + "self_attn.k_proj.weight"],
@@ -63,22 +71,27 @@ class SourceModel:
             "up": t[p + "mlp.up_proj.weight"],
             "down": t[p + "mlp.down_proj.weight"],
         }
+        self._layer = (i, layer)
+        return layer
 
     def lm_head(self) -> torch.Tensor:
         """[vocab, hidden] output projection (the embedding when tied)."""
-        return self.tensors.get("lm_head.weight", self.tensors["model.embed_tokens.weight"])
+        return self.tensors["lm_head.weight" if "lm_head.weight" in self.tensors else "model.embed_tokens.weight"]
 
     def kv_elements(self) -> int:
         """KV cache elements per token per layer: 2 * Hkv * d."""
         return 2 * self.num_kv_heads * self.head_dim
 
     def tokenizer(self):
-        """A transformers tokenizer for this model."""
+        """A transformers tokenizer for this model (loaded once: from a GGUF it takes seconds)."""
         from transformers import AutoTokenizer
 
-        if self.kind == "gguf":
-            return AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
-        return AutoTokenizer.from_pretrained(str(self.path))
+        if self._tokenizer is None:
+            if self.kind == "gguf":
+                self._tokenizer = AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+            else:
+                self._tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        return self._tokenizer
 
 
 def check_tensors(source: SourceModel) -> None:
@@ -100,5 +113,5 @@ def check_tensors(source: SourceModel) -> None:
     for name, shape in shapes.items():
         if name not in source.tensors:
             raise SourceError(f"{source.path}: missing tensor {name}")
-        if tuple(source.tensors[name].shape) != shape:
-            raise SourceError(f"{source.path}: tensor {name} has shape {tuple(source.tensors[name].shape)}, expected {shape}")
+        if tuple(source.tensors.shapes[name]) != shape:
+            raise SourceError(f"{source.path}: tensor {name} has shape {tuple(source.tensors.shapes[name])}, expected {shape}")

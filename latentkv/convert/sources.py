@@ -25,13 +25,15 @@ def default_gguf_path() -> Path:
     return path
 
 
-def read_source(path: str | Path | None = None) -> SourceModel:
-    """Read a GGUF file or a Hugging Face folder (None: the bundled SmolLM2)."""
+def read_source(path: str | Path | None = None, resident_limit: int | None = None) -> SourceModel:
+    """Read a GGUF file or a Hugging Face folder (None: the bundled SmolLM2). Tensors are read
+    on use; a source whose float32 size exceeds resident_limit (default
+    tensor_store.RESIDENT_BYTES) is never held whole: one layer at a time."""
     path = default_gguf_path() if path is None else Path(path)
     if not path.exists():
         raise SourceError(f"source not found: {path}")
     if path.is_file():
         if path.suffix != ".gguf":
             raise SourceError(f"{path}: a source is a .gguf file or a Hugging Face model folder")
-        return read_gguf(path)
-    return read_hf_folder(path)
+        return read_gguf(path, resident_limit)
+    return read_hf_folder(path, resident_limit)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import torch
 
 from latentkv.cli import main
 from latentkv.convert.corpus import pydoc_documents

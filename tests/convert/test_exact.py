@@ -6,12 +6,11 @@ import torch
 from safetensors.torch import load_file
 
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.export import export
+from latentkv.convert.export import export, write_card
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model
 from latentkv.convert.reference import source_logits
-from latentkv.convert.sequential import build_sequential
 from latentkv.convert.sources import read_source
 from latentkv.model.loader import checkpoint_tensors, load_model
 
@@ -22,7 +21,8 @@ def convert_exact(src, tmp_path, windows):
     """Exact conversion written as a native folder; returns (folder, cfg, tensors)."""
     stats = collect_stats(src, windows)
     cfg, tensors, info = build_model(src, stats, ConvertOptions(rope_dim="all", kv_rank="full"))
-    out = export(tmp_path / "mla", src, cfg, tensors, info, {"rope_dim": "all", "kv_rank": "full"}, {})
+    out = export(tmp_path / "mla", src, cfg, tensors, info, {"rope_dim": "all", "kv_rank": "full"})
+    write_card(out, src, cfg, info, {}, {})
     return out, cfg, tensors
 
 
@@ -63,16 +63,3 @@ def test_smollm2_full_rank_matches_transformers(tmp_path, smollm2, smollm2_token
         assert (model.full_logits(ids) - expected).abs().max() <= 1e-3, prompt
     assert (out / "tokenizer.json").is_file() or (out / "tokenizer_config.json").is_file()
     assert (out / "generation_config.json").is_file() and (out / "README.md").is_file()
-
-
-def test_sequential_refit_on_the_converted_model_stays_exact(tmp_path):
-    """The refit runs the windows through latentkv's own model layer by layer; at full rank
-    it must still reproduce the source."""
-    llama_tiny.save("llama_gqa", tmp_path / "src")
-    src = read_source(tmp_path / "src")
-    windows = torch.randint(0, llama_tiny.VOCAB, (3, 48), generator=torch.Generator().manual_seed(2))
-    ids = torch.randint(0, llama_tiny.VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
-    cfg, tensors, info = build_sequential(src, collect_stats(src, windows), windows,
-                                          ConvertOptions(rope_dim="all", kv_rank="full"))
-    assert info["sequential"]
-    assert (converted_model(cfg, tensors).full_logits(ids) - source_logits(src, ids)).abs().max() <= 1e-4

@@ -24,7 +24,7 @@ def test_stock_export_loads_in_transformers(tmp_path):
     windows = torch.randint(0, llama_tiny.VOCAB, (3, 64), generator=torch.Generator().manual_seed(2))
     stats = collect_stats(src, windows)
     cfg, tensors, info = build_model(src, stats, ConvertOptions(rope_dim=8, kv_rank=24, stock=True))
-    out = export(tmp_path / "stock", src, cfg, tensors, info, {"stock": True}, {})
+    out = export(tmp_path / "stock", src, cfg, tensors, info, {"stock": True})
     written = json.loads((out / "config.json").read_text())
     assert "latentkv" not in written and written["rope_interleave"] is True
     assert written["kv_lora_rank"] == 24 and written["q_lora_rank"] is None

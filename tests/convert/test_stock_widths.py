@@ -73,7 +73,7 @@ def test_padded_stock_export_is_the_same_model(tmp_path):
     ids = torch.randint(0, llama_tiny.VOCAB, (2, 40), generator=torch.Generator().manual_seed(3))
     logits = []
     for name, c, t in [("plain", cfg, tensors), ("padded", cfg_p, tensors_p)]:
-        out = export(tmp_path / name, src, c, t, info, {"stock": True}, {})
+        out = export(tmp_path / name, src, c, t, info, {"stock": True})
         assert json.loads((out / "config.json").read_text())["kv_lora_rank"] == c["kv_lora_rank"]
         hf = DeepseekV3ForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
         with torch.no_grad():

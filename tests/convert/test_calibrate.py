@@ -1,0 +1,59 @@
+"""The vectorized calibration statistics against their definitions, computed naively."""
+from __future__ import annotations
+
+import torch
+
+from latentkv.convert import reference as ref
+from latentkv.convert.calibrate import collect_stats
+from latentkv.convert.sources import read_source
+from latentkv.model.norm import rms_norm
+from latentkv.model.rope import cos_sin, rotate
+
+import llama_tiny
+
+
+def naive_first_layer(src, ids):
+    """(xx, dist, rho, kappa) of layer 0 straight from the definitions (V repeated, W_o at full width)."""
+    layer = src.layer(0)
+    H, Hkv, d, T = src.num_heads, src.num_kv_heads, src.head_dim, ids.shape[1]
+    x = rms_norm(ref.embed(src, ids), layer["attn_norm"], src.rms_norm_eps)
+    xa = torch.cat([x, torch.ones(*x.shape[:2], 1)], -1).reshape(-1, x.shape[-1] + 1).double()
+    q, k, v = ref.project_qkv(src, layer, x)
+    cos, sin = cos_sin(torch.arange(T), src.inv_freq)
+    q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
+    k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    scores = (q @ k.transpose(-1, -2)) * d ** -0.5
+    probs = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1).double()
+    dist = torch.stack([torch.stack([probs[:, h].diagonal(-delta, -2, -1).sum() for delta in range(T)])
+                        for h in range(H)])
+    wo = layer["o"].double().view(-1, H, d)
+    u = torch.einsum("bhnd,xhd->bhnx", v.double(), wo)  # W_o,h v_n
+    o = probs @ u  # W_o,h o_m
+    p2 = probs ** 2
+    kappa = (p2 * ((u[:, :, None] - o[:, :, :, None]) ** 2).sum(-1)).sum((0, 2, 3))
+    n = ids.numel()
+    return xa.T @ xa / n, dist, p2.sum((0, 2, 3)) / n, kappa / n
+
+
+def test_statistics_match_their_definitions(tmp_path):
+    llama_tiny.save("llama_gqa", tmp_path / "src")
+    src = read_source(tmp_path / "src")
+    ids = torch.randint(0, llama_tiny.VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))
+    st = collect_stats(src, ids, batch=2)[0]  # two batches: the running sums add up
+    xx, dist, rho, kappa = naive_first_layer(src, ids)
+    for name, got, want in [("xx", st.xx, xx), ("dist", st.dist, dist), ("rho", st.rho, rho), ("kappa", st.kappa, kappa)]:
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6 * float(want.abs().max())), name
+    assert st.tokens == ids.numel()
+
+
+def test_bfloat16_forward_keeps_the_statistics_close(tmp_path):
+    """--calib-dtype bfloat16 rounds the projections and the MLP only: the next layer's statistics
+    move by bf16 rounding, not more."""
+    llama_tiny.save("llama_gqa", tmp_path / "src")
+    src = read_source(tmp_path / "src")
+    ids = torch.randint(0, llama_tiny.VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+    full, low = collect_stats(src, ids), collect_stats(src, ids, dtype=torch.bfloat16)
+    assert torch.equal(full[0].xx, low[0].xx)  # the first layer's input is the embedding either way
+    for name in ("xx", "dist", "rho", "kappa"):
+        a, b = getattr(full[1], name), getattr(low[1], name)
+        assert not torch.equal(a, b) and float((a - b).abs().max() / a.abs().max()) < 0.05, name
