@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from latentkv import cpu
 from latentkv.bench import decode, kernel, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
@@ -117,6 +118,8 @@ def set_threads(args) -> None:
         raise SystemExit(f"--threads {args.threads}: expected a positive number")
     os.environ["LATENTKV_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
+    # figures depend on the CPU's instruction set (bf16 is 100x slower without avx512_bf16/AMX)
+    print(f"latentkv bench: CPU flags {cpu.describe()}; {args.threads} threads", flush=True)
 
 
 def run_kernel(args) -> int:

@@ -83,7 +83,7 @@ def run(args) -> dict:
     threads = torch.get_num_threads()
     dtype = resolve_dtype("auto", torch.device("cpu"))
     isa = native.chosen_isa() if native.available() else None
-    print(f"CPU flags: {cpu.describe()}; {threads} threads; model dtype (auto) {dtype_name(dtype)}; native kernel: "
+    print(f"{threads} threads; model dtype (auto) {dtype_name(dtype)}; native kernel: "
           + (f"{isa} (runs {', '.join(native.supported_isas())})" if isa else f"unavailable ({native.unavailable_reason()})"))
     bandwidth = measure_bandwidth()
     print(f"measured bandwidth (copy, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from latentkv.cpu import describe
+
 
 def fmt(value) -> str:
     if isinstance(value, float):
@@ -92,6 +94,7 @@ def machine_facts() -> dict:
         pass
     return {
         "cpu": cpu,
+        "cpu_flags": describe(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
