@@ -25,6 +25,7 @@ import gguf
 from latentkv.convert.api import convert
 from latentkv.convert.sources import default_gguf_path
 from latentkv.facts import MLA_MODEL_TYPES, SOURCE_MODEL_TYPES
+from latentkv.user_cache import cache_root, content_hash
 
 CACHE_FORMAT = 1  # bump when the cache layout or provenance file changes
 
@@ -50,14 +51,6 @@ class ResolvedModel:
     original: SourceGeometry | None = None  # its KV geometry, for the banner
     from_cache: bool = False                # a converted folder reused from the cache
     bundled: bool = False                   # the bundled SmolLM2 (no MODEL given)
-
-
-def cache_root() -> Path:
-    """$LATENTKV_CACHE_DIR, else $XDG_CACHE_HOME/latentkv, else ~/.cache/latentkv."""
-    if os.environ.get("LATENTKV_CACHE_DIR"):
-        return Path(os.environ["LATENTKV_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "latentkv"
 
 
 def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> ResolvedModel:
@@ -163,47 +156,6 @@ def package_version() -> str:
         return version("latentkv")
     except PackageNotFoundError:
         return "unknown"
-
-
-def source_files(source: Path) -> list[Path]:
-    """The files whose bytes define a source: the GGUF, or the folder's files (sorted)."""
-    if source.is_file():
-        return [source]
-    return sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith("."))
-
-
-def content_hash(source: Path) -> str:
-    """sha256 over the source's files (names and bytes). Hashes of unchanged files (same
-    size and mtime) are remembered in the cache dir, so a second start reads nothing big."""
-    memo_file = cache_root() / "hashes.json"
-    try:
-        memo = json.loads(memo_file.read_text())
-    except (OSError, ValueError):
-        memo = {}
-    digest = hashlib.sha256()
-    changed = False
-    for f in source_files(source):
-        stat = f.stat()
-        memo_key = f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-        if memo_key not in memo:
-            memo[memo_key] = file_sha256(f)
-            changed = True
-        digest.update(f.relative_to(source).as_posix().encode() if source.is_dir() else b"")
-        digest.update(memo[memo_key].encode())
-    if changed:
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_name(f"hashes.json.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(memo))
-        tmp.replace(memo_file)
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # -- the original model's KV geometry (for the banner) ------------------------------------
