@@ -1,4 +1,4 @@
-"""PLACEHOLDER (helper 13b) for helper 13a's chat data module: same interface, minimal.
+"""PLACEHOLDER (helper 13b) for helper 13a's chat data module: the same interface, minimal.
 13a's latentkv/chat_data.py replaces this file entirely when merged."""
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from latentkv.engine.chat_template import render_chat
 
 @dataclass(frozen=True)
 class ChatExample:
-    prompt: str
-    answer: str
     id: str
     category: str
+    prompt: str
+    answer: str
+    answer_ids: tuple[int, ...] = ()
+    finished: bool = True
 
 
 def load_chat(source=None, split: str = "heldout") -> list[ChatExample]:
@@ -20,9 +22,6 @@ def load_chat(source=None, split: str = "heldout") -> list[ChatExample]:
 
 
 def render_chat_example(tokenizer, example: ChatExample) -> tuple[list[int], int]:
-    _, prompt = render_chat(tokenizer, [{"role": "user", "content": example.prompt}], add_generation_prompt=True)
-    _, full = render_chat(tokenizer, [{"role": "user", "content": example.prompt},
-                                      {"role": "assistant", "content": example.answer}], add_generation_prompt=False)
-    if full[:len(prompt)] != prompt:
-        raise ValueError(f"chat example {example.id}: the prompt's tokens are not a prefix of the conversation's")
-    return full, len(prompt)
+    _, prompt_ids = render_chat(tokenizer, [{"role": "user", "content": example.prompt}])
+    answer = list(example.answer_ids) or tokenizer(example.answer, add_special_tokens=False).input_ids
+    return prompt_ids + answer, len(prompt_ids)

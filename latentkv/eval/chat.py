@@ -79,8 +79,22 @@ class ChatModel:
     """
 
     def __init__(self, logits: Callable[[torch.Tensor], torch.Tensor], tokenizer, kind: str, name: str,
-                 greedy: Callable[[list[list[int]], list[int]], list[list[int]]]):
+                 greedy: Callable[[list[list[int]], list[int]], list[list[int]]] | None = None, memoize: bool = False):
         self.logits, self.tokenizer, self.kind, self.name, self.greedy = logits, tokenizer, kind, name, greedy
+        # a reference scored again and again (healing's periodic eval) keeps its answer rows:
+        # [answer tokens, vocab] float32 per case
+        self.memo: dict | None = {} if memoize else None
+
+    @torch.inference_mode()
+    def answer_logprobs(self, case: ChatCase) -> torch.Tensor:
+        """[len(answer), V] log-probabilities of the rows predicting the answer (logits at p-1 for token p)."""
+        if self.memo is not None and case.ids in self.memo:
+            return self.memo[case.ids]
+        rows = slice(case.answer_start - 1, len(case.ids) - 1)
+        lp = F.log_softmax(self.logits(torch.tensor([case.ids]))[0, rows].float(), -1)
+        if self.memo is not None:
+            self.memo[case.ids] = lp
+        return lp
 
     @classmethod
     def load(cls, path: str | Path | None, dtype: str = "float32", cache_dtype: str = "auto") -> "ChatModel":
@@ -142,10 +156,7 @@ def greedy_engine(model, tokenizer, folder: str, cache_dtype: str, prompts: list
 @torch.inference_mode()
 def score_case(model: ChatModel, reference: ChatModel, case: ChatCase) -> dict:
     """Teacher-forced comparison on one case: agreement count, KL sum, match length."""
-    ids = torch.tensor([case.ids])
-    rows = slice(case.answer_start - 1, len(case.ids) - 1)  # logits at p-1 predict answer token p
-    mine = F.log_softmax(model.logits(ids)[0, rows].float(), -1)
-    ref = F.log_softmax(reference.logits(ids)[0, rows].float(), -1)
+    mine, ref = model.answer_logprobs(case), reference.answer_logprobs(case)
     top = mine.argmax(-1)
     agree = top == ref.argmax(-1)
     kl = (ref.exp() * (ref - mine)).sum(-1)
