@@ -1,6 +1,5 @@
 """Healing on a tiny Llama converted to MLA at a small rank: KL falls, resume is exact,
 NaN steps are skipped, the output loads in LLM and (stock) in transformers."""
-from dataclasses import replace
 
 import pytest
 import torch
