@@ -81,12 +81,20 @@ def user_message(prompt: str) -> list[dict]:
 
 def render_chat_example(tokenizer, example: ChatExample) -> tuple[list[int], int]:
     """(token_ids, answer_start): the templated conversation — control tokens, the user turn, the
-    assistant header — then the answer (with its end-of-turn token when finished); positions
-    answer_start .. len-1 are the answer, so logits[answer_start-1 : len-1] predict it.
-    The prompt is rendered through `tokenizer`'s chat template (engine/chat_template.py)."""
+    assistant header — then the answer; positions answer_start .. len-1 are the answer, so
+    logits[answer_start-1 : len-1] predict it. Rendered through `tokenizer`'s chat template
+    (engine/chat_template.py). The answer is the source's own tokens when the example carries
+    them (its end-of-turn token included when finished); otherwise the template's rendering of
+    the assistant turn (its end-of-turn markers included), or, for a template that renders the
+    last turn differently from its generation prompt, the answer's tokens after the prompt."""
     _, prompt_ids = render_chat(tokenizer, user_message(example.prompt))
-    answer = list(example.answer_ids) or tokenizer(example.answer, add_special_tokens=False).input_ids
-    return prompt_ids + answer, len(prompt_ids)
+    if example.answer_ids:
+        return prompt_ids + list(example.answer_ids), len(prompt_ids)
+    turns = user_message(example.prompt) + [{"role": "assistant", "content": example.answer}]
+    _, full = render_chat(tokenizer, turns, add_generation_prompt=False)
+    if full[:len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
+        return full, len(prompt_ids)
+    return prompt_ids + tokenizer(example.answer, add_special_tokens=False).input_ids, len(prompt_ids)
 
 
 # -- the answer files -----------------------------------------------------------------------

@@ -57,12 +57,20 @@ def test_bundled_answers_belong_to_the_bundled_model():
     assert "Paris" in france.answer
 
 
+CHATML = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+          "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+
+
 def test_render_puts_the_answer_after_the_templated_prompt():
     tok = build_tokenizer()
     example = ChatExample(id="x", category="fact", prompt="one two three", answer="four five")
+    prompt = render_chat(tok, [{"role": "user", "content": "one two three"}])[1]
+    ids, start = render_chat_example(tok, example)   # tiny_lm's template: the turn differs from the prompt
+    assert ids[:start] == prompt and tok.decode(ids[start:]) == "four five"
+    tok.chat_template = CHATML                       # ChatML: the template's own end-of-turn follows
     ids, start = render_chat_example(tok, example)
     assert ids[:start] == render_chat(tok, [{"role": "user", "content": "one two three"}])[1]
-    assert tok.decode(ids[start:]) == "four five"
+    assert tok.decode(ids[start:]) == "four five</s>\n"
     stored = ChatExample(id="x", category="fact", prompt="one two three", answer="four five", answer_ids=(5, 6, 1))
     ids, start = render_chat_example(tok, stored)
     assert ids[start:] == [5, 6, 1]   # the source's own tokens, end-of-turn included

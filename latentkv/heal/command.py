@@ -8,7 +8,14 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("heal", help="distill a converted model back toward its original")
     p.add_argument("converted", help="a converted MLA folder (native or --stock)")
     p.add_argument("--teacher", help="the original model: GGUF file or HF folder (default: the bundled SmolLM2 GGUF)")
-    p.add_argument("--data", nargs="+", help="text / jsonl files or folders (default: the offline corpus's training split)")
+    p.add_argument("--data", nargs="+", help="text / jsonl files or folders for the document part (default: the offline "
+                   "corpus's training split)")
+    p.add_argument("--chat-share", type=float, default=0.5,
+                   help="share of the training tokens from the chat data's calib split (the teacher's own answers, "
+                        "through the chat template); 0: documents only")
+    p.add_argument("--eval-examples", type=int, default=32,
+                   help="held-out chat prompts for eval chat before/after (0: none)")
+    p.add_argument("--eval-every", type=int, default=0, help="also eval chat (teacher-forced) every N steps")
     p.add_argument("--steps", type=int, help="optimizer steps")
     p.add_argument("--minutes", type=float, help="time budget; with --steps, whichever ends first")
     p.add_argument("--lr", type=float, default=1e-4)
@@ -29,9 +36,13 @@ def run(args) -> int:
     cfg = HealConfig(converted=args.converted, teacher=args.teacher, data=args.data, out=args.out, steps=args.steps,
                      minutes=args.minutes, lr=args.lr, warmup=args.warmup, seq_len=args.seq_len, batch=args.batch,
                      train=args.train, lm_weight=args.lm_weight, save_every=args.save_every, seed=args.seed,
-                     resume=args.resume, autocast=not args.no_autocast)
+                     resume=args.resume, autocast=not args.no_autocast, chat_share=args.chat_share,
+                     eval_examples=args.eval_examples, eval_every=args.eval_every)
     result = heal(cfg)
     print(f"heal: {result.steps_done} steps, {result.skipped} skipped; {result.stopped}; model in {result.out}")
     if result.losses:
         print(f"heal: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; curve in {result.out / 'loss_curve.png'}")
+    if result.chat_table:
+        print(result.chat_table)
+        print(f"heal: {result.train_minutes:.1f} minutes training; chat eval in {result.out / 'chat_eval.json'}")
     return 0 if not result.stopped.startswith("stopped") else 1

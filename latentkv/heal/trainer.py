@@ -19,7 +19,8 @@ from ..convert.reference import source_logits
 from ..convert.sources import read_source
 from ..model.loader import load_model
 from .checkpoint import input_dtype, load_state, save_model, save_state
-from .data import batch_indices, training_windows
+from .behaviour import ChatProbe, report
+from .data import batch_indices, calib_chat, training_windows
 
 ATTENTION_PARAMS = (".self_attn.",)
 STATE_DIR = "training_state"  # beside the model files: what --resume needs
@@ -46,12 +47,19 @@ class HealConfig:
     resume: bool = False
     autocast: bool = True  # bf16 autocast (CPU or CUDA); master weights stay float32
     max_tokens: int = 4_000_000  # cap on training text tokenized up front
+    chat_share: float = 0.5  # of the training tokens: the chat data's calib split (0: documents only)
+    eval_examples: int = 32  # held-out chat prompts measured before/after (0: no chat eval)
+    eval_every: int = 0  # also measure (teacher-forced) every N steps; 0: before and after only
 
     def validate(self) -> None:
         if self.steps is None and self.minutes is None:
             raise ValueError("give --steps or --minutes (or both: whichever ends first)")
         if self.train not in ("attention", "all"):
             raise ValueError(f"train must be 'attention' or 'all', got {self.train!r}")
+        if not 0.0 <= self.chat_share <= 1.0:
+            raise ValueError(f"chat_share must be in [0, 1], got {self.chat_share}")
+        if self.eval_examples < 0 or self.eval_every < 0:
+            raise ValueError("eval_examples and eval_every must be >= 0")
         if not 0.0 <= self.lm_weight <= 1.0:
             raise ValueError(f"lm_weight must be in [0, 1], got {self.lm_weight}")
         for name in ("seq_len", "batch", "save_every", "max_bad_steps"):
@@ -67,6 +75,11 @@ class HealResult:
     kls: list[float] = field(default_factory=list)
     skipped: int = 0
     stopped: str = "done"
+    chat_before: dict | None = None  # eval chat (latentkv.eval.chat) on the held-out prompts
+    chat_after: dict | None = None
+    chat_curve: list[dict] = field(default_factory=list)
+    chat_table: str = ""
+    train_minutes: float = 0.0  # this run's wall time training (eval chat checks excluded)
 
 
 def learning_rate(step: int, total: int, warmup: int, peak: float) -> float:
@@ -122,18 +135,27 @@ def heal(cfg: HealConfig, on_loss: Callable[[int, torch.Tensor], torch.Tensor] |
     teacher = make_teacher(cfg.teacher, student.config.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(source)
     budget = (cfg.steps or 10**9) * cfg.batch * cfg.seq_len
-    windows = training_windows(tokenizer, cfg.data, cfg.seq_len, min(budget, cfg.max_tokens), cfg.seed)
+    chat = calib_chat(cfg.teacher) if cfg.chat_share > 0 else None
+    windows = training_windows(tokenizer, cfg.data, cfg.seq_len, min(budget, cfg.max_tokens), cfg.seed, chat, cfg.chat_share)
+    probe = ChatProbe(student, tokenizer, source, teacher, cfg.teacher, cfg.eval_examples) if cfg.eval_examples else None
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     counters = {"step": 0, "total": cfg.steps, "skipped": 0, "losses": [], "kls": []}
     if cfg.resume:
         counters = load_state(out / STATE_DIR, optimizer)
         restore_master_weights(student, out / STATE_DIR)
-    result = train_loop(cfg, student, params, teacher, windows, optimizer, counters, source, out, dtype, on_loss)
+    before = probe.measure(counters["step"], 0.0, generate=True, label="before") if probe else None
+    result = train_loop(cfg, student, params, teacher, windows, optimizer, counters, source, out, dtype, on_loss, probe)
     plot_curve(result, out)
+    if probe:
+        result.chat_before = before
+        result.chat_after = probe.measure(result.steps_done, result.train_minutes, generate=True, label="after")
+        result.chat_curve = probe.curve
+        result.chat_table = report(probe, before, result.chat_after, out)
     return result
 
 
-def train_loop(cfg, student, params, teacher, windows, optimizer, counters, source, out, dtype, on_loss) -> HealResult:
+def train_loop(cfg, student, params, teacher, windows, optimizer, counters, source, out, dtype, on_loss,
+               probe=None) -> HealResult:
     result = HealResult(out, counters["step"], counters["losses"], counters["kls"], counters["skipped"])
     deadline = time.monotonic() + 60 * cfg.minutes if cfg.minutes else None
     bad_in_row, start_step, started = 0, counters["step"], time.monotonic()
@@ -174,9 +196,18 @@ def train_loop(cfg, student, params, teacher, windows, optimizer, counters, sour
                         tok_s=f"{(step - start_step) * cfg.batch * cfg.seq_len / elapsed:.0f}")
         if step % cfg.save_every == 0 or step == total:
             checkpoint(student, source, out, dtype, optimizer, result, total)
+        if probe and cfg.eval_every and step % cfg.eval_every == 0 and step != total:
+            measured = time.monotonic()
+            r = probe.measure(step, (measured - started) / 60)
+            tqdm.write(f"heal: step {step}: chat top-1 agreement {r['top1_agreement']:.4f}, KL {r['kl']:.4f}, "
+                       f"match mean {r['match_mean']:.1f}")
+            paused = time.monotonic() - measured  # measuring is not training: the clock and budget skip it
+            started += paused
+            deadline = deadline + paused if deadline else None
     bar.close()
     if result.stopped == "time budget reached":
         checkpoint(student, source, out, dtype, optimizer, result, total)
+    result.train_minutes = (time.monotonic() - started) / 60
     return result
 
 

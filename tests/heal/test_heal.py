@@ -1,6 +1,5 @@
 """Healing on a tiny Llama converted to MLA at a small rank: KL falls, resume is exact,
 NaN steps are skipped, the output loads in LLM and (stock) in transformers."""
-from dataclasses import replace
 
 import pytest
 import torch
@@ -10,32 +9,10 @@ from latentkv.heal import HealConfig, heal
 STEPS = 20
 
 
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory):
-    """(tiny Llama folder with tokenizer, its native conversion, its stock conversion, a text file)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tiny_lm import CORPUS, VOCAB, build_tokenizer
-    from latentkv.convert import ConvertOptions, convert
-
-    root = tmp_path_factory.mktemp("heal")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(root / "llama")
-    build_tokenizer().save_pretrained(root / "llama")
-    text = root / "train.txt"
-    text.write_text("\n".join(CORPUS * 20))
-    options = ConvertOptions(rope_dim=8, kv_rank=6, calib=[str(text)], calib_tokens=2048)
-    native = convert(str(root / "llama"), str(root / "native"), options)
-    stock = convert(str(root / "llama"), str(root / "stock"), replace(options, stock=True, target="any"))
-    return root / "llama", native, stock, text
-
-
 def run_heal(tiny_pair, out, **kwargs):
     teacher, native, _, text = tiny_pair
     cfg = dict(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=1e-2, warmup=2,
-               seq_len=32, batch=4, save_every=10)
+               seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)  # documents only: chat in test_heal_chat.py
     return heal(HealConfig(**{**cfg, **kwargs}))
 
 
@@ -75,7 +52,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_pair, tmp_path):
 
     teacher, native, _, text = tiny_pair
     cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(tmp_path / "cut"), steps=STEPS,
-                     lr=1e-2, warmup=2, seq_len=32, batch=4, save_every=10)
+                     lr=1e-2, warmup=2, seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)
     with pytest.raises(KeyboardInterrupt):
         heal(cfg, on_loss=interrupt)
     cfg.resume = True
@@ -102,7 +79,7 @@ def test_too_many_nans_in_a_row_stop_and_keep_the_last_good_checkpoint(tiny_pair
 def heal_with_nans(tiny_pair, out, bad_steps):
     teacher, native, _, text = tiny_pair
     cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=1e-2,
-                     warmup=2, seq_len=32, batch=4, save_every=10)
+                     warmup=2, seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)
     return heal(cfg, on_loss=lambda step, loss: loss * float("nan") if step in bad_steps else loss)
 
 
