@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from latentkv.chat_data import ChatExample, render_chat_example
+from latentkv.chat_data import ChatExample, load_chat, render_chat_example, split_of
 from latentkv.heal import HealConfig, behaviour, data, heal
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
@@ -63,3 +63,12 @@ def test_heal_reports_eval_chat_before_during_after(tiny_pair, fake_chat, tmp_pa
     saved = json.loads((tmp_path / "healed" / "chat_eval.json").read_text())
     assert saved["after"]["top1_agreement"] == result.chat_after["top1_agreement"]
     assert (tmp_path / "healed" / "chat_agreement.png").exists()
+
+
+def test_default_chat_mix_is_the_calib_split_of_the_bundled_data():
+    """The bundled model's chat mix: calib prompts only, none of the held-out ones (by id or text)."""
+    calib, heldout = data.calib_chat(None), load_chat(None, "heldout")
+    assert calib and heldout
+    assert not {e.id for e in calib} & {e.id for e in heldout}
+    assert not {e.prompt for e in calib} & {e.prompt for e in heldout}
+    assert all(split_of(e.id) == "calib" for e in calib)
