@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..bench.report import new_figure, save_figure
+from ..eval.chat import format_table
 from ..convert.reference import source_logits
 from ..convert.sources import read_source
 from ..model.loader import load_model
@@ -144,6 +145,8 @@ def heal(cfg: HealConfig, on_loss: Callable[[int, torch.Tensor], torch.Tensor] |
         counters = load_state(out / STATE_DIR, optimizer)
         restore_master_weights(student, out / STATE_DIR)
     before = probe.measure(counters["step"], 0.0, generate=True, label="before") if probe else None
+    if before:
+        tqdm.write(f"heal: eval chat before healing ({len(probe.cases)} held-out prompts):\n{format_table(before)}")
     result = train_loop(cfg, student, params, teacher, windows, optimizer, counters, source, out, dtype, on_loss, probe)
     plot_curve(result, out)
     if probe:
