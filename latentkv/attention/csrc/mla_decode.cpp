@@ -49,10 +49,11 @@ namespace isa_avx2 {
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,prefer-vector-width=512")
-namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps (mla_decode_bf16.h)
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx2,fma,f16c,prefer-vector-width=512")
+namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd
 #include "mla_decode_impl.h"
 #include "mla_decode_bf16.h"
+#include "mla_decode_vnni.h"
 }
 #pragma GCC pop_options
 
@@ -65,11 +66,12 @@ namespace {
 using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, const int64_t*, float*, float*, float*,
                         float*, float*);
 
-// 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq), 3 avx512 + avx512_bf16
+// 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq), 3 avx512 + avx512_bf16 + avx512_vnni
 bool isa_supported(int64_t isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  if (isa == 3) return isa_supported(2) && __builtin_cpu_supports("avx512bf16");
+  if (isa == 3)
+    return isa_supported(2) && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
   if (isa == 2)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
@@ -197,6 +199,12 @@ torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor la
     for (int64_t i = 0; i < B * M * D; ++i) qf[i] = bf16_to_f32(qs[i]);
   }
   const uint16_t* q16 = dp_bf16 ? (const uint16_t*)query.data_ptr() : nullptr;
+  // An int8 latent with a bf16 rope on that path: integer dot products, the query's latent part in int8.
+  const bool dp_i8 = dp_bf16 && job.kind == KIND_I8 && job.rope_bf16 && r % 64 == 0;
+  std::vector<int8_t> q8(dp_i8 ? B * M * 2 * r : 0);
+  std::vector<float> qs(dp_i8 ? B * M : 0);
+  std::vector<int32_t> qsum(dp_i8 ? B * M * 2 : 0);
+  if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
 
   SpanFn attend = span_fn(isa);
   int nthreads = threads > 0 ? (int)threads : 1;
@@ -209,7 +217,12 @@ torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor la
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       int64_t b = item_b[it];
-      if (dp_bf16)
+      if (dp_i8)
+        isa_avx512bf16::attend_span_i8(job, b, item_t0[it], item_t1[it], q16 + b * M * D, q8.data() + b * M * 2 * r,
+                                       qs.data() + b * M, qsum.data() + b * M * 2, lim.data() + b * M,
+                                       acc.data() + it * M * r, mx.data() + it * M, sum.data() + it * M,
+                                       {tile16.data(), pairs16.data(), zero16.data()}, sc.data());
+      else if (dp_bf16)
         isa_avx512bf16::attend_span_bf16(job, b, item_t0[it], item_t1[it], q16 + b * M * D, lim.data() + b * M,
                                          acc.data() + it * M * r, mx.data() + it * M, sum.data() + it * M,
                                          {tile16.data(), pairs16.data(), zero16.data()}, sc.data());

@@ -50,6 +50,46 @@ static inline __m512 reduce16(__m512* v) {
 
 static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
+// fast_exp (mla_decode_impl.h) on 16 lanes: e^x for x <= 0, the same polynomial, 2^n by scalef.
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// One row's online-softmax step over a tile: scores sc[0..nv) -> running max/sum updated,
+// value weights wt[0..BT) = p_t x tscale_t (0 past nv) in float32; returns alpha (the rescale of
+// the row's earlier sums) and sets *wmax to the largest weight.
+static inline float softmax_tile(float* sc, int nv, const float* tscale, float* mx, float* sum, float* wt,
+                                 float* wmax) {
+  const __mmask16 m0 = (__mmask16)(nv >= 16 ? 0xFFFF : (1u << nv) - 1);
+  const __mmask16 m1 = (__mmask16)(nv >= 32 ? 0xFFFF : nv > 16 ? (1u << (nv - 16)) - 1 : 0);
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  __m512 s0 = _mm512_mask_loadu_ps(ninf, m0, sc), s1 = _mm512_mask_loadu_ps(ninf, m1, sc + 16);
+  float tmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+  float old = *mx, now = tmax > old ? tmax : old;
+  float alpha = fast_exp(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+  *mx = now;
+  const __m512 nw = _mm512_set1_ps(now);
+  __m512 p0 = _mm512_maskz_mov_ps(m0, exp16(_mm512_sub_ps(s0, nw)));
+  __m512 p1 = _mm512_maskz_mov_ps(m1, exp16(_mm512_sub_ps(s1, nw)));
+  *sum = *sum * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+  p0 = _mm512_mul_ps(p0, _mm512_loadu_ps(tscale)), p1 = _mm512_mul_ps(p1, _mm512_loadu_ps(tscale + 16));
+  *wmax = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));
+  _mm512_storeu_ps(wt, p0), _mm512_storeu_ps(wt + 16, p1);
+  return alpha;
+}
+
 // Rows of tokens [j0, j0 + n) as bf16 pointers (in place for a bf16 cache, else widened into
 // the scratch tile); rows n..BT-1 point at zeros.
 static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, int Dp, const Bf16Scratch& s,
@@ -97,6 +137,24 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
     if (job.rope_bf16) __builtin_memcpy(dst + r, (const uint16_t*)job.rope + slot * dr, sizeof(uint16_t) * dr);
     else
       for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(((const float*)job.rope)[slot * dr + i]);
+  }
+}
+
+// Prefetch the rows of tokens [j0, j1) (the next tile) into L2 while this one is computed: a
+// span jumps to another block every block_size tokens, where the hardware prefetcher stalls.
+static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j0, int64_t j1) {
+  const int bs = job.bs;
+  const bool quant = job.kind == KIND_I8 || job.kind == KIND_FP8;
+  const int64_t row = quant ? job.r : (int64_t)job.D * (job.kind == KIND_F32 ? 4 : 2);
+  const int64_t rope_row = quant ? (int64_t)(job.D - job.r) * (job.rope_bf16 ? 2 : 4) : 0;
+  for (int64_t j = j0; j < j1; ++j) {
+    int64_t slot = table[j / bs] * bs + j % bs;
+    const char* p = quant ? (const char*)job.latent + slot * row : (const char*)job.kv + slot * row;
+    for (int64_t o = 0; o < row; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+    if (rope_row) {
+      const char* pr = (const char*)job.rope + slot * rope_row;
+      for (int64_t o = 0; o < rope_row; o += 64) _mm_prefetch(pr + o, _MM_HINT_T1);
+    }
   }
 }
 
@@ -181,6 +239,7 @@ static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, 
   const bool scaled = job.kind == KIND_I8 || job.kind == KIND_FP8;
   for (int64_t j0 = t0; j0 < t1; j0 += BT) {
     int n = (int)(t1 - j0 < BT ? t1 - j0 : BT);
+    prefetch_rows(job, table, j0 + BT, j0 + 2 * BT < t1 ? j0 + 2 * BT : t1);
     tile_rows(job, table, j0, n, Dp, s, rows, tscale);
     pair_rows(rows, r, s.pairs);
     for (int m = 0; m < M; ++m) {
@@ -188,18 +247,10 @@ static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, 
       int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
       if (nv == 0) continue;
       scores_bf16(q + (int64_t)m * D, rows, nv, D, r, scaled, tscale, sc);
-      float tmax = -__builtin_inff();
-      for (int t = 0; t < nv; ++t) tmax = sc[t] > tmax ? sc[t] : tmax;
-      float old = mx[m], now = tmax > old ? tmax : old;
-      float alpha = fast_exp(old - now);
-      mx[m] = now;
-      float total = 0.0f;
-      for (int t = 0; t < BT; ++t) {
-        float p = t < nv ? fast_exp(sc[t] - now) : 0.0f;
-        w16[t] = to_bf16(p * tscale[t]);  // the value weight: the token's scale folded in
-        total += p;
-      }
-      sum[m] = sum[m] * alpha + total;
+      float wmax, wt[BT];
+      float alpha = softmax_tile(sc, nv, tscale, mx + m, sum + m, wt, &wmax);
+      _mm256_storeu_si256((__m256i*)w16, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(wt)));
+      _mm256_storeu_si256((__m256i*)(w16 + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(wt + 16)));
       float* am = acc + (int64_t)m * r;
       const uint32_t* w = (const uint32_t*)w16;
       int z = 0, nz = r / 16;
