@@ -140,14 +140,17 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
   }
 }
 
-// Prefetch the rows of tokens [j0, j1) (the next tile) into L2 while this one is computed: a
-// span jumps to another block every block_size tokens, where the hardware prefetcher stalls.
-static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j0, int64_t j1) {
+// Prefetch part `part` of `parts` of the rows of tokens [j0, j1) (the next tile) while this one is
+// computed, spread over the tile's query rows so that few requests are in flight at once: a span
+// jumps to another block every block_size tokens, where the hardware prefetcher stalls (the first
+// touch of each row was the kernel's hottest instruction without this).
+static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j0, int64_t j1, int part, int parts) {
   const int bs = job.bs;
   const bool quant = job.kind == KIND_I8 || job.kind == KIND_FP8;
   const int64_t row = quant ? job.r : (int64_t)job.D * (job.kind == KIND_F32 ? 4 : 2);
   const int64_t rope_row = quant ? (int64_t)(job.D - job.r) * (job.rope_bf16 ? 2 : 4) : 0;
-  for (int64_t j = j0; j < j1; ++j) {
+  const int64_t n = j1 - j0;
+  for (int64_t j = j0 + n * part / parts; j < j0 + n * (part + 1) / parts; ++j) {
     int64_t slot = table[j / bs] * bs + j % bs;
     const char* p = quant ? (const char*)job.latent + slot * row : (const char*)job.kv + slot * row;
     for (int64_t o = 0; o < row; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
@@ -239,13 +242,14 @@ static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, 
   const bool scaled = job.kind == KIND_I8 || job.kind == KIND_FP8;
   for (int64_t j0 = t0; j0 < t1; j0 += BT) {
     int n = (int)(t1 - j0 < BT ? t1 - j0 : BT);
-    prefetch_rows(job, table, j0 + BT, j0 + 2 * BT < t1 ? j0 + 2 * BT : t1);
+    const int64_t p0 = j0 + BT, p1 = j0 + 2 * BT < t1 ? j0 + 2 * BT : t1;  // the next tile
     tile_rows(job, table, j0, n, Dp, s, rows, tscale);
     pair_rows(rows, r, s.pairs);
     for (int m = 0; m < M; ++m) {
       int64_t visible = lim[m] - j0;
       int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
       if (nv == 0) continue;
+      prefetch_rows(job, table, p0, p1, m, M);
       scores_bf16(q + (int64_t)m * D, rows, nv, D, r, scaled, tscale, sc);
       float wmax, wt[BT];
       float alpha = softmax_tile(sc, nv, tscale, mx + m, sum + m, wt, &wmax);

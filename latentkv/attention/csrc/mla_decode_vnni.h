@@ -145,7 +145,7 @@ static void attend_span_i8(const Job& job, int64_t b, int64_t t0, int64_t t1, co
   int8_t* quads = (int8_t*)s.pairs;
   for (int64_t j0 = t0; j0 < t1; j0 += BT) {
     int n = (int)(t1 - j0 < BT ? t1 - j0 : BT);
-    prefetch_rows(job, table, j0 + BT, j0 + 2 * BT < t1 ? j0 + 2 * BT : t1);
+    const int64_t p0 = j0 + BT, p1 = j0 + 2 * BT < t1 ? j0 + 2 * BT : t1;  // the next tile
     for (int t = 0; t < BT; ++t) {
       if (t >= n) {
         lat[t] = (const int8_t*)s.zero, rope[t] = s.zero, tscale[t] = 0.0f;
@@ -161,6 +161,7 @@ static void attend_span_i8(const Job& job, int64_t b, int64_t t0, int64_t t1, co
       int64_t visible = lim[m] - j0;
       int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
       if (nv == 0) continue;
+      prefetch_rows(job, table, p0, p1, m, M);
       scores_i8(q8 + (int64_t)m * 2 * r, qs[m], qsum + 2 * m, q + (int64_t)m * D + r, lat, rope, tscale, nv, r, dr, sc);
       float wmax, wt[BT];
       float alpha = softmax_tile(sc, nv, tscale, mx + m, sum + m, wt, &wmax);
