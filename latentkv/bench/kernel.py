@@ -75,7 +75,9 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
     nbytes = batch * context * per_token
     layers = min(-(-2 * llc // nbytes), MAX_LAYERS)  # one round reads at least twice the last-level cache
     query = (torch.randn(batch, args.heads, args.rank + args.rope) * (args.rank + args.rope) ** -0.5).to(dtype)
-    runs = {"reference": [], "native": []}
+    isas = [isa for isa in getattr(args, "compare_isas", None) or []
+            if native.available() and isa != native.chosen_isa() and isa in native.supported_isas()]
+    runs = {"reference": [], "native": [], **{f"native {isa}": [] for isa in isas}}
     for layer in range(layers):
         cache, tables = random_cache(batch, context, args.rank, args.rope, dtype, cache_dtype,
                                      seed=batch * 7 + context + 1000 * layer)
@@ -84,6 +86,9 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
         if native.available():
             runs["native"].append(lambda cache=cache, meta=meta: native.mla_decode(
                 query, cache, meta.block_tables, meta.context_lens, heads=args.heads, threads=threads))
+            for isa in isas:  # the same kernel on a lower instruction set: an A/B in the same minutes
+                runs[f"native {isa}"].append(lambda cache=cache, meta=meta, isa=isa: native.mla_decode(
+                    query, cache, meta.block_tables, meta.context_lens, heads=args.heads, isa=isa, threads=threads))
     runs = {name: fns for name, fns in runs.items() if fns}
     calls = max(args.calls, layers)  # every layer at least once per timing
     times = {name: [] for name in runs}
@@ -115,9 +120,8 @@ def run(args) -> dict:
     rows = []
     for batch, context, latent in tqdm(configs, desc="kernel", unit="config"):
         row = measure(batch, context, args, dtype, "auto" if latent == "bf16" else latent, threads, llc)
-        for name in ("native", "reference"):
-            if f"{name} GB/s" in row:
-                row[f"{name} % bw"] = 100 * row[f"{name} GB/s"] * 1e9 / bandwidth
+        for name in [k[: -len(" GB/s")] for k in list(row) if k.endswith(" GB/s")]:
+            row[f"{name} % bw"] = 100 * row[f"{name} GB/s"] * 1e9 / bandwidth
         if "native ms" in row:
             row["native speed-up"] = row["reference ms"] / row["native ms"]
         rows.append(row)
@@ -138,7 +142,9 @@ def plot(rows: list[dict], out: Path) -> Path:
     for latent in dict.fromkeys(r["latent"] for r in rows):
         for batch in dict.fromkeys(r["batch"] for r in rows):
             sel = [r for r in rows if r["latent"] == latent and r["batch"] == batch]
-            for name, style in (("native", "-"), ("reference", ":")):
+            names = [k[: -len(" GB/s")] for k in sel[0] if k.endswith(" GB/s")]
+            for name in names:
+                style = "-" if name == "native" else ":" if name == "reference" else "--"
                 if f"{name} GB/s" in sel[0]:
                     ax.plot([r["context"] for r in sel], [r[f"{name} GB/s"] for r in sel], style, marker="o",
                             label=f"{name} {latent} B={batch}")
