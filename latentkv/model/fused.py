@@ -18,6 +18,7 @@ they cannot be built uses the reference ops with one warning.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -47,6 +48,8 @@ def extension():
 
         directory = native.build_dir() / "decode_ops"
         directory.mkdir(parents=True, exist_ok=True)
+        if not (directory / "latentkv_decode_ops.so").exists():  # a first build takes ~30-60 s: say so
+            print(f"latentkv: building the fused decode ops into {directory} (once)", file=sys.stderr, flush=True)
         _state["module"] = load(
             name="latentkv_decode_ops", sources=[str(CSRC / "decode_ops.cpp")], build_directory=str(directory),
             extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast"], extra_ldflags=["-fopenmp"],
