@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from latentkv.attention import native
+from latentkv.model import fused
 from tiny import CONFIGS, save_hf_model
 
 torch.set_num_threads(1)  # tiny models: a second spinning thread only adds contention
@@ -11,10 +12,13 @@ os.environ.setdefault("LATENTKV_THREADS", "1")  # engines (default: all cores) f
 
 
 @pytest.fixture(params=["native", "torch"])
-def attention_backend(request):
-    """Run a test through each attention backend (the native one where it builds)."""
+def attention_backend(request, monkeypatch):
+    """Run a test through each attention backend (the native one where it builds); "torch" is the
+    whole reference path: the model's PyTorch ops instead of the fused native ones (model/fused.py)."""
     if request.param == "native" and not native.available():
         pytest.skip(f"native backend not built: {native.unavailable_reason()}")
+    if request.param == "torch":
+        monkeypatch.setattr(fused, "_state", {"module": None, "reason": "the reference path (tests)"})
     return request.param
 
 

@@ -35,7 +35,8 @@ class AttentionBackend:
 
     def forward(self, layer, q_nope, q_rope, c, k_r, cache, meta: AttentionMetadata) -> torch.Tensor:
         """-> [T, H, dv] in flat order; writes this step's latents to cache first."""
-        write(cache, c, k_r, meta.slot_mapping)  # every group's new latents first: each reads its own
+        if c is not None:  # None: the layer stored them itself (model/fused.py write_latent)
+            write(cache, c, k_r, meta.slot_mapping)  # every group's new latents first: each reads its own
         if meta.groups is None:
             return self.attend(layer, q_nope, q_rope, cache, meta)
         out = q_nope.new_empty(q_nope.shape[0], layer.n_heads, layer.dv)

@@ -1,8 +1,10 @@
 """`latentkv bench decode`: batch-1 greedy decode tokens/s at several contexts, our engine
 (bf16 and int8 latent) against transformers on the original model, transformers'
-DeepseekV3 on the stock export, and llama.cpp when installed; with the bandwidth floor."""
+DeepseekV3 on the stock export, and llama.cpp when installed; with the bandwidth floor.
+Also each system's prefill of the context's prompt (tokens/s), timed when it first sees it."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -52,14 +54,18 @@ def run(args) -> dict:
     results = []
     for ctx in args.contexts:
         prompt = torch.randint(3, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx)).tolist()
+        prefill = {}
         for s in systems:
-            s.prepare(prompt)
+            start = time.perf_counter()
+            s.prepare(prompt)  # the context's prefill: each system sees this prompt for the first time
+            prefill[s.name] = ctx / (time.perf_counter() - start)
             s.decode(min(4, args.tokens))  # warm-up: first-call costs are not decode speed
         times = {s.name: [] for s in systems}
         for _ in range(args.repeats):  # interleaved: A B C A B C ...
             for s in systems:
                 times[s.name].append(s.decode(args.tokens))
         results.append(summarize(ctx, times, list(ours), weights, per_token, bandwidth))
+        results[-1]["prefill_tok_s"] = prefill
         print(f"context {ctx}: " + ", ".join(f"{n} {v:.2f} tok/s" for n, v in results[-1]["tok_s"].items()), flush=True)
     show(results, systems, list(ours), bandwidth, weights)
     plot(results, [s.name for s in systems], out)
@@ -97,6 +103,16 @@ def show(results: list[dict], systems: list, ours: list[str], bandwidth: float, 
                                "floor %": 100 * r["floor_fractions"][o]})
     print_table("Speed-up of each latentkv row over each baseline; share of its bandwidth floor",
                 list(ratio_rows[0].keys()), ratio_rows)
+    # one prefill per system and context (the prompt is new to it), so a single sample, not a median
+    prefill_rows = [{"context": r["context"], **{n: r["prefill_tok_s"][n] for n in names}} for r in results]
+    print_table("Prefill of the context's prompt (tokens/s, one run each)", list(prefill_rows[0].keys()), prefill_rows)
+    baselines = [n for n in names if n not in ours]
+    if baselines:
+        print_table("Prefill speed-up of each latentkv row over each baseline", ["context", "latentkv row"]
+                    + [f"x vs {b}" for b in baselines],
+                    [{"context": r["context"], "latentkv row": o,
+                      **{f"x vs {b}": r["prefill_tok_s"][o] / r["prefill_tok_s"][b] for b in baselines}}
+                     for r in results for o in ours])
 
 
 def plot(results: list[dict], names: list[str], out: Path) -> Path:

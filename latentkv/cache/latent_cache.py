@@ -39,6 +39,11 @@ class LatentCache:
     def quantized(self) -> bool:
         return self.cache_dtype != "auto"
 
+    @property
+    def qmax(self) -> float:
+        """The largest code magnitude of a quantized latent (a token's max |c| maps to it)."""
+        return _QMAX[self.cache_dtype]
+
     def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         """codes [..., r], scale [...], rope [..., dr] -> [..., r + dr] in the model dtype,
         written in place into one buffer (one pass; no float32 temporaries, no cat)."""

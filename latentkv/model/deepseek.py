@@ -14,6 +14,7 @@ from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata, build_metadata
 from ..cache.latent_cache import LatentCache, allocate_caches
 from ..config import ModelConfig
+from . import fused
 from .mla import MLAttention
 from .norm import RMSNorm
 from .packed import PackedLinear
@@ -29,8 +30,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
 
 
 class Gate(nn.Module):
@@ -103,8 +103,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, rope, meta, cache):
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.self_attn(self.input_layernorm(x), rope, meta, cache)
+        x, normed = self.post_attention_layernorm(x, h)  # the residual add and the norm in one pass
+        return x + self.mlp(normed)
 
 
 class DeepseekModel(nn.Module):

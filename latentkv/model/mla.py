@@ -20,6 +20,7 @@ from torch import nn
 from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
+from . import fused
 from .norm import RMSNorm
 from .packed import PackedLinear
 from .rope import apply_rope, attention_factor, layer_inv_freq, softmax_scale
@@ -57,12 +58,19 @@ class MLAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
         writes this step's latents to cache."""
-        q_nope, q_rope, c, k_r = self.project(x, rope)
+        if fused.usable(x):
+            # one native pass rotates k_r, quantizes c and stores both; the backend skips its write
+            q_nope, q_rope, c, k_r = self.project(x, rope, rotate_key=False)
+            fused.write_latent(cache, c, k_r, *rope, self.interleaved, meta.slot_mapping)
+            c = k_r = None
+        else:
+            q_nope, q_rope, c, k_r = self.project(x, rope)
         out = self.backend.forward(self, q_nope, q_rope, c, k_r, cache, meta)  # [T, H, dv]
         return self.o_proj(out.flatten(1))
 
-    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
-        """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated), c [T,kv_rank], k_r [T,dr] (rotated)."""
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], rotate_key: bool = True):
+        """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated), c [T,kv_rank], k_r [T,dr] (rotated
+        unless rotate_key is False: then the fused cache write rotates it)."""
         q, kv = self.qkv_a_proj(x).split(self.split, dim=-1)
         if self.q_lora_rank:
             q = self.q_b_proj(self.q_a_layernorm(q))
@@ -71,6 +79,8 @@ class MLAttention(nn.Module):
         c, k_r = kv.split([self.kv_rank, self.dr], dim=-1)
         if self.kv_a_layernorm is not None:
             c = self.kv_a_layernorm(c)
+        if not rotate_key:
+            return q_nope, fused.rope(q_rope, *rope, self.interleaved), c, k_r
         # q's heads and the shared key rotate by the same angles: one call for both
         rotated = apply_rope(torch.cat((q_rope, k_r[:, None]), dim=1), *rope, self.interleaved)
         return q_nope, rotated[:, :-1], c, rotated[:, -1]
@@ -96,6 +106,9 @@ class MLAttention(nn.Module):
         (q_lat = W_UKᵀ q_nope beside q_rope), softmax scale included."""
         b, q, h, _ = q_nope.shape
         w_uk, _ = self.split_kv_b()
+        if fused.usable(q_nope):  # one native call; each row reduces in a fixed order (batch-invariant)
+            rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr))
+            return rows.view(b, q * h, -1)
         q_lat = torch.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk)  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
         # the softmax scale goes on the small query, not on the [B, Q*H, L] scores
@@ -105,6 +118,8 @@ class MLAttention(nn.Module):
         """o_lat [B, Q*H, kv_rank] (attention output in latent space) -> W_UV o_lat [B,Q,H,dv]."""
         b, h = o_lat.shape[0], self.n_heads
         _, w_uv_t = self.split_kv_b()
+        if fused.usable(o_lat):
+            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t).view(b, q, h, self.dv)
         out = torch.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 

@@ -1,9 +1,12 @@
-"""RMSNorm as DeepSeek and transformers compute it (statistics in float32), one fused op."""
+"""RMSNorm as DeepSeek and transformers compute it (statistics in float32): one native call
+(model/fused.py) where it applies, else F.rms_norm."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import fused
 
 
 class RMSNorm(nn.Module):
@@ -12,11 +15,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """x [..., d] / rms(x) * weight; with `residual`: (x + residual, its norm) in one pass."""
+        return fused.rms_norm(x, self.weight, self.eps, residual)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., d] / rms(x) * weight [d]."""
+    """x [..., d] / rms(x) * weight [d] (the converter's reference: always F.rms_norm)."""
     # F.rms_norm accumulates in float32 for low-precision inputs; one op instead of seven
     return F.rms_norm(x, weight.shape, weight, eps)

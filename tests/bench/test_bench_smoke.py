@@ -40,6 +40,7 @@ def test_bench_decode(tiny, tmp_path):
         assert positive(row["floor_fraction"])
         assert set(row["speedup"]["latentkv w4"]) == {"transformers original", "transformers DeepseekV3 stock"}
         assert all(positive(v) for v in row["floor_fractions"].values())
+        assert set(row["prefill_tok_s"]) == names and all(positive(v) for v in row["prefill_tok_s"].values())
     assert data["weight_bytes"]["latentkv w4"] < data["weight_bytes"]["latentkv bf16"]
 
 

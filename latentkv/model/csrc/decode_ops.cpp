@@ -1,0 +1,312 @@
+// latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
+// each one call instead of a chain of eager PyTorch ops. Python side: latentkv/model/fused.py
+// (build, switch, PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
+//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E]:
+//       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
+//       with `extra` (the rotated q_rope) times scale beside it.
+//   rope(x [N, G, d], cos [N, d/2], sin, interleaved) -> rotated [N, G, d].
+//   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
+//       scale, rope): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
+//       at their flat cache slots, in one pass.
+//   silu_mul(gate_up [T, 2I]) -> silu(gate) * up [T, I].
+//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty) -> (x + residual, its RMSNorm).
+// Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
+namespace isa_avx512 {
+#include "decode_ops_impl.h"
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_avx2 {
+#include "decode_ops_impl.h"
+}
+#pragma GCC pop_options
+
+namespace isa_scalar {
+#include "decode_ops_impl.h"
+}
+
+namespace {
+
+using RowsF32 = void (*)(const float*, int, int, const float*, int, float*);
+using RowsBF16 = void (*)(const float*, int, int, const uint16_t*, int, float*);
+
+bool isa_supported(int64_t isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (isa == 2)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+  if (isa == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  if (isa != 0) return false;
+#endif
+  return isa == 0;
+}
+
+template <typename T>
+inline float load(const T* p, int64_t i) { return (float)p[i]; }
+
+template <typename T>
+inline T cast(float v) { return (T)v; }  // c10::BFloat16(float) rounds to nearest even, as torch does
+
+void check_cpu(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+}
+
+bool is_float(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16;
+}
+
+}  // namespace
+
+std::vector<int64_t> supported_isas() {
+  std::vector<int64_t> out;
+  for (int64_t isa = 0; isa <= 2; ++isa)
+    if (isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+torch::Tensor head_matmul(torch::Tensor x, torch::Tensor w, double scale, torch::Tensor extra, int64_t isa) {
+  check_cpu(x, "head_matmul: x");
+  TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
+  TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
+              "head_matmul: x must be [N, H, K] and w [H, K, C]");
+  TORCH_CHECK(is_float(x) && w.scalar_type() == x.scalar_type(), "head_matmul: x and w must share float32 or bfloat16");
+  w = w.contiguous();
+  const int64_t N = x.size(0), H = x.size(1), K = x.size(2), C = w.size(2);
+  const int64_t E = extra.numel() > 0 ? extra.size(2) : 0;
+  if (E > 0)
+    TORCH_CHECK(extra.dim() == 3 && extra.size(0) == N && extra.size(1) == H && extra.scalar_type() == x.scalar_type(),
+                "head_matmul: extra must be [N, H, E] in x's dtype");
+  auto out = torch::empty({N, H, C + E}, x.options());
+  if (N == 0) return out;
+  const int64_t R = (N + 3) / 4 * 4;  // rows padded to the 4-row tile with zeros
+  constexpr int64_t CHUNK = 64;      // rows per work item
+  const int64_t chunks = (R + CHUNK - 1) / CHUNK;
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  RowsF32 rows_f32 = isa == 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
+  RowsBF16 rows_bf16 = isa == 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
+  const float s = (float)scale;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "head_matmul", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* ep = E > 0 ? extra.data_ptr<scalar_t>() : nullptr;
+    const int64_t sxn = x.stride(0), sxh = x.stride(1), sxk = x.stride(2);
+    const int64_t sen = E > 0 ? extra.stride(0) : 0, seh = E > 0 ? extra.stride(1) : 0, sek = E > 0 ? extra.stride(2) : 0;
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const void* wp = w.data_ptr();
+    at::parallel_for(0, H * chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> xs(CHUNK * K), acc(CHUNK * C);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t h = item / chunks, n0 = (item % chunks) * CHUNK;
+        const int64_t rows = std::min(CHUNK, R - n0), real = std::max<int64_t>(0, std::min(rows, N - n0));
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t k = 0; k < K; ++k)
+            xs[i * K + k] = i < real ? load(xp, (n0 + i) * sxn + h * sxh + k * sxk) : 0.0f;
+        if (bf16)
+          rows_bf16(xs.data(), (int)rows, (int)K, (const uint16_t*)wp + h * K * C, (int)C, acc.data());
+        else
+          rows_f32(xs.data(), (int)rows, (int)K, (const float*)wp + h * K * C, (int)C, acc.data());
+        for (int64_t i = 0; i < real; ++i) {
+          scalar_t* o = op + ((n0 + i) * H + h) * (C + E);
+          for (int64_t c = 0; c < C; ++c) o[c] = cast<scalar_t>(acc[i * C + c] * s);
+          for (int64_t e = 0; e < E; ++e) o[C + e] = cast<scalar_t>(load(ep, (n0 + i) * sen + h * seh + e * sek) * s);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+namespace {
+
+// out[j] (pairs of x rotated by cos/sin), computed in float32 as model/rope.py does.
+template <typename T>
+inline void rotate_row(const T* x, int64_t stride, int64_t d, const float* cs, const float* sn, bool interleaved, float* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    const float a = load(x, ia * stride), b = load(x, ib * stride);
+    out[ia] = a * cs[i] - b * sn[i];
+    out[ib] = b * cs[i] + a * sn[i];
+  }
+}
+
+}  // namespace
+
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool interleaved) {
+  check_cpu(x, "rope: x");
+  TORCH_CHECK(x.dim() == 3 && is_float(x), "rope: x must be [N, G, d] float32 or bfloat16");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32, "rope: cos/sin must be float32");
+  cos = cos.contiguous(), sin = sin.contiguous();
+  const int64_t N = x.size(0), G = x.size(1), d = x.size(2);
+  TORCH_CHECK(d % 2 == 0 && cos.numel() == N * (d / 2) && sin.numel() == N * (d / 2), "rope: cos/sin must be [N, d/2]");
+  auto out = torch::empty({N, G, d}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rope", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+    const int64_t sn = x.stride(0), sg = x.stride(1), sd = x.stride(2);
+    at::parallel_for(0, N * G, 64, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(d);
+      for (int64_t ng = begin; ng < end; ++ng) {
+        const int64_t n = ng / G, g = ng % G;
+        rotate_row(xp + n * sn + g * sg, sd, d, cp + n * (d / 2), sp + n * (d / 2), interleaved, row.data());
+        for (int64_t i = 0; i < d; ++i) op[ng * d + i] = cast<scalar_t>(row[i]);
+      }
+    });
+  });
+  return out;
+}
+
+void write_latent(torch::Tensor c, torch::Tensor k_r, torch::Tensor cos, torch::Tensor sin, bool interleaved,
+                  torch::Tensor slots, torch::Tensor kv, torch::Tensor latent, torch::Tensor scale, torch::Tensor rope_cache,
+                  double qmax) {
+  check_cpu(c, "write_latent: c");
+  TORCH_CHECK(c.dim() == 2 && k_r.dim() == 2 && c.size(0) == k_r.size(0) && is_float(c) && k_r.scalar_type() == c.scalar_type(),
+              "write_latent: c [T, r] and k_r [T, dr] must share a float dtype");
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == c.size(0), "write_latent: slots must be int64 [T]");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32, "write_latent: cos/sin must be float32");
+  slots = slots.contiguous(), cos = cos.contiguous(), sin = sin.contiguous();
+  const int64_t T = c.size(0), r = c.size(1), dr = k_r.size(1);
+  TORCH_CHECK(dr % 2 == 0 && cos.numel() == T * (dr / 2), "write_latent: cos/sin must be [T, dr/2]");
+  const bool quantized = kv.numel() == 0;
+  int64_t slot_count;
+  if (quantized) {
+    TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope_cache.is_contiguous() && latent.size(-1) == r &&
+                    scale.scalar_type() == torch::kFloat32 && rope_cache.scalar_type() == c.scalar_type() &&
+                    (latent.scalar_type() == torch::kInt8 || latent.scalar_type() == torch::kUInt8),
+                "write_latent: latent [.., r] int8|uint8, scale float32, rope in c's dtype, all contiguous");
+    slot_count = scale.numel();
+  } else {
+    TORCH_CHECK(kv.is_contiguous() && kv.size(-1) == r + dr && kv.scalar_type() == c.scalar_type(),
+                "write_latent: kv must be contiguous [.., r + dr] in c's dtype");
+    slot_count = kv.numel() / (r + dr);
+  }
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < slot_count, "write_latent: slot ", sp[t], " outside the cache");
+  const bool fp8 = quantized && latent.scalar_type() == torch::kUInt8;
+  const float q = (float)qmax;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, c.scalar_type(), "write_latent", [&] {
+    const scalar_t *cp = c.data_ptr<scalar_t>(), *kp = k_r.data_ptr<scalar_t>();
+    const int64_t scn = c.stride(0), sck = c.stride(1), skn = k_r.stride(0), skk = k_r.stride(1);
+    const float *cosp = cos.data_ptr<float>(), *sinp = sin.data_ptr<float>();
+    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(dr);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t slot = sp[t];
+        const scalar_t* ct = cp + t * scn;
+        rotate_row(kp + t * skn, skk, dr, cosp + t * (dr / 2), sinp + t * (dr / 2), interleaved, row.data());
+        scalar_t* rope_out = quantized ? rope_cache.data_ptr<scalar_t>() + slot * dr : kv.data_ptr<scalar_t>() + slot * (r + dr) + r;
+        for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<scalar_t>(row[i]);
+        if (!quantized) {
+          scalar_t* out = kv.data_ptr<scalar_t>() + slot * (r + dr);
+          for (int64_t i = 0; i < r; ++i) out[i] = ct[i * sck];
+          continue;
+        }
+        // as cache/latent_cache.py quantize_latent: scale = max|c| / qmax; codes = c / scale
+        float top = 0.0f;
+        for (int64_t i = 0; i < r; ++i) top = std::max(top, std::fabs(load(ct, i * sck)));
+        const float s = std::max(top, 1e-12f) / q;
+        scale.data_ptr<float>()[slot] = s;
+        if (fp8) {
+          uint8_t* out = latent.data_ptr<uint8_t>() + slot * r;
+          for (int64_t i = 0; i < r; ++i) out[i] = c10::Float8_e4m3fn(load(ct, i * sck) / s).x;
+        } else {
+          int8_t* out = latent.data_ptr<int8_t>() + slot * r;
+          for (int64_t i = 0; i < r; ++i) out[i] = (int8_t)std::min(127.0f, std::max(-127.0f, std::nearbyint(load(ct, i * sck) / s)));
+        }
+      }
+    });
+  });
+}
+
+std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch::Tensor residual) {
+  check_cpu(x, "rms_norm: x");
+  TORCH_CHECK(x.dim() == 2 && is_float(x) && weight.dim() == 1 && weight.size(0) == x.size(1),
+              "rms_norm: x must be [T, d] float32 or bfloat16, weight [d]");
+  const bool add = residual.numel() > 0;
+  if (add)
+    TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+                "rms_norm: residual must match x");
+  x = x.contiguous(), weight = weight.contiguous(), residual = residual.contiguous();
+  const int64_t T = x.size(0), d = x.size(1);
+  auto out = torch::empty_like(x);
+  auto sum = add ? torch::empty_like(x) : x;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, weight.scalar_type(), "rms_norm_weight", [&] {
+      using w_t = scalar_t;
+      const w_t* wp = weight.data_ptr<w_t>();
+      AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rms_norm_x", [&] {
+        const scalar_t* xp = x.data_ptr<scalar_t>();
+        const scalar_t* rp = add ? residual.data_ptr<scalar_t>() : nullptr;
+        scalar_t* sp = sum.data_ptr<scalar_t>();
+        scalar_t* op = out.data_ptr<scalar_t>();
+        at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+          std::vector<float> row(d);
+          for (int64_t t = begin; t < end; ++t) {
+            float ss = 0.0f;
+            for (int64_t i = 0; i < d; ++i) {
+              float v = load(xp, t * d + i);
+              if (add) {  // the residual stream is rounded to the activation dtype, as x + h is
+                scalar_t s = cast<scalar_t>(v + load(rp, t * d + i));
+                sp[t * d + i] = s;
+                v = (float)s;
+              }
+              row[i] = v;
+              ss += v * v;
+            }
+            // as aten's rms_norm: float32 statistics, x * rsqrt(mean(x^2) + eps) * weight, one rounding
+            const float rs = 1.0f / std::sqrt(ss / (float)d + (float)eps);
+            for (int64_t i = 0; i < d; ++i) op[t * d + i] = cast<scalar_t>(row[i] * rs * load(wp, i));
+          }
+        });
+      });
+  });
+  return {sum, out};
+}
+
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  check_cpu(gate_up, "silu_mul: gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && is_float(gate_up), "silu_mul: gate_up must be [T, 2I] float");
+  gate_up = gate_up.contiguous();
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  auto out = torch::empty({T, I}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gate_up.scalar_type(), "silu_mul", [&] {
+    const scalar_t* gp = gate_up.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, T * I, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t ti = begin; ti < end; ++ti) {
+        const int64_t t = ti / I, i = ti % I;
+        const float g = load(gp, t * 2 * I + i);
+        // rounded to the activation dtype between the two ops, as F.silu(gate) * up does
+        const float act = (float)cast<scalar_t>(g / (1.0f + std::exp(-g)));
+        op[ti] = cast<scalar_t>(act * load(gp, t * 2 * I + I + i));
+      }
+    });
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("head_matmul", &head_matmul, "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
+  m.def("rope", &rope, "rotate [N, G, d] by cos/sin [N, d/2]");
+  m.def("write_latent", &write_latent, "rope on k_r + quantization + write into the paged cache");
+  m.def("rms_norm", &rms_norm, "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+}

@@ -1,0 +1,72 @@
+// The per-head matmul of the absorbed decode, one instruction set. Included once per ISA by
+// decode_ops.cpp inside `namespace <isa>` under `#pragma GCC target(...)`; the loops are written
+// for the auto-vectorizer. Nothing here may include a header (we are inside a namespace).
+//
+// acc[n, 0:C] = sum_k x[n, k] * w[k, 0:C] for rows n of one head, float32 accumulation in k order.
+// Rows go four at a time (x is zero-padded to a multiple of 4 by the caller) and columns 64 at a
+// time, so each widened weight row is used by four rows from L1. A row's bits depend only on its
+// own x and w: never on how many rows share the call (batch invariance).
+
+constexpr int ROWS = 4;
+constexpr int COLS = 64;
+
+template <typename W>
+static inline void widen_cols(const W* __restrict src, float* __restrict dst, int n);
+
+template <>
+inline void widen_cols<float>(const float* __restrict src, float* __restrict dst, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+template <>
+inline void widen_cols<uint16_t>(const uint16_t* __restrict src, float* __restrict dst, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) {
+    uint32_t u = (uint32_t)src[i] << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    dst[i] = f;
+  }
+}
+
+// x [R, K] float32 (R a multiple of ROWS), w [K, C] -> acc [R, C] float32.
+template <typename W>
+static void head_rows(const float* __restrict x, int R, int K, const W* __restrict w, int C, float* __restrict acc) {
+  alignas(64) float wk[COLS];
+  for (int r0 = 0; r0 < R; r0 += ROWS) {
+    const float* x0 = x + (int64_t)r0 * K;
+    const float *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+    for (int c0 = 0; c0 < C; c0 += COLS) {
+      const int cw = C - c0 < COLS ? C - c0 : COLS;
+      alignas(64) float a0[COLS] = {0}, a1[COLS] = {0}, a2[COLS] = {0}, a3[COLS] = {0};
+      for (int i = cw; i < COLS; ++i) wk[i] = 0.0f;
+      for (int k = 0; k < K; ++k) {
+        widen_cols<W>(w + (int64_t)k * C + c0, wk, cw);
+        const float v0 = x0[k], v1 = x1[k], v2 = x2[k], v3 = x3[k];
+#pragma omp simd
+        for (int i = 0; i < COLS; ++i) {
+          a0[i] += v0 * wk[i];
+          a1[i] += v1 * wk[i];
+          a2[i] += v2 * wk[i];
+          a3[i] += v3 * wk[i];
+        }
+      }
+      float* o = acc + (int64_t)r0 * C + c0;
+      for (int i = 0; i < cw; ++i) {
+        o[i] = a0[i];
+        o[C + i] = a1[i];
+        o[2 * C + i] = a2[i];
+        o[3 * C + i] = a3[i];
+      }
+    }
+  }
+}
+
+static void head_rows_f32(const float* x, int R, int K, const float* w, int C, float* acc) {
+  head_rows<float>(x, R, K, w, C, acc);
+}
+
+static void head_rows_bf16(const float* x, int R, int K, const uint16_t* w, int C, float* acc) {
+  head_rows<uint16_t>(x, R, K, w, C, acc);
+}

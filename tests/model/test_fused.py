@@ -1,0 +1,146 @@
+"""The fused decode-step ops (model/fused.py, csrc/decode_ops.cpp) against their PyTorch reference.
+
+Tolerances: float32 1e-5 relative to the output's scale (float32 accumulation in another order);
+bfloat16: the outputs are rounded once where the reference rounds between ops, so within 2 bf16
+ulps (2^-7 relative). Quantized cache writes must store the same codes as the reference writer
+(up to a code of 1 where c / scale lands on a rounding tie)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from latentkv.attention import native
+from latentkv.attention.paged import write
+from latentkv.cache.latent_cache import LatentCache
+from latentkv.model import fused
+from latentkv.model.rope import apply_rope, cos_sin, default_inv_freq
+
+pytestmark = pytest.mark.skipif(not fused.available(), reason=f"fused ops not built: {fused.unavailable_reason()}")
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def close(out, ref, dtype):
+    if ref.numel() == 0:
+        assert out.shape == ref.shape
+        return
+    scale = ref.float().abs().max().clamp_min(1e-6)
+    assert (out.float() - ref.float()).abs().max() / scale <= TOL[dtype]
+
+
+def reference(fn, *args):
+    """Run a fused.* op on its PyTorch path (as with LATENTKV_FUSED=0)."""
+    module = fused._state["module"]
+    fused._state["module"] = None
+    try:
+        return fn(*args)
+    finally:
+        fused._state["module"] = module
+
+
+def isas():
+    codes = set(fused.extension().supported_isas())
+    return [name for name, code in native.ISAS.items() if code in codes]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("n,heads,k,c,extra", [(1, 9, 64, 256, 64), (7, 3, 40, 33, 0), (70, 2, 16, 130, 8)])
+@torch.no_grad()
+def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
+    if isa not in isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    monkeypatch.setitem(fused._state, "isa", native.ISAS[isa])
+    gen = torch.Generator().manual_seed(n)
+    q = torch.randn(n, heads, k + extra + 5, generator=gen).to(dtype)  # strided views, as project() gives
+    x, e = q[..., :k], (q[..., k:k + extra] if extra else None)
+    w = torch.randn(heads, k, c, generator=gen).to(dtype)
+    out = fused.head_matmul(x, w, 0.3, e)
+    exact = torch.bmm(x.transpose(0, 1).double(), w.double()).transpose(0, 1)
+    if extra:
+        exact = torch.cat((exact, e.double()), dim=-1)
+    close(out, exact * 0.3, dtype)
+    close(reference(fused.head_matmul, x, w, 0.3, e), exact * 0.3, dtype)
+
+
+@torch.no_grad()
+def test_head_matmul_rows_do_not_depend_on_the_batch():
+    """Batch invariance: a row's bits are the same alone and among 37 others."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(38, 9, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(9, 64, 256, generator=gen).to(torch.bfloat16)
+    batched = fused.head_matmul(x, w, 0.125)
+    for i in (0, 5, 37):
+        assert torch.equal(fused.head_matmul(x[i:i + 1], w, 0.125)[0], batched[i])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [True, False])
+@torch.no_grad()
+def test_rope(dtype, interleaved):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 4, 40, generator=gen).to(dtype)[..., 8:]  # [5, 4, 32], strided
+    cos, sin = cos_sin(torch.tensor([0, 3, 17, 100, 4000]), default_inv_freq(32, 10000.0))
+    out = fused.rope(x, cos, sin, interleaved)
+    close(out, apply_rope(x.float(), cos, sin, interleaved), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("rank,rope", [(256, 64), (32, 0), (48, 16)])
+@torch.no_grad()
+def test_write_latent_matches_the_reference_writer(dtype, cache_dtype, rank, rope):
+    """Fused rope + quantization + write stores what rope, then attention.paged.write, stores."""
+    gen = torch.Generator().manual_seed(rank)
+    t, interleaved = 11, rank % 64 == 0
+    kv = torch.randn(t, rank + rope + 3, generator=gen).to(dtype) * 3  # c and k_r: strided views
+    c, k_r = kv[:, :rank], kv[:, rank:rank + rope]
+    cos, sin = cos_sin(torch.arange(t) * 7, default_inv_freq(rope, 10000.0)) if rope else (torch.zeros(t, 0),) * 2
+    slots = torch.randperm(4 * 16, generator=gen)[:t]
+    ours, ref = (LatentCache(4, 16, rank, rope, dtype, cache_dtype) for _ in range(2))
+    fused.write_latent(ours, c, k_r, cos, sin, interleaved, slots)
+    write(ref, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0] if rope else k_r, slots)
+    if cache_dtype == "auto":
+        close(ours.kv, ref.kv, dtype)
+        return
+    assert torch.equal(ours.scale, ref.scale)
+    close(ours.rope, ref.rope, dtype)
+    if cache_dtype == "int8":
+        assert (ours.latent.int() - ref.latent.int()).abs().max() <= 1
+    else:
+        values = [cache.latent.view(torch.float8_e4m3fn).float() for cache in (ours, ref)]
+        assert torch.equal(values[0], values[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.no_grad()
+def test_rms_norm_and_silu_mul(dtype):
+    gen = torch.Generator().manual_seed(3)
+    x, h = (torch.randn(6, 96, generator=gen).to(dtype) * 4 for _ in range(2))
+    w = torch.randn(96, generator=gen).to(dtype)
+    total, normed = fused.rms_norm(x, w, 1e-5, h)
+    assert torch.equal(total, x + h)
+    close(normed, F.rms_norm((x + h).float(), (96,), w.float(), 1e-5), dtype)
+    close(fused.rms_norm(x, w, 1e-5), F.rms_norm(x.float(), (96,), w.float(), 1e-5), dtype)
+    gate_up = torch.randn(6, 2 * 48, generator=gen).to(dtype)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    close(fused.silu_mul(gate_up), F.silu(gate) * up, dtype)
+
+
+def test_the_switch_turns_the_native_ops_off(monkeypatch):
+    """LATENTKV_FUSED=0: no extension, and every op runs its reference (same numbers)."""
+    monkeypatch.setattr(fused, "_state", {})
+    monkeypatch.setenv("LATENTKV_FUSED", "0")
+    assert not fused.available() and "LATENTKV_FUSED=0" in fused.unavailable_reason()
+    gate_up = torch.randn(3, 8)
+    gate, up = gate_up.chunk(2, dim=-1)
+    with torch.no_grad():
+        assert torch.equal(fused.silu_mul(gate_up), F.silu(gate) * up)
+
+
+def test_autograd_takes_the_reference():
+    """Healing trains through the model: with gradients on, the ops are the differentiable reference."""
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    w = torch.randn(3, 8, 5)
+    fused.head_matmul(x, w, 0.5).sum().backward()
+    assert x.grad is not None
