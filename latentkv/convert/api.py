@@ -1,6 +1,7 @@
 """`convert(source, out, options)`: read a source, calibrate, convert, measure, write the folder."""
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from latentkv.convert import spill
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.corpus import default_documents, file_documents, heldout_text, token_windows
 from latentkv.convert.export import export, write_card
@@ -67,6 +69,14 @@ def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int) ->
     return token_windows(src.tokenizer(), docs, ctx, calib_tokens, seed=0)
 
 
+def calibrate(src: SourceModel, windows: torch.Tensor, dtype: torch.dtype, scratch: Path) -> list:
+    """collect_stats, with the calibration activations and the statistics in files under scratch
+    when they pass spill.BUDGET (the same numbers, in bounded memory)."""
+    D = src.hidden_size
+    return collect_stats(src, windows, dtype=dtype, store=spill.batch_store(scratch, windows.numel() * D * 4),
+                         keep=spill.stats_keeper(scratch, src.num_layers * (D + 1) ** 2 * 8))
+
+
 def measure(src: SourceModel, folder: Path, eval_tokens: int, ctx: int) -> dict:
     """Held-out perplexities of the source and the converted folder, with the protocol, windows and
     model of `latentkv eval ppl` (latentkv's model in float32), each run one layer's weights at a
@@ -98,14 +108,16 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx)
     calib_dtype = calib_torch_dtype(options.calib_dtype)
     step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens ({str(calib_dtype)[6:]} matmuls)", started)
-    stats = collect_stats(src, windows, dtype=calib_dtype)
-    dtype = MODEL_DTYPES[options.dtype]
-    cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
-    record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
-              "rope_theta": info["rope_theta"]}
-    step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}) and writing {out}", started)
-    out = export(Path(out), src, cfg, tqdm(parts, desc="converting and writing layers", unit="part",
-                                          total=src.num_layers + 1), info, record)
+    Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".latentkv-scratch-", dir=Path(out).resolve().parent) as scratch:
+        stats = calibrate(src, windows, calib_dtype, Path(scratch))
+        dtype = MODEL_DTYPES[options.dtype]
+        cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
+        record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
+                  "rope_theta": info["rope_theta"]}
+        step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}) and writing {out}", started)
+        out = export(Path(out), src, cfg, tqdm(parts, desc="converting and writing layers", unit="part",
+                                              total=src.num_layers + 1), info, record)
     if options.eval_tokens:
         step(5, f"measuring perplexity on {options.eval_tokens} held-out tokens (source and converted)", started)
     measured = measure(src, out, options.eval_tokens, options.ctx) if options.eval_tokens else {}

@@ -35,7 +35,8 @@ def source_perplexity(src: SourceModel, windows: torch.Tensor, desc: str = "perp
             yield lambda h, i=i: decoder_layer(src, i, h, positions)
 
     embedding = src.tensors["model.embed_tokens.weight"]  # read once (a streamed source reads per access)
-    norm, head = src.tensors["model.norm.weight"], src.lm_head()
+    norm = src.tensors["model.norm.weight"]
+    head = src.tensors["lm_head.weight"] if "lm_head.weight" in src.tensors else embedding  # tied: one copy
     return layerwise_perplexity(lambda ids: F.embedding(ids, embedding), layers(),
                                 lambda h: F.linear(rms_norm(h, norm, src.rms_norm_eps), head), windows, desc)
 
