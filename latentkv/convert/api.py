@@ -1,6 +1,7 @@
 """`convert(source, out, options)`: read a source, calibrate, convert, measure, write the folder."""
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -8,19 +9,19 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from latentkv.convert import spill
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.corpus import default_documents, file_documents, heldout_text, token_windows
 from latentkv.convert.export import export, write_card
+from latentkv.convert.layerwise import converted_perplexity, source_perplexity
 from latentkv.convert.options import ConvertOptions, calib_torch_dtype
 from latentkv.convert.pipeline import convert_parts, resolve_rope_dim
-from latentkv.convert.reference import source_logits
 from latentkv.convert.source_model import SourceModel
 from latentkv.convert.sources import read_source
 from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
-from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
+from latentkv.eval.perplexity import PROTOCOL, text_windows
 from latentkv.facts import MODEL_DTYPES
 from latentkv.memory import peak_rss
-from latentkv.model.loader import load_model
 
 DEFAULTS = ConvertOptions()
 # With no size option: the smallest cache (int8 latent bytes counted) measured within +5%
@@ -68,45 +69,57 @@ def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int) ->
     return token_windows(src.tokenizer(), docs, ctx, calib_tokens, seed=0)
 
 
+def calibrate(src: SourceModel, windows: torch.Tensor, dtype: torch.dtype, scratch: Path) -> list:
+    """collect_stats, with the calibration activations and the statistics in files under scratch
+    when they pass spill.BUDGET (the same numbers, in bounded memory)."""
+    D = src.hidden_size
+    return collect_stats(src, windows, dtype=dtype, store=spill.batch_store(scratch, windows.numel() * D * 4),
+                         keep=spill.stats_keeper(scratch, src.num_layers * (D + 1) ** 2 * 8))
+
+
 def measure(src: SourceModel, folder: Path, eval_tokens: int, ctx: int) -> dict:
     """Held-out perplexities of the source and the converted folder, with the protocol, windows and
-    model of `latentkv eval ppl` (the folder loaded by latentkv's loader in float32)."""
+    model of `latentkv eval ppl` (latentkv's model in float32), each run one layer's weights at a
+    time (layerwise.py: the same numbers as the whole models, in the memory of one layer)."""
     windows = text_windows(src.tokenizer(), heldout_text(), ctx, eval_tokens)
-    source = perplexity(lambda ids: source_logits(src, ids), windows, desc="perplexity (source)")
-    model = load_model(folder, dtype=torch.float32)
-    converted = perplexity(model.full_logits, windows, desc="perplexity (converted)")
+    source = source_perplexity(src, windows)
+    converted = converted_perplexity(folder, windows)
     return {"source ppl": source["ppl"], "converted ppl": converted["ppl"],
             "ratio": converted["ppl"] / source["ppl"],
             "protocol": PROTOCOL.format(ctx=ctx) + f", {source['tokens']} tokens of the default held-out text"}
 
 
-def step(n: int, text: str) -> None:
-    """One line per stage; the long stages then show their own bar with the time left."""
-    tqdm.write(f"latentkv convert [{n}/5] {text}")
+def step(n: int, text: str, started: float) -> None:
+    """One line per stage (with the time and peak RSS so far); the long stages then show their own
+    bar with the time left."""
+    so_far = f"{time.perf_counter() - started:.0f} s, peak RSS {peak_rss() / 2**30:.2f} GiB so far"
+    tqdm.write(f"latentkv convert [{n}/5] {text} ({so_far})")
 
 
 def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) -> Path:
     """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`."""
     options.check()
     started = time.perf_counter()
-    step(1, f"reading {source if source is not None else 'the bundled SmolLM2'}")
+    step(1, f"reading {source if source is not None else 'the bundled SmolLM2'}", started)
     src = source if isinstance(source, SourceModel) else read_source(source)
     options = resolve_sizes(src, options)
     resolve_rope_dim(src, options.rope_dim, options.stock)  # fail before the (long) calibration
-    step(2, "tokenizing calibration text")
+    step(2, "tokenizing calibration text", started)
     windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx)
     calib_dtype = calib_torch_dtype(options.calib_dtype)
-    step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens ({str(calib_dtype)[6:]} matmuls)")
-    stats = collect_stats(src, windows, dtype=calib_dtype)
-    dtype = MODEL_DTYPES[options.dtype]
-    cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
-    record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
-              "rope_theta": info["rope_theta"]}
-    step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}) and writing {out}")
-    out = export(Path(out), src, cfg, tqdm(parts, desc="converting and writing layers", unit="part",
-                                          total=src.num_layers + 1), info, record)
+    step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens ({str(calib_dtype)[6:]} matmuls)", started)
+    Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".latentkv-scratch-", dir=Path(out).resolve().parent) as scratch:
+        stats = calibrate(src, windows, calib_dtype, Path(scratch))
+        dtype = MODEL_DTYPES[options.dtype]
+        cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
+        record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
+                  "rope_theta": info["rope_theta"]}
+        step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}) and writing {out}", started)
+        out = export(Path(out), src, cfg, tqdm(parts, desc="converting and writing layers", unit="part",
+                                              total=src.num_layers + 1), info, record)
     if options.eval_tokens:
-        step(5, f"measuring perplexity on {options.eval_tokens} held-out tokens (source and converted)")
+        step(5, f"measuring perplexity on {options.eval_tokens} held-out tokens (source and converted)", started)
     measured = measure(src, out, options.eval_tokens, options.ctx) if options.eval_tokens else {}
     write_card(out, src, cfg, info, record, measured)
     print(f"latentkv convert: {time.perf_counter() - started:.1f} s, peak RSS {peak_rss() / 2**30:.2f} GiB")

@@ -86,9 +86,11 @@ def add_sensitivity(rho: torch.Tensor, kappa: torch.Tensor, probs: torch.Tensor,
 
 
 def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], positions: torch.Tensor,
-                dtype: torch.dtype = torch.float32) -> tuple[LayerStats, list]:
+                dtype: torch.dtype = torch.float32, moved=None) -> tuple[LayerStats, list]:
     """One layer's statistics over the residual-stream batches `hidden` [B, T, D] (float32), and
-    the batches moved past the layer (the source's forward, reusing the attention computed here).
+    the batches moved past the layer (the source's forward, reusing the attention computed here),
+    appended to `moved` (default a new list; spill.DiskBatches keeps them on disk). `hidden` is
+    iterated once.
 
     dtype: the projections' and MLP's matmuls (bfloat16 halves their time on CPUs with native
     bf16); the residual stream, norms, softmax and every statistic stay float32 or wider."""
@@ -105,9 +107,11 @@ def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], posit
     cos, sin = cos_sin(positions, src.inv_freq.to(device))
     mask = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
     low = {name: w if w is None or name.endswith("norm") else w.to(dtype) for name, w in layer.items()}
-    moved = []
+    moved = [] if moved is None else moved
+    count = 0
     for h in hidden:
         B = h.shape[0]
+        count += B * T
         x = rms_norm(h, layer["attn_norm"], src.rms_norm_eps)
         add_moments(xx, x.reshape(-1, D))
         q, k, v = (t.float() for t in ref.project_qkv(src, low, x.to(dtype)))
@@ -120,7 +124,6 @@ def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], posit
         del scores, probs
         h = h + F.linear(o.transpose(1, 2).reshape(B, T, H * d), wo)
         moved.append(h + ref.mlp(low, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps).to(dtype)).float())
-    count = sum(h.shape[0] for h in hidden) * T
     stats = LayerStats(xx=(xx / count).cpu(), dist=dist.cpu(), rho=(rho / count).cpu(), kappa=(kappa / count).cpu(),
                        tokens=count)
     return stats, moved
@@ -128,21 +131,25 @@ def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], posit
 
 @torch.no_grad()
 def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, device="cpu",
-                  dtype: torch.dtype = torch.float32) -> list[LayerStats]:
+                  dtype: torch.dtype = torch.float32, store=list, keep=None) -> list[LayerStats]:
     """Statistics of every layer over token windows [N, T] (dtype: the source forward's matmuls).
 
-    The residual stream of all windows is held (N*T*D floats); one layer's attention
-    probabilities for one batch of windows at a time; one layer's weights at a time.
+    The residual stream of all windows is held (N*T*D floats) in containers made by store()
+    (a list; spill.batch_store: on disk past a budget); one layer's attention probabilities for
+    one batch of windows at a time; one layer's weights at a time. keep(stats) is what each
+    layer's statistics are kept as (spill.stats_keeper: on disk past a budget).
     """
     N, T = windows.shape
     positions = torch.arange(T, device=device)
     embedding = src.tensors["model.embed_tokens.weight"].to(device)  # read once (a streamed source reads per access)
-    hidden = [F.embedding(windows[b:b + batch].to(device), embedding) for b in range(0, N, batch)]
+    hidden = store()
+    for b in range(0, N, batch):
+        hidden.append(F.embedding(windows[b:b + batch].to(device), embedding))
     del embedding
     stats = []
     for i in tqdm(range(src.num_layers), desc="calibrating layers", unit="layer"):
-        st, hidden = layer_stats(src, src.layer(i), hidden, positions, dtype)
-        stats.append(st)
+        st, hidden = layer_stats(src, src.layer(i), hidden, positions, dtype, store())
+        stats.append(keep(st) if keep else st)
     return stats
 
 

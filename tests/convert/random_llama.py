@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoTokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from latentkv.convert.sources import default_gguf_path
 
@@ -28,6 +29,16 @@ SHAPES = {
     "8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
                intermediate_size=14336),
 }
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A 256-token tokenizer (one token per byte, any text): a model's embedding then costs nothing
+    next to its layers, for tests that measure the memory of the layers."""
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
 def layer_shapes(cfg: dict, i: int) -> dict[str, tuple[int, ...]]:
