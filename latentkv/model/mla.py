@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import invariant
 from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
@@ -96,7 +97,7 @@ class MLAttention(nn.Module):
         (q_lat = W_UKᵀ q_nope beside q_rope), softmax scale included."""
         b, q, h, _ = q_nope.shape
         w_uk, _ = self.split_kv_b()
-        q_lat = torch.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk)  # [H, B*Q, r]
+        q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk)  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
         # the softmax scale goes on the small query, not on the [B, Q*H, L] scores
         return (torch.cat((q_lat, q_rope), dim=-1) * self.scale).view(b, q * h, -1)
@@ -105,7 +106,7 @@ class MLAttention(nn.Module):
         """o_lat [B, Q*H, kv_rank] (attention output in latent space) -> W_UV o_lat [B,Q,H,dv]."""
         b, h = o_lat.shape[0], self.n_heads
         _, w_uv_t = self.split_kv_b()
-        out = torch.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
+        out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
     def expand(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
