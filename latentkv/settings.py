@@ -14,6 +14,7 @@ TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-
     max_num_batched_tokens = 2048
     enable_prefix_caching = true
     nan_check = true                 # a NaN/Inf in the logits fails that request
+    batch_invariant = true           # same greedy tokens alone, batched, chunked or prefix-cached
     kv_store = "~/.cache/latentkv/store"  # on-disk latent store (docs/store.md); kv_store_max_size = "10GiB"
     warm = "templates.jsonl"         # templates prefilled at start; warm_fraction = 0.05 of the cache pinned
     host = "127.0.0.1"               # serve only: host, port, api_key, api_key_file, served_model_name,
@@ -84,6 +85,8 @@ class Settings:
     attention_backend: str = option("auto", "attention kernels: auto (native C++ where it builds), native, torch")
     threads: int | None = option(None, "CPU threads (default: $LATENTKV_THREADS, else $OMP_NUM_THREADS, else all cores)", type=int)
     nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
+    batch_invariant: bool = option(True, "the same greedy tokens alone, batched, chunked or prefix-cached "
+                                         "(default on; docs/internals.md, 'Batch invariance')")
     kv_store: str | None = option(None, "keep full prefix-cache blocks on disk in this directory, reused across "
                                         "restarts and shared by processes (docs/store.md)", "latent_attention.store.path")
     kv_store_max_size: int | str = option(STORE_MAX_SIZE, f"bound of the --kv-store directory (default {STORE_MAX_SIZE})",

@@ -18,9 +18,14 @@ PATHS = ("auto", "naive", "absorbed")
 
 
 def choose_path(layer, meta: AttentionMetadata) -> str:
-    """The cheaper path by multiply-adds on the padded shapes (or the one meta forces)."""
+    """The cheaper path by multiply-adds on the padded shapes (or the one meta forces).
+    Batch-invariant steps and prefills over cached context take the absorbed path: it reads the
+    latent in tiles (no per-head K/V for the whole context) and every row reduces the same way
+    whether it comes in a prefill, a chunk or a decode."""
     if meta.path != "auto":
         return meta.path
+    if meta.invariant or 1 < meta.max_query_len < meta.max_context_len:
+        return "absorbed"
     b, q, length = meta.num_seqs, meta.max_query_len, meta.max_context_len
     h, r, dn, dr, dv = layer.n_heads, layer.kv_rank, layer.dn, layer.dr, layer.dv
     naive = b * length * r * h * (dn + dv) + b * q * length * h * (dn + dr + dv)

@@ -26,6 +26,7 @@ class AttentionMetadata:
     path: str = "auto"  # "naive" | "absorbed" | "auto"
     runs: list[tuple[int, int]] | None = None  # one sequence: its blocks as (first, count) runs of consecutive ids
     groups: list | None = None  # [(flat rows [n], AttentionMetadata)]: attend per group (see attention_groups)
+    invariant: bool = False  # every row reduces in a fixed order of its own (latentkv/invariant.py)
     _masks: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -62,6 +63,7 @@ def build_metadata(
     device: torch.device | str = "cpu",
     path: str = "auto",
     split: bool = True,
+    invariant: bool = False,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Build the metadata and the positions [T] of the new tokens.
 
@@ -108,13 +110,14 @@ def build_metadata(
         max_context_len=ctx_max,
         path=path,
         runs=block_runs(tables[0].tolist()) if len(block_tables) == 1 else None,
+        invariant=invariant,
     )
     if split and q_max > 1 and len(set(query_lens)) > 1:  # equal lengths pad nothing: one batch
-        batch.groups = attention_groups(query_lens, context_lens, block_tables, block_size, device, path)
+        batch.groups = attention_groups(query_lens, context_lens, block_tables, block_size, device, path, invariant)
     return batch, positions.to(device)
 
 
-def attention_groups(query_lens, context_lens, block_tables, block_size, device, path) -> list:
+def attention_groups(query_lens, context_lens, block_tables, block_size, device, path, invariant=False) -> list:
     """Padded attention pays for Qmax query rows per sequence: a step mixing a prefill chunk of
     2,048 tokens with decodes would attend 2,048 rows for every decode. So such steps attend per
     group — each sequence with several new tokens alone, all single-token decodes together —
@@ -128,7 +131,8 @@ def attention_groups(query_lens, context_lens, block_tables, block_size, device,
     for seqs in members:
         rows = torch.tensor([r for i in seqs for r in range(starts[i], starts[i + 1])], device=device)
         sub, _ = build_metadata([query_lens[i] for i in seqs], [context_lens[i] for i in seqs],
-                                [block_tables[i] for i in seqs], block_size, device, path, split=False)
+                                [block_tables[i] for i in seqs], block_size, device, path, split=False,
+                                invariant=invariant)
         groups.append((rows, sub))
     return groups
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .metadata import AttentionMetadata
-from .torch_ref import TorchBackend
+from .torch_ref import QUERY_CHUNK, TorchBackend
 
 CSRC = Path(__file__).parent / "csrc"
 ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}  # avx512_bf16: bf16 dot products for bf16 queries
@@ -128,8 +128,15 @@ class NativeBackend(TorchBackend):
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
         if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16) \
-                or meta.max_query_len > MAX_QUERY_LEN:
+                or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
             return super().latent_attention(query, cache, meta)
         heads = query.shape[1] // meta.max_query_len
-        pos = None if meta.max_query_len == 1 else meta.query_pos
-        return mla_decode(query, cache, meta.block_tables, meta.context_lens, pos, heads, self.isa)
+        if meta.max_query_len == 1:
+            return mla_decode(query, cache, meta.block_tables, meta.context_lens, None, heads, self.isa)
+        # Batch-invariant: every row through the kernel (its spans sit at fixed positions), in
+        # QUERY_CHUNK-token slices so its per-span buffers stay bounded; rows are independent.
+        parts = [mla_decode(query[:, first * heads:(first + QUERY_CHUNK) * heads].contiguous(), cache,
+                            meta.block_tables, meta.context_lens,
+                            meta.query_pos[:, first:first + QUERY_CHUNK].contiguous(), heads, self.isa)
+                 for first in range(0, meta.max_query_len, QUERY_CHUNK)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

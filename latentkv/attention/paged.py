@@ -33,6 +33,15 @@ def gather(cache: LatentCache, block_tables: torch.Tensor) -> torch.Tensor:
     return kv.view(b, nb * cache.block_size, -1)
 
 
+def read_slots(cache: LatentCache, slots: torch.Tensor) -> torch.Tensor:
+    """Flat slots [...] -> their rows [..., kv_rank + rope_dim] in the model dtype (a copy)."""
+    if not cache.quantized:
+        return cache.kv.view(-1, cache.kv.shape[-1])[slots]
+    n = cache.scale.numel()
+    return cache.dequantize(cache.latent.view(n, cache.kv_rank)[slots], cache.scale.view(n)[slots],
+                            cache.rope.view(n, cache.rope_dim)[slots])
+
+
 def pieces(cache: LatentCache, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:
     """One sequence's first `length` tokens, stored on `runs` of consecutive blocks ->
     [1, L_i, kv_rank + rope_dim] pieces in order, summing to `length`. Unquantized,

@@ -4,9 +4,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import invariant
 from .backend import AttentionBackend
 from .metadata import AttentionMetadata
-from .paged import gather, pieces
+from .paged import gather, pieces, read_slots
+
+KEY_TILE = 256  # keys per online-softmax step, at fixed absolute positions [0, 256), [256, 512), ...
+QUERY_CHUNK = 256  # query tokens per pass: scores stay [B, QUERY_CHUNK * H, KEY_TILE] whatever the prompt
 
 
 class TorchBackend(AttentionBackend):
@@ -24,6 +28,11 @@ class TorchBackend(AttentionBackend):
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.invariant or meta.max_context_len > KEY_TILE and meta.max_query_len > 1:
+            return tiled_latent_attention(query, cache, meta)
+        return self.whole_latent_attention(query, cache, meta)
+
+    def whole_latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
         """Plain matmuls: for these short query blocks they beat SDPA's CPU kernels several
         times over; the context is read piece by piece, so its views are never copied."""
         parts = self.read(cache, meta)
@@ -51,6 +60,49 @@ class TorchBackend(AttentionBackend):
             is_causal=kind == "causal", scale=scale,
         )
         return out.transpose(1, 2)[..., :dv]
+
+
+def tiled_latent_attention(query: torch.Tensor, cache, meta: AttentionMetadata) -> torch.Tensor:
+    """query [B, Q*H, r+dr] (absorbed, scaled) -> o_lat [B, Q*H, r], batch-invariant and memory-bounded.
+
+    Each query row reduces over its visible keys in tiles at fixed absolute positions, in
+    order, in float32 (online softmax): its bits depend only on its own sequence's cache and
+    position, not on the batch, the chunking or whether its keys were written in this step
+    (a tile's keys past the row are masked to weight 0, which adds exactly nothing). Query
+    rows go QUERY_CHUNK tokens at a time, so nothing larger than [B, QUERY_CHUNK*H, KEY_TILE]
+    scores or [B, KEY_TILE, r+dr] latent rows is materialized, however long the context."""
+    b, rows, _ = query.shape
+    heads, r = rows // meta.max_query_len, cache.kv_rank
+    out = query.new_empty(b, rows, r)
+    offsets = torch.arange(KEY_TILE, device=query.device)
+    for first in range(0, meta.max_query_len, QUERY_CHUNK):
+        last = min(first + QUERY_CHUNK, meta.max_query_len)
+        q = query[:, first * heads : last * heads].float()
+        pos = meta.query_pos[:, first:last].repeat_interleave(heads, dim=1)  # [B, m]
+        top = q.new_full(pos.shape, float("-inf"))
+        total = q.new_zeros(pos.shape)
+        acc = q.new_zeros(*pos.shape, r)
+        for start in range(0, int(pos.max()) + 1, KEY_TILE):
+            keys = start + offsets
+            kv = read_tile(cache, meta, keys)  # [B, KEY_TILE, r+dr] float32, zeros past each context
+            scores = invariant.bmm(q, kv.transpose(1, 2)).masked_fill(keys[None, None] > pos[..., None], float("-inf"))
+            now = torch.maximum(top, scores.amax(-1))
+            alpha = torch.exp(top - now)  # 1 where the tile adds nothing (top holds): exact no-op
+            probs = torch.exp(scores - now[..., None])
+            total = total * alpha + probs.sum(-1)
+            acc = acc * alpha[..., None] + invariant.bmm(probs, kv[..., :r])
+            top = now
+        out[:, first * heads : last * heads] = (acc / total[..., None]).to(out.dtype)
+    return out
+
+
+def read_tile(cache, meta: AttentionMetadata, keys: torch.Tensor) -> torch.Tensor:
+    """Positions keys [n] of every sequence -> [B, n, r+dr] float32, zero rows past a sequence's context."""
+    bs = cache.block_size
+    cols = (keys // bs).clamp(max=meta.block_tables.shape[1] - 1)
+    slots = meta.block_tables[:, cols] * bs + keys % bs  # [B, n]
+    rows = read_slots(cache, slots).float()
+    return rows.masked_fill((keys[None] >= meta.context_lens[:, None])[..., None], 0.0)
 
 
 def score(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from latentkv import invariant
 from latentkv.cache.block_pool import BlockPool
 from latentkv.cpu import default_threads
 from latentkv.engine.args import EngineArgs
@@ -100,7 +101,10 @@ class LLMEngine:
         self.scheduler = Scheduler(KVManager(self.pool), args.max_num_seqs, batched)
         self.eos_token_ids = find_eos_token_ids(Path(args.model), self.cfg, tokenizer)
         self.runner = ModelRunner(model, args.block_size, num_blocks, args.kv_cache_dtype,
-                                  args.attention_path, args.seed, args.nan_check, self.eos_token_ids)
+                                  args.attention_path, args.seed, args.nan_check, self.eos_token_ids,
+                                  args.batch_invariant)
+        if args.batch_invariant:
+            invariant.install(model)  # float32 linears: pad small row counts (bf16 needs nothing)
         self.requests: dict[str, list[Sequence]] = {}
         self.store = open_tier(args, model.dtype, self.runner.caches, self.pool)
         self.scheduler.kv.store = self.store

@@ -42,7 +42,7 @@ class SeqResult:
 class ModelRunner:
     def __init__(self, model, block_size: int, num_blocks: int, cache_dtype: str = "auto",
                  attention_path: str = "auto", seed: int = 0, nan_check: bool = False,
-                 eos_token_ids: list[int] | None = None):
+                 eos_token_ids: list[int] | None = None, batch_invariant: bool = False):
         self.model = model
         self.cfg = model.config
         self.device = model.device
@@ -51,6 +51,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.attention_path = attention_path
         self.nan_check = nan_check
+        self.batch_invariant = batch_invariant  # attention reduces each row in a fixed order (invariant.py)
         self.caches = allocate_caches(self.cfg, num_blocks, block_size, self.dtype, cache_dtype, self.device)
         self.generator = torch.Generator().manual_seed(seed)   # for unseeded requests
         self.eos_token_ids = eos_token_ids if eos_token_ids is not None else []   # masked until min_tokens
@@ -64,7 +65,7 @@ class ModelRunner:
         input_ids = [t for seq, a, n in zip(seqs, starts, lens) for t in seq.token_ids[a:a + n]]
         batch, positions = build_metadata(lens, [a + n for a, n in zip(starts, lens)],
                                           [seq.block_table for seq in seqs], self.block_size,
-                                          self.device, self.attention_path)
+                                          self.device, self.attention_path, invariant=self.batch_invariant)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions, batch, self.caches)
         rows, plp_rows = self.pick_logit_rows(out, batch.query_start.tolist())
         results = [SeqResult() for _ in seqs]

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import invariant
 from ..attention import get_backend
 from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata, build_metadata
@@ -49,7 +50,7 @@ class Gate(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> weights [T, k] (float32), expert ids [T, k]."""
         cfg = self.cfg
-        logits = F.linear(x.float(), self.weight.float())
+        logits = invariant.linear(x.float(), self.weight.float())  # float32 even in bf16: pad small M
         scores = logits.softmax(-1) if cfg.scoring_func == "softmax" else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
         if cfg.topk_method != "greedy" and cfg.n_group > 1:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import invariant
 from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
@@ -109,7 +110,7 @@ class MLAttention(nn.Module):
         if fused.usable(q_nope):  # one native call; each row reduces in a fixed order (batch-invariant)
             rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr))
             return rows.view(b, q * h, -1)
-        q_lat = torch.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk)  # [H, B*Q, r]
+        q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk)  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
         # the softmax scale goes on the small query, not on the [B, Q*H, L] scores
         return (torch.cat((q_lat, q_rope), dim=-1) * self.scale).view(b, q * h, -1)
@@ -120,7 +121,7 @@ class MLAttention(nn.Module):
         _, w_uv_t = self.split_kv_b()
         if fused.usable(o_lat):
             return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t).view(b, q, h, self.dv)
-        out = torch.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
+        out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
     def expand(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,7 +41,7 @@ class RunningServer:
 def start_server(folder, api_key: str | None = None, max_waiting_requests: int = 256,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False,
                  **engine_kwargs) -> RunningServer:
-    args = EngineArgs(model=str(folder), dtype="float32", nan_check=True, **engine_kwargs)
+    args = EngineArgs(**{"model": str(folder), "dtype": "float32", "nan_check": True, **engine_kwargs})
     engine = LLMEngine.from_args(args)
     state = build_state(engine, MODEL_NAME, max_waiting_requests, api_key, max_request_bytes, metrics_public)
     port = free_port()

@@ -1,0 +1,76 @@
+"""Batch invariance: a row's bits must not depend on how many rows share its matmul.
+
+Greedy output is the same alone, batched, chunked or prefix-cached only if every token row
+is computed the same way whatever else is in the step. Measured on this project's CPU
+(torch 2.13: MKL 2024.2 for float32, oneDNN 3.12 for bf16; tests/test_invariant.py re-checks
+it on the machine that runs the suite):
+- bf16 linears and bmm (oneDNN) give every row the same bits for any number of rows M;
+- float32 (MKL sgemm) rounds differently when M is 1, 2, 3, 5, 6, 7, 9, 10 or 11 (its GEMV and
+  small-M kernels) and agrees for every M that is a multiple of 4 or at least 12 (bmm: per
+  batch entry, the same or better). So float32 matmuls with such an M get zero rows up to the
+  next multiple of 4 (the padded rows' outputs are dropped);
+- RMSNorm, softmax, SiLU, argmax and the int8 / int4 weight kernels are row-invariant as they are.
+Attention is made invariant by the backends (attention/torch_ref.py `tiled_latent_attention`,
+the native kernel's fixed spans).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SAFE_ROWS = 12  # float32 sgemm: every M >= this (and every multiple of 4) rounds like any other
+
+
+def padded_rows(m: int) -> int:
+    """The row count a float32 matmul of m rows runs with: m, or the next multiple of 4."""
+    return m if m >= SAFE_ROWS or m % 4 == 0 else -(-m // 4) * 4
+
+
+def needs_padding(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.device.type == "cpu" and padded_rows(x.shape[-2]) != x.shape[-2]
+
+
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., M, K] -> [..., padded_rows(M), K] with zero rows appended."""
+    return F.pad(x, (0, 0, 0, padded_rows(x.shape[-2]) - x.shape[-2]))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear whose rows do not depend on how many there are. x [M, K] (or [K])."""
+    if x.dim() != 2 or not needs_padding(x):
+        return F.linear(x, weight, bias)
+    return F.linear(pad_rows(x), weight, bias)[: x.shape[0]]
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.bmm with the same guarantee: a [B, M, K], b [B, K, N] -> [B, M, N]."""
+    if not needs_padding(a):
+        return torch.bmm(a, b)
+    return torch.bmm(pad_rows(a), b)[:, : a.shape[1]]
+
+
+def _pad_input(module: nn.Module, args: tuple):
+    x = args[0]
+    if x.dim() != 2 or not needs_padding(x):
+        return None
+    module._invariant_rows = x.shape[0]
+    return (pad_rows(x),) + tuple(args[1:])
+
+
+def _cut_output(module: nn.Module, args: tuple, out: torch.Tensor):
+    rows = module.__dict__.pop("_invariant_rows", None)
+    return None if rows is None else out[:rows]
+
+
+def install(model: nn.Module) -> int:
+    """Make every float32 nn.Linear of `model` row-invariant (hooks that pad small M); -> how many.
+    bf16 and the quantized kernels need nothing. Only 2-D inputs [M, K] are padded (the engine's flat batch)."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and not getattr(module, "_invariant_hooked", False):
+            module.register_forward_pre_hook(_pad_input)
+            module.register_forward_hook(_cut_output)
+            module._invariant_hooked = True
+            count += 1
+    return count

@@ -1,0 +1,57 @@
+"""The same answer every time: greedy tokens identical (not close) alone, in a batch of 16 mixed
+requests, with chunked prefill, with the prompt prefix-cached, and 16 identical requests at once —
+in bf16 and float32, through both attention backends (batch_invariant is the default)."""
+import random
+
+import pytest
+import torch
+
+from latentkv import LLM, SamplingParams
+
+N_TOKENS = 24
+
+
+def requests(n=16, seed=3, vocab=120):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(2, vocab) for _ in range(rng.randint(5, 60))] for _ in range(n)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(N_TOKENS // 2, N_TOKENS), ignore_eos=True)
+              for _ in range(n)]
+    return prompts, params
+
+
+def greedy(llm, prompts, params):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("name", ["v3_dense_qlora", "v2_moe_group_limited"])
+def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dtype, attention_backend):
+    if dtype == "bfloat16" and name != "v3_dense_qlora" and attention_backend == "torch":
+        pytest.skip("one bf16 model through the reference backend keeps the suite short")
+    folder, _, _ = tiny_lm(name)
+    prompts, params = requests()
+
+    def llm(**kw):
+        return LLM(str(folder), dtype=dtype, block_size=4, kv_cache_memory="4MiB", max_num_seqs=16,
+                   attention_backend=attention_backend, **kw)
+
+    plain = llm(enable_prefix_caching=False)
+    alone = [greedy(plain, [p], [sp])[0] for p, sp in zip(prompts, params)]
+    assert greedy(plain, prompts, params) == alone  # 16 mixed requests in one batch
+    assert greedy(llm(enable_prefix_caching=False, max_num_batched_tokens=16), prompts, params) == alone  # chunked
+    cached = llm()
+    assert greedy(cached, prompts, params) == alone
+    again = greedy(cached, prompts, params)  # every prompt now comes from the prefix cache
+    assert cached.engine.stats()["prefix_hits"] > 0 and again == alone
+    same = greedy(cached, [prompts[0]] * 16, [params[0]] * 16)  # 16 identical requests at once
+    assert same == [alone[0]] * 16
+
+
+def test_batch_invariant_can_be_turned_off_and_is_validated(tiny_lm):
+    folder, _, _ = tiny_lm()
+    llm = LLM(str(folder), dtype="float32", block_size=4, kv_cache_memory="1MiB", batch_invariant=False)
+    assert llm.engine.runner.batch_invariant is False
+    with pytest.raises(ValueError, match="batch_invariant"):
+        LLM(str(folder), batch_invariant="sometimes")
+
