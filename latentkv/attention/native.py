@@ -4,7 +4,9 @@ Built with torch.utils.cpp_extension on first use into ~/.cache/latentkv/torch_e
 (rebuilt when the source changes). Where it cannot be built or loaded (no compiler, no
 ninja, another OS), `available()` is False, `get_backend("auto")` picks the PyTorch reference
 and one warning says why. The instruction set is chosen at run time: the best this CPU
-runs (avx512 > avx2 > scalar), or `LATENTKV_CPU_ISA=avx512|avx2|scalar` to force one.
+runs (avx512_bf16 > avx512 > avx2 > scalar), or `LATENTKV_CPU_ISA=avx512_bf16|avx512|avx2|scalar`
+to force one. avx512_bf16 computes a bf16 query's dot products with vdpbf16ps (csrc/mla_decode_bf16.h);
+float32 queries, and the other paths, compute in float32 FMAs (csrc/mla_decode_impl.h).
 `LATENTKV_NATIVE=0` makes the build "unavailable" (the fallback, on purpose).
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .metadata import AttentionMetadata
 from .torch_ref import TorchBackend
 
 CSRC = Path(__file__).parent / "csrc"
-ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}  # avx512_bf16: bf16 dot products for bf16 queries
 MAX_QUERY_LEN = 16  # longer query blocks (prefill chunks) are matmul-shaped: the reference's bmm wins
 _state: dict = {}
 

@@ -104,6 +104,8 @@ def register(subparsers) -> None:
     p.add_argument("--rope", type=int, default=64, help="rope dims (default 64)")
     p.add_argument("--calls", type=int, help="back-to-back calls per timing")
     p.add_argument("--repeats", type=int, help="interleaved repeats (median)")
+    p.add_argument("--compare-isas", nargs="+", choices=["avx512", "avx2", "scalar"], default=[],
+                   help="also time the native kernel forced to these instruction sets, interleaved (an A/B)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
     add_threads_arg(p)

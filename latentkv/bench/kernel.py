@@ -2,9 +2,14 @@
 reference in the same run: GB/s of latent read and the share of this machine's measured
 bandwidth, by batch, context and latent dtype (the CPU's flags printed with the table).
 
-Each configuration fills a cache of B sequences x context tokens on shuffled blocks (as a
+Each configuration fills caches of B sequences x context tokens on shuffled blocks (as a
 long-running server's are) and times one layer's `latent_attention` call: a decode step
 runs it once per layer. Bytes read = B x context x the latent bytes per token of one layer.
+Successive calls go to successive copies ("layers"), as many as make the bytes of one round at
+least twice the last-level cache: a small cache timed over and over would be read from L3, not
+memory (B=1 at 8K is 5 MB of bf16 latent; this EPYC's L3 is 32 MB). The `layers` column says
+how many copies a configuration rotated over and `round MiB` the bytes of one round (below the
+L3 size only for tiny --quick configurations, capped at MAX_LAYERS copies).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from .bandwidth import measure_bandwidth
 from .report import median, new_figure, print_table, save_figure, write_json
 
 BLOCK = 16
+MAX_LAYERS = 256  # tiny configurations (--quick) stop here: their "round MiB" column shows they sit in cache
 
 
 def random_cache(batch: int, context: int, rank: int, rope: int, dtype: torch.dtype, cache_dtype: str, seed: int):
@@ -45,32 +51,54 @@ def random_cache(batch: int, context: int, rank: int, rope: int, dtype: torch.dt
     return cache, blocks
 
 
-def timed(fn, calls: int) -> float:
-    """Seconds per call of `calls` back-to-back calls."""
+def llc_bytes() -> int:
+    """The largest CPU cache (Linux sysfs), or 32 MiB where it cannot be read."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        if text.rstrip("KMG").isdigit():
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=32 * 2**20)
+
+
+def timed(fns: list, calls: int) -> float:
+    """Seconds per call of `calls` back-to-back calls, each on the next of `fns` (the layers)."""
     start = time.perf_counter()
-    for _ in range(calls):
-        fn()
+    for i in range(calls):
+        fns[i % len(fns)]()
     return (time.perf_counter() - start) / calls
 
 
-def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str, threads: int) -> dict:
-    cache, tables = random_cache(batch, context, args.rank, args.rope, dtype, cache_dtype, seed=batch * 7 + context)
-    meta, _ = build_metadata([1] * batch, [context] * batch, tables, BLOCK)
-    query = (torch.randn(batch, args.heads, args.rank + args.rope) * (args.rank + args.rope) ** -0.5).to(dtype)
-    runs = {"reference": lambda: TorchBackend().latent_attention(query, cache, meta)}
-    if native.available():
-        runs["native"] = lambda: native.mla_decode(query, cache, meta.block_tables, meta.context_lens, heads=args.heads,
-                                                   threads=threads)
-    times = {name: [] for name in runs}
-    for fn in runs.values():
-        fn()  # warm-up
-    for _ in range(args.repeats):  # interleaved
-        for name, fn in runs.items():
-            times[name].append(timed(fn, args.calls))
+def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str, threads: int, llc: int) -> dict:
     per_token = latent_bytes([args.rank], args.rope, cache_dtype, dtype_name(dtype))
     nbytes = batch * context * per_token
-    row = {"batch": batch, "context": context, "latent": cache_dtype if cache.quantized else dtype_name(dtype),
-           "bytes": nbytes}
+    layers = min(-(-2 * llc // nbytes), MAX_LAYERS)  # one round reads at least twice the last-level cache
+    query = (torch.randn(batch, args.heads, args.rank + args.rope) * (args.rank + args.rope) ** -0.5).to(dtype)
+    isas = [isa for isa in getattr(args, "compare_isas", None) or []
+            if native.available() and isa != native.chosen_isa() and isa in native.supported_isas()]
+    runs = {"reference": [], "native": [], **{f"native {isa}": [] for isa in isas}}
+    for layer in range(layers):
+        cache, tables = random_cache(batch, context, args.rank, args.rope, dtype, cache_dtype,
+                                     seed=batch * 7 + context + 1000 * layer)
+        meta, _ = build_metadata([1] * batch, [context] * batch, tables, BLOCK)
+        runs["reference"].append(lambda cache=cache, meta=meta: TorchBackend().latent_attention(query, cache, meta))
+        if native.available():
+            runs["native"].append(lambda cache=cache, meta=meta: native.mla_decode(
+                query, cache, meta.block_tables, meta.context_lens, heads=args.heads, threads=threads))
+            for isa in isas:  # the same kernel on a lower instruction set: an A/B in the same minutes
+                runs[f"native {isa}"].append(lambda cache=cache, meta=meta, isa=isa: native.mla_decode(
+                    query, cache, meta.block_tables, meta.context_lens, heads=args.heads, isa=isa, threads=threads))
+    runs = {name: fns for name, fns in runs.items() if fns}
+    calls = max(args.calls, layers)  # every layer at least once per timing
+    times = {name: [] for name in runs}
+    for fns in runs.values():
+        timed(fns, layers)  # warm-up: touch every layer once
+    for _ in range(args.repeats):  # interleaved
+        for name, fns in runs.items():
+            times[name].append(timed(fns, calls))
+    row = {"batch": batch, "context": context, "latent": cache_dtype if cache_dtype != "auto" else dtype_name(dtype),
+           "layers": layers, "round MiB": layers * nbytes / 2**20, "bytes": nbytes}
     for name, values in times.items():
         seconds = median(values)
         row[f"{name} ms"] = seconds * 1e3
@@ -85,15 +113,15 @@ def run(args) -> dict:
     isa = native.chosen_isa() if native.available() else None
     print(f"{threads} threads; model dtype (auto) {dtype_name(dtype)}; native kernel: "
           + (f"{isa} (runs {', '.join(native.supported_isas())})" if isa else f"unavailable ({native.unavailable_reason()})"))
-    bandwidth = measure_bandwidth()
-    print(f"measured bandwidth (copy, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
+    bandwidth, llc = measure_bandwidth(), llc_bytes()
+    print(f"measured bandwidth (copy, read + write): {bandwidth / 1e9:.1f} GB/s; last-level cache {llc / 2**20:.0f} MiB "
+          "(each configuration rotates over enough layers to read at least twice that per round)", flush=True)
     configs = [(b, c, k) for k in args.latents for b in args.batches for c in args.contexts]
     rows = []
     for batch, context, latent in tqdm(configs, desc="kernel", unit="config"):
-        row = measure(batch, context, args, dtype, "auto" if latent == "bf16" else latent, threads)
-        for name in ("native", "reference"):
-            if f"{name} GB/s" in row:
-                row[f"{name} % bw"] = 100 * row[f"{name} GB/s"] * 1e9 / bandwidth
+        row = measure(batch, context, args, dtype, "auto" if latent == "bf16" else latent, threads, llc)
+        for name in [k[: -len(" GB/s")] for k in list(row) if k.endswith(" GB/s")]:
+            row[f"{name} % bw"] = 100 * row[f"{name} GB/s"] * 1e9 / bandwidth
         if "native ms" in row:
             row["native speed-up"] = row["reference ms"] / row["native ms"]
         rows.append(row)
@@ -102,6 +130,7 @@ def run(args) -> dict:
                 f"median of {args.repeats} x {args.calls} calls)", list(shown[0].keys()), shown)
     plot(rows, out)
     payload = {"cpu_flags": cpu.features(), "isa": isa, "threads": threads, "bandwidth_gbs": bandwidth / 1e9,
+               "llc_bytes": llc,
                "model_dtype": dtype_name(dtype), "heads": args.heads, "rank": args.rank, "rope": args.rope,
                "results": rows}
     write_json(out, "kernel", payload)
@@ -113,7 +142,9 @@ def plot(rows: list[dict], out: Path) -> Path:
     for latent in dict.fromkeys(r["latent"] for r in rows):
         for batch in dict.fromkeys(r["batch"] for r in rows):
             sel = [r for r in rows if r["latent"] == latent and r["batch"] == batch]
-            for name, style in (("native", "-"), ("reference", ":")):
+            names = [k[: -len(" GB/s")] for k in sel[0] if k.endswith(" GB/s")]
+            for name in names:
+                style = "-" if name == "native" else ":" if name == "reference" else "--"
                 if f"{name} GB/s" in sel[0]:
                     ax.plot([r["context"] for r in sel], [r[f"{name} GB/s"] for r in sel], style, marker="o",
                             label=f"{name} {latent} B={batch}")

@@ -7,6 +7,7 @@
 //   every row sees the whole context) -> out [B, M, r] in the query dtype.
 #include <torch/extension.h>
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <cstdint>
@@ -47,6 +48,15 @@ namespace isa_avx2 {
 }
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx2,fma,f16c,prefer-vector-width=512")
+namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd
+#include "mla_decode_impl.h"
+#include "mla_decode_bf16.h"
+#include "mla_decode_vnni.h"
+}
+#pragma GCC pop_options
+
 namespace isa_scalar {  // the baseline x86-64 (or any other CPU's) code
 #include "mla_decode_impl.h"
 }
@@ -56,10 +66,12 @@ namespace {
 using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, const int64_t*, float*, float*, float*,
                         float*, float*);
 
-// 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq)
+// 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq), 3 avx512 + avx512_bf16 + avx512_vnni
 bool isa_supported(int64_t isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  if (isa == 3)
+    return isa_supported(2) && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
   if (isa == 2)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
@@ -71,6 +83,7 @@ bool isa_supported(int64_t isa) {
 }
 
 SpanFn span_fn(int64_t isa) {
+  if (isa == 3) return isa_avx512bf16::attend_span;
   if (isa == 2) return isa_avx512::attend_span;
   if (isa == 1) return isa_avx2::attend_span;
   return isa_scalar::attend_span;
@@ -95,7 +108,7 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torch does
 
 std::vector<int64_t> supported_isas() {
   std::vector<int64_t> out;
-  for (int64_t isa = 0; isa <= 2; ++isa)
+  for (int64_t isa = 0; isa <= 3; ++isa)
     if (isa_supported(isa)) out.push_back(isa);
   return out;
 }
@@ -174,25 +187,48 @@ torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor la
   const int64_t items = first[B];
   std::vector<float> acc(items * M * r), mx(items * M), sum(items * M);
 
-  // The query rows of each sequence, widened once.
-  std::vector<float> qf(B * M * D);
-  if (query.scalar_type() == torch::kFloat32) {
+  // bf16 queries on an avx512_bf16 CPU: bf16 dot products straight from the query; otherwise
+  // the query rows of each sequence widened once to float32.
+  const bool dp_bf16 = isa == 3 && query.scalar_type() == torch::kBFloat16 && r % 32 == 0;
+  std::vector<float> qf(dp_bf16 ? 0 : B * M * D);
+  if (dp_bf16) {
+  } else if (query.scalar_type() == torch::kFloat32) {
     std::memcpy(qf.data(), query.data_ptr<float>(), sizeof(float) * B * M * D);
   } else {
     const uint16_t* qs = (const uint16_t*)query.data_ptr();
     for (int64_t i = 0; i < B * M * D; ++i) qf[i] = bf16_to_f32(qs[i]);
   }
+  const uint16_t* q16 = dp_bf16 ? (const uint16_t*)query.data_ptr() : nullptr;
+  // An int8 latent with a bf16 rope on that path: integer dot products, the query's latent part in int8.
+  const bool dp_i8 = dp_bf16 && job.kind == KIND_I8 && job.rope_bf16 && r % 64 == 0;
+  std::vector<int8_t> q8(dp_i8 ? B * M * 2 * r : 0);
+  std::vector<float> qs(dp_i8 ? B * M : 0);
+  std::vector<int32_t> qsum(dp_i8 ? B * M * 2 : 0);
+  if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
 
   SpanFn attend = span_fn(isa);
   int nthreads = threads > 0 ? (int)threads : 1;
+  const int64_t Dp = (D + 31) / 32 * 32;
 #pragma omp parallel num_threads(nthreads)
   {
-    std::vector<float> tile(TILE * D), sc(TILE);
+    std::vector<float> tile(TILE * D), sc(TILE + 64 + r);
+    std::vector<uint16_t> tile16, pairs16, zero16;
+    if (dp_bf16) tile16.resize(64 * Dp), pairs16.resize(64 * r), zero16.assign(Dp, 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       int64_t b = item_b[it];
-      attend(job, b, item_t0[it], item_t1[it], qf.data() + b * M * D, lim.data() + b * M, acc.data() + it * M * r,
-             mx.data() + it * M, sum.data() + it * M, tile.data(), sc.data());
+      if (dp_i8)
+        isa_avx512bf16::attend_span_i8(job, b, item_t0[it], item_t1[it], q16 + b * M * D, q8.data() + b * M * 2 * r,
+                                       qs.data() + b * M, qsum.data() + b * M * 2, lim.data() + b * M,
+                                       acc.data() + it * M * r, mx.data() + it * M, sum.data() + it * M,
+                                       {tile16.data(), pairs16.data(), zero16.data()}, sc.data());
+      else if (dp_bf16)
+        isa_avx512bf16::attend_span_bf16(job, b, item_t0[it], item_t1[it], q16 + b * M * D, lim.data() + b * M,
+                                         acc.data() + it * M * r, mx.data() + it * M, sum.data() + it * M,
+                                         {tile16.data(), pairs16.data(), zero16.data()}, sc.data());
+      else
+        attend(job, b, item_t0[it], item_t1[it], qf.data() + b * M * D, lim.data() + b * M, acc.data() + it * M * r,
+               mx.data() + it * M, sum.data() + it * M, tile.data(), sc.data());
     }
   }
 

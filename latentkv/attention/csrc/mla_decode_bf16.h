@@ -1,0 +1,266 @@
+// Paged MLA decode with bf16 dot products (avx512_bf16: vdpbf16ps), for bf16 queries. Included
+// once by mla_decode.cpp inside `namespace isa_avx512bf16` under a target pragma, after
+// mla_decode_impl.h (fast_exp, the float32 fallback). Nothing here may include a header.
+//
+// Same work items, online softmax and merge as mla_decode_impl.h; what differs is the inner
+// arithmetic. Per tile of BT tokens:
+//   rows:   each token's [c ; k_r] as bf16. A bf16 cache is read in place (pointers into the
+//           cache); int8 / fp8 codes are widened in registers to bf16 *codes* (exact: an int8
+//           or an e4m3 value fits bf16's 8-bit significand), into an L1 tile; the token's
+//           scale multiplies its latent score and its value weight instead.
+//   scores: q (bf16, as the model computed it) . row with vdpbf16ps: bf16 x bf16 products are
+//           exact in float32 and summed in float32, so scores are as exact as the float32 path.
+//           Eight tokens per pass share each q load; a 16-way transpose-add gives 16 scores.
+//   values: the tile's rows are interleaved in pairs (token 2p, 2p+1) once, for all heads; then
+//           for each query row, acc += (p_2p, p_2p+1) . (c_2p, c_2p+1) with one vdpbf16ps per 16
+//           output lanes: two tokens per instruction, the probabilities rounded to bf16 (2^-9
+//           relative; the output is bf16 anyway). The pairing permutes output lanes within each
+//           32-wide chunk; `unpermute` restores the order at the end of the span.
+// Requires kv_rank % 32 == 0 (mla_decode.cpp falls back to the float32 path otherwise).
+
+constexpr int BT = 32;  // tokens per tile: 32 rows of 576 bf16 (36 KB) + their pairs stay in L1/L2
+
+struct Bf16Scratch {
+  uint16_t* tile;   // [BT, Dp] widened rows (quantized caches)
+  uint16_t* pairs;  // [BT/2, 2r] interleaved pairs
+  const uint16_t* zero;  // [Dp] zeros: the rows past the span
+};
+
+static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// 16 vectors -> one vector of their 16 horizontal sums (lane j = sum of v[j]).
+static inline __m512 reduce16(__m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // lanes: (v2i, v2i+1) interleaved partial sums
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // each 128-bit lane: v4i .. v4i+3
+    __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i)  // 128-bit lanes: (v8i..+3, v8i+4..+7) x two partials
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// fast_exp (mla_decode_impl.h) on 16 lanes: e^x for x <= 0, the same polynomial, 2^n by scalef.
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// One row's online-softmax step over a tile: scores sc[0..nv) -> running max/sum updated,
+// value weights wt[0..BT) = p_t x tscale_t (0 past nv) in float32; returns alpha (the rescale of
+// the row's earlier sums) and sets *wmax to the largest weight.
+static inline float softmax_tile(float* sc, int nv, const float* tscale, float* mx, float* sum, float* wt,
+                                 float* wmax) {
+  const __mmask16 m0 = (__mmask16)(nv >= 16 ? 0xFFFF : (1u << nv) - 1);
+  const __mmask16 m1 = (__mmask16)(nv >= 32 ? 0xFFFF : nv > 16 ? (1u << (nv - 16)) - 1 : 0);
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  __m512 s0 = _mm512_mask_loadu_ps(ninf, m0, sc), s1 = _mm512_mask_loadu_ps(ninf, m1, sc + 16);
+  float tmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+  float old = *mx, now = tmax > old ? tmax : old;
+  float alpha = fast_exp(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+  *mx = now;
+  const __m512 nw = _mm512_set1_ps(now);
+  __m512 p0 = _mm512_maskz_mov_ps(m0, exp16(_mm512_sub_ps(s0, nw)));
+  __m512 p1 = _mm512_maskz_mov_ps(m1, exp16(_mm512_sub_ps(s1, nw)));
+  *sum = *sum * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+  p0 = _mm512_mul_ps(p0, _mm512_loadu_ps(tscale)), p1 = _mm512_mul_ps(p1, _mm512_loadu_ps(tscale + 16));
+  *wmax = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));
+  _mm512_storeu_ps(wt, p0), _mm512_storeu_ps(wt + 16, p1);
+  return alpha;
+}
+
+// Rows of tokens [j0, j0 + n) as bf16 pointers (in place for a bf16 cache, else widened into
+// the scratch tile); rows n..BT-1 point at zeros.
+static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, int Dp, const Bf16Scratch& s,
+                      const uint16_t** rows, float* tscale) {
+  const int D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
+  for (int t = 0; t < BT; ++t) {
+    tscale[t] = 1.0f;
+    if (t >= n) {
+      rows[t] = s.zero;
+      continue;
+    }
+    int64_t j = j0 + t, slot = table[j / bs] * bs + j % bs;
+    if (job.kind == KIND_I8 || job.kind == KIND_FP8) tscale[t] = job.scale[slot];
+    if (job.kind == KIND_BF16) {
+      rows[t] = (const uint16_t*)job.kv + slot * D;
+      continue;
+    }
+    uint16_t* dst = s.tile + (int64_t)t * Dp;
+    rows[t] = dst;
+    if (job.kind == KIND_F32) {
+      const float* src = (const float*)job.kv + slot * D;
+      for (int i = 0; i < D; ++i) dst[i] = to_bf16(src[i]);
+      continue;
+    }
+    for (int i = 0; i < r; i += 32) {
+      __m512 lo, hi;
+      if (job.kind == KIND_I8) {
+        const int8_t* src = (const int8_t*)job.latent + slot * r + i;
+        lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)src)));
+        hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + 16))));
+      } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
+        const uint8_t* src = (const uint8_t*)job.latent + slot * r + i;
+        __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
+        __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(src + 16)));
+        const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
+        const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
+        lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
+                                                                     _mm512_slli_epi32(_mm512_and_si512(b0, mag), 20))));
+        hi = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b1, sign), 24),
+                                                                     _mm512_slli_epi32(_mm512_and_si512(b1, mag), 20))));
+      }
+      __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);  // exact: codes
+      _mm512_storeu_si512((void*)(dst + i), (__m512i)v);
+    }
+    if (job.rope_bf16) __builtin_memcpy(dst + r, (const uint16_t*)job.rope + slot * dr, sizeof(uint16_t) * dr);
+    else
+      for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(((const float*)job.rope)[slot * dr + i]);
+  }
+}
+
+// Prefetch part `part` of `parts` of the rows of tokens [j0, j1) (the next tile) while this one is
+// computed, spread over the tile's query rows so that few requests are in flight at once: a span
+// jumps to another block every block_size tokens, where the hardware prefetcher stalls (the first
+// touch of each row was the kernel's hottest instruction without this).
+static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j0, int64_t j1, int part, int parts) {
+  const int bs = job.bs;
+  const bool quant = job.kind == KIND_I8 || job.kind == KIND_FP8;
+  const int64_t row = quant ? job.r : (int64_t)job.D * (job.kind == KIND_F32 ? 4 : 2);
+  const int64_t rope_row = quant ? (int64_t)(job.D - job.r) * (job.rope_bf16 ? 2 : 4) : 0;
+  const int64_t n = j1 - j0;
+  for (int64_t j = j0 + n * part / parts; j < j0 + n * (part + 1) / parts; ++j) {
+    int64_t slot = table[j / bs] * bs + j % bs;
+    const char* p = quant ? (const char*)job.latent + slot * row : (const char*)job.kv + slot * row;
+    for (int64_t o = 0; o < row; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+    if (rope_row) {
+      const char* pr = (const char*)job.rope + slot * rope_row;
+      for (int64_t o = 0; o < rope_row; o += 64) _mm_prefetch(pr + o, _MM_HINT_T1);
+    }
+  }
+}
+
+// The BT rows' first r values, interleaved by token pair: pairs[p][64k + 0..31] = unpacklo /
+// unpackhi of rows 2p and 2p+1 over values 32k..32k+31.
+static inline void pair_rows(const uint16_t* const* rows, int r, uint16_t* pairs) {
+  for (int p = 0; p < BT / 2; ++p) {
+    const uint16_t *a = rows[2 * p], *b = rows[2 * p + 1];
+    uint16_t* dst = pairs + (int64_t)p * 2 * r;
+    for (int i = 0; i < r; i += 32) {
+      __m512i x = _mm512_loadu_si512((const void*)(a + i)), y = _mm512_loadu_si512((const void*)(b + i));
+      _mm512_storeu_si512((void*)(dst + 2 * i), _mm512_unpacklo_epi16(x, y));
+      _mm512_storeu_si512((void*)(dst + 2 * i + 32), _mm512_unpackhi_epi16(x, y));
+    }
+  }
+}
+
+// sc[0..n) = tscale[t] * (q . row[t]) over the first r values + q . row[t] over the rest (n <= BT),
+// eight tokens per pass sharing each q chunk (r % 32 == 0: the latent ends on a chunk).
+static inline void scores_bf16(const uint16_t* q, const uint16_t* const* rows, int n, int D, int r, bool scaled,
+                               const float* tscale, float* sc) {
+  const int full = D / 32, lat = r / 32;
+  const __mmask32 tail = (__mmask32)((1ull << (D % 32)) - 1);
+  __m512 acc[BT];
+  const int groups = (n + 7) / 8;
+  for (int g = 0; g < groups; ++g) {
+    const uint16_t* const* rw = rows + g * 8;
+    __m512 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_ps();
+    for (int c = 0; c < full; ++c) {
+      if (scaled && c == lat)
+        for (int i = 0; i < 8; ++i) a[i] = _mm512_mul_ps(a[i], _mm512_set1_ps(tscale[g * 8 + i]));
+      __m512bh qc = as_bh(_mm512_loadu_si512((const void*)(q + 32 * c)));
+      for (int i = 0; i < 8; ++i)
+        a[i] = _mm512_dpbf16_ps(a[i], as_bh(_mm512_loadu_si512((const void*)(rw[i] + 32 * c))), qc);
+    }
+    if (scaled && full == lat)
+      for (int i = 0; i < 8; ++i) a[i] = _mm512_mul_ps(a[i], _mm512_set1_ps(tscale[g * 8 + i]));
+    if (tail) {
+      __m512bh qc = as_bh(_mm512_maskz_loadu_epi16(tail, q + 32 * full));
+      for (int i = 0; i < 8; ++i)
+        a[i] = _mm512_dpbf16_ps(a[i], as_bh(_mm512_maskz_loadu_epi16(tail, rw[i] + 32 * full)), qc);
+    }
+    for (int i = 0; i < 8; ++i) acc[g * 8 + i] = a[i];
+  }
+  for (int g = groups; g < (groups + 1) / 2 * 2; ++g)
+    for (int i = 0; i < 8; ++i) acc[g * 8 + i] = _mm512_setzero_ps();
+  for (int h = 0; h < groups; h += 2) _mm512_storeu_ps(sc + h * 8, reduce16(acc + h * 8));
+}
+
+// acc [NZ x 16 lanes] = acc * alpha + sum over the tile's pairs of (w pair) . (row pair).
+template <int NZ>
+static inline void values_block(float* acc, const uint16_t* pairs, int r, const uint32_t* w, float alpha) {
+  __m512 a[NZ];
+  const __m512 al = _mm512_set1_ps(alpha);
+  for (int z = 0; z < NZ; ++z) a[z] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * z), al);
+  for (int p = 0; p < BT / 2; ++p) {
+    __m512bh wp = as_bh(_mm512_set1_epi32((int)w[p]));
+    const uint16_t* src = pairs + (int64_t)p * 2 * r;
+    for (int z = 0; z < NZ; ++z) a[z] = _mm512_dpbf16_ps(a[z], as_bh(_mm512_loadu_si512((const void*)(src + 32 * z))), wp);
+  }
+  for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(acc + 16 * z, a[z]);
+}
+
+// Lane q of a 32-wide chunk holds value 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4 of it.
+static inline void unpermute(float* acc, int r, float* tmp) {
+  for (int i = 0; i < r; i += 32)
+    for (int q = 0; q < 32; ++q) tmp[i + 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4] = acc[i + q];
+  __builtin_memcpy(acc, tmp, sizeof(float) * r);
+}
+
+// One item as attend_span (mla_decode_impl.h) with q bf16 [M, D]; writes acc [M, r] (in order), mx, sum.
+static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, const uint16_t* q,
+                             const int64_t* lim, float* acc, float* mx, float* sum, const Bf16Scratch& s, float* sc) {
+  const int M = job.M, D = job.D, r = job.r, Dp = (D + 31) / 32 * 32;
+  const int64_t* table = job.block_tables + b * job.nb;
+  for (int m = 0; m < M; ++m) mx[m] = -__builtin_inff(), sum[m] = 0.0f;
+  for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
+  const uint16_t* rows[BT];
+  float tscale[BT];
+  alignas(64) uint16_t w16[BT];
+  const bool scaled = job.kind == KIND_I8 || job.kind == KIND_FP8;
+  for (int64_t j0 = t0; j0 < t1; j0 += BT) {
+    int n = (int)(t1 - j0 < BT ? t1 - j0 : BT);
+    const int64_t p0 = j0 + BT, p1 = j0 + 2 * BT < t1 ? j0 + 2 * BT : t1;  // the next tile
+    tile_rows(job, table, j0, n, Dp, s, rows, tscale);
+    pair_rows(rows, r, s.pairs);
+    for (int m = 0; m < M; ++m) {
+      int64_t visible = lim[m] - j0;
+      int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
+      if (nv == 0) continue;
+      prefetch_rows(job, table, p0, p1, m, M);
+      scores_bf16(q + (int64_t)m * D, rows, nv, D, r, scaled, tscale, sc);
+      float wmax, wt[BT];
+      float alpha = softmax_tile(sc, nv, tscale, mx + m, sum + m, wt, &wmax);
+      _mm256_storeu_si256((__m256i*)w16, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(wt)));
+      _mm256_storeu_si256((__m256i*)(w16 + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(wt + 16)));
+      float* am = acc + (int64_t)m * r;
+      const uint32_t* w = (const uint32_t*)w16;
+      int z = 0, nz = r / 16;
+      for (; z + 16 <= nz; z += 16) values_block<16>(am + 16 * z, s.pairs + 32 * z, r, w, alpha);
+      for (; z < nz; z += 2) values_block<2>(am + 16 * z, s.pairs + 32 * z, r, w, alpha);
+    }
+  }
+  for (int m = 0; m < M; ++m) unpermute(acc + (int64_t)m * r, r, sc + BT);
+}
