@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from latentkv.user_cache import cache_root, content_hash
 
 DATA = Path(__file__).parent / "data"
 PROMPTS_FILE = DATA / "chat_prompts.jsonl"
+BUNDLED_ANSWERS = DATA / "chat_answers-smollm2-135m.jsonl"  # the bundled SmolLM2's
 HELDOUT_EVERY = 4  # one prompt in four (by id hash) is held out
 MAX_NEW_TOKENS = 128
 FORMAT = "latentkv chat answers v1"
@@ -125,11 +126,11 @@ def answers_file(source=None, max_new_tokens: int = MAX_NEW_TOKENS, log=None) ->
 
 
 @lru_cache(maxsize=4)
-def _examples(path: Path, mtime: int) -> tuple[ChatExample, ...]:
-    _, rows = read_answers(path)
-    categories = {r["id"]: r["category"] for r in load_prompts()}
-    return tuple(ChatExample(id=r["id"], category=categories[r["id"]], prompt=r["prompt"], answer=r["answer"],
-                             answer_ids=tuple(r["answer_ids"]), finished=r["finished"]) for r in rows)
+def _examples(path: Path, mtime: int) -> tuple[tuple[str, ChatExample], ...]:
+    """(split, example) of every row of an answer file (read once per file version)."""
+    return tuple((r["split"], ChatExample(prompt=r["prompt"], answer=r["answer"], id=r["id"], category=r["category"],
+                                          answer_ids=tuple(r["answer_ids"]), finished=r["finished"]))
+                 for r in read_answers(path)[1])
 
 
 def load_chat(source=None, split: str = "heldout", max_new_tokens: int = MAX_NEW_TOKENS) -> list[ChatExample]:
@@ -138,8 +139,16 @@ def load_chat(source=None, split: str = "heldout", max_new_tokens: int = MAX_NEW
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     path = answers_file(source, max_new_tokens)
-    wanted = {r["id"] for r in load_prompts(split)}
-    return [e for e in _examples(path, path.stat().st_mtime_ns) if e.id in wanted]
+    return [e for s, e in _examples(path, path.stat().st_mtime_ns) if s == split]
+
+
+def calibration_examples() -> list[ChatExample]:
+    """The calibration split with the bundled SmolLM2's answers as text (no token ids), for any
+    source's calibration: rendered through that source's own template, the conversations put its
+    control tokens, user turns and an assistant voice in the statistics without generating
+    anything first (for the bundled model they are its own answers). Never the held-out split."""
+    path = BUNDLED_ANSWERS
+    return [replace(e, answer_ids=()) for s, e in _examples(path, path.stat().st_mtime_ns) if s == "calib"]
 
 
 # -- generating answers ----------------------------------------------------------------------
@@ -168,7 +177,7 @@ def write_answers(source: Path, out: Path, max_new_tokens: int = MAX_NEW_TOKENS,
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps(header) + "\n")
         for r, (text, ids, finished) in zip(prompts, answers):
-            f.write(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"], "answer": text,
+            f.write(json.dumps({"id": r["id"], "category": r["category"], "split": r["split"], "prompt": r["prompt"], "answer": text,
                                 "answer_ids": ids, "finished": finished}, ensure_ascii=False) + "\n")
     tmp.replace(out)
     return out

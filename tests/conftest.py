@@ -1,8 +1,10 @@
+import json
 import os
 
 import pytest
 import torch
 
+from latentkv import chat_data
 from latentkv.attention import native
 from latentkv.model import fused
 from tiny import CONFIGS, save_hf_model
@@ -40,3 +42,16 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture(params=sorted(CONFIGS))
 def tiny_name(request):
     return request.param
+
+
+@pytest.fixture
+def few_chat_prompts(tmp_path, monkeypatch):
+    """Five chat prompts (both splits) instead of the full file, and a fresh user cache: answers
+    for a tiny source are generated in seconds."""
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"t-{i}", "category": "test", "prompt": p, "split": "heldout" if i % 2 else "calib"}
+            for i, p in enumerate(["the quick fox", "one two three", "héllo wörld", "def main():", "one two four"])]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(chat_data, "PROMPTS_FILE", prompts)
+    monkeypatch.setenv("LATENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    return rows

@@ -3,14 +3,13 @@ answers for another source (tiny models: transformers for a Llama folder, latent
 an MLA folder)."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_lm import build_tokenizer, save_tiny_lm
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_lm import build_tokenizer, save_tiny_llama, save_tiny_lm
+from transformers import LlamaForCausalLM
 
 from latentkv import chat_data
 from latentkv.chat_data import ChatExample, load_chat, load_prompts, render_chat_example, split_of
@@ -76,31 +75,8 @@ def test_render_puts_the_answer_after_the_templated_prompt():
     assert ids[start:] == [5, 6, 1]   # the source's own tokens, end-of-turn included
 
 
-def tiny_llama(folder: Path, seed: int = 0) -> Path:
-    """A random Llama HF folder with a 320-token tokenizer and a chat template."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
-                      initializer_range=0.1)
-    LlamaForCausalLM(cfg).save_pretrained(str(folder))
-    build_tokenizer().save_pretrained(str(folder))
-    return folder
-
-
-@pytest.fixture
-def few_prompts(tmp_path, monkeypatch):
-    """Five prompts (two splits) instead of the full file, and a fresh user cache."""
-    prompts = tmp_path / "prompts.jsonl"
-    rows = [{"id": f"t-{i}", "category": "test", "prompt": p, "split": split_of(f"t-{i}")}
-            for i, p in enumerate(["the quick fox", "one two three", "héllo wörld", "def main():", "one two four"])]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.setattr(chat_data, "PROMPTS_FILE", prompts)
-    monkeypatch.setenv("LATENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    return rows
-
-
-def test_a_new_source_gets_its_own_answers_generated_once(tmp_path, few_prompts, monkeypatch):
-    folder = tiny_llama(tmp_path / "llama")
+def test_a_new_source_gets_its_own_answers_generated_once(tmp_path, few_chat_prompts, monkeypatch):
+    folder = save_tiny_llama(tmp_path / "llama")
     path = chat_data.answers_file(folder, max_new_tokens=6)
     assert path.parent == tmp_path / "cache" / "chat"
     header, rows = chat_data.read_answers(path)
@@ -119,21 +95,21 @@ def test_a_new_source_gets_its_own_answers_generated_once(tmp_path, few_prompts,
     write = chat_data.write_answers
     monkeypatch.setattr(chat_data, "write_answers", lambda *a, **k: calls.append(a) or write(*a, **k))
     assert chat_data.answers_file(folder, max_new_tokens=6) == path and not calls
-    other = tiny_llama(tmp_path / "llama", seed=1)
+    other = save_tiny_llama(tmp_path / "llama", seed=1)
     again = chat_data.answers_file(other, max_new_tokens=6)
     assert len(calls) == 1 and again != path and chat_data.read_answers(again)[0]["fingerprint"] == content_hash(other)
     assert [e.id for e in load_chat(other, "heldout", max_new_tokens=6)] == \
-        [r["id"] for r in few_prompts if r["split"] == "heldout"]
+        [r["id"] for r in few_chat_prompts if r["split"] == "heldout"]
 
 
-def test_an_mla_folder_answers_through_latentkv_and_the_cli_writes_the_file(tmp_path, few_prompts, capsys):
+def test_an_mla_folder_answers_through_latentkv_and_the_cli_writes_the_file(tmp_path, few_chat_prompts, capsys):
     folder = tmp_path / "mla"
     save_tiny_lm(folder)
     out = tmp_path / "answers.jsonl"
     assert main(["data", "chat", str(folder), "--out", str(out), "--max-tokens", "4"]) == 0
     header, rows = chat_data.read_answers(out)
     assert header["generator"] == "latentkv" and header["fingerprint"] == content_hash(folder)
-    assert len(rows) == len(few_prompts) and all(0 < len(r["answer_ids"]) <= 4 for r in rows)
+    assert len(rows) == len(few_chat_prompts) and all(0 < len(r["answer_ids"]) <= 4 for r in rows)
     assert "5 answers" in capsys.readouterr().out
     assert main(["data", "chat", str(tmp_path / "missing.gguf")]) == 2
     assert "not found" in capsys.readouterr().err

@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--cache-ratio", type=float, default=None, help="cache elements as a fraction of the source's (e.g. 0.5)")
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
     p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
+    p.add_argument("--calib-chat", type=float, default=None,
+                   help=f"share of calibration tokens from chat conversations in the source's template "
+                   f"(default {D.calib_chat:g}; 0: documents only)")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
     p.add_argument("--target", default=D.target, choices=list(TARGETS),
                    help="stock: the engine whose MLA widths (kv rank + rope) to snap to: vllm 320/512/576, "

@@ -1,5 +1,9 @@
 """Calibration and held-out text: built offline, or read from the user's files.
 
+Calibration also takes chat conversations (chat_data.calibration_examples: the chat prompts'
+calibration split with answers) rendered through the source's own chat template, control
+tokens included — the use the converted model is for.
+
 The default corpus is text every Python installation has: the language reference
 topics that `pydoc` ships (`pydoc_data.topics`) and the docstrings of the standard
 library's modules. Each document goes to the held-out part or the calibration part
@@ -16,6 +20,8 @@ import sysconfig
 from pathlib import Path
 
 import torch
+
+from latentkv import chat_data  # the module, not its names: chat_data imports latentkv.convert (a cycle)
 
 HELDOUT_EVERY = 8  # one document in eight (by name hash) is held out
 MIN_DOC_CHARS = 400
@@ -110,3 +116,20 @@ def token_windows(tokenizer, docs: list[str], ctx: int, max_tokens: int | None =
     if n == 0:
         raise ValueError(f"not enough text for one window of {ctx} tokens ({len(ids)} tokens)")
     return torch.tensor(ids[: n * ctx]).view(n, ctx)
+
+
+def chat_windows(tokenizer, n: int, ctx: int, seed: int = 0) -> torch.Tensor:
+    """Up to n windows [n', ctx] of chat conversations (calibration split) rendered through the
+    tokenizer's chat template, in a seeded order, concatenated; [0, ctx] if it has no template.
+    n' < n when the conversations run out (no conversation is used twice)."""
+    if n <= 0 or not getattr(tokenizer, "chat_template", None):
+        return torch.zeros(0, ctx, dtype=torch.long)
+    examples = chat_data.calibration_examples()
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    ids: list[int] = []
+    for i in order:
+        ids += chat_data.render_chat_example(tokenizer, examples[i])[0]
+        if len(ids) >= n * ctx:
+            break
+    n = min(n, len(ids) // ctx)
+    return torch.tensor(ids[: n * ctx], dtype=torch.long).view(n, ctx)

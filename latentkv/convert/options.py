@@ -17,7 +17,9 @@ class ConvertOptions:
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
     for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip);
     calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the
-    statistics are always float32 or wider).
+    statistics are always float32 or wider); calib_chat: the share of calibration tokens taken
+    from chat conversations in the source's chat template (corpus.chat_windows), the rest from
+    the documents (0: documents only).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
     dtype; rope_theta: the stock schedule (None: chosen); target: the engine whose stock widths
     (kv rank + rope) to snap to ("vllm", "vllm-cpu", "flashmla", "any"; stock.py); stock_width:
@@ -30,6 +32,7 @@ class ConvertOptions:
     cache_ratio: float | None = None
     calib: list | None = None
     calib_tokens: int = 16384  # 32768 measured no better (docs/conversion.md, "Time and memory")
+    calib_chat: float = 0.5  # measured: docs/conversion.md, "Calibration that covers use"
     ctx: int = 512
     eval_tokens: int = 4096
     calib_dtype: str = "auto"  # bfloat16 where the hardware has native bf16 matmuls, else float32
@@ -50,6 +53,8 @@ class ConvertOptions:
             raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
         if self.cache_ratio is not None and self.kv_rank is not None:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
+        if not 0 <= self.calib_chat <= 1:
+            raise ValueError(f"calib_chat is a share of the calibration tokens, in 0..1; got {self.calib_chat}")
         if self.k_weight <= 0:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
 

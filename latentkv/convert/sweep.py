@@ -1,9 +1,12 @@
-"""`latentkv convert-sweep`: KV bytes per token against perplexity, native and stock.
+"""`latentkv convert-sweep`: KV bytes per token against behaviour and perplexity, native and stock.
 
-One run: calibrate the source once, then for each rope dim and latent rank build the
-converted model in memory (native and stock), score the held-out windows with the same
-protocol as `latentkv eval ppl`, and with an int8 latent (per-token scale max|c|/127,
-as the paged cache stores it). Writes a markdown table, JSON and a PNG plot.
+One run: calibrate the source once (the default mix of documents and chat), then for each rope
+dim and latent rank build the converted model in memory (native and stock) and measure it
+against the source: `eval chat` on the held-out chat prompts (top-1 agreement, KL, greedy match
+length, degenerate repetition), perplexity on every domain of `eval ppl --domains` (docs,
+prose, code) with the same protocol, and docs perplexity with an int8 latent (per-token scale
+max|c|/127, as the paged cache stores it). Picks the default the way the converter's default
+was chosen (`pick_default`). Writes a markdown table, JSON and a PNG plot.
 """
 from __future__ import annotations
 
@@ -14,15 +17,23 @@ from dataclasses import replace
 from pathlib import Path
 
 from latentkv.cache.accounting import latent_bytes
+from latentkv.chat_data import load_chat
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
-from latentkv.convert.corpus import heldout_text
 from latentkv.convert.layout import converted_model
-from latentkv.convert.options import ConvertOptions
+from latentkv.convert.options import ConvertOptions, calib_torch_dtype
 from latentkv.convert.pipeline import build_model, plan_rope
 from latentkv.convert.reference import source_logits
 from latentkv.convert.sources import read_source
+from latentkv.eval.chat import ChatModel, chat_metrics, render_cases
+from latentkv.eval.domains import DOMAINS
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
+
+DEFAULTS = ConvertOptions()
+# The default conversion: the smallest cache meeting both (issue 13; docs/conversion.md).
+MIN_AGREEMENT = 0.95   # held-out chat top-1 agreement with the source
+MAX_PPL_RATIO = 1.05   # perplexity / the source's, on every domain
+SIZES = [1.0, 0.833, 0.75, 0.667, 0.5, 0.25]  # cache elements as a fraction of the source's
 
 
 def cache_bytes(ranks: list[int], rope_dim: int, int8: bool) -> int:
@@ -31,13 +42,39 @@ def cache_bytes(ranks: list[int], rope_dim: int, int8: bool) -> int:
 
 
 def default_ranks(src, rope_dim: int) -> list:
-    """Six-plus latent widths from full down to a third of the source's cache."""
+    """Latent widths for SIZES (full first)."""
     full = 2 * src.num_kv_heads * src.head_dim
-    sizes = [1.0, 0.833, 0.667, 0.583, 0.5, 0.417, 0.333]
-    return ["full"] + [round(s * full) - rope_dim for s in sizes[1:] if round(s * full) - rope_dim > 0]
+    return ["full"] + [round(s * full) - rope_dim for s in SIZES[1:] if round(s * full) - rope_dim > 0]
 
 
-def sweep_points(src, stats, windows, rope_dims, formats, ranks_for, int8_formats, log):
+class Judge:
+    """The measurements every point gets, against the source: held-out chat behaviour and
+    perplexity per domain (source figures computed once)."""
+
+    def __init__(self, src, eval_tokens: int, ctx: int, chat_examples: int | None, out_dir: Path, log):
+        tokenizer = src.tokenizer()
+        self.tokenizer, self.folder = tokenizer, str(out_dir)
+        self.reference = ChatModel(lambda ids: source_logits(src, ids), tokenizer, "source", str(src.path), memoize=True)
+        self.cases = render_cases(tokenizer, load_chat(src.path, "heldout")[:chat_examples]) if chat_examples != 0 else []
+        self.windows = {d: text_windows(tokenizer, text(), ctx, eval_tokens) for d, text in DOMAINS.items()}
+        self.base = {d: perplexity(self.reference.logits, w, desc=f"source ppl {d}")["ppl"] for d, w in self.windows.items()}
+        log(f"source perplexity {json.dumps(self.base)}")
+
+    def measure(self, model, int8: bool) -> dict:
+        row = {f"ppl_{d}": perplexity(model.full_logits, w, desc=f"ppl {d}")["ppl"] for d, w in self.windows.items()}
+        row["ppl"] = row["ppl_docs"]
+        row["ppl_ratio_max"] = max(row[f"ppl_{d}"] / self.base[d] for d in self.windows)
+        if int8:
+            row["ppl_int8"] = perplexity(lambda ids: model.full_logits(ids, cache_dtype="int8"), self.windows["docs"])["ppl"]
+        if self.cases:
+            chat = chat_metrics(ChatModel.from_mla(model, self.tokenizer, self.folder), self.reference, self.cases)
+            row.update({k: chat[k] for k in ("top1_agreement", "kl", "match_mean", "full_match", "degenerate",
+                                             "degenerate_reference", "examples")})
+            row["degenerate_ids"] = [p["id"] for p in chat["per_example"] if p.get("degenerate")]
+        return row
+
+
+def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_formats, log):
     """Measure every (rope dim, format, rank) point; yields row dicts."""
     for rope_dim in rope_dims:
         for fmt in formats:
@@ -54,63 +91,84 @@ def sweep_points(src, stats, windows, rope_dims, formats, ranks_for, int8_format
                        "bytes_bf16": cache_bytes(info["ranks"], info["rope_dim"], False),
                        "bytes_int8": cache_bytes(info["ranks"], info["rope_dim"], True),
                        "rope_theta": info["rope_theta"]}
-                model = converted_model(cfg, tensors)
-                row["ppl"] = perplexity(model.full_logits, windows)["ppl"]
-                if fmt in int8_formats:
-                    row["ppl_int8"] = perplexity(lambda ids: model.full_logits(ids, cache_dtype="int8"), windows)["ppl"]
+                row["cache_ratio"] = row["elements"] / src.kv_elements()
+                row.update(judge.measure(converted_model(cfg, tensors), fmt in int8_formats))
                 log(json.dumps(row))
                 yield row
 
 
-def markdown_table(rows: list[dict], base: float, src_bytes: int) -> str:
-    """The sweep as a markdown table (ratios to the source's perplexity)."""
-    head = ("| rope dim | format | latent rank | elements / layer | cache vs source | bytes/token bf16 | ppl (bf16) "
-            "| ratio | bytes/token int8 | ppl (int8) | ratio int8 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+def meets(row: dict) -> bool:
+    """Whether a point meets the default's bar (MIN_AGREEMENT and MAX_PPL_RATIO on every domain)."""
+    return row.get("top1_agreement", 0) >= MIN_AGREEMENT and row["ppl_ratio_max"] <= MAX_PPL_RATIO
+
+
+def pick_default(rows: list[dict]) -> dict | None:
+    """The smallest native cache (bf16 bytes per token) that meets the bar, or None."""
+    good = [r for r in rows if r["format"] == "native" and meets(r)]
+    return min(good, key=lambda r: r["bytes_bf16"]) if good else None
+
+
+def markdown_table(rows: list[dict], base: dict, src_bytes: int) -> str:
+    """The sweep as a markdown table: behaviour against the source and perplexity ratios per domain.
+    A point at or below half the source's cache whose greedy answers degenerate is flagged."""
+    domains = list(base)
+    head = ("| rope | format | latent rank | cache vs source | bytes/token bf16 | chat top-1 | KL | match mean "
+            "| degenerate | " + " | ".join(f"ppl {d} ×" for d in domains) + " | int8 docs × | meets bar |\n"
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |" + " ---: |" * len(domains) + " ---: | --- |")
     lines = [head]
     for r in rows:
-        int8 = (f"{r['bytes_int8']} | {r['ppl_int8']:.3f} | {r['ppl_int8'] / base:.3f}" if "ppl_int8" in r else "– | – | –")
-        lines.append(f"| {r['rope_dim']} | {r['format']} | {r['kv_rank']} | {r['elements']:.0f} | "
-                     f"{r['bytes_bf16'] / src_bytes:.3f} | {r['bytes_bf16']} | {r['ppl']:.3f} | {r['ppl'] / base:.3f} | {int8} |")
+        chat = "– | – | – | –"
+        if "top1_agreement" in r:
+            degenerate = f"{r['degenerate']} of {r['examples']}"
+            if r["degenerate"] and r["cache_ratio"] <= 0.5 + 1e-9:
+                degenerate = f"**{degenerate}: degenerate repetition**"
+            chat = f"{r['top1_agreement']:.4f} | {r['kl']:.4f} | {r['match_mean']:.1f} | {degenerate}"
+        ratios = " | ".join(f"{r[f'ppl_{d}'] / base[d]:.3f}" for d in domains)
+        int8 = f"{r['ppl_int8'] / base['docs']:.3f}" if "ppl_int8" in r else "–"
+        lines.append(f"| {r['rope_dim']} | {r['format']} | {r['kv_rank']} | {r['bytes_bf16'] / src_bytes:.3f} | "
+                     f"{r['bytes_bf16']} | {chat} | {ratios} | {int8} | {'yes' if meets(r) else 'no'} |")
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], base: float, src_bytes: int, path: Path) -> None:
-    """PNG: perplexity ratio against KV bytes per token, one line per rope dim / format / latent dtype."""
-    import matplotlib
+def plot(rows: list[dict], base: dict, src_bytes: int, path: Path) -> None:
+    """PNG: chat top-1 agreement and the worst domain's perplexity ratio against KV bytes per token,
+    one line per rope dim / format."""
+    import matplotlib  # optional heavy import, only to draw
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     keys = sorted({(r["rope_dim"], r["format"]) for r in rows}, key=lambda k: (-k[0], k[1]))
     for rope_dim, fmt in keys:
         pts = sorted((r for r in rows if (r["rope_dim"], r["format"]) == (rope_dim, fmt)), key=lambda r: r["bytes_bf16"])
         style = "-" if fmt == "native" else "--"
-        line, = ax.plot([r["bytes_bf16"] for r in pts], [r["ppl"] / base for r in pts], style, marker="o",
-                        label=f"rope {rope_dim}, {fmt}, bf16 latent")
-        int8 = [r for r in pts if "ppl_int8" in r]
-        if int8:
-            ax.plot([r["bytes_int8"] for r in int8], [r["ppl_int8"] / base for r in int8], ":", marker="x",
-                    color=line.get_color(), label=f"rope {rope_dim}, {fmt}, int8 latent")
-    ax.axvline(src_bytes, color="gray", lw=0.8)
-    ax.text(src_bytes, ax.get_ylim()[1], " source GQA (bf16)", va="top", fontsize=8, color="gray")
-    for target, label in [(1.08, "+8%"), (1.20, "+20%"), (1.05, "+5%")]:
-        ax.axhline(target, color="gray", ls=":", lw=0.8)
-        ax.text(ax.get_xlim()[0], target, f" {label}", va="bottom", fontsize=8, color="gray")
-    ax.set_xlabel("KV cache bytes per token (all layers)")
-    ax.set_ylabel("perplexity / original perplexity")
-    ax.set_title("SmolLM2-135M → MLA, training-free (held-out text, 512-token windows)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+        x = [r["bytes_bf16"] for r in pts]
+        if all("top1_agreement" in r for r in pts):
+            top.plot(x, [r["top1_agreement"] for r in pts], style, marker="o", label=f"rope {rope_dim}, {fmt}")
+            flagged = [r for r in pts if r["degenerate"]]
+            top.plot([r["bytes_bf16"] for r in flagged], [r["top1_agreement"] for r in flagged], "rx", ms=10)
+        bottom.plot(x, [r["ppl_ratio_max"] for r in pts], style, marker="o", label=f"rope {rope_dim}, {fmt}")
+    top.axhline(MIN_AGREEMENT, color="gray", ls=":", lw=0.8)
+    top.set_ylabel("held-out chat top-1 agreement\n(red x: degenerate answers)")
+    bottom.axhline(MAX_PPL_RATIO, color="gray", ls=":", lw=0.8)
+    bottom.set_ylabel("worst domain perplexity / source\n(" + ", ".join(base) + ")")
+    for ax in (top, bottom):
+        ax.axvline(src_bytes, color="gray", lw=0.8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    bottom.set_xlabel("KV cache bytes per token (all layers, bf16)")
+    top.set_title("SmolLM2-135M → MLA, training-free: behaviour and perplexity against the original")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native", "stock"), ranks=None,
-              calib_tokens=16384, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
-              stats_cache=None) -> dict:
-    """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict."""
+              calib_tokens=DEFAULTS.calib_tokens, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
+              stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None) -> dict:
+    """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict.
+    chat_examples: held-out chat prompts to judge on (None: all; 0: no chat columns)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -119,37 +177,44 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
         stats = load_stats(stats_cache)
         log(f"calibration statistics from {stats_cache} ({stats[0].tokens} tokens)")
     else:
-        stats = collect_stats(src, calibration_windows(src, None, calib_tokens, ctx))
+        windows = calibration_windows(src, None, calib_tokens, ctx, calib_chat)
+        stats = collect_stats(src, windows, dtype=calib_torch_dtype(DEFAULTS.calib_dtype))
         if stats_cache:
             save_stats(stats, stats_cache)
-    windows = text_windows(src.tokenizer(), heldout_text(), ctx, eval_tokens)
-    base = perplexity(lambda ids: source_logits(src, ids), windows)["ppl"]
-    log(f"source perplexity {base:.4f}")
+    judge = Judge(src, eval_tokens, ctx, chat_examples, out_dir, log)
     src_bytes = 2 * src.kv_elements() * src.num_layers
     ranks_for = (lambda dr: list(ranks)) if ranks else (lambda dr: default_ranks(src, dr))
     rows = []
-    for row in sweep_points(src, stats, windows, rope_dims, formats, ranks_for, int8_formats, log):
+    for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log):
         rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
-        result = {"source": str(src.path), "source_ppl": base, "source_bytes_bf16": src_bytes, "ctx": ctx,
-                  "eval_tokens": int(windows[:, 1:].numel()), "calib_tokens": int(stats[0].tokens),
-                  "protocol": PROTOCOL.format(ctx=ctx), "rows": rows, "seconds": round(time.time() - start)}
+        chosen = pick_default(rows)
+        result = {"source": str(src.path), "source_ppl": judge.base, "source_bytes_bf16": src_bytes, "ctx": ctx,
+                  "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
+                  "chat_examples": len(judge.cases), "calib_tokens": int(stats[0].tokens), "calib_chat": calib_chat,
+                  "protocol": PROTOCOL.format(ctx=ctx), "bar": {"min_agreement": MIN_AGREEMENT, "max_ppl_ratio": MAX_PPL_RATIO},
+                  "default": chosen and {k: chosen[k] for k in ("rope_dim", "kv_rank", "cache_ratio", "bytes_bf16")},
+                  "rows": rows, "seconds": round(time.time() - start)}
         (out_dir / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out_dir / "sweep.md").write_text(markdown_table(rows, base, src_bytes) + "\n")
-        plot(rows, base, src_bytes, out_dir / "sweep.png")
-    log(markdown_table(rows, base, src_bytes))
+        (out_dir / "sweep.md").write_text(markdown_table(rows, judge.base, src_bytes) + "\n")
+        plot(rows, judge.base, src_bytes, out_dir / "sweep.png")
+    log(markdown_table(rows, judge.base, src_bytes))
+    log(f"default by the bar (chat top-1 >= {MIN_AGREEMENT}, every domain ppl <= x{MAX_PPL_RATIO}): "
+        f"{result['default'] or 'no point meets it'}")
     return result
 
 
 def register(subparsers) -> None:
     """Add `convert-sweep` (bench/ has its own command module, so the sweep lives here)."""
-    p = subparsers.add_parser("convert-sweep", help="KV bytes per token vs perplexity of converted models (table + PNG)")
+    p = subparsers.add_parser("convert-sweep", help="KV bytes per token vs behaviour and perplexity of converted models (table + PNG)")
     p.add_argument("source", nargs="?", default=None, help="source model (default: bundled SmolLM2)")
     p.add_argument("--out", default="sweep", help="folder for sweep.md, sweep.json, sweep.png")
     p.add_argument("--rope-dims", type=int, nargs="+", default=[64, 32])
-    p.add_argument("--ranks", type=int, nargs="+", default=None, help="latent ranks (default: full and six smaller)")
+    p.add_argument("--ranks", type=int, nargs="+", default=None, help="latent ranks (default: full and the cache sizes of SIZES)")
     p.add_argument("--formats", nargs="+", default=["native", "stock"], choices=["native", "stock"])
-    p.add_argument("--calib-tokens", type=int, default=16384)
-    p.add_argument("--eval-tokens", type=int, default=4096)
+    p.add_argument("--calib-tokens", type=int, default=DEFAULTS.calib_tokens)
+    p.add_argument("--calib-chat", type=float, default=DEFAULTS.calib_chat, help="share of calibration tokens from chat")
+    p.add_argument("--eval-tokens", type=int, default=4096, help="tokens per perplexity domain")
+    p.add_argument("--chat-examples", type=int, default=None, help="held-out chat prompts to judge on (default all; 0: none)")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--int8-formats", nargs="*", default=["native", "stock"], choices=["native", "stock"],
                    help="formats also measured with an int8 latent")
@@ -159,5 +224,6 @@ def register(subparsers) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
-              args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache)
+              args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
+              chat_examples=args.chat_examples)
     return 0

@@ -1,0 +1,46 @@
+"""`convert-sweep` with behaviour columns: the table's flags, the default rule, and a tiny run end to end."""
+from __future__ import annotations
+
+import json
+
+from tiny_lm import save_tiny_llama
+
+from latentkv.convert.sweep import MAX_PPL_RATIO, MIN_AGREEMENT, markdown_table, pick_default, run_sweep
+
+BASE = {"docs": 10.0, "prose": 20.0, "code": 5.0}
+
+
+def row(rank, ratio, agreement, degenerate, worst=1.0, fmt="native"):
+    return {"rope_dim": 64, "format": fmt, "kv_rank": rank, "cache_ratio": ratio, "bytes_bf16": int(ratio * 1000),
+            "top1_agreement": agreement, "kl": 0.1, "match_mean": 9.0, "degenerate": degenerate, "examples": 86,
+            "ppl_docs": 10.0 * worst, "ppl_prose": 20.0, "ppl_code": 5.0, "ppl_ratio_max": worst}
+
+
+def test_the_default_is_the_smallest_native_cache_meeting_both_bars():
+    rows = [row(320, 1.0, 0.999, 0), row(256, 0.833, 0.96, 0), row(224, 0.75, MIN_AGREEMENT, 0),
+            row(192, 0.667, 0.97, 0, worst=MAX_PPL_RATIO + 0.01), row(128, 0.5, 0.85, 2),
+            row(96, 0.4, 0.99, 0, fmt="stock")]
+    assert pick_default(rows)["kv_rank"] == 224
+    assert pick_default([r for r in rows if r["top1_agreement"] < 0.95]) is None
+    table = markdown_table(rows, BASE, 1000)
+    lines = table.splitlines()
+    assert "chat top-1" in lines[0] and "ppl prose ×" in lines[0]
+    assert "**2 of 86: degenerate repetition**" in lines[6]       # <= half the cache and degenerate: flagged
+    assert "degenerate repetition" not in "\n".join(lines[:6])
+    assert lines[4].endswith("| yes |") and lines[5].endswith("| no |")
+
+
+def test_a_tiny_sweep_measures_behaviour_and_perplexity_per_domain(tmp_path, few_chat_prompts):
+    source = save_tiny_llama(tmp_path / "llama")
+    out = tmp_path / "sweep"
+    result = run_sweep(str(source), out, rope_dims=(8,), formats=("native",), ranks=["full", 4], calib_tokens=4 * 64,
+                       eval_tokens=2 * 64, ctx=64, int8_formats=("native",), log=lambda msg: None)
+    assert {p.name for p in out.iterdir()} >= {"sweep.md", "sweep.json", "sweep.png"}
+    assert json.loads((out / "sweep.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
+    full, small = result["rows"]
+    heldout = sum(r["split"] == "heldout" for r in few_chat_prompts)
+    for r in (full, small):
+        assert r["examples"] == heldout and 0 <= r["top1_agreement"] <= 1 and r["degenerate"] <= heldout
+        assert set(r) >= {"ppl_docs", "ppl_prose", "ppl_code", "ppl_int8", "kl", "match_mean"}
+    assert full["kl"] < small["kl"]   # a latent of rank 4 loses more than the full one
+    assert result["calib_chat"] == 0.5 and result["chat_examples"] == heldout
