@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 
 from latentkv.cli import main
 from latentkv.convert.corpus import pydoc_documents
@@ -28,7 +29,10 @@ def test_convert_then_eval(tmp_path, capsys):
     for name, model in [("source", []), ("converted", [str(out)])]:
         assert main(["eval", "ppl", *model, "--ctx", "128", "--max-tokens", "256", "--json"]) == 0
         ppl = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ppl"]
-        assert f"| {name} ppl | {ppl:.4f} |" in card, (name, ppl, card)
+        # the same model code; the converter runs it one layer at a time over all windows at once, so
+        # float32 rounding may differ in the last place (the fused ops batch rows differently)
+        line = next(line for line in card.splitlines() if line.startswith(f"| {name} ppl |"))
+        assert float(line.split("|")[2]) == pytest.approx(ppl, rel=1e-5, abs=1e-4), (name, ppl, line)
     results = {}
     for name, model in [("source", []), ("converted", [str(out)])]:
         assert main(["eval", "ppl", *model, "--text", str(heldout), "--ctx", "64", "--max-tokens", "128", "--json"]) == 0

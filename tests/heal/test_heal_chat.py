@@ -13,8 +13,10 @@ from latentkv.heal import HealConfig, behaviour, data, heal
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
 CALIB = [ChatExample(id=f"calib-{i}", category="list", prompt=f"count from {w}", answer=f"{w} {WORDS[(i + 1) % 8]} the fox.")
          for i, w in enumerate(WORDS)]
-HELDOUT = [ChatExample(id=f"held-{i}", category="code", prompt=f"def main(): return {w} 😀", answer=f"café {w} naïve")
-           for i, w in enumerate(WORDS[:3])]
+# held out: the same kind of conversation with words calibration never saw (healing is expected to
+# carry over to them, as to the real held-out prompts), plus non-ASCII text for the tokenizer paths
+HELDOUT = [ChatExample(id=f"held-{i}", category="list", prompt=f"count from {w} 😀", answer=f"{w} {WORDS[i]} the fox, café.")
+           for i, w in enumerate(["nine", "ten", "naïve"])]
 
 
 @pytest.fixture
