@@ -41,19 +41,30 @@ def extension():
     try:
         if os.environ.get("LATENTKV_NATIVE", "1") == "0":
             raise RuntimeError("disabled by LATENTKV_NATIVE=0")
-        ensure_ninja()
-        # Optional heavy import: cpp_extension pulls in setuptools and is only needed to build.
-        from torch.utils.cpp_extension import load
-
-        directory = build_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        _state["module"] = load(
-            name="latentkv_mla_decode", sources=[str(CSRC / "mla_decode.cpp")], build_directory=str(directory),
-            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast"], extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(CSRC)], verbose=False)
+        _state["module"] = compile_extension("latentkv_mla_decode", CSRC / "mla_decode.cpp", build_dir())
     except Exception as err:  # no compiler, no ninja, a failed build: the reference backend takes over
-        _state["reason"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+        _state["reason"] = failure_reason(err)
     return _state["module"]
+
+
+def compile_extension(name: str, source: Path, directory: Path, extra_include: Path | None = None):
+    """Build (or load the cached build of) one native extension of latentkv, with the flags they
+    all share; CSRC (cpu_isa.h) is always on the include path. Raises if it cannot be built."""
+    ensure_ninja()
+    # Optional heavy import: cpp_extension pulls in setuptools and is only needed to build.
+    from torch.utils.cpp_extension import load
+
+    directory.mkdir(parents=True, exist_ok=True)
+    includes = [str(CSRC)] + ([str(extra_include)] if extra_include else [])
+    return load(name=name, sources=[str(source)], build_directory=str(directory),
+                extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast"], extra_ldflags=["-fopenmp"],
+                extra_include_paths=includes, verbose=False)
+
+
+def failure_reason(err: Exception) -> str:
+    """One line saying why an extension is unavailable (its type and the last line of its message)."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
 def ensure_ninja() -> None:

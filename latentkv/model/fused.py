@@ -42,22 +42,14 @@ def extension():
     try:
         if os.environ.get("LATENTKV_FUSED", "1") == "0":
             raise RuntimeError("disabled by LATENTKV_FUSED=0")
-        native.ensure_ninja()
-        # Optional heavy import: cpp_extension pulls in setuptools and is only needed to build.
-        from torch.utils.cpp_extension import load
-
         directory = native.build_dir() / "decode_ops"
-        directory.mkdir(parents=True, exist_ok=True)
         if not (directory / "latentkv_decode_ops.so").exists():  # a first build takes ~30-60 s: say so
             print(f"latentkv: building the fused decode ops into {directory} (once)", file=sys.stderr, flush=True)
-        _state["module"] = load(
-            name="latentkv_decode_ops", sources=[str(CSRC / "decode_ops.cpp")], build_directory=str(directory),
-            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast"], extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(CSRC)], verbose=False)
+        _state["module"] = native.compile_extension("latentkv_decode_ops", CSRC / "decode_ops.cpp", directory, CSRC)
         _state["isa"] = pick_isa(_state["module"])
     except Exception as err:  # no compiler, a failed build: the reference ops take over
         _state["module"] = None
-        _state["reason"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+        _state["reason"] = native.failure_reason(err)
         if "LATENTKV_FUSED=0" not in _state["reason"]:
             warnings.warn(f"latentkv: the fused decode ops are unavailable ({_state['reason']}); using the PyTorch "
                           "reference ops (correct, slower)", RuntimeWarning, stacklevel=2)

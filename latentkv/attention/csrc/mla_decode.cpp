@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include "cpu_isa.h"
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -67,21 +69,6 @@ using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, con
                         float*, float*);
 
 // 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq), 3 avx512 + avx512_bf16 + avx512_vnni
-bool isa_supported(int64_t isa) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (isa == 3)
-    return isa_supported(2) && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
-  if (isa == 2)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-  if (isa == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  if (isa != 0) return false;
-#endif
-  return isa == 0;
-}
-
 SpanFn span_fn(int64_t isa) {
   if (isa == 3) return isa_avx512bf16::attend_span;
   if (isa == 2) return isa_avx512::attend_span;
@@ -106,12 +93,7 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torch does
 
 }  // namespace
 
-std::vector<int64_t> supported_isas() {
-  std::vector<int64_t> out;
-  for (int64_t isa = 0; isa <= 3; ++isa)
-    if (isa_supported(isa)) out.push_back(isa);
-  return out;
-}
+std::vector<int64_t> supported_isas() { return isas_up_to(3); }
 
 torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor latent, torch::Tensor scale,
                          torch::Tensor rope, torch::Tensor block_tables, torch::Tensor context_lens,

@@ -17,6 +17,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 
+#include "cpu_isa.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -45,19 +47,6 @@ namespace {
 using RowsF32 = void (*)(const float*, int, int, const float*, int, float*);
 using RowsBF16 = void (*)(const float*, int, int, const uint16_t*, int, float*);
 
-bool isa_supported(int64_t isa) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (isa == 2)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-  if (isa == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  if (isa != 0) return false;
-#endif
-  return isa == 0;
-}
-
 template <typename T>
 inline float load(const T* p, int64_t i) { return (float)p[i]; }
 
@@ -74,12 +63,7 @@ bool is_float(const torch::Tensor& t) {
 
 }  // namespace
 
-std::vector<int64_t> supported_isas() {
-  std::vector<int64_t> out;
-  for (int64_t isa = 0; isa <= 2; ++isa)
-    if (isa_supported(isa)) out.push_back(isa);
-  return out;
-}
+std::vector<int64_t> supported_isas() { return isas_up_to(2); }
 
 torch::Tensor head_matmul(torch::Tensor x, torch::Tensor w, double scale, torch::Tensor extra, int64_t isa) {
   check_cpu(x, "head_matmul: x");
