@@ -7,17 +7,12 @@ from dataclasses import fields
 
 from latentkv.convert import sweep
 from latentkv.convert.api import convert
-from latentkv.convert.options import ConvertOptions
+from latentkv.convert.options import ConvertOptions, rope_dim_arg
 from latentkv.convert.sources import SourceError
 from latentkv.convert.stock import TARGETS
 from latentkv.facts import MODEL_DTYPES
 
 D = ConvertOptions()  # the defaults
-
-
-def rope_dim_arg(text: str):
-    """An even int or "all"."""
-    return text if text == "all" else int(text)
 
 
 def kv_rank_arg(text: str):

@@ -59,6 +59,11 @@ class ConvertOptions:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
 
 
+def rope_dim_arg(text: str):
+    """A command line's rope dim: an even int or "all"."""
+    return text if text == "all" else int(text)
+
+
 def calib_torch_dtype(name: str) -> torch.dtype:
     """The calibration forward's dtype: "auto" is bfloat16 only where the hardware has it natively
     (measured: same converted perplexity as float32, docs/conversion.md), never a guess."""

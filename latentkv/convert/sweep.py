@@ -21,7 +21,7 @@ from latentkv.chat_data import load_chat
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
 from latentkv.convert.layout import converted_model
-from latentkv.convert.options import ConvertOptions, calib_torch_dtype
+from latentkv.convert.options import ConvertOptions, calib_torch_dtype, rope_dim_arg
 from latentkv.convert.pipeline import build_model, plan_rope
 from latentkv.convert.reference import source_logits
 from latentkv.convert.sources import read_source
@@ -41,10 +41,16 @@ def cache_bytes(ranks: list[int], rope_dim: int, int8: bool) -> int:
     return latent_bytes(ranks, rope_dim, "int8" if int8 else "auto", "bfloat16")
 
 
-def default_ranks(src, rope_dim: int) -> list:
-    """Latent widths for SIZES (full first)."""
-    full = 2 * src.num_kv_heads * src.head_dim
-    return ["full"] + [round(s * full) - rope_dim for s in SIZES[1:] if round(s * full) - rope_dim > 0]
+def ranks_at(src, rope_dim: int, sizes) -> list:
+    """Latent widths that make caches of `sizes` (fractions of the source's elements) at rope_dim
+    (an int: "all" already resolved); a size 1.0 or more is "full", sizes with no room are left out."""
+    full = src.kv_elements()
+    ranks = []
+    for s in sizes:
+        rank = "full" if s >= 1 else round(s * full) - rope_dim
+        if rank == "full" or rank > 0:
+            ranks.append(rank)
+    return ranks
 
 
 class Judge:
@@ -84,7 +90,7 @@ def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_f
             except ValueError as err:
                 log(f"skip rope {rope_dim} {fmt}: {err}")
                 continue
-            for rank in ranks_for(rope_dim):
+            for rank in ranks_for(plans_info[1]):  # the rope dim resolved ("all": every rotated dim)
                 cfg, tensors, info = build_model(src, stats, replace(settings, kv_rank=rank), plans_info)
                 row = {"rope_dim": info["rope_dim"], "format": fmt, "kv_rank": max(info["ranks"]),
                        "elements": sum(info["ranks"]) / len(info["ranks"]) + info["rope_dim"],
@@ -166,9 +172,13 @@ def plot(rows: list[dict], base: dict, src_bytes: int, path: Path) -> None:
 
 def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native", "stock"), ranks=None,
               calib_tokens=DEFAULTS.calib_tokens, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
-              stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None) -> dict:
+              stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None, sizes=None) -> dict:
     """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict.
+    rope_dims: even ints or "all"; ranks: latent widths for every rope dim, or sizes: cache sizes
+    (fractions of the source's elements) whose rank each rope dim gets (neither: SIZES).
     chat_examples: held-out chat prompts to judge on (None: all; 0: no chat columns)."""
+    if ranks and sizes:
+        raise ValueError("give ranks or sizes, not both")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -183,7 +193,7 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
             save_stats(stats, stats_cache)
     judge = Judge(src, eval_tokens, ctx, chat_examples, out_dir, log)
     src_bytes = 2 * src.kv_elements() * src.num_layers
-    ranks_for = (lambda dr: list(ranks)) if ranks else (lambda dr: default_ranks(src, dr))
+    ranks_for = (lambda dr: list(ranks)) if ranks else (lambda dr: ranks_at(src, dr, sizes or SIZES))
     rows = []
     for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log):
         rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
@@ -208,8 +218,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("convert-sweep", help="KV bytes per token vs behaviour and perplexity of converted models (table + PNG)")
     p.add_argument("source", nargs="?", default=None, help="source model (default: bundled SmolLM2)")
     p.add_argument("--out", default="sweep", help="folder for sweep.md, sweep.json, sweep.png")
-    p.add_argument("--rope-dims", type=int, nargs="+", default=[64, 32])
-    p.add_argument("--ranks", type=int, nargs="+", default=None, help="latent ranks (default: full and the cache sizes of SIZES)")
+    p.add_argument("--rope-dims", type=rope_dim_arg, nargs="+", default=[64, 32], help="even ints or 'all'")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--ranks", type=int, nargs="+", default=None, help="latent ranks for every rope dim")
+    size.add_argument("--sizes", type=float, nargs="+", default=None,
+                      help=f"cache sizes as fractions of the source's elements; each rope dim gets the rank that "
+                      f"makes them (default {' '.join(map(str, SIZES))}; 1: the full rank)")
     p.add_argument("--formats", nargs="+", default=["native", "stock"], choices=["native", "stock"])
     p.add_argument("--calib-tokens", type=int, default=DEFAULTS.calib_tokens)
     p.add_argument("--calib-chat", type=float, default=DEFAULTS.calib_chat, help="share of calibration tokens from chat")
@@ -225,5 +239,5 @@ def register(subparsers) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
               args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
-              chat_examples=args.chat_examples)
+              chat_examples=args.chat_examples, sizes=args.sizes)
     return 0

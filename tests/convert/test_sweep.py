@@ -1,11 +1,14 @@
 """`convert-sweep` with behaviour columns: the table's flags, the default rule, and a tiny run end to end."""
 from __future__ import annotations
 
+import argparse
 import json
+from types import SimpleNamespace
 
 from tiny_lm import save_tiny_llama
 
-from latentkv.convert.sweep import MAX_PPL_RATIO, MIN_AGREEMENT, markdown_table, pick_default, run_sweep
+from latentkv.convert import sweep
+from latentkv.convert.sweep import MAX_PPL_RATIO, MIN_AGREEMENT, markdown_table, pick_default, ranks_at, run_sweep
 
 BASE = {"docs": 10.0, "prose": 20.0, "code": 5.0}
 
@@ -44,3 +47,16 @@ def test_a_tiny_sweep_measures_behaviour_and_perplexity_per_domain(tmp_path, few
         assert set(r) >= {"ppl_docs", "ppl_prose", "ppl_code", "ppl_int8", "kl", "match_mean"}
     assert full["kl"] < small["kl"]   # a latent of rank 4 loses more than the full one
     assert result["calib_chat"] == 0.5 and result["chat_examples"] == heldout
+
+
+def test_sizes_give_each_rope_dim_the_rank_that_makes_the_cache():
+    smol = SimpleNamespace(kv_elements=lambda: 384)   # 3 KV heads x 64: 384 elements per token per layer
+    assert ranks_at(smol, 64, [1.0, 0.833, 0.5]) == ["full", 256, 128]
+    assert ranks_at(smol, 192, [1.0, 0.833, 0.5]) == ["full", 128]   # rope all at half the cache: no room, left out
+
+
+def test_the_sweep_command_takes_rope_all_and_sizes():
+    parser = argparse.ArgumentParser()
+    sweep.register(parser.add_subparsers())
+    args = parser.parse_args(["convert-sweep", "--rope-dims", "all", "64", "--sizes", "0.833", "0.5"])
+    assert args.rope_dims == ["all", 64] and args.sizes == [0.833, 0.5] and args.ranks is None
