@@ -13,7 +13,7 @@ from latentkv.facts import MODEL_DTYPES
 class ConvertOptions:
     """Sizes — rope_dim: even int or "all"; kv_rank: int (mean latent width), "full" or a
     per-layer list; cache_ratio: cache elements as a fraction of the source's (sets both);
-    none of the three: api.DEFAULT_CACHE_RATIO.
+    none of the three: api.DEFAULT_ROPE_DIM at api.DEFAULT_CACHE_RATIO.
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
     for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip);
     calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the
