@@ -12,6 +12,7 @@ float32 queries, and the other paths, compute in float32 FMAs (csrc/mla_decode_i
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -33,8 +34,11 @@ _lock = threading.Lock()  # one build per process, even when a background thread
 
 
 def build_dir() -> Path:
+    """One build folder per Python, torch and checkout: two installs of latentkv on one machine
+    (a clone and a venv, two worktrees) would otherwise rebuild over each other's loaded library."""
+    checkout = hashlib.sha1(str(CSRC.resolve()).encode()).hexdigest()[:8]
     return cache_root() / "torch_extensions" / (
-        f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}")
+        f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}-{checkout}")
 
 
 def extension():
