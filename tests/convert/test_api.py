@@ -1,0 +1,24 @@
+"""`resolve_sizes`: what a conversion with no size option, or a cache ratio alone, becomes."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from latentkv.convert.api import DEFAULT_CACHE_RATIO, DEFAULT_ROPE_DIM, resolve_sizes
+from latentkv.convert.options import ConvertOptions
+
+# SmolLM2-135M's attention shape: 3 KV heads x 64 dims = 384 cache elements per token per layer
+SMOL = SimpleNamespace(num_kv_heads=3, head_dim=64, qkv_bias=False, kv_elements=lambda: 384)
+
+
+def test_no_size_option_is_the_default_split_of_the_default_cache():
+    settings = resolve_sizes(SMOL, ConvertOptions())
+    assert settings.rope_dim == DEFAULT_ROPE_DIM
+    assert settings.rope_dim + settings.kv_rank == round(DEFAULT_CACHE_RATIO * 384)
+
+
+@pytest.mark.parametrize("ratio,rope", [(0.5, 64), (0.25, 32)])
+def test_a_small_cache_caps_the_rope_dim_at_a_third_of_it(ratio, rope):
+    settings = resolve_sizes(SMOL, ConvertOptions(cache_ratio=ratio))
+    assert settings.rope_dim == rope and settings.rope_dim + settings.kv_rank == round(ratio * 384)
