@@ -54,22 +54,28 @@ def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, 
     n, heads = q_nope.shape[:2]
     first = int(meta.query_pos[0, 0])
     spans = tiles(first, first + n)
-    end = spans[-1][1]
+    base, end = spans[0][0], spans[-1][1]
     # up to the last tile's end (zero latents past the context): at least 128 rows, so a float32
     # kv_b_proj never takes MKL's small-M kernels, which round differently (latentkv/invariant.py)
     key, value = layer.expand(read_context(cache, meta, end))
     dv, width = value.shape[-1], key.shape[-1]
-    # SDPA's flash kernels need v as wide as q and k (else the math path, several times slower)
-    key, value = key.transpose(1, 2), F.pad(value, (0, width - dv)).transpose(1, 2)  # [1, H, end, D]
-    query = torch.cat((q_nope, q_rope), dim=-1)
+    # head-major once, so each tile's keys are a view; SDPA's flash kernels need v as wide as q
+    # and k (else the math path, several times slower)
+    key = key.transpose(1, 2).contiguous()  # [1, H, end, D]
+    value = F.pad(value, (0, width - dv)).transpose(1, 2).contiguous()
+    query = q_nope.new_zeros(1, heads, end - base, width)  # rows not computed now stay zero queries
+    query[0, :, first - base:first + n - base] = torch.cat((q_nope, q_rope), dim=-1).transpose(0, 1)
     out = q_nope.new_empty(n, heads, dv)
-    positions = torch.arange(end, device=q_nope.device)
     for a, b in spans:
         lo, hi = max(a, first), min(b, first + n)  # the rows of this tile computed now
-        tile = query.new_zeros(b - a, heads, width)
-        tile[lo - a:hi - a] = query[lo - first:hi - first]
-        mask = positions[None, :b] <= positions[a:b, None]
-        o = F.scaled_dot_product_attention(tile.transpose(0, 1)[None], key[:, :, :b], value[:, :, :b],
-                                           attn_mask=mask, scale=layer.scale)  # [1, H, b-a, D]
+        o = F.scaled_dot_product_attention(query[:, :, a - base:b - base], key[:, :, :b], value[:, :, :b],
+                                           attn_mask=causal_mask(a, b, query.dtype, query.device), scale=layer.scale)
         out[lo - first:hi - first] = o[0, :, lo - a:hi - a, :dv].transpose(0, 1)
     return out
+
+
+def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[b - a, b] additive mask of query rows a .. b-1 over keys 0 .. b-1: 0 where key <= row, else -inf."""
+    mask = torch.zeros(b - a, b, dtype=dtype, device=device)
+    mask[:, a:].masked_fill_(torch.ones(b - a, b - a, dtype=torch.bool, device=device).triu_(1), float("-inf"))
+    return mask
