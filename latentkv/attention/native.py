@@ -1,7 +1,8 @@
 """The native CPU backend: paged MLA decode in C++/OpenMP (csrc/mla_decode.cpp).
 
-Built with torch.utils.cpp_extension on first use into ~/.cache/latentkv/torch_extensions
-(rebuilt when the source changes). Where it cannot be built or loaded (no compiler, no
+Built with torch.utils.cpp_extension on first use into the user cache (user_cache.cache_root(),
+~/.cache/latentkv by default: torch_extensions/; rebuilt when the source changes); `build_in_background`
+starts that build early (a first start converts the bundled model meanwhile). Where it cannot be built or loaded (no compiler, no
 ninja, another OS), `available()` is False, `get_backend("auto")` picks the PyTorch reference
 and one warning says why. The instruction set is chosen at run time: the best this CPU
 runs (avx512_bf16 > avx512 > avx2 > scalar), or `LATENTKV_CPU_ISA=avx512_bf16|avx512|avx2|scalar`
@@ -11,14 +12,17 @@ float32 queries, and the other paths, compute in float32 FMAs (csrc/mla_decode_i
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
+import threading
 import warnings
 from pathlib import Path
 
 import torch
 
+from ..user_cache import cache_root
 from .metadata import AttentionMetadata
 from .torch_ref import QUERY_CHUNK, TorchBackend
 
@@ -26,25 +30,40 @@ CSRC = Path(__file__).parent / "csrc"
 ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}  # avx512_bf16: bf16 dot products for bf16 queries
 MAX_QUERY_LEN = 16  # longer query blocks (prefill chunks) are matmul-shaped: the reference's bmm wins
 _state: dict = {}
+_lock = threading.Lock()  # one build per process, even when a background thread started it
 
 
 def build_dir() -> Path:
-    return Path(os.environ.get("LATENTKV_CACHE", Path.home() / ".cache" / "latentkv")) / "torch_extensions" / (
-        f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}")
+    """One build folder per Python, torch and checkout: two installs of latentkv on one machine
+    (a clone and a venv, two worktrees) would otherwise rebuild over each other's loaded library."""
+    checkout = hashlib.sha1(str(CSRC.resolve()).encode()).hexdigest()[:8]
+    return cache_root() / "torch_extensions" / (
+        f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}-{checkout}")
 
 
 def extension():
     """The compiled module, or None (with the reason in `unavailable_reason()`); built once per process."""
-    if "module" in _state:
+    with _lock:
+        if "module" not in _state:
+            _state["module"], _state["reason"] = None, None
+            try:
+                if os.environ.get("LATENTKV_NATIVE", "1") == "0":
+                    raise RuntimeError("disabled by LATENTKV_NATIVE=0")
+                _state["module"] = compile_extension("latentkv_mla_decode", CSRC / "mla_decode.cpp", build_dir())
+            except Exception as err:  # no compiler, no ninja, a failed build: the reference backend takes over
+                _state["reason"] = failure_reason(err)
         return _state["module"]
-    _state["module"], _state["reason"] = None, None
-    try:
-        if os.environ.get("LATENTKV_NATIVE", "1") == "0":
-            raise RuntimeError("disabled by LATENTKV_NATIVE=0")
-        _state["module"] = compile_extension("latentkv_mla_decode", CSRC / "mla_decode.cpp", build_dir())
-    except Exception as err:  # no compiler, no ninja, a failed build: the reference backend takes over
-        _state["reason"] = failure_reason(err)
-    return _state["module"]
+
+
+def build_in_background(*builders) -> list[threading.Thread]:
+    """Run each extension builder (e.g. `extension`) in its own daemon thread, now: a first build is
+    ~25 s of g++ per extension, which then overlaps the caller's work (and each other) instead of
+    stalling the first forward pass. Later calls of a builder wait for its thread's build (its lock)."""
+    threads = [threading.Thread(target=build, daemon=True, name=f"latentkv-build-{build.__module__}")
+               for build in builders]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 def compile_extension(name: str, source: Path, directory: Path, extra_include: Path | None = None):

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from latentkv.attention import native
 from latentkv.convert import spill
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.corpus import chat_windows, default_documents, file_documents, heldout_text, token_windows
@@ -22,6 +23,7 @@ from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
 from latentkv.eval.perplexity import PROTOCOL, text_windows
 from latentkv.facts import MODEL_DTYPES
 from latentkv.memory import peak_rss
+from latentkv.model import fused
 
 DEFAULTS = ConvertOptions()
 # With no size option: rope 64 + rank 256 for SmolLM2 (docs/conversion.md, "Calibration that covers
@@ -111,6 +113,8 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`."""
     options.check()
     started = time.perf_counter()
+    if options.eval_tokens:  # the check runs latentkv's model: its first build (~25 s each) overlaps calibration
+        native.build_in_background(native.extension, fused.extension)
     step(1, f"reading {source if source is not None else 'the bundled SmolLM2'}", started)
     src = source if isinstance(source, SourceModel) else read_source(source)
     options = resolve_sizes(src, options)

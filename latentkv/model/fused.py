@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -32,12 +33,18 @@ from .rope import apply_rope
 
 CSRC = Path(__file__).parent / "csrc"
 _state: dict = {}
+_lock = threading.Lock()  # one build per process, even when a background thread started it
 
 
 def extension():
     """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
-    if "module" in _state:
+    with _lock:
+        if "module" not in _state:
+            _build()
         return _state["module"]
+
+
+def _build() -> None:
     _state["module"], _state["reason"] = None, None
     try:
         if os.environ.get("LATENTKV_FUSED", "1") == "0":
@@ -53,7 +60,6 @@ def extension():
         if "LATENTKV_FUSED=0" not in _state["reason"]:
             warnings.warn(f"latentkv: the fused decode ops are unavailable ({_state['reason']}); using the PyTorch "
                           "reference ops (correct, slower)", RuntimeWarning, stacklevel=2)
-    return _state["module"]
 
 
 def pick_isa(module) -> int:

@@ -14,6 +14,7 @@ the same bf16 rows, the same int8 / fp8 codes and scales):
   probabilities and dequantized latent to bf16 before the matmuls).
 """
 import random
+import time
 
 import pytest
 import torch
@@ -154,3 +155,27 @@ def test_forcing_an_isa_the_cpu_lacks_or_does_not_know_is_refused(monkeypatch):
     for isa in native.supported_isas():
         monkeypatch.setenv("LATENTKV_CPU_ISA", isa)
         assert native.chosen_isa() == isa
+
+
+def test_a_build_started_in_the_background_is_waited_for_not_skipped(monkeypatch):
+    """extension() called while build_in_background's thread is still compiling must wait for
+    that build (and not compile twice, nor report the backend unavailable meanwhile)."""
+    calls = []
+
+    def slow_compile(name, source, directory, extra_include=None):
+        calls.append(name)
+        time.sleep(0.3)
+        return "module"
+
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "compile_extension", slow_compile)
+    threads = native.build_in_background(native.extension)
+    time.sleep(0.05)  # the thread holds the build now
+    assert native.extension() == "module" and native.available()
+    threads[0].join()
+    assert calls == ["latentkv_mla_decode"]
+
+
+def test_the_build_lives_in_the_user_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("LATENTKV_CACHE_DIR", str(tmp_path))
+    assert native.build_dir().parent == tmp_path / "torch_extensions"

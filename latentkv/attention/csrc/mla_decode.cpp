@@ -5,7 +5,7 @@
 //          + scale [blocks, bs] float32 + rope [blocks, bs, D - r] (bf16/float32)
 //   block_tables [B, nb] int64, context_lens [B] int64, query_pos [B, Q] int64 (or empty:
 //   every row sees the whole context) -> out [B, M, r] in the query dtype.
-#include <torch/extension.h>
+#include "torch_lite.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -95,15 +95,15 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torch does
 
 std::vector<int64_t> supported_isas() { return isas_up_to(3); }
 
-torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor latent, torch::Tensor scale,
-                         torch::Tensor rope, torch::Tensor block_tables, torch::Tensor context_lens,
-                         torch::Tensor query_pos, int64_t heads, int64_t kv_rank, int64_t block_size, int64_t isa,
+at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Tensor scale,
+                         at::Tensor rope, at::Tensor block_tables, at::Tensor context_lens,
+                         at::Tensor query_pos, int64_t heads, int64_t kv_rank, int64_t block_size, int64_t isa,
                          int64_t threads) {
   TORCH_CHECK(isa_supported(isa), "mla_decode: this CPU does not support instruction set ", isa);
   TORCH_CHECK(query.dim() == 3, "mla_decode: query must be [B, M, D]");
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 || query.scalar_type() == torch::kBFloat16,
+  TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
               "mla_decode: query must be float32 or bfloat16");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && context_lens.scalar_type() == torch::kInt64,
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "mla_decode: block_tables and context_lens must be int64");
   query = query.contiguous();
   block_tables = block_tables.contiguous();
@@ -117,24 +117,24 @@ torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor la
   job.block_tables = block_tables.data_ptr<int64_t>();
   if (kv.numel() > 0) {
     TORCH_CHECK(kv.is_contiguous() && kv.size(-1) == D, "mla_decode: kv must be contiguous [blocks, bs, D]");
-    TORCH_CHECK(kv.scalar_type() == torch::kFloat32 || kv.scalar_type() == torch::kBFloat16,
+    TORCH_CHECK(kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16,
                 "mla_decode: kv must be float32 or bfloat16");
-    job.kind = kv.scalar_type() == torch::kFloat32 ? KIND_F32 : KIND_BF16;
+    job.kind = kv.scalar_type() == at::kFloat ? KIND_F32 : KIND_BF16;
     job.kv = kv.data_ptr();
   } else {
     TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope.is_contiguous(),
                 "mla_decode: latent, scale and rope must be contiguous");
     TORCH_CHECK(latent.size(-1) == r && rope.size(-1) == D - r, "mla_decode: latent/rope widths do not match D");
-    TORCH_CHECK(latent.scalar_type() == torch::kInt8 || latent.scalar_type() == torch::kUInt8,
+    TORCH_CHECK(latent.scalar_type() == at::kChar || latent.scalar_type() == at::kByte,
                 "mla_decode: latent must be int8 or uint8 (fp8 e4m3 bits)");
-    TORCH_CHECK(scale.scalar_type() == torch::kFloat32, "mla_decode: scale must be float32");
-    TORCH_CHECK(rope.scalar_type() == torch::kFloat32 || rope.scalar_type() == torch::kBFloat16,
+    TORCH_CHECK(scale.scalar_type() == at::kFloat, "mla_decode: scale must be float32");
+    TORCH_CHECK(rope.scalar_type() == at::kFloat || rope.scalar_type() == at::kBFloat16,
                 "mla_decode: rope must be float32 or bfloat16");
-    job.kind = latent.scalar_type() == torch::kInt8 ? KIND_I8 : KIND_FP8;
+    job.kind = latent.scalar_type() == at::kChar ? KIND_I8 : KIND_FP8;
     job.latent = latent.data_ptr();
     job.scale = scale.data_ptr<float>();
     job.rope = rope.data_ptr();
-    job.rope_bf16 = rope.scalar_type() == torch::kBFloat16;
+    job.rope_bf16 = rope.scalar_type() == at::kBFloat16;
   }
 
   // Visible keys per row: query_pos + 1 (causal), else the whole context.
@@ -171,10 +171,10 @@ torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor la
 
   // bf16 queries on an avx512_bf16 CPU: bf16 dot products straight from the query; otherwise
   // the query rows of each sequence widened once to float32.
-  const bool dp_bf16 = isa == 3 && query.scalar_type() == torch::kBFloat16 && r % 32 == 0;
+  const bool dp_bf16 = isa == 3 && query.scalar_type() == at::kBFloat16 && r % 32 == 0;
   std::vector<float> qf(dp_bf16 ? 0 : B * M * D);
   if (dp_bf16) {
-  } else if (query.scalar_type() == torch::kFloat32) {
+  } else if (query.scalar_type() == at::kFloat) {
     std::memcpy(qf.data(), query.data_ptr<float>(), sizeof(float) * B * M * D);
   } else {
     const uint16_t* qs = (const uint16_t*)query.data_ptr();
@@ -215,8 +215,8 @@ torch::Tensor mla_decode(torch::Tensor query, torch::Tensor kv, torch::Tensor la
   }
 
   // Log-sum-exp merge of each sequence's spans, in span order.
-  auto out = torch::empty({B, M, r}, query.options());
-  const bool bf16 = query.scalar_type() == torch::kBFloat16;
+  auto out = at::empty({B, M, r}, query.options());
+  const bool bf16 = query.scalar_type() == at::kBFloat16;
   float* out32 = bf16 ? nullptr : out.data_ptr<float>();
   uint16_t* out16 = bf16 ? (uint16_t*)out.data_ptr() : nullptr;
 #pragma omp parallel num_threads(nthreads)

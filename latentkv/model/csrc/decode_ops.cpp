@@ -11,9 +11,8 @@
 //   silu_mul(gate_up [T, 2I]) -> silu(gate) * up [T, I].
 //   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty) -> (x + residual, its RMSNorm).
 // Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
-#include <torch/extension.h>
+#include "torch_lite.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 
@@ -53,19 +52,19 @@ inline float load(const T* p, int64_t i) { return (float)p[i]; }
 template <typename T>
 inline T cast(float v) { return (T)v; }  // c10::BFloat16(float) rounds to nearest even, as torch does
 
-void check_cpu(const torch::Tensor& t, const char* name) {
+void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
 }
 
-bool is_float(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16;
+bool is_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
 }
 
 }  // namespace
 
 std::vector<int64_t> supported_isas() { return isas_up_to(2); }
 
-torch::Tensor head_matmul(torch::Tensor x, torch::Tensor w, double scale, torch::Tensor extra, int64_t isa) {
+at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa) {
   check_cpu(x, "head_matmul: x");
   TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
   TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
@@ -77,12 +76,12 @@ torch::Tensor head_matmul(torch::Tensor x, torch::Tensor w, double scale, torch:
   if (E > 0)
     TORCH_CHECK(extra.dim() == 3 && extra.size(0) == N && extra.size(1) == H && extra.scalar_type() == x.scalar_type(),
                 "head_matmul: extra must be [N, H, E] in x's dtype");
-  auto out = torch::empty({N, H, C + E}, x.options());
+  auto out = at::empty({N, H, C + E}, x.options());
   if (N == 0) return out;
   const int64_t R = (N + 3) / 4 * 4;  // rows padded to the 4-row tile with zeros
   constexpr int64_t CHUNK = 64;      // rows per work item
   const int64_t chunks = (R + CHUNK - 1) / CHUNK;
-  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
   RowsF32 rows_f32 = isa == 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
   RowsBF16 rows_bf16 = isa == 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
   const float s = (float)scale;
@@ -132,14 +131,14 @@ inline void rotate_row(const T* x, int64_t stride, int64_t d, const float* cs, c
 
 }  // namespace
 
-torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool interleaved) {
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved) {
   check_cpu(x, "rope: x");
   TORCH_CHECK(x.dim() == 3 && is_float(x), "rope: x must be [N, G, d] float32 or bfloat16");
-  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32, "rope: cos/sin must be float32");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rope: cos/sin must be float32");
   cos = cos.contiguous(), sin = sin.contiguous();
   const int64_t N = x.size(0), G = x.size(1), d = x.size(2);
   TORCH_CHECK(d % 2 == 0 && cos.numel() == N * (d / 2) && sin.numel() == N * (d / 2), "rope: cos/sin must be [N, d/2]");
-  auto out = torch::empty({N, G, d}, x.options());
+  auto out = at::empty({N, G, d}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rope", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
@@ -157,14 +156,14 @@ torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool i
   return out;
 }
 
-void write_latent(torch::Tensor c, torch::Tensor k_r, torch::Tensor cos, torch::Tensor sin, bool interleaved,
-                  torch::Tensor slots, torch::Tensor kv, torch::Tensor latent, torch::Tensor scale, torch::Tensor rope_cache,
+void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
+                  at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,
                   double qmax) {
   check_cpu(c, "write_latent: c");
   TORCH_CHECK(c.dim() == 2 && k_r.dim() == 2 && c.size(0) == k_r.size(0) && is_float(c) && k_r.scalar_type() == c.scalar_type(),
               "write_latent: c [T, r] and k_r [T, dr] must share a float dtype");
-  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == c.size(0), "write_latent: slots must be int64 [T]");
-  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32, "write_latent: cos/sin must be float32");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == c.size(0), "write_latent: slots must be int64 [T]");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "write_latent: cos/sin must be float32");
   slots = slots.contiguous(), cos = cos.contiguous(), sin = sin.contiguous();
   const int64_t T = c.size(0), r = c.size(1), dr = k_r.size(1);
   TORCH_CHECK(dr % 2 == 0 && cos.numel() == T * (dr / 2), "write_latent: cos/sin must be [T, dr/2]");
@@ -172,8 +171,8 @@ void write_latent(torch::Tensor c, torch::Tensor k_r, torch::Tensor cos, torch::
   int64_t slot_count;
   if (quantized) {
     TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope_cache.is_contiguous() && latent.size(-1) == r &&
-                    scale.scalar_type() == torch::kFloat32 && rope_cache.scalar_type() == c.scalar_type() &&
-                    (latent.scalar_type() == torch::kInt8 || latent.scalar_type() == torch::kUInt8),
+                    scale.scalar_type() == at::kFloat && rope_cache.scalar_type() == c.scalar_type() &&
+                    (latent.scalar_type() == at::kChar || latent.scalar_type() == at::kByte),
                 "write_latent: latent [.., r] int8|uint8, scale float32, rope in c's dtype, all contiguous");
     slot_count = scale.numel();
   } else {
@@ -184,7 +183,7 @@ void write_latent(torch::Tensor c, torch::Tensor k_r, torch::Tensor cos, torch::
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(sp[t] >= 0 && sp[t] < slot_count, "write_latent: slot ", sp[t], " outside the cache");
-  const bool fp8 = quantized && latent.scalar_type() == torch::kUInt8;
+  const bool fp8 = quantized && latent.scalar_type() == at::kByte;
   const float q = (float)qmax;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, c.scalar_type(), "write_latent", [&] {
     const scalar_t *cp = c.data_ptr<scalar_t>(), *kp = k_r.data_ptr<scalar_t>();
@@ -220,7 +219,7 @@ void write_latent(torch::Tensor c, torch::Tensor k_r, torch::Tensor cos, torch::
   });
 }
 
-std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch::Tensor residual) {
+std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual) {
   check_cpu(x, "rms_norm: x");
   TORCH_CHECK(x.dim() == 2 && is_float(x) && weight.dim() == 1 && weight.size(0) == x.size(1),
               "rms_norm: x must be [T, d] float32 or bfloat16, weight [d]");
@@ -230,8 +229,8 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, doubl
                 "rms_norm: residual must match x");
   x = x.contiguous(), weight = weight.contiguous(), residual = residual.contiguous();
   const int64_t T = x.size(0), d = x.size(1);
-  auto out = torch::empty_like(x);
-  auto sum = add ? torch::empty_like(x) : x;
+  auto out = at::empty_like(x);
+  auto sum = add ? at::empty_like(x) : x;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, weight.scalar_type(), "rms_norm_weight", [&] {
       using w_t = scalar_t;
       const w_t* wp = weight.data_ptr<w_t>();
@@ -264,12 +263,12 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, doubl
   return {sum, out};
 }
 
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   check_cpu(gate_up, "silu_mul: gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && is_float(gate_up), "silu_mul: gate_up must be [T, 2I] float");
   gate_up = gate_up.contiguous();
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-  auto out = torch::empty({T, I}, gate_up.options());
+  auto out = at::empty({T, I}, gate_up.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gate_up.scalar_type(), "silu_mul", [&] {
     const scalar_t* gp = gate_up.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
