@@ -9,19 +9,23 @@ cost, pad the flat batch to [B, Qmax] and back. A backend gives the kernels:
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .metadata import AttentionMetadata
 from .paged import write
+from .prefill import invariant_prefill
 
 PATHS = ("auto", "naive", "absorbed")
 
 
 def choose_path(layer, meta: AttentionMetadata) -> str:
     """The cheaper path by multiply-adds on the padded shapes (or the one meta forces).
-    Batch-invariant steps and prefills over cached context take the absorbed path: it reads the
-    latent in tiles (no per-head K/V for the whole context) and every row reduces the same way
-    whether it comes in a prefill, a chunk or a decode."""
+    Prefills over cached context take the absorbed path: it reads the latent in tiles (no
+    per-head K/V for the whole context). Batch-invariant steps reach here only with decode rows
+    (prompt rows went to prefill.py) and take it too: a decode row reduces the same way alone,
+    batched, or recomputed after a preemption."""
     if meta.path != "auto":
         return meta.path
     if meta.invariant or 1 < meta.max_query_len < meta.max_context_len:
@@ -51,6 +55,8 @@ class AttentionBackend:
 
     def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         """One group: q_* [T,H,*] (flat, already in the cache) -> [T,H,dv]."""
+        if meta.prompt_rows is not None:
+            return self.attend_prompt(layer, q_nope, q_rope, cache, meta)
         single = meta.num_seqs == 1  # the flat batch already is the padded one
         if single:
             q_nope, q_rope = q_nope[None], q_rope[None]
@@ -63,6 +69,20 @@ class AttentionBackend:
             key, value = layer.expand(self.context(cache, meta))
             out = self.dense_attention(torch.cat((q_nope, q_rope), dim=-1), key, value, meta, layer.scale)
         return out[0] if single else out[meta.query_valid]  # [T, H, dv], back in flat order
+
+    def attend_prompt(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """Batch-invariant, one sequence: its leading prompt rows by the invariant naive path, the
+        rest (tokens decode produced, recomputed after a preemption) as decode computed them."""
+        if meta.num_seqs != 1:
+            raise ValueError("prompt rows attend one sequence at a time: build the metadata with split=True")
+        n = meta.prompt_rows[0]
+        out = invariant_prefill(layer, q_nope[:n], q_rope[:n], cache, meta)
+        if n == q_nope.shape[0]:
+            return out
+        rest = replace(meta, query_pos=meta.query_pos[:, n:], query_valid=meta.query_valid[:, n:],
+                       query_index=meta.query_index[:, n:] - n, max_query_len=meta.max_query_len - n,
+                       prompt_rows=None, groups=None, _masks={})
+        return torch.cat((out, self.attend(layer, q_nope[n:], q_rope[n:], cache, rest)))
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
         """query [B, Q*H, r+dr] (absorbed, scaled) -> o_lat [B, Q*H, r]; causal by meta.key_mask."""

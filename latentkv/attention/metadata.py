@@ -27,6 +27,7 @@ class AttentionMetadata:
     runs: list[tuple[int, int]] | None = None  # one sequence: its blocks as (first, count) runs of consecutive ids
     groups: list | None = None  # [(flat rows [n], AttentionMetadata)]: attend per group (see attention_groups)
     invariant: bool = False  # every row reduces in a fixed order of its own (latentkv/invariant.py)
+    prompt_rows: list[int] | None = None  # invariant: per sequence, how many of its new rows are prompt tokens
     _masks: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -64,11 +65,14 @@ def build_metadata(
     path: str = "auto",
     split: bool = True,
     invariant: bool = False,
+    prompt_lens: list[int] | None = None,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Build the metadata and the positions [T] of the new tokens.
 
     query_lens[b] new tokens of sequence b sit at positions
-    context_lens[b] - query_lens[b] .. context_lens[b] - 1.
+    context_lens[b] - query_lens[b] .. context_lens[b] - 1. With `invariant`, positions below
+    prompt_lens[b] are prompt rows (the invariant naive path, attention/prefill.py), the others
+    decode rows (the absorbed kernel); without prompt_lens a multi-token query is all prompt.
     """
     if not (len(query_lens) == len(context_lens) == len(block_tables)):
         raise ValueError("query_lens, context_lens and block_tables must have one entry per sequence")
@@ -112,27 +116,40 @@ def build_metadata(
         runs=block_runs(tables[0].tolist()) if len(block_tables) == 1 else None,
         invariant=invariant,
     )
-    if split and q_max > 1 and len(set(query_lens)) > 1:  # equal lengths pad nothing: one batch
-        batch.groups = attention_groups(query_lens, context_lens, block_tables, block_size, device, path, invariant)
+    prompt = [0] * len(query_lens)
+    if invariant:
+        if prompt_lens is None:
+            prompt_lens = [c if q > 1 else 0 for q, c in zip(query_lens, context_lens)]
+        prompt = [min(max(p - (c - q), 0), q) for p, q, c in zip(prompt_lens, query_lens, context_lens)]
+        batch.prompt_rows = prompt if any(prompt) else None
+    # equal lengths pad nothing: one batch; but each prompt goes alone (prefill.py takes one sequence)
+    if split and (q_max > 1 and len(set(query_lens)) > 1 or len(query_lens) > 1 and any(prompt)):
+        batch.groups = attention_groups(query_lens, context_lens, block_tables, block_size, device, path,
+                                        invariant, prompt)
     return batch, positions.to(device)
 
 
-def attention_groups(query_lens, context_lens, block_tables, block_size, device, path, invariant=False) -> list:
+def attention_groups(query_lens, context_lens, block_tables, block_size, device, path, invariant=False,
+                     prompt_rows=None) -> list:
     """Padded attention pays for Qmax query rows per sequence: a step mixing a prefill chunk of
     2,048 tokens with decodes would attend 2,048 rows for every decode. So such steps attend per
-    group — each sequence with several new tokens alone, all single-token decodes together —
-    while the linears still run once on the whole flat batch. -> [(flat rows, batch)]."""
+    group — each sequence with several new tokens (or with prompt rows) alone, all single-token
+    decodes together — while the linears still run once on the whole flat batch. -> [(flat rows, batch)]."""
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
-    decodes = [i for i, q in enumerate(query_lens) if q == 1]
-    members = [[i] for i, q in enumerate(query_lens) if q > 1] + ([decodes] if decodes else [])
+    prompt_rows = prompt_rows or [0] * len(query_lens)
+    alone = [q > 1 or p > 0 for q, p in zip(query_lens, prompt_rows)]
+    decodes = [i for i in range(len(query_lens)) if not alone[i]]
+    members = [[i] for i in range(len(query_lens)) if alone[i]] + ([decodes] if decodes else [])
     groups = []
     for seqs in members:
         rows = torch.tensor([r for i in seqs for r in range(starts[i], starts[i + 1])], device=device)
+        # prompt lengths that give each sequence the same prompt rows again
+        prompts = [context_lens[i] - query_lens[i] + prompt_rows[i] for i in seqs]
         sub, _ = build_metadata([query_lens[i] for i in seqs], [context_lens[i] for i in seqs],
                                 [block_tables[i] for i in seqs], block_size, device, path, split=False,
-                                invariant=invariant)
+                                invariant=invariant, prompt_lens=prompts)
         groups.append((rows, sub))
     return groups
 

@@ -63,11 +63,15 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=int, help="tokens decoded per measurement")
     p.add_argument("--reference-attention", action="store_true",
                    help="also run every latentkv row on the PyTorch reference attention (native vs reference)")
+    p.add_argument("--not-invariant", action="store_true",
+                   help="also run every latentkv row with batch_invariant off (what invariance costs)")
     p.set_defaults(func=lambda a: run("decode", a))
 
     p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")
     add_model_args(p)
     p.add_argument("--concurrency", type=int, nargs="+")
+    p.add_argument("--not-invariant", action="store_true",
+                   help="also run latentkv with batch_invariant off, interleaved (what invariance costs)")
     p.set_defaults(func=lambda a: run("throughput", a))
 
     p = sub.add_parser("prefix", help="time to first token with a shared prefix, prefix cache on vs off")

@@ -30,6 +30,11 @@ def build_systems(args) -> list:
         systems += [LatentKVSystem(f"{s.name} (torch attention)", args.model, s.engine.args.kv_cache_dtype,
                                    max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
                                    attention_backend="torch") for s in list(systems)]
+    if getattr(args, "not_invariant", False):  # the same rows with batch_invariant off: the cost of invariance
+        systems += [LatentKVSystem(f"{s.name} (not invariant)", args.model, s.engine.args.kv_cache_dtype,
+                                   max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
+                                   attention_backend=s.engine.args.attention_backend, batch_invariant=False)
+                    for s in list(systems) if isinstance(s, LatentKVSystem)]
     if args.source:
         systems.append(TransformersSystem("transformers original", args.source))
     if args.stock:

@@ -63,19 +63,28 @@ def run_transformers(model, reqs, pad_id: int) -> dict:
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall}
 
 
+LOOSE = "latentkv not invariant"
+
+
 def run(args) -> dict:
     out = Path(args.out)
     longest = args.max_prompt + args.max_output + 16
-    system = LatentKVSystem("latentkv", args.model, "auto", max_model_len=longest, max_num_seqs=max(args.concurrency),
-                            enable_prefix_caching=False, kv_cache_memory=cache_budget(args.model, max(args.concurrency) * longest))
+    opts = dict(max_model_len=longest, max_num_seqs=max(args.concurrency), enable_prefix_caching=False,
+                kv_cache_memory=cache_budget(args.model, max(args.concurrency) * longest))
+    system = LatentKVSystem("latentkv", args.model, "auto", **opts)
+    # batch_invariant off, interleaved with the default: what invariance costs
+    loose = LatentKVSystem(LOOSE, args.model, "auto", batch_invariant=False, **opts) \
+        if getattr(args, "not_invariant", False) else None
     vocab = system.engine.cfg.vocab_size
     hf = load_hf(args.source) if args.source else None
     results = []
     for n in args.concurrency:
         reqs = make_requests(n, vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=n)
-        runs = {"latentkv": [], "transformers": []}
+        runs = {"latentkv": [], LOOSE: [], "transformers": []}
         for _ in range(args.repeats):  # interleaved
             runs["latentkv"].append(run_latentkv(system, reqs))
+            if loose is not None:
+                runs[LOOSE].append(run_latentkv(loose, reqs))
             if hf is not None:
                 runs["transformers"].append(run_transformers(hf, reqs, pad_id=0))
         results.append(summarize(n, runs))
@@ -103,10 +112,13 @@ def summarize(n: int, runs: dict) -> dict:
 def show(results: list[dict]) -> None:
     rows = []
     for r in results:
-        ours, hf = r["latentkv"], r.get("transformers")
+        ours, hf, loose = r["latentkv"], r.get("transformers"), r.get(LOOSE)
         rows.append({"requests": r["concurrency"], "latentkv tok/s": ours["tok_s"], "x own batch-1": r["x_vs_own_batch1"],
                      "transformers tok/s": hf["tok_s"] if hf else None, "x vs transformers": ours["tok_s"] / hf["tok_s"] if hf else None,
                      "TTFT p50 s": ours["ttft_p50"], "TTFT p99 s": ours["ttft_p99"], "ITL p50 ms": 1e3 * ours["itl_p50"], "ITL p99 ms": 1e3 * ours["itl_p99"]})
+        if loose:  # invariant tok/s over not-invariant tok/s (< 1: what invariance costs)
+            rows[-1].update({"not invariant tok/s": loose["tok_s"], "x invariant / not": ours["tok_s"] / loose["tok_s"],
+                             "TTFT p50 s not inv.": loose["ttft_p50"]})
     print_table("Concurrent requests (medians over interleaved repeats)", list(rows[0].keys()), rows)
 
 

@@ -105,6 +105,7 @@ class LLMEngine:
                                   args.batch_invariant)
         if args.batch_invariant:
             invariant.install(model)  # float32 linears: pad small row counts (bf16 needs nothing)
+            self.scheduler.kv.prompt_blocks_only = True  # decode-computed blocks are not shared (kv_manager.py)
         self.requests: dict[str, list[Sequence]] = {}
         self.store = open_tier(args, model.dtype, self.runner.caches, self.pool)
         self.scheduler.kv.store = self.store

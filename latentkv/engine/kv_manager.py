@@ -16,6 +16,9 @@ class KVManager:
         self.pool = pool
         self.block_size = pool.block_size
         self.store = None   # a latentkv.store.tier.StoreTier: the on-disk second tier, when set
+        # batch-invariant mode: decode computes a token's latents with another kernel than a prompt's
+        # prefill would (attention/prefill.py), so only blocks wholly inside the prompt are shared
+        self.prompt_blocks_only = False
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of `seq`'s longest cached prefix of full blocks. At least one token is
@@ -55,9 +58,11 @@ class KVManager:
         seq.block_table += self.pool.allocate(self.blocks_needed(seq, num_new_tokens))
 
     def register_full_blocks(self, seq: Sequence) -> None:
-        """Offer each newly full *and computed* block to the prefix cache. A partial last
-        block is never registered, so it is never shared."""
+        """Offer each newly full *and computed* block to the prefix cache (with `prompt_blocks_only`,
+        only blocks of prompt tokens). A partial last block is never registered, so it is never shared."""
         num_full = seq.num_computed_tokens // self.block_size
+        if self.prompt_blocks_only:
+            num_full = min(num_full, seq.num_prompt_tokens // self.block_size)
         if num_full <= seq.num_registered_blocks or not self.pool.enable_prefix_caching:
             return
         bs = self.block_size

@@ -65,7 +65,8 @@ class ModelRunner:
         input_ids = [t for seq, a, n in zip(seqs, starts, lens) for t in seq.token_ids[a:a + n]]
         batch, positions = build_metadata(lens, [a + n for a, n in zip(starts, lens)],
                                           [seq.block_table for seq in seqs], self.block_size,
-                                          self.device, self.attention_path, invariant=self.batch_invariant)
+                                          self.device, self.attention_path, invariant=self.batch_invariant,
+                                          prompt_lens=[seq.num_prompt_tokens for seq in seqs])
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions, batch, self.caches)
         rows, plp_rows = self.pick_logit_rows(out, batch.query_start.tolist())
         results = [SeqResult() for _ in seqs]

@@ -45,10 +45,12 @@ def test_bench_decode(tiny, tmp_path):
 
 
 def test_bench_throughput(tiny, tmp_path):
-    data = run_bench("throughput", tiny, tmp_path)
+    data = run_bench("throughput", tiny, tmp_path, "--not-invariant")
     assert [r["concurrency"] for r in data["results"]] == [1, 4]
     for row in data["results"]:
         assert positive(row["latentkv"]["tok_s"]) and positive(row["transformers"]["tok_s"])
+        assert positive(row["latentkv not invariant"]["tok_s"])
+        assert row["latentkv not invariant"]["tokens"] == row["latentkv"]["tokens"]
         assert row["latentkv"]["ttft_p50"] <= row["latentkv"]["ttft_p99"]
 
 
@@ -119,11 +121,14 @@ def test_bench_prefix_store(tiny, tmp_path):
     assert positive(data["throughput"]["tok_s_store_on"]) and positive(data["throughput"]["tok_s_store_off"])
 
 
-def test_bench_decode_native_vs_reference_attention(tiny, tmp_path):
+def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tmp_path):
     out = tmp_path / "decode-ref"
     assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--reference-attention",
-                 "--contexts", "64", "--out", str(out)]) == 0
+                 "--not-invariant", "--contexts", "64", "--out", str(out)]) == 0
     row = json.loads((out / "decode.json").read_text())["results"][0]
     for name in ("latentkv bf16", "latentkv w4 + int8 latent"):
         assert positive(row["tok_s"][name]) and positive(row["tok_s"][f"{name} (torch attention)"])
         assert positive(row["ratio"][f"{name} (torch attention)"])
+        for variant in (name, f"{name} (torch attention)"):  # every latentkv row, batch_invariant off beside it
+            assert positive(row["tok_s"][f"{variant} (not invariant)"])
+            assert positive(row["prefill_tok_s"][f"{variant} (not invariant)"])

@@ -55,3 +55,49 @@ def test_batch_invariant_can_be_turned_off_and_is_validated(tiny_lm):
     with pytest.raises(ValueError, match="batch_invariant"):
         LLM(str(folder), batch_invariant="sometimes")
 
+
+
+def greedy_logprobs(llm, prompts, params):
+    """-> per request (tokens, the chosen tokens' logprobs): floats, so a changed bit anywhere shows."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [(list(o.outputs[0].token_ids), o.outputs[0].cumulative_logprob) for o in outs]
+
+
+def test_a_multi_turn_prompt_gets_the_same_answer_from_a_fresh_engine_and_the_one_that_served_turn_1(
+        tiny_lm, attention_backend):
+    """Turn 2's prompt holds turn 1's answer, whose latents decode computed; a prompt's own prefill
+    computes them another way (attention/prefill.py), so the engine shares only prompt blocks."""
+    folder, _, _ = tiny_lm()
+    rng = random.Random(5)
+    turn1 = [rng.randrange(2, 120) for _ in range(23)]
+    params = SamplingParams(temperature=0, max_tokens=21, ignore_eos=True, logprobs=0)
+
+    def llm():
+        return LLM(str(folder), dtype="bfloat16", block_size=4, kv_cache_memory="4MiB",
+                   attention_backend=attention_backend)
+
+    served = llm()
+    answer = greedy_logprobs(served, [turn1], [params])[0][0]
+    turn2 = turn1 + answer + [rng.randrange(2, 120) for _ in range(9)]
+    again = greedy_logprobs(served, [turn2], [params])
+    assert served.engine.stats()["prefix_hits"] == len(turn1) // 4  # turn 1's prompt blocks, not its answer's
+    assert again == greedy_logprobs(llm(), [turn2], [params])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_preempted_and_recomputed_requests_keep_their_tokens_and_logprobs(tiny_lm, dtype, attention_backend):
+    """A preempted request's generated tokens are recomputed in a multi-token step: they take the
+    decode kernel again (backend.attend_prompt), so nothing changes, to the last bit."""
+    folder, _, _ = tiny_lm()
+    prompts, _ = requests(n=10, seed=7)
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=0) for _ in prompts]
+
+    def llm(**kw):
+        return LLM(str(folder), dtype=dtype, block_size=4, attention_backend=attention_backend, **kw)
+
+    plain = llm(kv_cache_memory="4MiB")
+    alone = [greedy_logprobs(plain, [p], [sp])[0] for p, sp in zip(prompts, params)]
+    for caching in (True, False):
+        small = llm(kv_cache_blocks=48, enable_prefix_caching=caching)
+        assert greedy_logprobs(small, prompts, params) == alone
+        assert small.engine.stats()["preemptions"] > 0

@@ -1,0 +1,81 @@
+"""Batch-invariant prefill: prompt rows take the naive path (keys and values expanded from the
+latent read back from the cache, SDPA's flash kernel) in query tiles at fixed absolute positions.
+
+Why tiles: SDPA's CPU kernel blocks its queries by how many there are and stops a causal row's
+keys where its query block ends, so one row of a whole prefill and the same row of a chunk after
+cached context would round differently. Here every call has a shape fixed by the tile alone:
+the tile's rows [a, b) (rows this step does not compute are zero queries, their outputs dropped)
+against keys [0, b) under the causal mask. A row's bits then depend only on its position, its
+own query and the cache, never on the chunking, the prompt's length or the batch
+(tests/attention/test_invariant_prefill.py checks it on the machine that runs the suite).
+The keys are read back from the cache after this step's writes, so a chunk sees exactly the
+latents (incl. int8 / fp8 ones) a whole prefill sees.
+
+Decode rows (generated tokens) keep the absorbed kernel: the engine computes a token that
+decode produced the same way if it is recomputed (attention/backend.py), and registers only
+prompt-computed blocks for prefix caching (engine/kv_manager.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .metadata import AttentionMetadata
+from .paged import read_slots
+
+FIRST_TILES = (128, 128, 256)  # a short prompt pads to at most 128 query rows
+TILE = 512  # from position 512 on; larger tiles call SDPA less often, smaller ones pad less
+
+
+def tiles(first: int, last: int) -> list[tuple[int, int]]:
+    """The fixed query tiles [a, b) that hold positions first .. last - 1."""
+    out, a, sizes = [], 0, iter(FIRST_TILES)
+    while a < last:
+        b = a + next(sizes, TILE)
+        if b > first:
+            out.append((a, b))
+        a = b
+    return out
+
+
+def read_context(cache, meta: AttentionMetadata, length: int) -> torch.Tensor:
+    """Positions 0 .. length-1 of the (single) sequence -> [1, length, r + dr] in the model dtype,
+    zero rows past its context (stale or unwritten slots must not reach a product with 0)."""
+    bs = cache.block_size
+    keys = torch.arange(length, device=meta.block_tables.device)
+    cols = (keys // bs).clamp(max=meta.block_tables.shape[1] - 1)
+    rows = read_slots(cache, meta.block_tables[0, cols] * bs + keys % bs)
+    return rows.masked_fill((keys >= meta.context_lens[0])[:, None], 0)[None]
+
+
+def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata) -> torch.Tensor:
+    """One sequence's prompt rows q_nope [n, H, dn], q_rope [n, H, dr] at positions
+    meta.query_pos[0, :n] (consecutive) -> [n, H, dv]."""
+    n, heads = q_nope.shape[:2]
+    first = int(meta.query_pos[0, 0])
+    spans = tiles(first, first + n)
+    base, end = spans[0][0], spans[-1][1]
+    # up to the last tile's end (zero latents past the context): at least 128 rows, so a float32
+    # kv_b_proj never takes MKL's small-M kernels, which round differently (latentkv/invariant.py)
+    key, value = layer.expand(read_context(cache, meta, end))
+    dv, width = value.shape[-1], key.shape[-1]
+    # head-major once, so each tile's keys are a view; SDPA's flash kernels need v as wide as q
+    # and k (else the math path, several times slower)
+    key = key.transpose(1, 2).contiguous()  # [1, H, end, D]
+    value = F.pad(value, (0, width - dv)).transpose(1, 2).contiguous()
+    query = q_nope.new_zeros(1, heads, end - base, width)  # rows not computed now stay zero queries
+    query[0, :, first - base:first + n - base] = torch.cat((q_nope, q_rope), dim=-1).transpose(0, 1)
+    out = q_nope.new_empty(n, heads, dv)
+    for a, b in spans:
+        lo, hi = max(a, first), min(b, first + n)  # the rows of this tile computed now
+        o = F.scaled_dot_product_attention(query[:, :, a - base:b - base], key[:, :, :b], value[:, :, :b],
+                                           attn_mask=causal_mask(a, b, query.dtype, query.device), scale=layer.scale)
+        out[lo - first:hi - first] = o[0, :, lo - a:hi - a, :dv].transpose(0, 1)
+    return out
+
+
+def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[b - a, b] additive mask of query rows a .. b-1 over keys 0 .. b-1: 0 where key <= row, else -inf."""
+    mask = torch.zeros(b - a, b, dtype=dtype, device=device)
+    mask[:, a:].masked_fill_(torch.ones(b - a, b - a, dtype=torch.bool, device=device).triu_(1), float("-inf"))
+    return mask

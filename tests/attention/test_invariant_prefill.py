@@ -1,0 +1,108 @@
+"""attention/prefill.py: the batch-invariant naive prefill.
+
+A prompt row's output must be bit-identical whether its prompt is prefilled whole, in chunks
+that end anywhere (mid-tile, one row), or after a cached prefix — in bf16 and float32 and over
+an int8 latent — on the machine that runs the suite (it relies on SDPA's CPU kernel rounding a
+row the same in calls of the same shape). It must also agree with the plain naive path (one
+causal SDPA call) within the dtype's tolerance, and steps are split so that each prompt attends
+alone while decodes share a group.
+"""
+import pytest
+import torch
+from torch import nn
+
+from latentkv.attention.metadata import build_metadata
+from latentkv.attention.paged import write
+from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, tiles
+from latentkv.cache.latent_cache import LatentCache
+from latentkv.model.mla import MLAttention
+
+BLOCK = 16
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # of the output's scale
+
+
+class Layer(nn.Module):
+    """What prefill.py calls back into: MLAttention's expand (kv_b_proj) and softmax scale."""
+
+    expand = MLAttention.expand
+
+    def __init__(self, heads=3, rank=32, dn=16, dr=8, dv=12, dtype=torch.float32):
+        super().__init__()
+        self.n_heads, self.kv_rank, self.dn, self.dr, self.dv = heads, rank, dn, dr, dv
+        self.scale = (dn + dr) ** -0.5
+        self.kv_b_proj = nn.Linear(rank, heads * (dn + dv), bias=False).to(dtype)
+        nn.init.normal_(self.kv_b_proj.weight, std=rank ** -0.5, generator=torch.Generator().manual_seed(4))
+
+
+def prompt(length, layer, dtype, cache_dtype):
+    """A cache holding one sequence's latents on out-of-order blocks (stale values elsewhere),
+    and its queries q_nope [L, H, dn], q_rope [L, H, dr]."""
+    gen = torch.Generator().manual_seed(0)
+    need = -(-length // BLOCK)
+    table = (torch.randperm(need + 3, generator=gen)[:need] + 1).tolist()
+    cache = LatentCache(need + 4, BLOCK, layer.kv_rank, layer.dr, dtype, cache_dtype)
+    if cache_dtype == "auto":
+        cache.kv.normal_(generator=gen).mul_(50)
+    pos = torch.arange(length)
+    write(cache, torch.randn(length, layer.kv_rank, generator=gen).to(dtype),
+          torch.randn(length, layer.dr, generator=gen).to(dtype), torch.tensor(table)[pos // BLOCK] * BLOCK + pos % BLOCK)
+    q_nope = torch.randn(length, layer.n_heads, layer.dn, generator=gen).to(dtype)
+    q_rope = torch.randn(length, layer.n_heads, layer.dr, generator=gen).to(dtype)
+    return cache, table, q_nope, q_rope
+
+
+def prefill(layer, cache, table, q_nope, q_rope, start, end):
+    """Rows start .. end-1, computed in one step that ends at end (the cache holds 0 .. end-1)."""
+    meta, _ = build_metadata([end - start], [end], [table], BLOCK, invariant=True, prompt_lens=[len(q_nope)])
+    assert meta.prompt_rows == [end - start]
+    return invariant_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta)
+
+
+def test_tiles_sit_at_fixed_positions():
+    bounds = [0]
+    for size in FIRST_TILES + (TILE,) * 3:
+        bounds.append(bounds[-1] + size)
+    every = list(zip(bounds, bounds[1:]))
+    assert tiles(0, 1) == every[:1] and tiles(0, bounds[-1]) == every
+    assert tiles(130, 600) == every[1:4] and tiles(511, 512) == [every[2]]
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.float32, "auto"), (torch.bfloat16, "int8")])
+@torch.inference_mode()
+def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(dtype, cache_dtype):
+    length = 1100  # the first tiles and two of TILE, the last partly filled
+    layer = Layer(dtype=dtype)
+    cache, table, q_nope, q_rope = prompt(length, layer, dtype, cache_dtype)
+    whole = prefill(layer, cache, table, q_nope, q_rope, 0, length)
+    for cuts in ([0, 100, 101, 256, 700, length], [0, 1, 512, 513, 1099, length], [0, 300, length]):
+        chunks = [prefill(layer, cache, table, q_nope, q_rope, a, b) for a, b in zip(cuts, cuts[1:])]
+        assert torch.equal(torch.cat(chunks), whole), cuts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(dtype):
+    length, layer = 700, Layer(dtype=dtype)
+    cache, table, q_nope, q_rope = prompt(length, layer, dtype, "auto")
+    tiled = prefill(layer, cache, table, q_nope, q_rope, 0, length).double()
+    meta, _ = build_metadata([length], [length], [table], BLOCK)
+    key, value = layer.expand(torch.cat([cache.kv[b] for b in table])[None, :length])
+    plain = torch.nn.functional.scaled_dot_product_attention(
+        torch.cat((q_nope, q_rope), -1)[None].transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+        is_causal=True, scale=layer.scale)[0].transpose(0, 1).double()
+    assert (tiled - plain).abs().max() <= TOL[dtype] * plain.abs().max()
+
+
+def test_each_prompt_attends_alone_and_decodes_together():
+    # a prefill chunk, two decodes, a one-token rest of a prompt (after a prefix hit), a recompute
+    qlens, ctxs = [5, 1, 1, 1, 6], [9, 20, 7, 13, 30]
+    tables = [[i] * 2 for i in range(5)]
+    meta, _ = build_metadata(qlens, ctxs, tables, BLOCK, invariant=True, prompt_lens=[9, 3, 3, 13, 27])
+    assert meta.prompt_rows == [5, 0, 0, 1, 3]
+    groups = [(rows.tolist(), sub.prompt_rows) for rows, sub in meta.groups]
+    assert groups == [([0, 1, 2, 3, 4], [5]), ([7], [1]), ([8, 9, 10, 11, 12, 13], [3]), ([5, 6], None)]
+    # 16 equal prompts: equal lengths used to share one padded batch; invariant, each goes alone
+    same, _ = build_metadata([4] * 16, [4] * 16, [[i] for i in range(16)], BLOCK, invariant=True)
+    assert len(same.groups) == 16
+    plain, _ = build_metadata([4] * 16, [4] * 16, [[i] for i in range(16)], BLOCK)
+    assert plain.groups is None and plain.prompt_rows is None
