@@ -42,6 +42,16 @@ def read_slots(cache: LatentCache, slots: torch.Tensor) -> torch.Tensor:
                             cache.rope.view(n, cache.rope_dim)[slots])
 
 
+def read_positions(cache: LatentCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                   keys: torch.Tensor) -> torch.Tensor:
+    """Positions keys [n] of every sequence -> [B, n, r+dr] in the model dtype, zero rows past a
+    sequence's context (stale or unwritten slots must not reach a product with 0)."""
+    bs = cache.block_size
+    cols = (keys // bs).clamp(max=block_tables.shape[1] - 1)
+    rows = read_slots(cache, block_tables[:, cols] * bs + keys % bs)  # [B, n, r+dr]
+    return rows.masked_fill((keys[None] >= context_lens[:, None])[..., None], 0)
+
+
 def pieces(cache: LatentCache, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:
     """One sequence's first `length` tokens, stored on `runs` of consecutive blocks ->
     [1, L_i, kv_rank + rope_dim] pieces in order, summing to `length`. Unquantized,

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .metadata import AttentionMetadata
-from .paged import read_slots
+from .paged import read_positions
 
 FIRST_TILES = (128, 128, 256)  # a short prompt pads to at most 128 query rows
 TILE = 512  # from position 512 on; larger tiles call SDPA less often, smaller ones pad less
@@ -38,16 +38,6 @@ def tiles(first: int, last: int) -> list[tuple[int, int]]:
     return out
 
 
-def read_context(cache, meta: AttentionMetadata, length: int) -> torch.Tensor:
-    """Positions 0 .. length-1 of the (single) sequence -> [1, length, r + dr] in the model dtype,
-    zero rows past its context (stale or unwritten slots must not reach a product with 0)."""
-    bs = cache.block_size
-    keys = torch.arange(length, device=meta.block_tables.device)
-    cols = (keys // bs).clamp(max=meta.block_tables.shape[1] - 1)
-    rows = read_slots(cache, meta.block_tables[0, cols] * bs + keys % bs)
-    return rows.masked_fill((keys >= meta.context_lens[0])[:, None], 0)[None]
-
-
 def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata) -> torch.Tensor:
     """One sequence's prompt rows q_nope [n, H, dn], q_rope [n, H, dr] at positions
     meta.query_pos[0, :n] (consecutive) -> [n, H, dv]."""
@@ -57,7 +47,8 @@ def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, 
     base, end = spans[0][0], spans[-1][1]
     # up to the last tile's end (zero latents past the context): at least 128 rows, so a float32
     # kv_b_proj never takes MKL's small-M kernels, which round differently (latentkv/invariant.py)
-    key, value = layer.expand(read_context(cache, meta, end))
+    key, value = layer.expand(read_positions(cache, meta.block_tables, meta.context_lens,
+                                             torch.arange(end, device=meta.block_tables.device)))
     dv, width = value.shape[-1], key.shape[-1]
     # head-major once, so each tile's keys are a view; SDPA's flash kernels need v as wide as q
     # and k (else the math path, several times slower)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from .. import invariant
 from .backend import AttentionBackend
 from .metadata import AttentionMetadata
-from .paged import gather, pieces, read_slots
+from .paged import gather, pieces, read_positions
 
 KEY_TILE = 256  # keys per online-softmax step, at fixed absolute positions [0, 256), [256, 512), ...
 QUERY_CHUNK = 256  # query tokens per pass: scores stay [B, QUERY_CHUNK * H, KEY_TILE] whatever the prompt
@@ -84,7 +84,8 @@ def tiled_latent_attention(query: torch.Tensor, cache, meta: AttentionMetadata) 
         acc = q.new_zeros(*pos.shape, r)
         for start in range(0, int(pos.max()) + 1, KEY_TILE):
             keys = start + offsets
-            kv = read_tile(cache, meta, keys)  # [B, KEY_TILE, r+dr] float32, zeros past each context
+            # [B, KEY_TILE, r+dr], zero rows past each context
+            kv = read_positions(cache, meta.block_tables, meta.context_lens, keys).float()
             scores = invariant.bmm(q, kv.transpose(1, 2)).masked_fill(keys[None, None] > pos[..., None], float("-inf"))
             now = torch.maximum(top, scores.amax(-1))
             alpha = torch.exp(top - now)  # 1 where the tile adds nothing (top holds): exact no-op
@@ -94,15 +95,6 @@ def tiled_latent_attention(query: torch.Tensor, cache, meta: AttentionMetadata) 
             top = now
         out[:, first * heads : last * heads] = (acc / total[..., None]).to(out.dtype)
     return out
-
-
-def read_tile(cache, meta: AttentionMetadata, keys: torch.Tensor) -> torch.Tensor:
-    """Positions keys [n] of every sequence -> [B, n, r+dr] float32, zero rows past a sequence's context."""
-    bs = cache.block_size
-    cols = (keys // bs).clamp(max=meta.block_tables.shape[1] - 1)
-    slots = meta.block_tables[:, cols] * bs + keys % bs  # [B, n]
-    rows = read_slots(cache, slots).float()
-    return rows.masked_fill((keys[None] >= meta.context_lens[:, None])[..., None], 0.0)
 
 
 def score(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
