@@ -37,6 +37,7 @@ DEFAULTS = ConvertOptions()
 DEFAULT_ROPE_DIM = 96
 DEFAULT_CACHE_RATIO = 5 / 6  # rope 96 + rank 224 = 320 of 384 elements
 
+
 def split_cache(src: SourceModel, cache_ratio: float, rope_dim) -> tuple[int | str, int]:
     """(rope_dim, kv_rank) for a cache of cache_ratio × the source's elements per token."""
     total = round(cache_ratio * src.kv_elements())
