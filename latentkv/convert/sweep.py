@@ -194,23 +194,53 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
     judge = Judge(src, eval_tokens, ctx, chat_examples, out_dir, log)
     src_bytes = 2 * src.kv_elements() * src.num_layers
     ranks_for = (lambda dr: list(ranks)) if ranks else (lambda dr: ranks_at(src, dr, sizes or SIZES))
+    meta = {"source": str(src.path), "source_ppl": judge.base, "source_bytes_bf16": src_bytes, "ctx": ctx,
+            "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
+            "chat_examples": len(judge.cases), "calib_tokens": int(stats[0].tokens), "calib_chat": calib_chat,
+            "protocol": PROTOCOL.format(ctx=ctx)}
     rows = []
     for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log):
         rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
-        chosen = pick_default(rows)
-        result = {"source": str(src.path), "source_ppl": judge.base, "source_bytes_bf16": src_bytes, "ctx": ctx,
-                  "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
-                  "chat_examples": len(judge.cases), "calib_tokens": int(stats[0].tokens), "calib_chat": calib_chat,
-                  "protocol": PROTOCOL.format(ctx=ctx), "bar": {"min_agreement": MIN_AGREEMENT, "max_ppl_ratio": MAX_PPL_RATIO},
-                  "default": chosen and {k: chosen[k] for k in ("rope_dim", "kv_rank", "cache_ratio", "bytes_bf16")},
-                  "rows": rows, "seconds": round(time.time() - start)}
-        (out_dir / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out_dir / "sweep.md").write_text(markdown_table(rows, judge.base, src_bytes) + "\n")
-        plot(rows, judge.base, src_bytes, out_dir / "sweep.png")
+        result = write_outputs(out_dir, meta, rows, seconds=round(time.time() - start))
     log(markdown_table(rows, judge.base, src_bytes))
     log(f"default by the bar (chat top-1 >= {MIN_AGREEMENT}, every domain ppl <= x{MAX_PPL_RATIO}): "
         f"{result['default'] or 'no point meets it'}")
     return result
+
+
+def write_outputs(out_dir: Path, meta: dict, rows: list[dict], **extra) -> dict:
+    """Write out_dir/sweep.json (meta, the bar, pick_default's choice, rows), sweep.md and sweep.png."""
+    chosen = pick_default(rows)
+    result = {**meta, "bar": {"min_agreement": MIN_AGREEMENT, "max_ppl_ratio": MAX_PPL_RATIO},
+              "default": chosen and {k: chosen[k] for k in ("rope_dim", "kv_rank", "cache_ratio", "bytes_bf16")},
+              "rows": rows, **extra}
+    (out_dir / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "sweep.md").write_text(markdown_table(rows, meta["source_ppl"], meta["source_bytes_bf16"]) + "\n")
+    plot(rows, meta["source_ppl"], meta["source_bytes_bf16"], out_dir / "sweep.png")
+    return result
+
+
+# What runs must share for their rows to go in one table (the source is named by its perplexities:
+# the same file may sit at another path).
+SAME_PROTOCOL = ("source_ppl", "source_bytes_bf16", "ctx", "eval_tokens", "chat_examples", "calib_tokens",
+                 "calib_chat", "protocol")
+
+
+def merge_sweeps(parts, out_dir) -> dict:
+    """One table from several sweep runs' sweep.json (e.g. rope dims or sizes run as separate
+    invocations on the same statistics): rows by size, largest first; outputs as run_sweep's."""
+    runs = [(str(p), json.loads(Path(p, "sweep.json").read_text())) for p in parts]
+    first = runs[0][1]
+    for name, run in runs[1:]:
+        differ = [k for k in SAME_PROTOCOL if run.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"{name}/sweep.json differs from {runs[0][0]}/sweep.json in {', '.join(differ)}: "
+                             f"its rows do not compare")
+    rows = sorted((r for _, run in runs for r in run["rows"]), key=lambda r: (-r["cache_ratio"], r["rope_dim"], r["format"]))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"source": first["source"], **{k: first[k] for k in SAME_PROTOCOL}}
+    return write_outputs(out_dir, meta, rows, merged_from=[name for name, _ in runs])
 
 
 def register(subparsers) -> None:
@@ -233,10 +263,17 @@ def register(subparsers) -> None:
     p.add_argument("--int8-formats", nargs="*", default=["native", "stock"], choices=["native", "stock"],
                    help="formats also measured with an int8 latent")
     p.add_argument("--stats-cache", default=None, help="safetensors file: reuse calibration statistics (written if absent)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                   help="measure nothing: merge these runs' sweep.json (same protocol and source) into --out")
     p.set_defaults(func=lambda args: run_cli(args))
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if args.merge:
+        result = merge_sweeps(args.merge, args.out)
+        print(markdown_table(result["rows"], result["source_ppl"], result["source_bytes_bf16"]))
+        print(f"default by the bar: {result['default'] or 'no point meets it'}")
+        return 0
     run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
               args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
               chat_examples=args.chat_examples, sizes=args.sizes)

@@ -5,6 +5,7 @@ import argparse
 import json
 from types import SimpleNamespace
 
+import pytest
 from tiny_lm import save_tiny_llama
 
 from latentkv.convert import sweep
@@ -60,3 +61,30 @@ def test_the_sweep_command_takes_rope_all_and_sizes():
     sweep.register(parser.add_subparsers())
     args = parser.parse_args(["convert-sweep", "--rope-dims", "all", "64", "--sizes", "0.833", "0.5"])
     assert args.rope_dims == ["all", 64] and args.sizes == [0.833, 0.5] and args.ranks is None
+
+
+def sweep_run(folder, rows, **changes):
+    meta = {"source": "model.gguf", "source_ppl": BASE, "source_bytes_bf16": 1000, "ctx": 64, "eval_tokens": {"docs": 63},
+            "chat_examples": 86, "calib_tokens": 256, "calib_chat": 0.5, "protocol": "windows", **changes}
+    folder.mkdir()
+    sweep.write_outputs(folder, meta, rows)
+    return folder
+
+
+def test_merged_runs_make_one_table_and_pick_the_default_over_all_rows(tmp_path):
+    a = sweep_run(tmp_path / "a", [row(128, 0.5, 0.80, 3), row(256, 0.833, 0.93, 0)])
+    b = sweep_run(tmp_path / "b", [row(288, 0.917, 0.955, 0), row(320, 1.0, 0.97, 0)])
+    assert json.loads((a / "sweep.json").read_text())["default"] is None
+    result = sweep.merge_sweeps([a, b], tmp_path / "merged")
+    assert [r["kv_rank"] for r in result["rows"]] == [320, 288, 256, 128]   # largest cache first
+    assert result["default"]["kv_rank"] == 288 and result["merged_from"] == [str(a), str(b)]
+    assert json.loads((tmp_path / "merged" / "sweep.json").read_text()) == json.loads(json.dumps(result))
+    assert len((tmp_path / "merged" / "sweep.md").read_text().splitlines()) == 2 + 4
+
+
+def test_runs_with_another_protocol_are_not_merged(tmp_path):
+    a = sweep_run(tmp_path / "a", [row(128, 0.5, 0.80, 3)])
+    b = sweep_run(tmp_path / "b", [row(256, 0.833, 0.93, 0)], calib_chat=1.0)
+    with pytest.raises(ValueError, match="calib_chat"):
+        sweep.merge_sweeps([a, b], tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()
