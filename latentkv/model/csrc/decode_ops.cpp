@@ -18,6 +18,7 @@
 
 #include "cpu_isa.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -263,25 +264,29 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
   return {sum, out};
 }
 
-at::Tensor silu_mul(at::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   check_cpu(gate_up, "silu_mul: gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && is_float(gate_up), "silu_mul: gate_up must be [T, 2I] float");
+  TORCH_CHECK(isa_supported(isa), "silu_mul: this CPU does not support instruction set ", isa);
   gate_up = gate_up.contiguous();
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
   auto out = at::empty({T, I}, gate_up.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gate_up.scalar_type(), "silu_mul", [&] {
-    const scalar_t* gp = gate_up.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, T * I, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t ti = begin; ti < end; ++ti) {
-        const int64_t t = ti / I, i = ti % I;
-        const float g = load(gp, t * 2 * I + i);
-        // rounded to the activation dtype between the two ops, as F.silu(gate) * up does
-        const float act = (float)cast<scalar_t>(g / (1.0f + std::exp(-g)));
-        op[ti] = cast<scalar_t>(act * load(gp, t * 2 * I + I + i));
-      }
-    });
-  });
+  const int64_t grain = std::max<int64_t>(1, 16384 / I);  // rows per task: ~16K elements
+  if (gate_up.scalar_type() == at::kBFloat16) {
+    using Rows = void (*)(const uint16_t*, uint16_t*, int64_t, int64_t, int64_t);
+    Rows rows = isa == 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
+    const uint16_t* gp = (const uint16_t*)gate_up.data_ptr();
+    uint16_t* op = (uint16_t*)out.data_ptr();
+    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
+  } else {
+    using Rows = void (*)(const float*, float*, int64_t, int64_t, int64_t);
+    Rows rows = isa == 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
+    const float* gp = gate_up.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
+  }
   return out;
 }
 
