@@ -82,7 +82,8 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
                  kernel) -> torch.Tensor:
     """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv],
     k_r [S,dr], dn, first, key_start, m, l, acc, scale)`, which folds one span of keys into each
-    row's float32 state (running max m [n,H], sum l [n,H], output acc [n,H,dv]) in place.
+    row's float32 state (running max m [n,H], sum l [n,H], output acc [n,H,dv padded to a
+    multiple of 16: the kernel's vector width]) in place.
     Spans sit at fixed positions [k*SPAN, (k+1)*SPAN), the last one cut at a multiple of
     MIN_ROWS past the prompt (zero latents there; no row sees them)."""
     n, heads = q_nope.shape[:2]
@@ -91,11 +92,11 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     q = torch.cat((q_nope, q_rope), dim=-1).contiguous()
     m = torch.full((n, heads), float("-inf"))
     l = torch.zeros(n, heads)
-    acc = torch.zeros(n, heads, layer.dv)
+    acc = torch.zeros(n, heads, -(-layer.dv // 16) * 16)
     for start in range(0, end, SPAN):
         stop = min(start + SPAN, -(-end // MIN_ROWS) * MIN_ROWS)
         keys = torch.arange(start, stop, device=meta.block_tables.device)
         c, k_r = read_positions(cache, meta.block_tables, meta.context_lens, keys)[0].split([layer.kv_rank, layer.dr], dim=-1)
         kv = layer.kv_b_proj(c).view(stop - start, heads, layer.dn + layer.dv)
         kernel(q, kv, k_r.contiguous(), layer.dn, first, start, m, l, acc, layer.scale)
-    return (acc / l[..., None]).to(q.dtype)
+    return (acc[..., :layer.dv] / l[..., None]).to(q.dtype)

@@ -84,7 +84,7 @@ def test_tiles_sit_at_fixed_positions():
 def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeypatch, impl, dtype, cache_dtype):
     monkeypatch.setattr(prefill_module, "SPAN", 256)  # native: several key spans at this small size
     length = 1100  # the first tiles and two of TILE, the last partly filled
-    layer = Layer(dtype=dtype, dv=16) if impl == "native" else Layer(dtype=dtype)  # the kernel: dv % 16 == 0
+    layer = Layer(dtype=dtype)
     cache, table, q_nope, q_rope = prompt(length, layer, dtype, cache_dtype)
     whole = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl)
     for cuts in ([0, 100, 101, 256, 700, length], [0, 1, 512, 513, 1099, length], [0, 300, length]):
@@ -96,7 +96,7 @@ def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeyp
                                         pytest.param("native", torch.bfloat16, marks=needs_native)])
 @torch.inference_mode()
 def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(impl, dtype):
-    length, layer = 700, Layer(dtype=dtype, dv=16)
+    length, layer = 700, Layer(dtype=dtype)
     cache, table, q_nope, q_rope = prompt(length, layer, dtype, "auto")
     tiled = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl).double()
     meta, _ = build_metadata([length], [length], [table], BLOCK)

@@ -259,19 +259,20 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
     TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous(), "mla_prefill: q, kv, k_r must be contiguous bf16");
   for (const at::Tensor* t : {&m, &l, &acc})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "mla_prefill: m, l, acc must be contiguous float32");
-  const int64_t n = q.size(0), H = q.size(1), dr = k_r.size(1), S = kv.size(0), dv = acc.size(2);
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == dn + dr && kv.dim() == 3 && kv.size(1) == H && kv.size(2) == dn + dv &&
+  const int64_t n = q.size(0), H = q.size(1), dr = k_r.size(1), S = kv.size(0), dv = kv.size(2) - dn, dvp = acc.size(2);
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == dn + dr && kv.dim() == 3 && kv.size(1) == H && dvp >= dv && dvp < dv + 16 &&
                   k_r.dim() == 2 && k_r.size(0) == S && m.numel() == n * H && l.numel() == n * H && acc.size(0) == n &&
                   acc.size(1) == H,
               "mla_prefill: shapes do not match");
-  TORCH_CHECK(S % isa_avx512bf16::KB == 0 && key_start % isa_avx512bf16::KB == 0 && dv % 16 == 0 && dr % 2 == 0,
-              "mla_prefill: the span and key_start must be multiples of the key block (64), dv of 16, dr even");
+  TORCH_CHECK(S % isa_avx512bf16::KB == 0 && key_start % isa_avx512bf16::KB == 0 && dvp % 16 == 0 && dr % 2 == 0,
+              "mla_prefill: the span and key_start must be multiples of the key block (64), acc's width dv padded "
+              "to a multiple of 16, dr even");
   isa_avx512bf16::PrefillJob job;
-  job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.S = (int)S;
+  job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
   job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
   job.first = first, job.key_start = key_start, job.scale = (float)scale;
   job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();
-  std::vector<uint16_t> kp((size_t)H * S * job.P * 2), vp((size_t)H * S * dv);
+  std::vector<uint16_t> kp((size_t)H * S * job.P * 2), vp((size_t)H * S * dvp);
   job.kp = kp.data(), job.vp = vp.data();
   job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
   isa_avx512bf16::prefill_run(job, threads > 0 ? (int)threads : 1);

@@ -11,7 +11,7 @@
 //   q   [n, H, dn + dr]  bf16, row i at position first + i
 //   kv  [S, H, dn + dv]  bf16: kv_b_proj of the span's latents (k_nope, then v, per head)
 //   k_r [S, dr]          bf16: the span's rotated rope keys, one for all heads; key t at key_start + t
-//   m, l [n, H], acc [n, H, dv] float32
+//   m, l [n, H], acc [n, H, dvp] float32 (dv padded to a multiple of 16; the pad stays 0)
 // Scores: q . k with vdpbf16ps (bf16 x bf16 products exact in float32, summed in float32), times
 // the softmax scale in float32. Values: the probabilities rounded to bf16 (2^-9 relative), two
 // keys per vdpbf16ps, summed in float32.
@@ -22,14 +22,14 @@ constexpr int RG = 4;   // query rows per score micro-kernel (16 accumulators)
 constexpr int RB = 64;  // query rows per work item: their float32 state stays in L1
 
 struct PrefillJob {
-  int n, H, dn, dr, dv, P, pn, S, nkb;
+  int n, H, dn, dr, dv, dvp, P, pn, S, nkb;  // dvp: dv padded to a multiple of 16 (acc's width)
   int64_t first, key_start;
   float scale;
   const uint16_t* q;
   const uint16_t* kv;
   const uint16_t* kr;
   uint16_t* kp;  // [H, nkb, P, KB, 2]: key pairs, lanes = keys
-  uint16_t* vp;  // [H, nkb, KB/2, dv, 2]: value pairs of two keys, lanes = value dims
+  uint16_t* vp;  // [H, nkb, KB/2, dvp, 2]: value pairs of two keys, lanes = value dims (0 past dv)
   float *m, *l, *acc;
 };
 
@@ -41,7 +41,7 @@ static inline uint16_t key_elem(const PrefillJob& j, int64_t t, int h, int e) {
 
 static void prefill_pack(const PrefillJob& j, int h, int kb) {
   uint16_t* kp = j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2;
-  uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dv * 2;
+  uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2;
   for (int k = 0; k < KB; ++k) {
     int64_t t = (int64_t)kb * KB + k;
     for (int p = 0; p < j.P; ++p) {
@@ -49,8 +49,8 @@ static void prefill_pack(const PrefillJob& j, int h, int kb) {
       kp[(p * KB + k) * 2 + 1] = key_elem(j, t, h, 2 * p + 1);
     }
     const uint16_t* v = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn;
-    uint16_t* dst = vp + (k / 2) * j.dv * 2 + (k & 1);
-    for (int d = 0; d < j.dv; ++d) dst[2 * d] = v[d];
+    uint16_t* dst = vp + (k / 2) * j.dvp * 2 + (k & 1);
+    for (int d = 0; d < j.dvp; ++d) dst[2 * d] = d < j.dv ? v[d] : 0;
   }
 }
 
@@ -154,7 +154,7 @@ static void prefill_item(const PrefillJob& j, int h, int i0, int i1, uint32_t* q
   for (int kb = 0; kb < kb_end; ++kb) {
     const int64_t k0 = j.key_start + (int64_t)kb * KB;  // the block's first key position
     const uint16_t* kp = j.kp + ((int64_t)h * j.nkb + kb) * P * KB * 2;
-    const uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dv * 2;
+    const uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2;
     for (int g = 0; g < padded; g += RG) {
       if (j.first + i0 + std::min(g + RG, rows) - 1 < k0) continue;  // the whole group sits before the block
       prefill_scores(qp + g * P, kp, P, sc);
@@ -168,9 +168,9 @@ static void prefill_item(const PrefillJob& j, int h, int i0, int i1, uint32_t* q
         const int nv = (int)std::min<int64_t>(KB, pos - k0 + 1);
         const int64_t s = i * j.H + h;
         alpha[r] = prefill_softmax(sc + r * KB, nv, j.scale, j.m + s, j.l + s, pp + r * (KB / 2));
-        o[r] = j.acc + s * j.dv;
+        o[r] = j.acc + s * j.dvp;
       }
-      prefill_values(o, alpha, pp, vp, j.dv);
+      prefill_values(o, alpha, pp, vp, j.dvp);
     }
   }
 }
@@ -182,7 +182,7 @@ static void prefill_run(PrefillJob& j, int nthreads) {
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) prefill_pack(j, (int)(it / j.nkb), (int)(it % j.nkb));
     std::vector<uint32_t> qp((size_t)RB * j.P);
-    std::vector<float> dummy(j.dv);
+    std::vector<float> dummy(j.dvp);
     // last rows first: they see the most keys, so dynamic scheduling ends balanced
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < (int64_t)j.H * items_per_head; ++it) {
