@@ -8,8 +8,8 @@
 //   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
 //       scale, rope): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
 //       at their flat cache slots, in one pass.
-//   silu_mul(gate_up [T, 2I]) -> silu(gate) * up [T, I].
-//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty) -> (x + residual, its RMSNorm).
+//   silu_mul(gate_up [T, 2I], isa) -> silu(gate) * up [T, I].
+//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, isa) -> (x + residual, its RMSNorm).
 // Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
 #include "torch_lite.h"
 
@@ -220,7 +220,7 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   });
 }
 
-std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual) {
+std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t isa) {
   check_cpu(x, "rms_norm: x");
   TORCH_CHECK(x.dim() == 2 && is_float(x) && weight.dim() == 1 && weight.size(0) == x.size(1),
               "rms_norm: x must be [T, d] float32 or bfloat16, weight [d]");
@@ -232,6 +232,33 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
   const int64_t T = x.size(0), d = x.size(1);
   auto out = at::empty_like(x);
   auto sum = add ? at::empty_like(x) : x;
+  const auto st = x.scalar_type();
+  if (weight.scalar_type() == st && (st == at::kBFloat16 || st == at::kFloat) && isa_supported(isa)) {
+    // the vectorized rows (decode_ops_impl.h), one instruction set
+    const float e = (float)eps;
+    if (st == at::kBFloat16) {
+      using Rows = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const uint16_t*, float, uint16_t*, int64_t, int64_t,
+                            int64_t, float*);
+      Rows rows = isa == 2 ? isa_avx512::rms_norm_rows_bf16 : isa == 1 ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
+      const uint16_t *xp = (const uint16_t*)x.data_ptr(), *rp = add ? (const uint16_t*)residual.data_ptr() : nullptr,
+                     *wp = (const uint16_t*)weight.data_ptr();
+      uint16_t *sp = add ? (uint16_t*)sum.data_ptr() : nullptr, *op = (uint16_t*)out.data_ptr();
+      at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(d);
+        rows(xp, rp, sp, wp, e, op, begin, end, d, row.data());
+      });
+    } else {
+      using Rows = void (*)(const float*, const float*, float*, const float*, float, float*, int64_t, int64_t, int64_t, float*);
+      Rows rows = isa == 2 ? isa_avx512::rms_norm_rows_f32 : isa == 1 ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
+      const float *xp = x.data_ptr<float>(), *rp = add ? residual.data_ptr<float>() : nullptr, *wp = weight.data_ptr<float>();
+      float *sp = add ? sum.data_ptr<float>() : nullptr, *op = out.data_ptr<float>();
+      at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(d);
+        rows(xp, rp, sp, wp, e, op, begin, end, d, row.data());
+      });
+    }
+    return {sum, out};
+  }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, weight.scalar_type(), "rms_norm_weight", [&] {
       using w_t = scalar_t;
       const w_t* wp = weight.data_ptr<w_t>();

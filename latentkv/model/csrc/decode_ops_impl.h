@@ -119,3 +119,54 @@ static void silu_mul_rows(const uint16_t* __restrict gate_up, uint16_t* __restri
     }
   }
 }
+
+// RMSNorm of rows [t0, t1) of x [T, d] (float or bf16 bits, the weight the same type), with the
+// residual added first when res is given (sum = x + res, rounded to the activation dtype as
+// x + h is): float32 statistics, x * rsqrt(mean(x^2) + eps) * weight, one rounding. The loops
+// vectorize (a row's sum of squares in a fixed lane order: the same for every row and batch).
+static inline float widen_any(float v) { return v; }
+static inline float widen_any(uint16_t v) { return bf16_bits_to_float(v); }
+static inline float round_any(float f, const float*) { return f; }
+static inline uint16_t round_any(float f, const uint16_t*) { return (uint16_t)float_to_bf16_bits(f); }
+
+template <typename T>
+static void rms_norm_rows(const T* __restrict x, const T* __restrict res, T* __restrict sum, const T* __restrict w,
+                          float eps, T* __restrict out, int64_t t0, int64_t t1, int64_t d, float* __restrict row) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* xr = x + t * d;
+    float ss = 0.0f;
+    if (res) {
+      const T* rr = res + t * d;
+      T* sr = sum + t * d;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < d; ++i) {
+        const T s = round_any(widen_any(xr[i]) + widen_any(rr[i]), xr);
+        sr[i] = s;
+        const float v = widen_any(s);
+        row[i] = v;
+        ss += v * v;
+      }
+    } else {
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < d; ++i) {
+        const float v = widen_any(xr[i]);
+        row[i] = v;
+        ss += v * v;
+      }
+    }
+    const float rs = 1.0f / __builtin_sqrtf(ss / (float)d + eps);
+    T* o = out + t * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) o[i] = round_any(row[i] * rs * widen_any(w[i]), o);
+  }
+}
+
+static void rms_norm_rows_f32(const float* x, const float* res, float* sum, const float* w, float eps, float* out,
+                              int64_t t0, int64_t t1, int64_t d, float* row) {
+  rms_norm_rows<float>(x, res, sum, w, eps, out, t0, t1, d, row);
+}
+
+static void rms_norm_rows_bf16(const uint16_t* x, const uint16_t* res, uint16_t* sum, const uint16_t* w, float eps,
+                               uint16_t* out, int64_t t0, int64_t t1, int64_t d, float* row) {
+  rms_norm_rows<uint16_t>(x, res, sum, w, eps, out, t0, t1, d, row);
+}
