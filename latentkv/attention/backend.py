@@ -76,13 +76,18 @@ class AttentionBackend:
         if meta.num_seqs != 1:
             raise ValueError("prompt rows attend one sequence at a time: build the metadata with split=True")
         n = meta.prompt_rows[0]
-        out = invariant_prefill(layer, q_nope[:n], q_rope[:n], cache, meta)
+        out = self.prompt_attention(layer, q_nope[:n], q_rope[:n], cache, meta)
         if n == q_nope.shape[0]:
             return out
         rest = replace(meta, query_pos=meta.query_pos[:, n:], query_valid=meta.query_valid[:, n:],
                        query_index=meta.query_index[:, n:] - n, max_query_len=meta.max_query_len - n,
                        prompt_rows=None, groups=None, _masks={})
         return torch.cat((out, self.attend(layer, q_nope[n:], q_rope[n:], cache, rest)))
+
+    def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """One sequence's prompt rows q_nope [n,H,dn], q_rope [n,H,dr] -> [n,H,dv], batch-invariant
+        (attention/prefill.py); a backend with a faster invariant kernel overrides it."""
+        return invariant_prefill(layer, q_nope, q_rope, cache, meta)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
         """query [B, Q*H, r+dr] (absorbed, scaled) -> o_lat [B, Q*H, r]; causal by meta.key_mask."""

@@ -24,6 +24,7 @@ import torch
 
 from ..user_cache import cache_root
 from .metadata import AttentionMetadata
+from .prefill import span_prefill
 from .torch_ref import QUERY_CHUNK, TorchBackend
 
 CSRC = Path(__file__).parent / "csrc"
@@ -145,9 +146,21 @@ def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: 
                                   threads or torch.get_num_threads())
 
 
+def mla_prefill(q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float) -> None:
+    """One span of the invariant prefill (attention/prefill.py span_prefill has the contract);
+    avx512_bf16 and bf16 tensors only (csrc/mla_prefill_bf16.h)."""
+    extension().mla_prefill(q, kv, k_r, dn, first, key_start, m, l, acc, scale, torch.get_num_threads())
+
+
+def prefill_supported(layer, isa: str, dtype: torch.dtype) -> bool:
+    """Whether the native prefill kernel takes these prompt rows (else the SDPA tiles do)."""
+    return isa == "avx512_bf16" and dtype == torch.bfloat16 and layer.dr % 2 == 0
+
+
 class NativeBackend(TorchBackend):
     """The reference backend with its absorbed attention (paged MLA decode) in C++: no gather,
-    no padding, each latent row read once for all heads. Prefill paths stay the reference's."""
+    no padding, each latent row read once for all heads; batch-invariant prompt rows in bf16 on
+    avx512_bf16 by the native prefill kernel (span by span). Other prefill paths stay the reference's."""
 
     name = "native"
 
@@ -155,6 +168,19 @@ class NativeBackend(TorchBackend):
         if not available():
             raise RuntimeError(f"the native attention backend is not available here ({unavailable_reason()})")
         self.isa = chosen_isa()
+
+    def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        if q_nope.device.type == "cpu" and prefill_supported(layer, self.isa, q_nope.dtype):
+            return span_prefill(layer, q_nope, q_rope, cache, meta, mla_prefill)
+        return super().prompt_attention(layer, q_nope, q_rope, cache, meta)
+
+    def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        # Outside batch-invariant mode too, one sequence's prefill chunk (with or without cached
+        # context) takes the prompt kernel: ~5x SDPA's flash at 4K, and memory-bounded.
+        if meta.path == "auto" and not meta.invariant and meta.num_seqs == 1 and meta.max_query_len > MAX_QUERY_LEN \
+                and q_nope.device.type == "cpu" and prefill_supported(layer, self.isa, q_nope.dtype):
+            return span_prefill(layer, q_nope, q_rope, cache, meta, mla_prefill)
+        return super().attend(layer, q_nope, q_rope, cache, meta)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
         if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16) \

@@ -11,6 +11,10 @@ own query and the cache, never on the chunking, the prompt's length or the batch
 The keys are read back from the cache after this step's writes, so a chunk sees exactly the
 latents (incl. int8 / fp8 ones) a whole prefill sees.
 
+`span_prefill` is the same contract with a native kernel (attention/native.py, avx512_bf16):
+keys expanded SPAN positions at a time at fixed absolute spans, each span folded into every
+row's online-softmax state by the kernel, so memory is bounded by the span, never the context.
+
 Decode rows (generated tokens) keep the absorbed kernel: the engine computes a token that
 decode produced the same way if it is recomputed (attention/backend.py), and registers only
 prompt-computed blocks for prefix caching (engine/kv_manager.py).
@@ -25,6 +29,8 @@ from .paged import read_positions
 
 FIRST_TILES = (128, 128, 256)  # a short prompt pads to at most 128 query rows
 TILE = 512  # from position 512 on; larger tiles call SDPA less often, smaller ones pad less
+SPAN = 2048  # keys span_prefill expands at once (a multiple of MIN_ROWS and of the kernel's 64-key blocks)
+MIN_ROWS = 128  # fewest rows per kv_b_proj call: smaller float32 calls take MKL's small-M kernels
 
 
 def tiles(first: int, last: int) -> list[tuple[int, int]]:
@@ -45,8 +51,8 @@ def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, 
     first = int(meta.query_pos[0, 0])
     spans = tiles(first, first + n)
     base, end = spans[0][0], spans[-1][1]
-    # up to the last tile's end (zero latents past the context): at least 128 rows, so a float32
-    # kv_b_proj never takes MKL's small-M kernels, which round differently (latentkv/invariant.py)
+    # up to the last tile's end (zero latents past the context): at least MIN_ROWS rows, so a
+    # float32 kv_b_proj never takes MKL's small-M kernels, which round differently (latentkv/invariant.py)
     key, value = layer.expand(read_positions(cache, meta.block_tables, meta.context_lens,
                                              torch.arange(end, device=meta.block_tables.device)))
     dv, width = value.shape[-1], key.shape[-1]
@@ -70,3 +76,27 @@ def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
     mask = torch.zeros(b - a, b, dtype=dtype, device=device)
     mask[:, a:].masked_fill_(torch.ones(b - a, b - a, dtype=torch.bool, device=device).triu_(1), float("-inf"))
     return mask
+
+
+def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata,
+                 kernel) -> torch.Tensor:
+    """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv],
+    k_r [S,dr], dn, first, key_start, m, l, acc, scale)`, which folds one span of keys into each
+    row's float32 state (running max m [n,H], sum l [n,H], output acc [n,H,dv padded to a
+    multiple of 16: the kernel's vector width]) in place.
+    Spans sit at fixed positions [k*SPAN, (k+1)*SPAN), the last one cut at a multiple of
+    MIN_ROWS past the prompt (zero latents there; no row sees them)."""
+    n, heads = q_nope.shape[:2]
+    first = int(meta.query_pos[0, 0])
+    end = first + n
+    q = torch.cat((q_nope, q_rope), dim=-1).contiguous()
+    m = torch.full((n, heads), float("-inf"))
+    l = torch.zeros(n, heads)
+    acc = torch.zeros(n, heads, -(-layer.dv // 16) * 16)
+    for start in range(0, end, SPAN):
+        stop = min(start + SPAN, -(-end // MIN_ROWS) * MIN_ROWS)
+        keys = torch.arange(start, stop, device=meta.block_tables.device)
+        c, k_r = read_positions(cache, meta.block_tables, meta.context_lens, keys)[0].split([layer.kv_rank, layer.dr], dim=-1)
+        kv = layer.kv_b_proj(c).view(stop - start, heads, layer.dn + layer.dv)
+        kernel(q, kv, k_r.contiguous(), layer.dn, first, start, m, l, acc, layer.scale)
+    return (acc[..., :layer.dv] / l[..., None]).to(q.dtype)

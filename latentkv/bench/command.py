@@ -103,9 +103,9 @@ def register(subparsers) -> None:
     p.add_argument("--contexts", type=int, nargs="+", help="tokens per sequence (default 1K-32K)")
     p.add_argument("--latents", nargs="+", default=["bf16", "int8"], choices=["bf16", "int8", "fp8_e4m3"],
                    help="latent dtypes (bf16: the latent in the model dtype, which 'auto' picks for this CPU)")
-    p.add_argument("--heads", type=int, default=9, help="query heads (default 9: the bundled model)")
-    p.add_argument("--rank", type=int, default=256, help="latent rank (default 256: the bundled model's conversion)")
-    p.add_argument("--rope", type=int, default=64, help="rope dims (default 64)")
+    p.add_argument("--heads", type=int, help="query heads (default: the bundled model's default conversion, as served)")
+    p.add_argument("--rank", type=int, help="latent rank (default: the bundled model's default conversion)")
+    p.add_argument("--rope", type=int, help="rope dims (default: the bundled model's default conversion)")
     p.add_argument("--calls", type=int, help="back-to-back calls per timing")
     p.add_argument("--repeats", type=int, help="interleaved repeats (median)")
     p.add_argument("--compare-isas", nargs="+", choices=["avx512", "avx2", "scalar"], default=[],

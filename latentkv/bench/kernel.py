@@ -25,9 +25,11 @@ from ..attention.metadata import build_metadata
 from ..attention.torch_ref import TorchBackend
 from ..cache.accounting import latent_bytes
 from ..cache.latent_cache import LatentCache
+from ..config import ModelConfig
 from ..facts import dtype_name
 from ..model.loader import resolve_dtype
 from .bandwidth import measure_bandwidth
+from .models import default_models
 from .report import median, new_figure, print_table, save_figure, write_json
 
 BLOCK = 16
@@ -106,8 +108,19 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
     return row
 
 
+def default_shape(args) -> None:
+    """Heads, rank and rope not given: those of the bundled model's default conversion (what
+    `serve` runs; converted on first use like the other benches)."""
+    if None in (args.heads, args.rank, args.rope):
+        cfg = ModelConfig.from_file(Path(default_models(False)[0]) / "config.json")
+        args.heads = args.heads or cfg.num_attention_heads
+        args.rank = args.rank or cfg.kv_lora_rank
+        args.rope = cfg.qk_rope_head_dim if args.rope is None else args.rope
+
+
 def run(args) -> dict:
     out = Path(args.out)
+    default_shape(args)
     threads = torch.get_num_threads()
     dtype = resolve_dtype("auto", torch.device("cpu"))
     isa = native.chosen_isa() if native.available() else None

@@ -63,7 +63,7 @@ def _build() -> None:
 
 
 def pick_isa(module) -> int:
-    """The instruction set for head_matmul: LATENTKV_CPU_ISA if set (as for the attention kernel), else the best."""
+    """The instruction set for head_matmul, silu_mul and rms_norm: LATENTKV_CPU_ISA if set (as for the attention kernel), else the best."""
     codes = set(module.supported_isas())
     forced = os.environ.get("LATENTKV_CPU_ISA")
     if forced:
@@ -126,7 +126,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     """RMSNorm of x [T, d] (statistics in float32, one rounding, as F.rms_norm); with `residual`,
     of x + residual -> (x + residual, its norm). Without: the norm alone."""
     if usable(x) and x.dim() == 2 and weight.dtype in (torch.float32, torch.bfloat16):
-        total, out = extension().rms_norm(x, weight, eps, x.new_empty(0) if residual is None else residual)
+        total, out = extension().rms_norm(x, weight, eps, x.new_empty(0) if residual is None else residual, _state["isa"])
         return out if residual is None else (total, out)
     if residual is None:
         return F.rms_norm(x, weight.shape, weight, eps)
@@ -137,6 +137,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
     if usable(gate_up) and gate_up.dim() == 2:
-        return extension().silu_mul(gate_up)
+        return extension().silu_mul(gate_up, _state["isa"])
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -66,24 +66,30 @@ def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group: int = 
 
 
 def int4_supported(linear: nn.Linear) -> bool:
-    """ATen's CPU int4 kernel needs N % 16 == 0 and whole groups along K."""
-    return linear.weight.device.type == "cpu" and linear.out_features % 16 == 0 and linear.in_features % INT4_GROUP == 0
+    """ATen's CPU int4 kernel needs whole groups along K (and N % 16 == 0: Int4Linear pads N)."""
+    return linear.weight.device.type == "cpu" and linear.in_features % INT4_GROUP == 0
 
 
 class Int4Linear(QuantLinear):
+    """Output rows padded with zero weights to a multiple of 16 (the kernel's N block) and cut off
+    after the matmul (a view): MLA's packed q / kv_a projection (9 x 146 + 320 = 1634 rows for the
+    bundled model) otherwise stayed bf16, a third of a batch-1 decode step."""
+
     def __init__(self, linear: nn.Linear):
         super().__init__(linear)
-        codes, scale_zero = quantize_int4(linear.weight)
+        pad = -linear.out_features % 16
+        codes, scale_zero = quantize_int4(F.pad(linear.weight.detach(), (0, 0, 0, pad)))
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
         self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype))
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
+        return y[:, :self.out_features]
 
 
 def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
     """Replace nn.Linear layers (but kv_b_proj) in place; returns how many were replaced.
-    int4 leaves the few linears its kernel cannot take (N % 16, K % 32) in the model dtype."""
+    int4 leaves the few linears its kernel cannot take (K % 32) in the model dtype."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {kind!r}")
     count = 0

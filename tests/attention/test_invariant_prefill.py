@@ -1,6 +1,7 @@
 """attention/prefill.py: the batch-invariant naive prefill.
 
-A prompt row's output must be bit-identical whether its prompt is prefilled whole, in chunks
+Both implementations: "tiles" (SDPA on fixed query tiles, every CPU and dtype) and "native"
+(span_prefill with the native kernel, bf16 on avx512_bf16; skipped elsewhere). A prompt row's output must be bit-identical whether its prompt is prefilled whole, in chunks
 that end anywhere (mid-tile, one row), or after a cached prefix — in bf16 and float32 and over
 an int8 latent — on the machine that runs the suite (it relies on SDPA's CPU kernel rounding a
 row the same in calls of the same shape). It must also agree with the plain naive path (one
@@ -11,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
+from latentkv.attention import native, prefill as prefill_module
 from latentkv.attention.metadata import build_metadata
 from latentkv.attention.paged import write
-from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, tiles
+from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, span_prefill, tiles
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.model.mla import MLAttention
 
@@ -51,10 +53,17 @@ def prompt(length, layer, dtype, cache_dtype):
     return cache, table, q_nope, q_rope
 
 
-def prefill(layer, cache, table, q_nope, q_rope, start, end):
+NATIVE = native.available() and "avx512_bf16" in native.supported_isas()
+needs_native = pytest.mark.skipif(not NATIVE, reason="the native prefill kernel needs the native build and avx512_bf16")
+IMPLS = ["tiles", pytest.param("native", marks=needs_native)]
+
+
+def prefill(layer, cache, table, q_nope, q_rope, start, end, impl="tiles"):
     """Rows start .. end-1, computed in one step that ends at end (the cache holds 0 .. end-1)."""
     meta, _ = build_metadata([end - start], [end], [table], BLOCK, invariant=True, prompt_lens=[len(q_nope)])
     assert meta.prompt_rows == [end - start]
+    if impl == "native":
+        return span_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta, native.mla_prefill)
     return invariant_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta)
 
 
@@ -67,24 +76,29 @@ def test_tiles_sit_at_fixed_positions():
     assert tiles(130, 600) == every[1:4] and tiles(511, 512) == [every[2]]
 
 
-@pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.float32, "auto"), (torch.bfloat16, "int8")])
+@pytest.mark.parametrize("impl,dtype,cache_dtype", [("tiles", torch.bfloat16, "auto"), ("tiles", torch.float32, "auto"),
+                                                    ("tiles", torch.bfloat16, "int8"),
+                                                    pytest.param("native", torch.bfloat16, "auto", marks=needs_native),
+                                                    pytest.param("native", torch.bfloat16, "int8", marks=needs_native)])
 @torch.inference_mode()
-def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(dtype, cache_dtype):
+def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeypatch, impl, dtype, cache_dtype):
+    monkeypatch.setattr(prefill_module, "SPAN", 256)  # native: several key spans at this small size
     length = 1100  # the first tiles and two of TILE, the last partly filled
     layer = Layer(dtype=dtype)
     cache, table, q_nope, q_rope = prompt(length, layer, dtype, cache_dtype)
-    whole = prefill(layer, cache, table, q_nope, q_rope, 0, length)
+    whole = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl)
     for cuts in ([0, 100, 101, 256, 700, length], [0, 1, 512, 513, 1099, length], [0, 300, length]):
-        chunks = [prefill(layer, cache, table, q_nope, q_rope, a, b) for a, b in zip(cuts, cuts[1:])]
+        chunks = [prefill(layer, cache, table, q_nope, q_rope, a, b, impl) for a, b in zip(cuts, cuts[1:])]
         assert torch.equal(torch.cat(chunks), whole), cuts
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("impl,dtype", [("tiles", torch.float32), ("tiles", torch.bfloat16),
+                                        pytest.param("native", torch.bfloat16, marks=needs_native)])
 @torch.inference_mode()
-def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(dtype):
+def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(impl, dtype):
     length, layer = 700, Layer(dtype=dtype)
     cache, table, q_nope, q_rope = prompt(length, layer, dtype, "auto")
-    tiled = prefill(layer, cache, table, q_nope, q_rope, 0, length).double()
+    tiled = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl).double()
     meta, _ = build_metadata([length], [length], [table], BLOCK)
     key, value = layer.expand(torch.cat([cache.kv[b] for b in table])[None, :length])
     plain = torch.nn.functional.scaled_dot_product_attention(

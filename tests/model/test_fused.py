@@ -144,3 +144,44 @@ def test_autograd_takes_the_reference():
     w = torch.randn(3, 8, 5)
     fused.head_matmul(x, w, 0.5).sum().backward()
     assert x.grad is not None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.no_grad()
+def test_silu_mul_every_isa_any_width_and_rows_alone(monkeypatch, dtype):
+    """The vectorized silu (a polynomial exp) on every instruction set this CPU runs, widths that
+    are not a multiple of the vector, large and tiny gates; a row alone gives the same bits."""
+    if not fused.available():
+        pytest.skip(f"fused ops not built: {fused.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(5)
+    gate_up = torch.randn(300, 2 * 37, generator=gen) * 6
+    gate_up[0, :8] = torch.tensor([-200.0, -88.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 90.0])
+    gate_up = gate_up.to(dtype)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    for isa in fused.extension().supported_isas():
+        monkeypatch.setitem(fused._state, "isa", isa)
+        out = fused.silu_mul(gate_up)
+        close(out, F.silu(gate) * up, dtype)
+        assert all(torch.equal(fused.silu_mul(gate_up[t:t + 1]), out[t:t + 1]) for t in (0, 1, 150, 299)), isa
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.no_grad()
+def test_rms_norm_every_isa_with_and_without_residual_rows_alone(monkeypatch, dtype):
+    """The vectorized RMSNorm on every instruction set this CPU runs, a width that is not a
+    multiple of the vector; a row alone gives the same bits as in a batch."""
+    if not fused.available():
+        pytest.skip(f"fused ops not built: {fused.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(6)
+    x, h = (torch.randn(70, 93, generator=gen).to(dtype) * 3 for _ in range(2))
+    w = torch.randn(93, generator=gen).to(dtype)
+    for isa in fused.extension().supported_isas():
+        monkeypatch.setitem(fused._state, "isa", isa)
+        total, normed = fused.rms_norm(x, w, 1e-5, h)
+        assert torch.equal(total, x + h)
+        close(normed, F.rms_norm((x + h).float(), (93,), w.float(), 1e-5), dtype)
+        plain = fused.rms_norm(x, w, 1e-5)
+        close(plain, F.rms_norm(x.float(), (93,), w.float(), 1e-5), dtype)
+        for t in (0, 33, 69):
+            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5, h[t:t + 1])[1], normed[t:t + 1]), isa
+            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5), plain[t:t + 1]), isa

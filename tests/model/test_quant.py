@@ -38,16 +38,18 @@ def test_quantized_model_stays_close(tiny_checkpoints):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int4_kernel_matches_dequantized_weights(dtype):
+@pytest.mark.parametrize("out_features", [48, 53])  # 53: padded to the kernel's 64 rows and cut back
+def test_int4_kernel_matches_dequantized_weights(dtype, out_features):
     from latentkv.model.quant import Int4Linear, dequantize_int4, quantize_int4
 
     torch.manual_seed(0)
-    linear = nn.Linear(96, 48, bias=True).to(dtype)
+    linear = nn.Linear(96, out_features, bias=True).to(dtype)
     q = Int4Linear(linear)
     x = torch.randn(5, 96, dtype=dtype)
     codes, scale_zero = quantize_int4(linear.weight)
     dequant = dequantize_int4(codes, scale_zero.to(dtype))
     ref = x.float() @ dequant.T + linear.bias.float()
+    assert q(x).shape == (5, out_features) and q(x[None]).shape == (1, 5, out_features)
     assert (q(x).float() - ref).abs().max().item() <= 0.02 * ref.abs().max().item()
     step = scale_zero[..., 0].max()  # a rounding error of at most half a step per weight
     assert (dequantize_int4(codes, scale_zero) - linear.weight.float()).abs().max() <= step / 2 + 1e-6

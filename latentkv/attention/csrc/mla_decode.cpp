@@ -1,4 +1,5 @@
-// latentkv native CPU attention: paged MLA decode (absorbed MQA over the latent cache).
+// latentkv native CPU attention: paged MLA decode (absorbed MQA over the latent cache), and the
+// batch-invariant prefill kernel (naive form, bf16 dot products: mla_prefill_bf16.h).
 // Python side: latentkv/attention/native.py (build, ISA choice, fallback). Shapes:
 //   query [B, M, D] (M = Q*H absorbed query rows, D = kv_rank + rope_dim; bf16 or float32)
 //   cache: kv [blocks, bs, D] (bf16/float32) or latent [blocks, bs, r] int8|uint8(fp8 e4m3)
@@ -12,6 +13,7 @@
 
 #include "cpu_isa.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -56,6 +58,7 @@ namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: 
 #include "mla_decode_impl.h"
 #include "mla_decode_bf16.h"
 #include "mla_decode_vnni.h"
+#include "mla_prefill_bf16.h"
 }
 #pragma GCC pop_options
 
@@ -247,7 +250,36 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   return out;
 }
 
+// One prefill span (mla_prefill_bf16.h has the shapes); updates m, l, acc in place. avx512_bf16 only:
+// attention/prefill.py takes its SDPA path on other CPUs and dtypes.
+void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_t first, int64_t key_start,
+                 at::Tensor m, at::Tensor l, at::Tensor acc, double scale, int64_t threads) {
+  TORCH_CHECK(isa_supported(3), "mla_prefill needs avx512_bf16");
+  for (const at::Tensor* t : {&q, &kv, &k_r})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous(), "mla_prefill: q, kv, k_r must be contiguous bf16");
+  for (const at::Tensor* t : {&m, &l, &acc})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "mla_prefill: m, l, acc must be contiguous float32");
+  const int64_t n = q.size(0), H = q.size(1), dr = k_r.size(1), S = kv.size(0), dv = kv.size(2) - dn, dvp = acc.size(2);
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == dn + dr && kv.dim() == 3 && kv.size(1) == H && dvp >= dv && dvp < dv + 16 &&
+                  k_r.dim() == 2 && k_r.size(0) == S && m.numel() == n * H && l.numel() == n * H && acc.size(0) == n &&
+                  acc.size(1) == H,
+              "mla_prefill: shapes do not match");
+  TORCH_CHECK(S % isa_avx512bf16::KB == 0 && key_start % isa_avx512bf16::KB == 0 && dvp % 16 == 0 && dr % 2 == 0,
+              "mla_prefill: the span and key_start must be multiples of the key block (64), acc's width dv padded "
+              "to a multiple of 16, dr even");
+  isa_avx512bf16::PrefillJob job;
+  job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
+  job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
+  job.first = first, job.key_start = key_start, job.scale = (float)scale;
+  job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();
+  std::vector<uint16_t> kp((size_t)H * S * job.P * 2), vp((size_t)H * S * dvp);
+  job.kp = kp.data(), job.vp = vp.data();
+  job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
+  isa_avx512bf16::prefill_run(job, threads > 0 ? (int)threads : 1);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mla_prefill", &mla_prefill, "one span of the batch-invariant MLA prefill (see mla_prefill_bf16.h)");
   m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_decode.cpp)");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
 }

@@ -8,8 +8,8 @@
 //   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
 //       scale, rope): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
 //       at their flat cache slots, in one pass.
-//   silu_mul(gate_up [T, 2I]) -> silu(gate) * up [T, I].
-//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty) -> (x + residual, its RMSNorm).
+//   silu_mul(gate_up [T, 2I], isa) -> silu(gate) * up [T, I].
+//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, isa) -> (x + residual, its RMSNorm).
 // Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
 #include "torch_lite.h"
 
@@ -18,6 +18,7 @@
 
 #include "cpu_isa.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -219,7 +220,7 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   });
 }
 
-std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual) {
+std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t isa) {
   check_cpu(x, "rms_norm: x");
   TORCH_CHECK(x.dim() == 2 && is_float(x) && weight.dim() == 1 && weight.size(0) == x.size(1),
               "rms_norm: x must be [T, d] float32 or bfloat16, weight [d]");
@@ -231,6 +232,33 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
   const int64_t T = x.size(0), d = x.size(1);
   auto out = at::empty_like(x);
   auto sum = add ? at::empty_like(x) : x;
+  const auto st = x.scalar_type();
+  if (weight.scalar_type() == st && (st == at::kBFloat16 || st == at::kFloat) && isa_supported(isa)) {
+    // the vectorized rows (decode_ops_impl.h), one instruction set
+    const float e = (float)eps;
+    if (st == at::kBFloat16) {
+      using Rows = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const uint16_t*, float, uint16_t*, int64_t, int64_t,
+                            int64_t, float*);
+      Rows rows = isa == 2 ? isa_avx512::rms_norm_rows_bf16 : isa == 1 ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
+      const uint16_t *xp = (const uint16_t*)x.data_ptr(), *rp = add ? (const uint16_t*)residual.data_ptr() : nullptr,
+                     *wp = (const uint16_t*)weight.data_ptr();
+      uint16_t *sp = add ? (uint16_t*)sum.data_ptr() : nullptr, *op = (uint16_t*)out.data_ptr();
+      at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(d);
+        rows(xp, rp, sp, wp, e, op, begin, end, d, row.data());
+      });
+    } else {
+      using Rows = void (*)(const float*, const float*, float*, const float*, float, float*, int64_t, int64_t, int64_t, float*);
+      Rows rows = isa == 2 ? isa_avx512::rms_norm_rows_f32 : isa == 1 ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
+      const float *xp = x.data_ptr<float>(), *rp = add ? residual.data_ptr<float>() : nullptr, *wp = weight.data_ptr<float>();
+      float *sp = add ? sum.data_ptr<float>() : nullptr, *op = out.data_ptr<float>();
+      at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(d);
+        rows(xp, rp, sp, wp, e, op, begin, end, d, row.data());
+      });
+    }
+    return {sum, out};
+  }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, weight.scalar_type(), "rms_norm_weight", [&] {
       using w_t = scalar_t;
       const w_t* wp = weight.data_ptr<w_t>();
@@ -263,25 +291,29 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
   return {sum, out};
 }
 
-at::Tensor silu_mul(at::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   check_cpu(gate_up, "silu_mul: gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && is_float(gate_up), "silu_mul: gate_up must be [T, 2I] float");
+  TORCH_CHECK(isa_supported(isa), "silu_mul: this CPU does not support instruction set ", isa);
   gate_up = gate_up.contiguous();
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
   auto out = at::empty({T, I}, gate_up.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gate_up.scalar_type(), "silu_mul", [&] {
-    const scalar_t* gp = gate_up.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, T * I, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t ti = begin; ti < end; ++ti) {
-        const int64_t t = ti / I, i = ti % I;
-        const float g = load(gp, t * 2 * I + i);
-        // rounded to the activation dtype between the two ops, as F.silu(gate) * up does
-        const float act = (float)cast<scalar_t>(g / (1.0f + std::exp(-g)));
-        op[ti] = cast<scalar_t>(act * load(gp, t * 2 * I + I + i));
-      }
-    });
-  });
+  const int64_t grain = std::max<int64_t>(1, 16384 / I);  // rows per task: ~16K elements
+  if (gate_up.scalar_type() == at::kBFloat16) {
+    using Rows = void (*)(const uint16_t*, uint16_t*, int64_t, int64_t, int64_t);
+    Rows rows = isa == 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
+    const uint16_t* gp = (const uint16_t*)gate_up.data_ptr();
+    uint16_t* op = (uint16_t*)out.data_ptr();
+    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
+  } else {
+    using Rows = void (*)(const float*, float*, int64_t, int64_t, int64_t);
+    Rows rows = isa == 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
+    const float* gp = gate_up.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
+  }
   return out;
 }
 
