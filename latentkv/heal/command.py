@@ -18,7 +18,7 @@ def register(subparsers) -> None:
     p.add_argument("--eval-every", type=int, default=0, help="also eval chat (teacher-forced) every N steps")
     p.add_argument("--steps", type=int, help="optimizer steps")
     p.add_argument("--minutes", type=float, help="time budget; with --steps, whichever ends first")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=HealConfig.lr, help=f"peak learning rate (default {HealConfig.lr})")
     p.add_argument("--warmup", type=int, default=20, help="warmup steps")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
