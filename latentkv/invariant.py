@@ -4,7 +4,11 @@ Greedy output is the same alone, batched, chunked or prefix-cached only if every
 is computed the same way whatever else is in the step. Measured on this project's CPU
 (torch 2.13: MKL 2024.2 for float32, oneDNN 3.12 for bf16; tests/test_invariant.py re-checks
 it on the machine that runs the suite):
-- bf16 linears and bmm (oneDNN) give every row the same bits for any number of rows M;
+- bf16 linears (oneDNN) give every row the same bits for every M >= 2, but M = 1 takes a GEMV
+  kernel that rounds differently in a few outputs per 10^5 (2-11 of 144,000 on K = 64 shapes such as
+  the test models' projections; none seen on the bundled model's K = 576 ones). Found 2026-12-01
+  as a preempted request's recompute moving its logprobs; so bf16 linears of one row get a
+  second, zero row (the cost: decode at batch 1 runs M = 2 GEMMs, memory-bound like M = 1);
 - float32 (MKL sgemm) rounds differently when M is 1, 2, 3, 5, 6, 7, 9, 10 or 11 (its GEMV and
   small-M kernels) and agrees for every M that is a multiple of 4 or at least 12 (bmm: per
   batch entry, the same or better). So float32 matmuls with such an M get zero rows up to the
@@ -22,18 +26,21 @@ from torch import nn
 SAFE_ROWS = 12  # float32 sgemm: every M >= this (and every multiple of 4) rounds like any other
 
 
-def padded_rows(m: int) -> int:
-    """The row count a float32 matmul of m rows runs with: m, or the next multiple of 4."""
+def padded_rows(m: int, dtype: torch.dtype = torch.float32) -> int:
+    """The row count a matmul of m rows runs with: float32 m or the next multiple of 4; bf16 at least 2."""
+    if dtype == torch.bfloat16:
+        return max(m, 2)
     return m if m >= SAFE_ROWS or m % 4 == 0 else -(-m // 4) * 4
 
 
 def needs_padding(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and x.device.type == "cpu" and padded_rows(x.shape[-2]) != x.shape[-2]
+    return (x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
+            and padded_rows(x.shape[-2], x.dtype) != x.shape[-2])
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., M, K] -> [..., padded_rows(M), K] with zero rows appended."""
-    return F.pad(x, (0, 0, 0, padded_rows(x.shape[-2]) - x.shape[-2]))
+    return F.pad(x, (0, 0, 0, padded_rows(x.shape[-2], x.dtype) - x.shape[-2]))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,8 +71,9 @@ def _cut_output(module: nn.Module, args: tuple, out: torch.Tensor):
 
 
 def install(model: nn.Module) -> int:
-    """Make every float32 nn.Linear of `model` row-invariant (hooks that pad small M); -> how many.
-    bf16 and the quantized kernels need nothing. Only 2-D inputs [M, K] are padded (the engine's flat batch)."""
+    """Make every nn.Linear of `model` row-invariant (hooks that pad small M: float32 and one-row
+    bf16); -> how many. The quantized kernels need nothing. Only 2-D inputs [M, K] are padded (the
+    engine's flat batch)."""
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear) and not getattr(module, "_invariant_hooked", False):

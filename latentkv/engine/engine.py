@@ -104,7 +104,7 @@ class LLMEngine:
                                   args.attention_path, args.seed, args.nan_check, self.eos_token_ids,
                                   args.batch_invariant)
         if args.batch_invariant:
-            invariant.install(model)  # float32 linears: pad small row counts (bf16 needs nothing)
+            invariant.install(model)  # pad small row counts: float32 linears, one-row bf16 ones
             self.scheduler.kv.prompt_blocks_only = True  # decode-computed blocks are not shared (kv_manager.py)
         self.requests: dict[str, list[Sequence]] = {}
         self.store = open_tier(args, model.dtype, self.runner.caches, self.pool)

@@ -85,17 +85,9 @@ def test_a_multi_turn_prompt_gets_the_same_answer_from_a_fresh_engine_and_the_on
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_preempted_and_recomputed_requests_keep_their_tokens_and_logprobs(tiny_lm, dtype, attention_backend, request):
+def test_preempted_and_recomputed_requests_keep_their_tokens_and_logprobs(tiny_lm, dtype, attention_backend):
     """A preempted request's generated tokens are recomputed in a multi-token step: they take the
     decode kernel again (backend.attend_prompt), so nothing changes, to the last bit."""
-    if dtype == "bfloat16":
-        # Known bug (issue 14, found 2026-12-01): in bf16 a decode row's attention output can differ
-        # in its last bits between a one-sequence and a several-sequence decode step, on both
-        # backends; the requests of seeds 9 and 14 here fail on 07340ed already (before the native
-        # prefill kernel), and with it this seed's data does too. Tokens stay equal, logprobs move
-        # in the 5th digit. Not strict: the test still runs and reports when it passes again.
-        request.applymarker(pytest.mark.xfail(reason="bf16 decode rows not batch-invariant in every step mix (known bug)",
-                                              strict=False))
     folder, _, _ = tiny_lm()
     prompts, _ = requests(n=10, seed=7)
     params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=0) for _ in prompts]
