@@ -20,9 +20,12 @@ from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, cache_b
 def build_systems(args) -> list:
     length = max(args.contexts) + 2 * args.tokens
     budget = cache_budget(args.model, 3 * (length + 64))  # one context's cache (+ repeats), not a share of free memory
-    systems = [LatentKVSystem("latentkv", args.model, "auto", max_model_len=length, kv_cache_memory=budget),
-               LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length, kv_cache_memory=budget)]
-    if not torch.cuda.is_available():
+    weights = getattr(args, "weights", None) or ["none", "int4"]
+    systems = []
+    if "none" in weights:  # the first latentkv row is the one the ratios are taken against
+        systems += [LatentKVSystem("latentkv", args.model, "auto", max_model_len=length, kv_cache_memory=budget),
+                    LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length, kv_cache_memory=budget)]
+    if "int4" in weights and not torch.cuda.is_available():
         # weight-only int4 linears: reported separately (a different weight precision, like llama.cpp's Q4_1)
         systems += [LatentKVSystem("latentkv w4", args.model, "auto", max_model_len=length, kv_cache_memory=budget,
                                    quantization="int4"),
@@ -84,16 +87,17 @@ def run(args) -> dict:
 
 
 def summarize(ctx: int, times: dict, ours: list[str], weights: dict, per_token: dict, bandwidth: float) -> dict:
-    """tok_s per system; ratio: the "latentkv" row over each system; speedup[ours][baseline] for
+    """tok_s per system; ratio: the first latentkv row over each system; speedup[ours][baseline] for
     every latentkv row over every baseline; floor_fraction: each latentkv row's share of its
     bandwidth bound (weights + cache bytes it must read per step / measured bandwidth)."""
     tok_s = {name: 1 / median(t) for name, t in times.items()}
     baselines = [n for n in tok_s if n not in ours]
-    row = {"context": ctx, "tok_s": tok_s, "ratio": {n: tok_s["latentkv"] / v for n, v in tok_s.items()},
+    first = ours[0]
+    row = {"context": ctx, "tok_s": tok_s, "ratio": {n: tok_s[first] / v for n, v in tok_s.items()},
            "speedup": {o: {b: tok_s[o] / tok_s[b] for b in baselines} for o in ours}}
     floors = {o: decode_floor_seconds(weights[o], per_token[o], ctx, bandwidth) for o in ours}
-    row["floor_s"] = floors["latentkv"]
-    row["floor_fraction"] = floors["latentkv"] * tok_s["latentkv"]
+    row["floor_s"] = floors[first]
+    row["floor_fraction"] = floors[first] * tok_s[first]
     row["floor_fractions"] = {o: floors[o] * tok_s[o] for o in ours}
     return row
 

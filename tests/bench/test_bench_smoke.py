@@ -132,3 +132,12 @@ def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tm
         for variant in (name, f"{name} (torch attention)"):  # every latentkv row, batch_invariant off beside it
             assert positive(row["tok_s"][f"{variant} (not invariant)"])
             assert positive(row["prefill_tok_s"][f"{variant} (not invariant)"])
+
+
+def test_bench_decode_runs_only_the_weight_precisions_asked_for(tiny, tmp_path):
+    out = tmp_path / "decode-w4"
+    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "int4",
+                 "--contexts", "64", "--out", str(out)]) == 0
+    row = json.loads((out / "decode.json").read_text())["results"][0]
+    assert set(row["tok_s"]) == {"latentkv w4", "latentkv w4 + int8 latent"}
+    assert row["ratio"]["latentkv w4"] == 1.0  # the ratios are taken against the first row run
