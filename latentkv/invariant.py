@@ -11,8 +11,11 @@ it on the machine that runs the suite):
   second, zero row (the cost: decode at batch 1 runs M = 2 GEMMs, memory-bound like M = 1);
 - float32 (MKL sgemm) rounds differently when M is 1, 2, 3, 5, 6, 7, 9, 10 or 11 (its GEMV and
   small-M kernels) and agrees for every M that is a multiple of 4 or at least 12 (bmm: per
-  batch entry, the same or better). So float32 matmuls with such an M get zero rows up to the
-  next multiple of 4 (the padded rows' outputs are dropped);
+  batch entry, the same or better). So float32 linears run latentkv's fixed-order kernel
+  (quant.FixedOrderLinear) where it is built, and other float32 matmuls with such an M get zero
+  rows up to the next multiple of 4 (the padded rows' outputs are dropped). The kernel, not the
+  padding, for the linears: on an AVX2-only EPYC MKL's small-M sgemm runs ~4x slower than its GEMV
+  (batch-1 decode in float32 at 0.58x of the same engine without invariance, 2026-12-01);
 - RMSNorm, softmax, SiLU and argmax are row-invariant as they are, and so are the int8 / int4
   linears (model/qlinear.py: a fixed reduction order per output element by construction, tested
   in tests/model/test_qlinear.py; ATen's kernels, used only where it cannot build, were measured so).
@@ -24,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .model import quant
 
 SAFE_ROWS = 12  # float32 sgemm: every M >= this (and every multiple of 4) rounds like any other
 
@@ -73,14 +78,21 @@ def _cut_output(module: nn.Module, args: tuple, out: torch.Tensor):
 
 
 def install(model: nn.Module) -> int:
-    """Make every nn.Linear of `model` row-invariant (hooks that pad small M: float32 and one-row
-    bf16); -> how many. The quantized kernels need nothing. Only 2-D inputs [M, K] are padded (the
-    engine's flat batch)."""
+    """Make every nn.Linear of `model` row-invariant; -> how many. Float32 CPU linears become
+    `quant.FixedOrderLinear` (latentkv's fixed-order kernel) where it is built, except those whose
+    weight other code reads directly (quant.SKIP: kv_b_proj); the rest get hooks that pad small M
+    (float32: to a multiple of 4; bf16: one row to two). The quantized kernels need nothing. Only
+    2-D inputs [M, K] are padded (the engine's flat batch)."""
     count = 0
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and not getattr(module, "_invariant_hooked", False):
-            module.register_forward_pre_hook(_pad_input)
-            module.register_forward_hook(_cut_output)
-            module._invariant_hooked = True
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear) or getattr(child, "_invariant_hooked", False):
+                continue
+            if child.weight.dtype == torch.float32 and name not in quant.SKIP and quant.native(child):
+                setattr(parent, name, quant.FixedOrderLinear(child))
+            else:
+                child.register_forward_pre_hook(_pad_input)
+                child.register_forward_hook(_cut_output)
+                child._invariant_hooked = True
             count += 1
     return count

@@ -1,7 +1,10 @@
 """latentkv/invariant.py: row-invariant matmuls, checked on the machine that runs the suite."""
 import torch
+from torch import nn
 
 from latentkv import invariant
+from latentkv.model import qlinear
+from latentkv.model.quant import FixedOrderLinear
 
 
 def test_float32_linears_are_row_invariant_on_this_machine():
@@ -24,3 +27,20 @@ def test_one_row_bf16_linears_are_padded_to_the_kernel_every_other_m_takes():
     pairs = torch.cat([invariant.linear(x[i:i + 2], w) for i in range(0, 3000, 2)])
     alone = torch.cat([invariant.linear(x[i:i + 1], w) for i in range(3000)])
     assert torch.equal(alone, pairs)
+
+
+def test_install_puts_the_fixed_order_kernel_in_place_of_float32_linears():
+    """Float32 linears become FixedOrderLinear (where the kernel builds; kv_b_proj stays: the absorbed
+    path reads its weight), bf16 ones get the padding hooks; rows then agree alone and batched."""
+    model = nn.ModuleDict({"o_proj": nn.Linear(64, 48), "kv_b_proj": nn.Linear(64, 32),
+                           "head": nn.Linear(64, 40).bfloat16()})
+    assert invariant.install(model) == 3
+    if qlinear.available():
+        assert isinstance(model["o_proj"], FixedOrderLinear)
+    assert isinstance(model["kv_b_proj"], nn.Linear) and model["kv_b_proj"]._invariant_hooked
+    assert isinstance(model["head"], nn.Linear) and model["head"]._invariant_hooked
+    x = torch.randn(7, 64)
+    with torch.no_grad():
+        for name in ("o_proj", "kv_b_proj"):
+            full = model[name](x)
+            assert all(torch.equal(model[name](x[i:i + 1]), full[i:i + 1]) for i in range(7)), name

@@ -105,6 +105,17 @@ def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat((codes, s), dim=-1).contiguous()
 
 
+def pack_f32(w: torch.Tensor) -> torch.Tensor:
+    """Float32 weights w [N, K] -> packed int32 [NB, G, 528]: per (block, group of 32 inputs) the
+    weights as [32 inputs][16 rows] float32, then 16 scales of 1.0 (the int8 record's layout)."""
+    n, k = w.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    rows = _pad(w.detach().float(), pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
+    ones = torch.ones(nb, g, BLOCK)
+    return torch.cat((rows, ones), dim=-1).contiguous().view(torch.int32)
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """x [M, K] float32 / bf16 times a packed weight -> [M, out_features] in x's dtype."""
+    """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, or 32: float32) -> [M, out_features] in x's dtype."""
     return extension().linear(x, packed, bits, out_features, _state["isa"])

@@ -115,6 +115,21 @@ class Int4Linear(QuantLinear):
         return y[:, :self.out_features]
 
 
+class FixedOrderLinear(QuantLinear):
+    """A float32 linear through latentkv's kernel (model/qlinear.py, the float32 record): each
+    output element reduces over K in one fixed order whatever M, so a row's bits do not depend on
+    the batch. Batch-invariant mode puts it in place of float32 nn.Linear layers (invariant.install):
+    MKL's small-M sgemm, which the alternative (padding M to a multiple of 4) runs, is ~4x slower
+    than its GEMV on an AVX2 EPYC, and this kernel streams the weight at GEMV speed."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        self.register_buffer("weight_packed", qlinear.pack_f32(linear.weight))
+
+    def matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return qlinear.linear(flat, self.weight_packed, 32, self.out_features)
+
+
 def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
     """Replace nn.Linear layers (but kv_b_proj) in place; returns how many were replaced.
     int4 leaves the few linears its kernel cannot take (K % 32) in the model dtype."""

@@ -11,11 +11,11 @@ from torch import nn
 
 from latentkv.attention import native
 from latentkv.model import qlinear
-from latentkv.model.quant import Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
+from latentkv.model.quant import FixedOrderLinear, Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
 
-KINDS = (4, 8)
+KINDS = (4, 8, 32)  # int4, int8, float32 weights (the batch-invariant float32 linear)
 
 
 def isas():
@@ -29,6 +29,8 @@ def quantized(bits: int, n: int, k: int, seed: int = 0):
     if bits == 4:
         codes, scale_zero = quantize_int4(F.pad(w, (0, -k % 32)))  # K padded to whole groups, as Int4Linear does
         return qlinear.pack_int4(codes, scale_zero), dequantize_int4(codes, scale_zero)[:, :k].double()
+    if bits == 32:
+        return qlinear.pack_f32(w), w.double()
     codes, scale = quantize_int8(w)
     return qlinear.pack_int8(codes, scale), codes.double() * scale.double()[:, None]
 
@@ -124,3 +126,17 @@ def test_without_the_extension_the_aten_kernels_run(monkeypatch):
     ref = linear(x)
     for q in (q4, q8):
         assert (q(x) - ref).abs().max() <= 0.1 * ref.abs().max()
+
+
+@torch.no_grad()
+def test_fixed_order_linear_is_the_float32_linear():
+    """FixedOrderLinear (what batch-invariant mode puts in place of float32 nn.Linear): the same
+    product as F.linear up to float32 rounding, bias and [B, T, K] input included."""
+    torch.manual_seed(0)
+    linear = nn.Linear(70, 53, bias=True)
+    fixed = FixedOrderLinear(linear)
+    x = torch.randn(2, 3, 70)
+    ref = (x.double() @ linear.weight.double().T + linear.bias.double())
+    y = fixed(x)
+    assert y.shape == (2, 3, 53) and y.dtype == torch.float32
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()

@@ -1,9 +1,10 @@
 // latentkv weight-only quantized linears (CPU): y [M, N] = x [M, K] · Wᵀ with W stored as group-32
-// int4 (scale + zero per group) or int8 (scale per row), packed by latentkv/model/qlinear.py (layout:
+// int4 (scale + zero per group), int8 (scale per row) or plain float32 (the batch-invariant float32
+// linear), packed by latentkv/model/qlinear.py (layout:
 // qlinear_impl.h). Activations float32 or bfloat16 (widened to float32 once), float32 accumulation
 // in a fixed order per output element: batch-invariant. Threads (at::parallel_for, torch's) split
 // the output rows, never K.
-//   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8, N, isa) -> y [M, N] in x's dtype.
+//   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|32, N, isa) -> y [M, N] in x's dtype.
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
@@ -90,10 +91,16 @@ constexpr float kInvPow16[7] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p
 using Linear = void (*)(const int32_t*, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t,
                         int64_t);
 
+// kind: 4 (int4), 8 (int8), 32 (float32 weights)
 Linear pick(int64_t isa, int64_t kind) {
-  if (isa == 2) return kind == 4 ? isa_avx512::linear<isa_avx512::Int4> : isa_avx512::linear<isa_avx512::Int8>;
-  if (isa == 1) return kind == 4 ? isa_avx2::linear<isa_avx2::Int4> : isa_avx2::linear<isa_avx2::Int8>;
-  return kind == 4 ? isa_scalar::linear<isa_scalar::Int4> : isa_scalar::linear<isa_scalar::Int8>;
+  if (isa == 2)
+    return kind == 4 ? isa_avx512::linear<isa_avx512::Int4> : kind == 8 ? isa_avx512::linear<isa_avx512::Int8>
+                                                                        : isa_avx512::linear<isa_avx512::F32>;
+  if (isa == 1)
+    return kind == 4 ? isa_avx2::linear<isa_avx2::Int4> : kind == 8 ? isa_avx2::linear<isa_avx2::Int8>
+                                                                    : isa_avx2::linear<isa_avx2::F32>;
+  return kind == 4 ? isa_scalar::linear<isa_scalar::Int4> : kind == 8 ? isa_scalar::linear<isa_scalar::Int8>
+                                                                      : isa_scalar::linear<isa_scalar::F32>;
 }
 
 }  // namespace
@@ -103,13 +110,13 @@ std::vector<int64_t> supported_isas() { return isas_up_to(2); }
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "qlinear: CPU tensors only");
   TORCH_CHECK(isa_supported(isa), "qlinear: this CPU does not support instruction set ", isa);
-  TORCH_CHECK(kind == 4 || kind == 8, "qlinear: kind must be 4 or 8");
+  TORCH_CHECK(kind == 4 || kind == 8 || kind == 32, "qlinear: kind must be 4, 8 or 32");
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "qlinear: x must be [M, K] float32 or bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous(),
               "qlinear: packed must be contiguous int32 [NB, G, REC]");
   const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
-  const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : isa_scalar::Int8::REC;
+  const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC : isa_scalar::F32::REC;
   TORCH_CHECK(packed.size(2) == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32,
               "qlinear: packed weight [", NB, ", ", G, ", ", packed.size(2), "] does not fit x [", M, ", ", K, "], N ", N);
   const bool f32 = x.scalar_type() == at::kFloat;
@@ -150,6 +157,6 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "weight-only int4 / int8 linear over a packed weight (see qlinear.cpp)");
+  m.def("linear", &linear, "int4 / int8 / float32 linear over a packed weight (see qlinear_impl.h)");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
 }

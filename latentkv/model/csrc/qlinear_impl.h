@@ -42,6 +42,19 @@ struct Int8 {
   }
 };
 
+// Plain float32 weights (no quantization): [32 inputs][16 rows] float32, then 16 scales of 1.0, so
+// a float32 linear reduces in the same fixed order as the quantized ones (batch-invariant; used for
+// float32 nn.Linear layers in batch-invariant mode, where MKL's small-M kernels round differently).
+struct F32 {
+  static constexpr bool STREAM = true;
+  static constexpr int REC = GROUP * BLOCK + BLOCK;
+  static constexpr int SCALE = GROUP * BLOCK;
+  static constexpr bool ZERO = false;
+  static inline Vec::T code(const int32_t* rec, int lane, int k) {
+    return Vec::load(reinterpret_cast<const float*>(rec) + k * BLOCK + lane);
+  }
+};
+
 // A block dequantized to float codes (q * 16^t for int4, q for int8): [32 inputs][16 rows] floats, then scale and zero.
 template <class F>
 struct Tile {
