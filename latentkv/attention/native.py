@@ -12,6 +12,7 @@ float32 queries, and the other paths, compute in float32 FMAs (csrc/mla_decode_i
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -29,6 +30,9 @@ from .torch_ref import QUERY_CHUNK, TorchBackend
 
 CSRC = Path(__file__).parent / "csrc"
 ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}  # avx512_bf16: bf16 dot products for bf16 queries
+# The dtypes whose prompt rows the native prefill kernel takes, per ISA (others: the SDPA tiles).
+PREFILL_DTYPES = {"scalar": (torch.float32,), "avx2": (torch.float32,), "avx512": (torch.float32,),
+                  "avx512_bf16": (torch.float32, torch.bfloat16)}
 MAX_QUERY_LEN = 16  # longer query blocks (prefill chunks) are matmul-shaped: the reference's bmm wins
 _state: dict = {}
 _lock = threading.Lock()  # one build per process, even when a background thread started it
@@ -146,15 +150,18 @@ def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: 
                                   threads or torch.get_num_threads())
 
 
-def mla_prefill(q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float) -> None:
-    """One span of the invariant prefill (attention/prefill.py span_prefill has the contract);
-    avx512_bf16 and bf16 tensors only (csrc/mla_prefill_bf16.h)."""
-    extension().mla_prefill(q, kv, k_r, dn, first, key_start, m, l, acc, scale, torch.get_num_threads())
+def mla_prefill(q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float,
+                isa: str | None = None) -> None:
+    """One span of the invariant prefill (attention/prefill.py span_prefill has the contract).
+    float32 FMAs at the ISA's vector width (csrc/mla_prefill_f32.h; bf16 tensors widened), or bf16
+    dot products for bf16 tensors on avx512_bf16 (csrc/mla_prefill_bf16.h)."""
+    extension().mla_prefill(q, kv, k_r, dn, first, key_start, m, l, acc, scale, ISAS[isa or chosen_isa()],
+                            torch.get_num_threads())
 
 
 def prefill_supported(layer, isa: str, dtype: torch.dtype) -> bool:
     """Whether the native prefill kernel takes these prompt rows (else the SDPA tiles do)."""
-    return isa == "avx512_bf16" and dtype == torch.bfloat16 and layer.dr % 2 == 0
+    return dtype in PREFILL_DTYPES.get(isa, ())
 
 
 class NativeBackend(TorchBackend):
@@ -171,7 +178,7 @@ class NativeBackend(TorchBackend):
 
     def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         if q_nope.device.type == "cpu" and prefill_supported(layer, self.isa, q_nope.dtype):
-            return span_prefill(layer, q_nope, q_rope, cache, meta, mla_prefill)
+            return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
         return super().prompt_attention(layer, q_nope, q_rope, cache, meta)
 
     def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -179,7 +186,7 @@ class NativeBackend(TorchBackend):
         # context) takes the prompt kernel: ~5x SDPA's flash at 4K, and memory-bounded.
         if meta.path == "auto" and not meta.invariant and meta.num_seqs == 1 and meta.max_query_len > MAX_QUERY_LEN \
                 and q_nope.device.type == "cpu" and prefill_supported(layer, self.isa, q_nope.dtype):
-            return span_prefill(layer, q_nope, q_rope, cache, meta, mla_prefill)
+            return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
         return super().attend(layer, q_nope, q_rope, cache, meta)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
