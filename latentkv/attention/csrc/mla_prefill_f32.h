@@ -24,8 +24,8 @@ struct F32Vec {
 };
 
 constexpr int F32_KB = 64;  // keys per block (absolute positions), as the bf16 kernel
-constexpr int F32_RG = 4;   // query rows per micro-kernel
-constexpr int F32_RB = 64;  // query rows per work item: their state stays in L1
+constexpr int F32_RG = 6;   // query rows per micro-kernel
+constexpr int F32_RB = 60;  // query rows per work item (a multiple of RG): their state stays in L1
 
 // Score and value micro-kernel widths in vectors: RG x Z accumulators fit the register file
 // (16 vector registers below avx512, 32 with it), plus Z loads and a broadcast.
@@ -60,6 +60,11 @@ static inline void f32_store(float* p, typename F32Vec<W>::type v) {
   __builtin_memcpy(p, &v, sizeof(v));
 }
 
+template <int W>
+static inline typename F32Vec<W>::type f32_splat(float x) {  // (V{} + x would add 0.0f first: one more op)
+  return x - typename F32Vec<W>::type{};
+}
+
 template <typename T>
 static void f32_pack(const F32PrefillJob<T>& j, int h, int kb) {
   float* kp = j.kp + ((int64_t)h * j.nkb + kb) * j.D * F32_KB;
@@ -92,7 +97,7 @@ static inline void f32_scores(const float* qr, const float* kp, int D, float* sc
       for (int z = 0; z < Z; ++z) k[z] = f32_load<W>(kp + e * F32_KB + k0 + z * W);
 #pragma GCC unroll 16
       for (int r = 0; r < F32_RG; ++r) {
-        const V qb = V{} + qr[r * D + e];
+        const V qb = f32_splat<W>(qr[r * D + e]);
 #pragma GCC unroll 4
         for (int z = 0; z < Z; ++z) a[r][z] += qb * k[z];
       }
@@ -154,7 +159,7 @@ static inline void f32_values_part(float* const* o, const float* alpha, const fl
     for (int z = 0; z < NZ; ++z) v[z] = f32_load<W>(vp + (int64_t)k * dvp + d0 + z * W);
 #pragma GCC unroll 16
     for (int r = 0; r < F32_RG; ++r) {
-      const V pb = V{} + p[r * F32_KB + k];
+      const V pb = f32_splat<W>(p[r * F32_KB + k]);
 #pragma GCC unroll 4
       for (int z = 0; z < NZ; ++z) a[r][z] += pb * v[z];
     }
