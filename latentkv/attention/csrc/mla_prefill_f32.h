@@ -40,8 +40,8 @@ struct F32PrefillJob {
   const T* q;
   const T* kv;
   const T* kr;
-  float* kp;  // [H, nkb, D, KB]: keys, lanes = keys
-  float* vp;  // [H, nkb, KB, dvp]: values (0 past dv)
+  float* kp;  // [H, nkb] blocks of keys: [KB / KC][D][KC], lanes = keys (KC: one score pass's keys)
+  float* vp;  // [H, nkb] blocks of values: per value-dim chunk of f32_values, [KB][chunk] (0 past dv)
   float *m, *l, *acc;
 };
 
@@ -65,27 +65,34 @@ static inline typename F32Vec<W>::type f32_splat(float x) {  // (V{} + x would a
   return x - typename F32Vec<W>::type{};
 }
 
-template <typename T>
+// Block kb of head h, laid out so that each micro-kernel pass reads one contiguous stream.
+template <int W, typename T>
 static void f32_pack(const F32PrefillJob<T>& j, int h, int kb) {
+  constexpr int KC = f32_score_z<W>() * W, VC = f32_value_z<W>() * W;
   float* kp = j.kp + ((int64_t)h * j.nkb + kb) * j.D * F32_KB;
   float* vp = j.vp + ((int64_t)h * j.nkb + kb) * F32_KB * j.dvp;
+  const int full = j.dvp / VC * VC;  // value dims in VC-wide chunks, then W-wide ones (f32_values)
   for (int k = 0; k < F32_KB; ++k) {
     const int64_t t = (int64_t)kb * F32_KB + k;
     const T* row = j.kv + (t * j.H + h) * (j.dn + j.dv);
-    for (int e = 0; e < j.dn; ++e) kp[e * F32_KB + k] = f32_widen(row[e]);
-    for (int e = 0; e < j.dr; ++e) kp[(j.dn + e) * F32_KB + k] = f32_widen(j.kr[t * j.dr + e]);
-    float* v = vp + (int64_t)k * j.dvp;
-    for (int d = 0; d < j.dvp; ++d) v[d] = d < j.dv ? f32_widen(row[j.dn + d]) : 0.0f;
+    float* kc = kp + (k / KC) * j.D * KC + k % KC;
+    for (int e = 0; e < j.dn; ++e) kc[e * KC] = f32_widen(row[e]);
+    for (int e = 0; e < j.dr; ++e) kc[(j.dn + e) * KC] = f32_widen(j.kr[t * j.dr + e]);
+    for (int d = 0; d < j.dvp; ++d) {
+      const int d0 = d < full ? d / VC * VC : full + (d - full) / W * W, cw = d < full ? VC : W;
+      vp[d0 * F32_KB + k * cw + d - d0] = d < j.dv ? f32_widen(row[j.dn + d]) : 0.0f;
+    }
   }
 }
 
-// Scores of RG query rows (qr [RG, D]) against one key block (kp [D, KB]): sc [RG, KB], unscaled.
+// Scores of RG query rows (qr [RG, D]) against one key block (kp, f32_pack's layout): sc [RG, KB], unscaled.
 // Per key element: Z loads, RG broadcasts, RG x Z FMAs; each lane sums its key's products in order.
 template <int W>
 static inline void f32_scores(const float* qr, const float* kp, int D, float* sc) {
   typedef typename F32Vec<W>::type V;
   constexpr int Z = f32_score_z<W>();
   for (int k0 = 0; k0 < F32_KB; k0 += Z * W) {
+    const float* kc = kp + k0 * D;  // this pass's [D][Z W] keys
     V a[F32_RG][Z];
 #pragma GCC unroll 16
     for (int r = 0; r < F32_RG; ++r)
@@ -94,7 +101,7 @@ static inline void f32_scores(const float* qr, const float* kp, int D, float* sc
     for (int e = 0; e < D; ++e) {
       V k[Z];
 #pragma GCC unroll 4
-      for (int z = 0; z < Z; ++z) k[z] = f32_load<W>(kp + e * F32_KB + k0 + z * W);
+      for (int z = 0; z < Z; ++z) k[z] = f32_load<W>(kc + (e * Z + z) * W);
 #pragma GCC unroll 16
       for (int r = 0; r < F32_RG; ++r) {
         const V qb = f32_splat<W>(qr[r * D + e]);
@@ -142,11 +149,10 @@ static inline float f32_softmax(const float* sc, int nv, float scale, float* mx,
   return alpha;
 }
 
-// acc rows o[RG] = o * alpha + P . V over one key block (p [RG, KB], vp [KB, dvp]), for value
-// dims [d0, d0 + NZ W): NZ is a constant so the RG x NZ accumulators stay in registers.
+// acc rows o[RG] = o * alpha + P . V over one key block (p [RG, KB]), for value dims
+// [d0, d0 + NZ W) (vp: their [KB][NZ W] chunk): NZ is a constant so the accumulators stay in registers.
 template <int W, int NZ>
-static inline void f32_values_part(float* const* o, const float* alpha, const float* p, const float* vp, int dvp,
-                                   int d0) {
+static inline void f32_values_part(float* const* o, const float* alpha, const float* p, const float* vp, int d0) {
   typedef typename F32Vec<W>::type V;
   V a[F32_RG][NZ];
 #pragma GCC unroll 16
@@ -156,7 +162,7 @@ static inline void f32_values_part(float* const* o, const float* alpha, const fl
   for (int k = 0; k < F32_KB; ++k) {
     V v[NZ];
 #pragma GCC unroll 4
-    for (int z = 0; z < NZ; ++z) v[z] = f32_load<W>(vp + (int64_t)k * dvp + d0 + z * W);
+    for (int z = 0; z < NZ; ++z) v[z] = f32_load<W>(vp + (k * NZ + z) * W);
 #pragma GCC unroll 16
     for (int r = 0; r < F32_RG; ++r) {
       const V pb = f32_splat<W>(p[r * F32_KB + k]);
@@ -172,8 +178,8 @@ template <int W>
 static inline void f32_values(float* const* o, const float* alpha, const float* p, const float* vp, int dvp) {
   constexpr int Z = f32_value_z<W>();
   int d0 = 0;
-  for (; d0 + Z * W <= dvp; d0 += Z * W) f32_values_part<W, Z>(o, alpha, p, vp, dvp, d0);
-  for (; d0 < dvp; d0 += W) f32_values_part<W, 1>(o, alpha, p, vp, dvp, d0);  // dvp % W == 0 (16 | dvp)
+  for (; d0 + Z * W <= dvp; d0 += Z * W) f32_values_part<W, Z>(o, alpha, p, vp + d0 * F32_KB, d0);
+  for (; d0 < dvp; d0 += W) f32_values_part<W, 1>(o, alpha, p, vp + d0 * F32_KB, d0);  // dvp % W == 0 (16 | dvp)
 }
 
 // Rows [i0, i1) (i1 - i0 <= RB) of head h against every key block of the span they see.
@@ -219,7 +225,7 @@ static void f32_prefill_run(F32PrefillJob<T>& j, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
   {
 #pragma omp for schedule(static)
-    for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) f32_pack(j, (int)(it / j.nkb), (int)(it % j.nkb));
+    for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) f32_pack<W>(j, (int)(it / j.nkb), (int)(it % j.nkb));
     std::vector<float> qr((size_t)F32_RB * j.D), dummy(j.dvp);
     // last rows first: they see the most keys, so dynamic scheduling ends balanced
 #pragma omp for schedule(dynamic, 1)
