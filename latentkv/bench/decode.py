@@ -1,5 +1,6 @@
 """`latentkv bench decode`: batch-1 greedy decode tokens/s at several contexts, our engine
-(bf16 and int8 latent) against transformers on the original model, transformers'
+(the row "latentkv" in the model dtype `auto` resolves to on this CPU, bf16 or float32, printed;
+beside it the int8 latent and int4 weights) against transformers on the original model, transformers'
 DeepseekV3 on the stock export, and llama.cpp when installed; with the bandwidth floor.
 Also each system's prefill of the context's prompt (tokens/s), timed when it first sees it."""
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..cache.accounting import latent_bytes_per_token
+from ..facts import dtype_name
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
 from .report import median, new_figure, print_table, save_figure, write_json
 from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, cache_budget, llama_cpp_available
@@ -18,9 +20,12 @@ from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, cache_b
 def build_systems(args) -> list:
     length = max(args.contexts) + 2 * args.tokens
     budget = cache_budget(args.model, 3 * (length + 64))  # one context's cache (+ repeats), not a share of free memory
-    systems = [LatentKVSystem("latentkv bf16", args.model, "auto", max_model_len=length, kv_cache_memory=budget),
-               LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length, kv_cache_memory=budget)]
-    if not torch.cuda.is_available():
+    weights = getattr(args, "weights", None) or ["none", "int4"]
+    systems = []
+    if "none" in weights:  # the first latentkv row is the one the ratios are taken against
+        systems += [LatentKVSystem("latentkv", args.model, "auto", max_model_len=length, kv_cache_memory=budget),
+                    LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length, kv_cache_memory=budget)]
+    if "int4" in weights and not torch.cuda.is_available():
         # weight-only int4 linears: reported separately (a different weight precision, like llama.cpp's Q4_1)
         systems += [LatentKVSystem("latentkv w4", args.model, "auto", max_model_len=length, kv_cache_memory=budget,
                                    quantization="int4"),
@@ -55,7 +60,8 @@ def run(args) -> dict:
     ours = {s.name: s for s in systems if isinstance(s, LatentKVSystem)}
     # bytes one step must read besides the cache, per latentkv row (quantized weights as stored)
     weights = {name: weight_bytes(s.model) for name, s in ours.items()}
-    per_token = {name: latent_bytes_per_token(s.engine.cfg, s.engine.args.kv_cache_dtype, "bfloat16") for name, s in ours.items()}
+    per_token = {name: latent_bytes_per_token(s.engine.cfg, s.engine.args.kv_cache_dtype, dtype_name(s.engine.runner.dtype))
+                 for name, s in ours.items()}
     results = []
     for ctx in args.contexts:
         prompt = torch.randint(3, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx)).tolist()
@@ -74,23 +80,24 @@ def run(args) -> dict:
         print(f"context {ctx}: " + ", ".join(f"{n} {v:.2f} tok/s" for n, v in results[-1]["tok_s"].items()), flush=True)
     show(results, systems, list(ours), bandwidth, weights)
     plot(results, [s.name for s in systems], out)
-    payload = {"bandwidth_gbs": bandwidth / 1e9, "weight_bytes": weights, "tokens": args.tokens, "repeats": args.repeats,
+    payload = {"model_dtype": dtype_name(systems[0].engine.runner.dtype), "bandwidth_gbs": bandwidth / 1e9, "weight_bytes": weights, "tokens": args.tokens, "repeats": args.repeats,
                "threads": torch.get_num_threads(), "results": results}
     write_json(out, "decode", payload)
     return payload
 
 
 def summarize(ctx: int, times: dict, ours: list[str], weights: dict, per_token: dict, bandwidth: float) -> dict:
-    """tok_s per system; ratio: latentkv bf16 over each system; speedup[ours][baseline] for
+    """tok_s per system; ratio: the first latentkv row over each system; speedup[ours][baseline] for
     every latentkv row over every baseline; floor_fraction: each latentkv row's share of its
     bandwidth bound (weights + cache bytes it must read per step / measured bandwidth)."""
     tok_s = {name: 1 / median(t) for name, t in times.items()}
     baselines = [n for n in tok_s if n not in ours]
-    row = {"context": ctx, "tok_s": tok_s, "ratio": {n: tok_s["latentkv bf16"] / v for n, v in tok_s.items()},
+    first = ours[0]
+    row = {"context": ctx, "tok_s": tok_s, "ratio": {n: tok_s[first] / v for n, v in tok_s.items()},
            "speedup": {o: {b: tok_s[o] / tok_s[b] for b in baselines} for o in ours}}
     floors = {o: decode_floor_seconds(weights[o], per_token[o], ctx, bandwidth) for o in ours}
-    row["floor_s"] = floors["latentkv bf16"]
-    row["floor_fraction"] = floors["latentkv bf16"] * tok_s["latentkv bf16"]
+    row["floor_s"] = floors[first]
+    row["floor_fraction"] = floors[first] * tok_s[first]
     row["floor_fractions"] = {o: floors[o] * tok_s[o] for o in ours}
     return row
 
@@ -98,7 +105,8 @@ def summarize(ctx: int, times: dict, ours: list[str], weights: dict, per_token: 
 def show(results: list[dict], systems: list, ours: list[str], bandwidth: float, weights: dict) -> None:
     names = [s.name for s in systems]
     rows = [{"context": r["context"], **{n: r["tok_s"][n] for n in names}} for r in results]
-    print(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); weights read per step: "
+    print(f"model dtype {systems[0].engine.runner.dtype} (dtype auto on this CPU); "
+          f"memory bandwidth {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); weights read per step: "
           + ", ".join(f"{n} {w / 2**20:.0f} MiB" for n, w in weights.items()))
     print_table("Batch-1 greedy decode (median tokens/s)", list(rows[0].keys()), rows)
     ratio_rows = []

@@ -18,7 +18,9 @@ from transformers import AutoModelForCausalLM
 
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.config import ModelConfig
+from latentkv.facts import dtype_name
 from latentkv.llm import LLM
+from latentkv.model.loader import resolve_dtype
 from latentkv.sampling import SamplingParams
 
 _ids = itertools.count()
@@ -57,14 +59,21 @@ class LatentKVSystem:
         return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
+def auto_dtype() -> torch.dtype:
+    """The dtype latentkv's `dtype="auto"` runs on this machine (bf16 only where the CPU computes
+    it natively): every system of a bench runs it, so no baseline is timed in emulated bf16."""
+    return resolve_dtype("auto", torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def cache_budget(model: str, tokens: int) -> str:
-    """A latent-cache size for `tokens` tokens of bf16 latent: each bench system gets what it
-    needs instead of a share of free memory (several engines live in one bench process)."""
+    """A latent-cache size for `tokens` tokens of latent in the auto dtype: each bench system gets
+    what it needs instead of a share of free memory (several engines live in one bench process)."""
     cfg = ModelConfig.from_file(Path(model) / "config.json")
-    return f"{1 + latent_bytes_per_token(cfg, 'auto', 'bfloat16') * tokens // 2**20}MiB"
+    return f"{1 + latent_bytes_per_token(cfg, 'auto', dtype_name(auto_dtype())) * tokens // 2**20}MiB"
 
 
-def load_hf(source: str, dtype: torch.dtype = torch.bfloat16):
+def load_hf(source: str, dtype: torch.dtype | None = None):
+    dtype = dtype or auto_dtype()
     path = Path(source)
     if path.suffix == ".gguf":
         return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
@@ -72,7 +81,7 @@ def load_hf(source: str, dtype: torch.dtype = torch.bfloat16):
 
 
 class TransformersSystem:
-    def __init__(self, name: str, source: str, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, name: str, source: str, dtype: torch.dtype | None = None):
         self.name = name
         self.model = load_hf(source, dtype)
         self.cache = None

@@ -106,7 +106,8 @@ def test_batch_of_lengths_ending_mid_block_every_isa(isa, dtype, cache_dtype):
     run_case([1, 17, 300, 45], heads=9, rank=64, rope=32, dtype=dtype, cache_dtype=cache_dtype, isa=isa)
 
 
-@pytest.mark.parametrize("heads,rank,rope", [(1, 32, 0), (16, 512, 64), (128, 128, 16), (3, 256, 64), (2, 48, 8)])
+@pytest.mark.parametrize("heads,rank,rope", [(1, 32, 0), (16, 512, 64), (128, 128, 16), (3, 256, 64), (2, 48, 8),
+                                             (9, 248, 96), (5, 44, 6), (4, 37, 3)])  # widths off the vector lanes
 @pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3"])
 def test_heads_ranks_and_rope_widths(heads, rank, rope, cache_dtype):
     run_case([33, 130], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype=cache_dtype, seed=heads)

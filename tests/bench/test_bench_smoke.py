@@ -33,15 +33,15 @@ def test_bench_decode(tiny, tmp_path):
     assert [r["context"] for r in data["results"]] == [64, 256]
     for row in data["results"]:
         names = set(row["tok_s"])
-        assert {"latentkv bf16", "latentkv int8 latent", "latentkv w4", "latentkv w4 + int8 latent", "transformers original",
+        assert {"latentkv", "latentkv int8 latent", "latentkv w4", "latentkv w4 + int8 latent", "transformers original",
                  "transformers DeepseekV3 stock"} <= names
         assert all(positive(v) for v in row["tok_s"].values())
-        assert row["ratio"]["latentkv bf16"] == 1.0
+        assert row["ratio"]["latentkv"] == 1.0
         assert positive(row["floor_fraction"])
         assert set(row["speedup"]["latentkv w4"]) == {"transformers original", "transformers DeepseekV3 stock"}
         assert all(positive(v) for v in row["floor_fractions"].values())
         assert set(row["prefill_tok_s"]) == names and all(positive(v) for v in row["prefill_tok_s"].values())
-    assert data["weight_bytes"]["latentkv w4"] < data["weight_bytes"]["latentkv bf16"]
+    assert data["weight_bytes"]["latentkv w4"] < data["weight_bytes"]["latentkv"]
 
 
 def test_bench_throughput(tiny, tmp_path):
@@ -126,9 +126,18 @@ def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tm
     assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--reference-attention",
                  "--not-invariant", "--contexts", "64", "--out", str(out)]) == 0
     row = json.loads((out / "decode.json").read_text())["results"][0]
-    for name in ("latentkv bf16", "latentkv w4 + int8 latent"):
+    for name in ("latentkv", "latentkv w4 + int8 latent"):
         assert positive(row["tok_s"][name]) and positive(row["tok_s"][f"{name} (torch attention)"])
         assert positive(row["ratio"][f"{name} (torch attention)"])
         for variant in (name, f"{name} (torch attention)"):  # every latentkv row, batch_invariant off beside it
             assert positive(row["tok_s"][f"{variant} (not invariant)"])
             assert positive(row["prefill_tok_s"][f"{variant} (not invariant)"])
+
+
+def test_bench_decode_runs_only_the_weight_precisions_asked_for(tiny, tmp_path):
+    out = tmp_path / "decode-w4"
+    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "int4",
+                 "--contexts", "64", "--out", str(out)]) == 0
+    row = json.loads((out / "decode.json").read_text())["results"][0]
+    assert set(row["tok_s"]) == {"latentkv w4", "latentkv w4 + int8 latent"}
+    assert row["ratio"]["latentkv w4"] == 1.0  # the ratios are taken against the first row run

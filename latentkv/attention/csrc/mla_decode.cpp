@@ -50,9 +50,10 @@ namespace isa_avx512 {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-namespace isa_avx2 {
+namespace isa_avx2 {  // float32 queries: intrinsics, three heads per pass (mla_decode_avx2.h)
 #include "exp_poly.h"
 #include "mla_decode_impl.h"
+#include "mla_decode_avx2.h"
 #include "mla_prefill_f32.h"
 }
 #pragma GCC pop_options
@@ -83,7 +84,7 @@ using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, con
 SpanFn span_fn(int64_t isa) {
   if (isa == 3) return isa_avx512bf16::attend_span;
   if (isa == 2) return isa_avx512::attend_span;
-  if (isa == 1) return isa_avx2::attend_span;
+  if (isa == 1) return isa_avx2::attend_span_fast;
   return isa_scalar::attend_span;
 }
 
