@@ -13,7 +13,9 @@ it on the machine that runs the suite):
   small-M kernels) and agrees for every M that is a multiple of 4 or at least 12 (bmm: per
   batch entry, the same or better). So float32 matmuls with such an M get zero rows up to the
   next multiple of 4 (the padded rows' outputs are dropped);
-- RMSNorm, softmax, SiLU, argmax and the int8 / int4 weight kernels are row-invariant as they are.
+- RMSNorm, softmax, SiLU and argmax are row-invariant as they are, and so are the int8 / int4
+  linears (model/qlinear.py: a fixed reduction order per output element by construction, tested
+  in tests/model/test_qlinear.py; ATen's kernels, used only where it cannot build, were measured so).
 Attention is made invariant by the backends (attention/torch_ref.py `tiled_latent_attention`,
 the native kernel's fixed spans).
 """

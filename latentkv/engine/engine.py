@@ -119,7 +119,7 @@ class LLMEngine:
     def from_args(cls, args: EngineArgs) -> "LLMEngine":
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if args.quantization == "int4" and device != "cpu":
-            raise ValueError(f"quantization 'int4' uses ATen's CPU kernel; device must be 'cpu', got {device!r}")
+            raise ValueError(f"quantization 'int4' has CPU kernels only; device must be 'cpu', got {device!r}")
         torch.set_num_threads(args.threads or default_threads())  # the native kernel's OpenMP team follows it
         model = load_model(args.model, args.dtype, device, args.attention_backend)
         if args.quantization:

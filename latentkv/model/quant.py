@@ -5,13 +5,16 @@
   the layout of ATen's CPU int4 kernel (the one gpt-fast and torchao use); a quarter of
   the bytes of bf16. Q4_1 GGUF weights (block 32, scale + min) fit it exactly, up to the
   bf16 rounding of scale and zero.
-On this CPU ATen's int8 GEMV is compute-bound (no faster than bf16), its int4 one is ~3x faster.
+On the CPU both run latentkv's kernel (model/qlinear.py: any K and N, batch-invariant), else
+ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`: K of 16).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import qlinear
 
 SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them exact
 INT4_GROUP = 32
@@ -33,15 +36,32 @@ class QuantLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def native(linear: nn.Linear) -> bool:
+    """Whether latentkv's kernel (model/qlinear.py) runs this linear: a CPU weight, the extension built."""
+    return linear.weight.device.type == "cpu" and qlinear.available()
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (codes [N, K] int8 in -127..127, scale [N] float32); w ~ codes * scale."""
+    wf = w.detach().float()
+    scale = wf.abs().amax(dim=1).clamp_min(1e-12) / 127
+    return (wf / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
 class Int8Linear(QuantLinear):
     def __init__(self, linear: nn.Linear):
         super().__init__(linear)
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
-        self.register_buffer("weight_int8", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
+        codes, scale = quantize_int8(linear.weight)
         self.register_buffer("scales", scale.to(linear.weight.dtype))
+        self.native = native(linear)
+        if self.native:
+            self.register_buffer("weight_packed", qlinear.pack_int8(codes, self.scales))
+        else:
+            self.register_buffer("weight_int8", codes)
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return qlinear.linear(flat, self.weight_packed, 8, self.out_features)
         if flat.device.type == "cpu" and self.in_features % 16 == 0:
             # ATen's AVX-512/AVX2 int8 kernel (it returns garbage when K is not a multiple of 16)
             return torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales.to(flat.dtype))
@@ -66,23 +86,31 @@ def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group: int = 
 
 
 def int4_supported(linear: nn.Linear) -> bool:
-    """ATen's CPU int4 kernel needs whole groups along K (and N % 16 == 0: Int4Linear pads N)."""
-    return linear.weight.device.type == "cpu" and linear.in_features % INT4_GROUP == 0
+    """latentkv's kernel takes any CPU linear; ATen's needs whole groups along K (N: Int4Linear pads it)."""
+    return linear.weight.device.type == "cpu" and (native(linear) or linear.in_features % INT4_GROUP == 0)
 
 
 class Int4Linear(QuantLinear):
-    """Output rows padded with zero weights to a multiple of 16 (the kernel's N block) and cut off
-    after the matmul (a view): MLA's packed q / kv_a projection (9 x 146 + 320 = 1634 rows for the
-    bundled model) otherwise stayed bf16, a third of a batch-1 decode step."""
+    """latentkv's kernel: K padded with zero weights to whole groups (the padded inputs count as 0),
+    rows packed in blocks (model/qlinear.py). ATen's: output rows padded with zero weights to a
+    multiple of 16 (its N block) and cut off after the matmul (a view): MLA's packed q / kv_a
+    projection (9 x 146 + 320 = 1634 rows for the bundled model) otherwise stayed unquantized."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear)
-        pad = -linear.out_features % 16
-        codes, scale_zero = quantize_int4(F.pad(linear.weight.detach(), (0, 0, 0, pad)))
+        w = linear.weight.detach()
+        self.native = native(linear)
+        if self.native:
+            codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
+            self.register_buffer("weight_packed", qlinear.pack_int4(codes, scale_zero.to(w.dtype)))
+            return
+        codes, scale_zero = quantize_int4(F.pad(w, (0, 0, 0, -self.out_features % 16)))
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
-        self.register_buffer("scale_zero", scale_zero.to(linear.weight.dtype))
+        self.register_buffer("scale_zero", scale_zero.to(w.dtype))
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return qlinear.linear(flat, self.weight_packed, 4, self.out_features)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
         return y[:, :self.out_features]
 

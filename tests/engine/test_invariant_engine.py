@@ -30,11 +30,23 @@ def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dty
     if dtype == "bfloat16" and name != "v3_dense_qlora" and attention_backend == "torch":
         pytest.skip("one bf16 model through the reference backend keeps the suite short")
     folder, _, _ = tiny_lm(name)
+    check_identical(folder, dtype, attention_backend)
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, quantization, attention_backend):
+    """The int4 / int8 linears (model/qlinear.py) get no padding from invariant.py: their rows must
+    not depend on the batch by themselves."""
+    folder, _, _ = tiny_lm("v3_dense_qlora")
+    check_identical(folder, "float32", attention_backend, quantization=quantization)
+
+
+def check_identical(folder, dtype, attention_backend, **engine):
     prompts, params = requests()
 
     def llm(**kw):
         return LLM(str(folder), dtype=dtype, block_size=4, kv_cache_memory="4MiB", max_num_seqs=16,
-                   attention_backend=attention_backend, **kw)
+                   attention_backend=attention_backend, **engine, **kw)
 
     plain = llm(enable_prefix_caching=False)
     alone = [greedy(plain, [p], [sp])[0] for p, sp in zip(prompts, params)]

@@ -1,0 +1,110 @@
+"""Native weight-only int4 / int8 linears for the CPU (csrc/qlinear.cpp), and their packed layout.
+
+ATen's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` run 10-25x slower than a float32
+F.linear on an AVX2-only EPYC (1 thread, K=576 N=1536: 4.6 / 2.6 ms against 0.33 ms), so int4
+weights bought nothing there. This kernel reads the packed weight once per call, keeps the rows of
+a 16-row block in the SIMD lanes (AVX2: 8, AVX-512: 16, scalar: 1, one template) and reduces each
+output element over K in one fixed order, whatever M, the threads or the ISA (all paths give the
+same bits): batch-invariant by construction. M < 4 reads codes straight from the packed weight
+(decode); larger M dequantizes a block once into a float tile that every row reuses (prefill).
+
+Built like the fused decode ops (model/fused.py: same cache folder, same ISA switch
+LATENTKV_CPU_ISA); `LATENTKV_QLINEAR=0` switches it off (ATen's kernels, on purpose), and a
+machine where it cannot be built falls back to them with one warning.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import native
+from .fused import pick_isa
+
+CSRC = Path(__file__).parent / "csrc"
+BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
+_state: dict = {}
+_lock = threading.Lock()
+
+
+def extension():
+    """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
+    with _lock:
+        if "module" not in _state:
+            _build()
+        return _state["module"]
+
+
+def _build() -> None:
+    _state["module"], _state["reason"] = None, None
+    try:
+        if os.environ.get("LATENTKV_QLINEAR", "1") == "0":
+            raise RuntimeError("disabled by LATENTKV_QLINEAR=0")
+        directory = native.build_dir() / "qlinear"
+        if not (directory / "latentkv_qlinear.so").exists():
+            print(f"latentkv: building the int4/int8 linear kernel into {directory} (once)", file=sys.stderr, flush=True)
+        _state["module"] = native.compile_extension("latentkv_qlinear", CSRC / "qlinear.cpp", directory, CSRC)
+        _state["isa"] = pick_isa(_state["module"])
+    except Exception as err:  # no compiler, a failed build: ATen's kernels take over
+        _state["module"] = None
+        _state["reason"] = native.failure_reason(err)
+        if "LATENTKV_QLINEAR=0" not in _state["reason"]:
+            warnings.warn(f"latentkv: the native int4/int8 linear is unavailable ({_state['reason']}); using ATen's "
+                          "kernels (correct, slower)", RuntimeWarning, stacklevel=2)
+
+
+def available() -> bool:
+    return extension() is not None
+
+
+def unavailable_reason() -> str | None:
+    extension()
+    return _state["reason"]
+
+
+def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """t [N, K] -> [N + rows, K + cols] with zeros appended."""
+    return F.pad(t, (0, cols, 0, rows))
+
+
+def _to_int32(words: torch.Tensor) -> torch.Tensor:
+    """int64 holding 32-bit patterns -> int32 with the same bits."""
+    return (words - ((words >> 31) & 1) * (1 << 32)).to(torch.int32)
+
+
+def pack_int4(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """quant.quantize_int4's codes [N, Kp] (0..15) and scale_zero [Kp/32, N, 2] -> packed int32
+    [NB, G, 96] (NB = N rounded up to 64, over 16): per (block, group) the codes of 16 rows as 4
+    words of 8 nibbles, then 16 scales and 16 minimums (zero - 8 * scale; float32 bits)."""
+    n, kp = codes.shape
+    g, pad = kp // GROUP, -n % ROW_PAD
+    nb = (n + pad) // BLOCK
+    nib = _pad(codes, pad, 0).to(torch.int64).view(nb, BLOCK, g, 4, 8)
+    words = (nib << (4 * torch.arange(8))).sum(-1)                    # [NB, 16, G, 4]
+    words = _to_int32(words).permute(0, 2, 3, 1).reshape(nb, g, 4 * BLOCK)
+    scale, zero = scale_zero.float().unbind(-1)
+    sz = F.pad(torch.stack((scale, zero - 8 * scale), -1), (0, 0, 0, pad)).view(g, nb, BLOCK, 2)  # padded rows: 0
+    sz = sz.permute(1, 0, 3, 2).reshape(nb, g, 2 * BLOCK).contiguous().view(torch.int32)
+    return torch.cat((words, sz), dim=-1).contiguous()
+
+
+def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Codes q [N, K] int8 and scales [N] -> packed int32 [NB, G, 144]: per (block, group of 32
+    inputs) the codes as [32 inputs][16 rows] int8, then the 16 rows' scales (float32 bits)."""
+    n, k = q.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    codes = _pad(q, pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
+    codes = codes.contiguous().view(torch.int32)                        # [NB, G, 128]
+    s = F.pad(scales.float(), (0, pad)).view(nb, 1, BLOCK).expand(nb, g, BLOCK).contiguous().view(torch.int32)
+    return torch.cat((codes, s), dim=-1).contiguous()
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """x [M, K] float32 / bf16 times a packed weight -> [M, out_features] in x's dtype."""
+    return extension().linear(x, packed, bits, out_features, _state["isa"])

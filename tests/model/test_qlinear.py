@@ -1,0 +1,126 @@
+"""The native int4 / int8 linear (model/qlinear.py, csrc/qlinear.cpp) against the float64 product of
+the dequantized weights, on every instruction set this CPU runs.
+
+Tolerance: float32 accumulation in another order than float64, so |error| <= 1e-5 times the sum of
+|x| * (|w| + the row's largest |w|) over K (int4 sums q * scale and min * sum(x) apart, each term
+bounded by that); bf16 outputs are rounded once more (2^-8 relative)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latentkv.attention import native
+from latentkv.model import qlinear
+from latentkv.model.quant import Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
+
+pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
+
+KINDS = (4, 8)
+
+
+def isas():
+    codes = set(qlinear.extension().supported_isas())
+    return [name for name, code in native.ISAS.items() if code in codes]
+
+
+def quantized(bits: int, n: int, k: int, seed: int = 0):
+    """A random weight [n, k] -> (packed, its dequantized float64 [n, k])."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+    if bits == 4:
+        codes, scale_zero = quantize_int4(F.pad(w, (0, -k % 32)))  # K padded to whole groups, as Int4Linear does
+        return qlinear.pack_int4(codes, scale_zero), dequantize_int4(codes, scale_zero)[:, :k].double()
+    codes, scale = quantize_int8(w)
+    return qlinear.pack_int8(codes, scale), codes.double() * scale.double()[:, None]
+
+
+def run(x, packed, bits, n, isa, monkeypatch):
+    monkeypatch.setitem(qlinear._state, "isa", native.ISAS[isa])
+    return qlinear.linear(x, packed, bits, n)
+
+
+@pytest.mark.parametrize("bits", KINDS)
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("n,k", [(16, 32), (53, 96), (130, 50), (70, 200)])  # N, K off the 16/64 blocks and 32 groups
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_dequantized_weights(bits, isa, n, k, dtype, monkeypatch):
+    if isa not in isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    packed, w = quantized(bits, n, k)
+    for m in (1, 2, 3, 5, 8, 13):  # the direct (M < 4) and the tile passes
+        x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1:k + 1].to(dtype)  # strided rows
+        y = run(x, packed, bits, n, isa, monkeypatch)
+        assert y.shape == (m, n) and y.dtype == dtype
+        xd = x.double()
+        ref = xd @ w.T
+        bound = 1e-5 * (xd.abs() @ (w.abs() + w.abs().amax(1, keepdim=True)).T)
+        if dtype == torch.bfloat16:
+            bound = bound + 2 ** -8 * ref.abs()
+        assert ((y.double() - ref).abs() <= bound).all(), (m, (y.double() - ref).abs().max().item())
+
+
+@pytest.mark.parametrize("bits", KINDS)
+def test_every_isa_gives_the_same_bits(bits, monkeypatch):
+    """Rows sit in the lanes and every lane runs the scalar loop's operations (fma included)."""
+    packed, _ = quantized(bits, 100, 160, seed=1)
+    x = torch.randn(9, 160, generator=torch.Generator().manual_seed(2))
+    outs = {isa: torch.cat([run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3)] + [run(x, packed, bits, 100, isa, monkeypatch)])
+            for isa in isas()}
+    for isa, out in outs.items():
+        assert torch.equal(out, outs["scalar"]), isa
+
+
+@pytest.mark.parametrize("bits", KINDS)
+@pytest.mark.parametrize("isa", ["scalar", "best"])
+def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
+    """A row alone, in a batch of 1..33 rows (both kernels: direct below 4 rows, tile above) and
+    on 1 or 2 threads gives identical bits: no padding needed in invariant.py."""
+    isa = isas()[-1] if isa == "best" else isa
+    packed, _ = quantized(bits, 200, 96, seed=3)
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = run(x[3:36], packed, bits, 200, isa, monkeypatch)
+        torch.set_num_threads(2)
+        assert torch.equal(run(x[3:36], packed, bits, 200, isa, monkeypatch), full)
+        for m in range(1, 34):
+            assert torch.equal(run(x[3:3 + m], packed, bits, 200, isa, monkeypatch), full[:m]), m
+            assert torch.equal(run(x[3 + m - 1:3 + m], packed, bits, 200, isa, monkeypatch), full[m - 1:m]), m
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("cls", [Int4Linear, Int8Linear])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_linears_run_the_kernel_for_any_shape(cls, dtype):
+    """K = 50 (not whole groups: ATen's int4 kernel refused it) and N = 53, with a bias, [B, T, K]
+    input; against the dequantized weights (scales stored in the model dtype), then + bias."""
+    torch.manual_seed(0)
+    linear = nn.Linear(50, 53, bias=True).to(dtype)
+    q = cls(linear)
+    assert q.native and not hasattr(q, "weight_int4") and not hasattr(q, "weight_int8")
+    if cls is Int4Linear:
+        codes, scale_zero = quantize_int4(F.pad(linear.weight, (0, 14)))
+        w = dequantize_int4(codes, scale_zero.to(dtype))[:, :50]
+    else:
+        codes, scale = quantize_int8(linear.weight)
+        w = codes.float() * scale.to(dtype).float()[:, None]
+    x = torch.randn(2, 3, 50).to(dtype)
+    ref = x.float() @ w.T + linear.bias.float()
+    y = q(x)
+    assert y.shape == (2, 3, 53) and y.dtype == dtype
+    assert (y.float() - ref).abs().max() <= (1e-5 if dtype == torch.float32 else 2 ** -7) * ref.abs().max()
+
+
+@torch.no_grad()
+def test_without_the_extension_the_aten_kernels_run(monkeypatch):
+    monkeypatch.setitem(qlinear._state, "module", None)
+    monkeypatch.setitem(qlinear._state, "reason", "test")
+    linear = nn.Linear(64, 48)
+    q4, q8 = Int4Linear(linear), Int8Linear(linear)
+    assert not q4.native and not q8.native and hasattr(q4, "weight_int4") and hasattr(q8, "weight_int8")
+    x = torch.randn(3, 64)
+    ref = linear(x)
+    for q in (q4, q8):
+        assert (q(x) - ref).abs().max() <= 0.1 * ref.abs().max()
