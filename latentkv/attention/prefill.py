@@ -11,9 +11,10 @@ own query and the cache, never on the chunking, the prompt's length or the batch
 The keys are read back from the cache after this step's writes, so a chunk sees exactly the
 latents (incl. int8 / fp8 ones) a whole prefill sees.
 
-`span_prefill` is the same contract with a native kernel (attention/native.py, avx512_bf16):
-keys expanded SPAN positions at a time at fixed absolute spans, each span folded into every
-row's online-softmax state by the kernel, so memory is bounded by the span, never the context.
+`span_prefill` is the same contract with a native kernel (attention/native.py: float32 on every
+CPU, bf16 on avx512_bf16): keys expanded SPAN positions at a time at fixed absolute spans, each
+span folded into every row's online-softmax state by the kernel, so memory is bounded by the
+span, never the context.
 
 Decode rows (generated tokens) keep the absorbed kernel: the engine computes a token that
 decode produced the same way if it is recomputed (attention/backend.py), and registers only

@@ -1,13 +1,16 @@
 """attention/prefill.py: the batch-invariant naive prefill.
 
 Both implementations: "tiles" (SDPA on fixed query tiles, every CPU and dtype) and "native"
-(span_prefill with the native kernel, bf16 on avx512_bf16; skipped elsewhere). A prompt row's output must be bit-identical whether its prompt is prefilled whole, in chunks
-that end anywhere (mid-tile, one row), or after a cached prefix — in bf16 and float32 and over
+(span_prefill with the native kernel on each instruction set this CPU runs: float32 FMAs at the
+ISA's width, bf16 dot products on avx512_bf16; skipped without the native build). A prompt row's
+output must be bit-identical whether its prompt is prefilled whole, in chunks that end anywhere (mid-tile, one row), or after a cached prefix — in bf16 and float32 and over
 an int8 latent — on the machine that runs the suite (it relies on SDPA's CPU kernel rounding a
 row the same in calls of the same shape). It must also agree with the plain naive path (one
 causal SDPA call) within the dtype's tolerance, and steps are split so that each prompt attends
 alone while decodes share a group.
 """
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -53,17 +56,16 @@ def prompt(length, layer, dtype, cache_dtype):
     return cache, table, q_nope, q_rope
 
 
-NATIVE = native.available() and "avx512_bf16" in native.supported_isas()
-needs_native = pytest.mark.skipif(not NATIVE, reason="the native prefill kernel needs the native build and avx512_bf16")
-IMPLS = ["tiles", pytest.param("native", marks=needs_native)]
+NATIVE = [f"native:{isa}" for isa in native.supported_isas()]  # empty without the native build
 
 
 def prefill(layer, cache, table, q_nope, q_rope, start, end, impl="tiles"):
     """Rows start .. end-1, computed in one step that ends at end (the cache holds 0 .. end-1)."""
     meta, _ = build_metadata([end - start], [end], [table], BLOCK, invariant=True, prompt_lens=[len(q_nope)])
     assert meta.prompt_rows == [end - start]
-    if impl == "native":
-        return span_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta, native.mla_prefill)
+    if impl.startswith("native:"):
+        kernel = functools.partial(native.mla_prefill, isa=impl.removeprefix("native:"))
+        return span_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta, kernel)
     return invariant_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta)
 
 
@@ -77,9 +79,10 @@ def test_tiles_sit_at_fixed_positions():
 
 
 @pytest.mark.parametrize("impl,dtype,cache_dtype", [("tiles", torch.bfloat16, "auto"), ("tiles", torch.float32, "auto"),
-                                                    ("tiles", torch.bfloat16, "int8"),
-                                                    pytest.param("native", torch.bfloat16, "auto", marks=needs_native),
-                                                    pytest.param("native", torch.bfloat16, "int8", marks=needs_native)])
+                                                    ("tiles", torch.bfloat16, "int8")]
+                         + [(impl, dtype, cache_dtype) for impl in NATIVE
+                            for dtype, cache_dtype in [(torch.float32, "auto"), (torch.float32, "int8"),
+                                                       (torch.bfloat16, "auto"), (torch.bfloat16, "int8")]])
 @torch.inference_mode()
 def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeypatch, impl, dtype, cache_dtype):
     monkeypatch.setattr(prefill_module, "SPAN", 256)  # native: several key spans at this small size
@@ -92,8 +95,8 @@ def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeyp
         assert torch.equal(torch.cat(chunks), whole), cuts
 
 
-@pytest.mark.parametrize("impl,dtype", [("tiles", torch.float32), ("tiles", torch.bfloat16),
-                                        pytest.param("native", torch.bfloat16, marks=needs_native)])
+@pytest.mark.parametrize("impl,dtype", [("tiles", torch.float32), ("tiles", torch.bfloat16)]
+                         + [(impl, dtype) for impl in NATIVE for dtype in (torch.float32, torch.bfloat16)])
 @torch.inference_mode()
 def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(impl, dtype):
     length, layer = 700, Layer(dtype=dtype)

@@ -115,25 +115,27 @@ def test_preempted_and_recomputed_requests_keep_their_tokens_and_logprobs(tiny_l
         assert small.engine.stats()["preemptions"] > 0
 
 
-def test_without_invariance_a_prefill_chunk_takes_the_native_prompt_kernel_too(tiny_lm, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_without_invariance_a_prefill_chunk_takes_the_native_prompt_kernel_too(tiny_lm, monkeypatch, dtype):
     """batch_invariant=False: a one-sequence prefill chunk (also over cached context) goes to the
-    native prompt kernel where it runs (bf16 on avx512_bf16) and agrees with the reference backend."""
+    native prompt kernel (float32 and bf16, every ISA) and agrees with the reference backend."""
     from latentkv.attention import native
 
-    if not native.available() or "avx512_bf16" not in native.supported_isas():
-        pytest.skip("the native prefill kernel needs the native build and avx512_bf16")
+    if not native.available() or not native.prefill_supported(getattr(torch, dtype)):
+        pytest.skip(f"the native prefill kernel does not take {dtype}")
     calls = []
     kernel = native.mla_prefill
-    monkeypatch.setattr(native, "mla_prefill", lambda *a: calls.append(1) or kernel(*a))
+    monkeypatch.setattr(native, "mla_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     folder, _, _ = tiny_lm()
     prompts = [list(range(2, 90)), list(range(5, 40))]
     params = SamplingParams(temperature=0, max_tokens=1, logprobs=0, ignore_eos=True)
 
     def first(backend):
-        llm = LLM(str(folder), dtype="bfloat16", block_size=4, kv_cache_memory="4MiB", batch_invariant=False,
+        llm = LLM(str(folder), dtype=dtype, block_size=4, kv_cache_memory="4MiB", batch_invariant=False,
                   max_num_batched_tokens=32, max_num_seqs=4, attention_backend=backend)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [o.outputs[0].cumulative_logprob for o in outs]
 
     ours, reference = first("native"), first("torch")
-    assert calls and all(abs(a - b) <= 0.05 for a, b in zip(ours, reference)), (ours, reference)
+    tol = {"float32": 1e-3, "bfloat16": 0.05}[dtype]
+    assert calls and all(abs(a - b) <= tol for a, b in zip(ours, reference)), (ours, reference)

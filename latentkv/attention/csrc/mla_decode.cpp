@@ -1,5 +1,6 @@
 // latentkv native CPU attention: paged MLA decode (absorbed MQA over the latent cache), and the
-// batch-invariant prefill kernel (naive form, bf16 dot products: mla_prefill_bf16.h).
+// batch-invariant prefill kernel (naive form: float32 FMAs at each ISA's width, mla_prefill_f32.h;
+// bf16 dot products on avx512_bf16, mla_prefill_bf16.h).
 // Python side: latentkv/attention/native.py (build, ISA choice, fallback). Shapes:
 //   query [B, M, D] (M = Q*H absorbed query rows, D = kv_rank + rope_dim; bf16 or float32)
 //   cache: kv [blocks, bs, D] (bf16/float32) or latent [blocks, bs, r] int8|uint8(fp8 e4m3)
@@ -41,21 +42,26 @@ struct Job {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
+#include "exp_poly.h"
 #include "mla_decode_impl.h"
+#include "mla_prefill_f32.h"
 }
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {  // float32 queries: intrinsics, three heads per pass (mla_decode_avx2.h)
+#include "exp_poly.h"
 #include "mla_decode_impl.h"
 #include "mla_decode_avx2.h"
+#include "mla_prefill_f32.h"
 }
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd
+#include "exp_poly.h"
 #include "mla_decode_impl.h"
 #include "mla_decode_bf16.h"
 #include "mla_decode_vnni.h"
@@ -64,7 +70,9 @@ namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: 
 #pragma GCC pop_options
 
 namespace isa_scalar {  // the baseline x86-64 (or any other CPU's) code
+#include "exp_poly.h"
 #include "mla_decode_impl.h"
+#include "mla_prefill_f32.h"
 }
 
 namespace {
@@ -251,13 +259,47 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   return out;
 }
 
-// One prefill span (mla_prefill_bf16.h has the shapes); updates m, l, acc in place. avx512_bf16 only:
-// attention/prefill.py takes its SDPA path on other CPUs and dtypes.
+// The float32 kernel (mla_prefill_f32.h) at one ISA's vector width, on tensors of element type T.
+template <typename Job, typename T>
+void prefill_f32(Job job, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& k_r, int64_t dn, int64_t first,
+                 int64_t key_start, at::Tensor& m, at::Tensor& l, at::Tensor& acc, double scale, int nthreads,
+                 void (*run)(Job&, int)) {
+  const int64_t n = q.size(0), H = q.size(1), dr = k_r.size(1), S = kv.size(0), dv = kv.size(2) - dn;
+  job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)acc.size(2);
+  job.D = (int)(dn + dr), job.S = (int)S, job.nkb = (int)(S / isa_avx2::F32_KB);
+  job.first = first, job.key_start = key_start, job.scale = (float)scale;
+  job.q = (const T*)q.data_ptr(), job.kv = (const T*)kv.data_ptr(), job.kr = (const T*)k_r.data_ptr();
+  std::vector<float> kp((size_t)H * S * job.D), vp((size_t)H * S * job.dvp);
+  job.kp = kp.data(), job.vp = vp.data();
+  job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
+  run(job, nthreads);
+}
+
+template <typename T>
+void prefill_f32_isa(int64_t isa, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& k_r, int64_t dn,
+                     int64_t first, int64_t key_start, at::Tensor& m, at::Tensor& l, at::Tensor& acc, double scale,
+                     int nthreads) {
+  if (isa >= 2)
+    prefill_f32<isa_avx512::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
+                                                     isa_avx512::f32_prefill_run<16, T>);
+  else if (isa == 1)
+    prefill_f32<isa_avx2::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
+                                                  isa_avx2::f32_prefill_run<8, T>);
+  else
+    prefill_f32<isa_scalar::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
+                                                    isa_scalar::f32_prefill_run<4, T>);
+}
+
+// One prefill span (mla_prefill_bf16.h / mla_prefill_f32.h have the shapes); updates m, l, acc in
+// place. bf16 tensors on avx512_bf16 (dr even): vdpbf16ps; everything else: the float32 kernel at
+// the ISA's width (bf16 tensors widened when packed).
 void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_t first, int64_t key_start,
-                 at::Tensor m, at::Tensor l, at::Tensor acc, double scale, int64_t threads) {
-  TORCH_CHECK(isa_supported(3), "mla_prefill needs avx512_bf16");
+                 at::Tensor m, at::Tensor l, at::Tensor acc, double scale, int64_t isa, int64_t threads) {
+  TORCH_CHECK(isa_supported(isa), "mla_prefill: this CPU does not support instruction set ", isa);
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "mla_prefill: q must be float32 or bf16");
   for (const at::Tensor* t : {&q, &kv, &k_r})
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous(), "mla_prefill: q, kv, k_r must be contiguous bf16");
+    TORCH_CHECK(t->scalar_type() == dtype && t->is_contiguous(), "mla_prefill: q, kv, k_r must be contiguous, one dtype");
   for (const at::Tensor* t : {&m, &l, &acc})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "mla_prefill: m, l, acc must be contiguous float32");
   const int64_t n = q.size(0), H = q.size(1), dr = k_r.size(1), S = kv.size(0), dv = kv.size(2) - dn, dvp = acc.size(2);
@@ -265,9 +307,15 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
                   k_r.dim() == 2 && k_r.size(0) == S && m.numel() == n * H && l.numel() == n * H && acc.size(0) == n &&
                   acc.size(1) == H,
               "mla_prefill: shapes do not match");
-  TORCH_CHECK(S % isa_avx512bf16::KB == 0 && key_start % isa_avx512bf16::KB == 0 && dvp % 16 == 0 && dr % 2 == 0,
+  static_assert(isa_avx512bf16::KB == isa_avx2::F32_KB, "both prefill kernels use the same key blocks");
+  TORCH_CHECK(S % isa_avx2::F32_KB == 0 && key_start % isa_avx2::F32_KB == 0 && dvp % 16 == 0,
               "mla_prefill: the span and key_start must be multiples of the key block (64), acc's width dv padded "
-              "to a multiple of 16, dr even");
+              "to a multiple of 16");
+  const int nthreads = threads > 0 ? (int)threads : 1;
+  if (dtype == at::kFloat)
+    return prefill_f32_isa<float>(isa, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
+  if (isa < 3 || dr % 2 != 0)
+    return prefill_f32_isa<uint16_t>(isa, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
   isa_avx512bf16::PrefillJob job;
   job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
   job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
@@ -276,11 +324,11 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   std::vector<uint16_t> kp((size_t)H * S * job.P * 2), vp((size_t)H * S * dvp);
   job.kp = kp.data(), job.vp = vp.data();
   job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
-  isa_avx512bf16::prefill_run(job, threads > 0 ? (int)threads : 1);
+  isa_avx512bf16::prefill_run(job, nthreads);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("mla_prefill", &mla_prefill, "one span of the batch-invariant MLA prefill (see mla_prefill_bf16.h)");
+  m.def("mla_prefill", &mla_prefill, "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
   m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_decode.cpp)");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
 }

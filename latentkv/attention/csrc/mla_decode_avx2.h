@@ -1,6 +1,6 @@
 // Paged MLA decode for float32 queries with AVX2 + FMA intrinsics. Included once by mla_decode.cpp
-// inside `namespace isa_avx2` under its target pragma, after mla_decode_impl.h (Job, load_tile,
-// fast_exp). Nothing here may include a header.
+// inside `namespace isa_avx2` under its target pragma, after exp_poly.h (e^x) and mla_decode_impl.h
+// (Job, load_tile). Nothing here may include a header.
 //
 // Same work items, tile (TILE tokens widened to float32 by load_tile: a float32 / bf16 cache,
 // or int8 / fp8 codes times the token's scale), online softmax and merge as mla_decode_impl.h;
@@ -96,11 +96,11 @@ static inline float softmax_row(const float* s, int nv, float* mx, float* sum, f
   float tmax = -__builtin_inff();
   for (int t = 0; t < nv; ++t) tmax = s[t] > tmax ? s[t] : tmax;
   float old = *mx, now = tmax > old ? tmax : old;
-  float alpha = fast_exp(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+  float alpha = exp_poly(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
   *mx = now;
   float total = 0.0f;
   for (int t = 0; t < TILE; ++t) {
-    p[t] = t < nv ? fast_exp(s[t] - now) : 0.0f;
+    p[t] = t < nv ? exp_poly(s[t] - now) : 0.0f;
     total += p[t];
   }
   *sum = *sum * alpha + total;

@@ -1,6 +1,6 @@
 // Paged MLA decode with bf16 dot products (avx512_bf16: vdpbf16ps), for bf16 queries. Included
 // once by mla_decode.cpp inside `namespace isa_avx512bf16` under a target pragma, after
-// mla_decode_impl.h (fast_exp, the float32 fallback). Nothing here may include a header.
+// exp_poly.h (e^x) and mla_decode_impl.h (the float32 fallback). Nothing here may include a header.
 //
 // Same work items, online softmax and merge as mla_decode_impl.h; what differs is the inner
 // arithmetic. Per tile of BT tokens:
@@ -52,23 +52,6 @@ static inline __m512 reduce16(__m512* v) {
 
 static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
-// fast_exp (mla_decode_impl.h) on 16 lanes: e^x for x <= 0, the same polynomial, 2^n by scalef.
-static inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // One row's online-softmax step over a tile: scores sc[0..nv) -> running max/sum updated,
 // value weights wt[0..BT) = p_t x tscale_t (0 past nv) in float32; returns alpha (the rescale of
 // the row's earlier sums) and sets *wmax to the largest weight.
@@ -80,11 +63,11 @@ static inline float softmax_tile(float* sc, int nv, const float* tscale, float* 
   __m512 s0 = _mm512_mask_loadu_ps(ninf, m0, sc), s1 = _mm512_mask_loadu_ps(ninf, m1, sc + 16);
   float tmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
   float old = *mx, now = tmax > old ? tmax : old;
-  float alpha = fast_exp(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+  float alpha = exp_poly(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
   *mx = now;
   const __m512 nw = _mm512_set1_ps(now);
-  __m512 p0 = _mm512_maskz_mov_ps(m0, exp16(_mm512_sub_ps(s0, nw)));
-  __m512 p1 = _mm512_maskz_mov_ps(m1, exp16(_mm512_sub_ps(s1, nw)));
+  __m512 p0 = _mm512_maskz_mov_ps(m0, exp_poly(_mm512_sub_ps(s0, nw)));
+  __m512 p1 = _mm512_maskz_mov_ps(m1, exp_poly(_mm512_sub_ps(s1, nw)));
   *sum = *sum * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
   p0 = _mm512_mul_ps(p0, _mm512_loadu_ps(tscale)), p1 = _mm512_mul_ps(p1, _mm512_loadu_ps(tscale + 16));
   *wmax = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));

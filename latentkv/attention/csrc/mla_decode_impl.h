@@ -1,7 +1,8 @@
 // Paged MLA decode attention, one instruction set. Included once per ISA by mla_decode.cpp
 // inside `namespace <isa>` under `#pragma GCC target(...)`: the loops below are written for
 // the auto-vectorizer (`#pragma omp simd`), so each inclusion compiles to that ISA's vectors.
-// Nothing here may include a header (we are inside a namespace).
+// Nothing here may include a header (we are inside a namespace); exp_poly.h (e^x) is included
+// before this file in each namespace.
 //
 // One work item = one sequence b and one span [t0, t1) of its cached tokens. The item reads
 // each token's latent row once (through the block table, in place), widens it to float32 in
@@ -10,24 +11,6 @@
 // (running max and sum per row) and the value accumulation, in one pass. Items of one
 // sequence are merged by log-sum-exp in a fixed order (merge below), so the result does not
 // depend on the batch or on the number of threads.
-
-static inline float fast_exp(float x) {
-  // e^x for x <= 0 (scores minus their running max); ~2 ulp, vectorizable (no libm call).
-  x = x < -87.0f ? -87.0f : x;
-  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int e = ((int)n + 127) << 23;
-  float s;
-  __builtin_memcpy(&s, &e, 4);
-  return p * s;
-}
 
 static inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   float s = 0.0f;
@@ -136,12 +119,12 @@ static void attend_span(const Job& job, int64_t b, int64_t t0, int64_t t1, const
       float tmax = -__builtin_inff();
       for (int t = 0; t < nv; ++t) tmax = sc[t] > tmax ? sc[t] : tmax;
       float old = mx[m], now = tmax > old ? tmax : old;
-      float alpha = fast_exp(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+      float alpha = exp_poly(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
       mx[m] = now;
       float s = 0.0f;
 #pragma omp simd reduction(+ : s)
       for (int t = 0; t < nv; ++t) {
-        sc[t] = fast_exp(sc[t] - now);
+        sc[t] = exp_poly(sc[t] - now);
         s += sc[t];
       }
       sum[m] = sum[m] * alpha + s;

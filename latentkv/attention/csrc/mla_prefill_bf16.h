@@ -1,6 +1,6 @@
 // Batch-invariant MLA prefill attention (the naive form: per-head keys expanded from the latent)
 // with bf16 dot products (avx512_bf16: vdpbf16ps). Included by mla_decode.cpp inside
-// `namespace isa_avx512bf16` after mla_decode_bf16.h (exp16, fast_exp). No header includes here.
+// `namespace isa_avx512bf16` after exp_poly.h (e^x) and mla_decode_bf16.h. No header includes here.
 //
 // One call attends rows of one sequence's prompt to one span of its keys and updates each row's
 // online-softmax state (running max m, sum l, unnormalized output acc, all float32) in place;
@@ -88,13 +88,13 @@ static inline float prefill_softmax(const float* sc, int nv, float scale, float*
   }
   float tmax = _mm512_reduce_max_ps(t);
   float old = *mx, now = tmax > old ? tmax : old;
-  float alpha = fast_exp(old - now);
+  float alpha = exp_poly(old - now);
   *mx = now;
   const __m512 nw = _mm512_set1_ps(now);
   __m512 total = _mm512_setzero_ps();
   for (int z = 0; z < KB / 16; z += 2) {
-    __m512 p0 = _mm512_maskz_mov_ps(mk[z], exp16(_mm512_sub_ps(s[z], nw)));
-    __m512 p1 = _mm512_maskz_mov_ps(mk[z + 1], exp16(_mm512_sub_ps(s[z + 1], nw)));
+    __m512 p0 = _mm512_maskz_mov_ps(mk[z], exp_poly(_mm512_sub_ps(s[z], nw)));
+    __m512 p1 = _mm512_maskz_mov_ps(mk[z + 1], exp_poly(_mm512_sub_ps(s[z + 1], nw)));
     total = _mm512_add_ps(total, _mm512_add_ps(p0, p1));
     _mm512_storeu_si512(pp + 8 * z, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
   }

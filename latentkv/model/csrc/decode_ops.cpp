@@ -27,6 +27,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
+#include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
@@ -34,11 +35,13 @@ namespace isa_avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
+#include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
 
 namespace isa_scalar {
+#include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 

@@ -1,6 +1,7 @@
 // The per-head matmul of the absorbed decode and the SwiGLU elementwise op, one instruction set. Included once per ISA by
 // decode_ops.cpp inside `namespace <isa>` under `#pragma GCC target(...)`; the loops are written
-// for the auto-vectorizer. Nothing here may include a header (we are inside a namespace).
+// for the auto-vectorizer. Nothing here may include a header (we are inside a namespace); exp_poly.h
+// is included before this file in each namespace.
 //
 // acc[n, 0:C] = sum_k x[n, k] * w[k, 0:C] for rows n of one head, float32 accumulation in k order.
 // Rows go four at a time (x is zero-padded to a multiple of 4 by the caller) and columns 64 at a
@@ -72,23 +73,10 @@ static void head_rows_bf16(const float* x, int R, int K, const uint16_t* w, int 
 }
 
 // SwiGLU's silu(gate) * up on rows [t0, t1) of gate_up [T, 2I] (float or bf16 bits), rounded to
-// the activation dtype between the two ops as F.silu(gate) * up is. e^x by the polynomial of the
-// attention kernel's fast_exp (~2 ulp) so the loop vectorizes: a prefill chunk's [2048, 2I]
-// took ~6 ns per element through libm's exp. Elementwise: a row's bits never depend on the batch.
-static inline float exp_poly(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  // round to nearest by the 1.5 * 2^23 trick: floorf would keep the loop scalar
-  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * __builtin_bit_cast(float, ((int)n + 127) << 23);
-}
+// the activation dtype between the two ops as F.silu(gate) * up is. e^x by exp_poly (exp_poly.h in
+// attention/csrc, the attention kernels' polynomial, ~2 ulp) so the loop vectorizes: a prefill
+// chunk's [2048, 2I] took ~6 ns per element through libm's exp. Elementwise: a row's bits never
+// depend on the batch.
 
 // __builtin_bit_cast, not memcpy: the vectorizer sees through it
 static inline float bf16_bits_to_float(uint16_t v) { return __builtin_bit_cast(float, (uint32_t)v << 16); }
