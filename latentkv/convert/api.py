@@ -23,7 +23,7 @@ from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
 from latentkv.eval.perplexity import PROTOCOL, text_windows
 from latentkv.facts import MODEL_DTYPES
 from latentkv.memory import peak_rss
-from latentkv.model import fused
+from latentkv.model import fused, qlinear
 
 DEFAULTS = ConvertOptions()
 # With no size option: rope 96 + rank 248 for SmolLM2 (344 of 384 elements), by issue 13's rule
@@ -116,7 +116,8 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     options.check()
     started = time.perf_counter()
     if options.eval_tokens:  # the check runs latentkv's model: its first build (~25 s each) overlaps calibration
-        native.build_in_background(native.extension, fused.extension)
+        # (qlinear: the int4/int8 linears, and the float32 ones of batch-invariant serving)
+        native.build_in_background(native.extension, fused.extension, qlinear.extension)
     step(1, f"reading {source if source is not None else 'the bundled SmolLM2'}", started)
     src = source if isinstance(source, SourceModel) else read_source(source)
     options = resolve_sizes(src, options)
