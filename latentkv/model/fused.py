@@ -45,21 +45,30 @@ def extension():
 
 
 def _build() -> None:
-    _state["module"], _state["reason"] = None, None
+    build_optional(_state, "LATENTKV_FUSED", "latentkv_decode_ops", CSRC / "decode_ops.cpp", "the fused decode ops",
+                   "the PyTorch reference ops")
+
+
+def build_optional(state: dict, switch: str, name: str, source: Path, what: str, fallback: str) -> None:
+    """Build (or load the cached build of) one optional extension of latentkv/model into
+    state["module"] and state["isa"]; where it cannot be (no compiler, a failed build, `switch`=0)
+    state["module"] is None, state["reason"] says why, and one warning names the `fallback` that
+    runs instead (none when the switch turned it off on purpose)."""
+    state["module"], state["reason"] = None, None
     try:
-        if os.environ.get("LATENTKV_FUSED", "1") == "0":
-            raise RuntimeError("disabled by LATENTKV_FUSED=0")
-        directory = native.build_dir() / "decode_ops"
-        if not (directory / "latentkv_decode_ops.so").exists():  # a first build takes ~30-60 s: say so
-            print(f"latentkv: building the fused decode ops into {directory} (once)", file=sys.stderr, flush=True)
-        _state["module"] = native.compile_extension("latentkv_decode_ops", CSRC / "decode_ops.cpp", directory, CSRC)
-        _state["isa"] = pick_isa(_state["module"])
-    except Exception as err:  # no compiler, a failed build: the reference ops take over
-        _state["module"] = None
-        _state["reason"] = native.failure_reason(err)
-        if "LATENTKV_FUSED=0" not in _state["reason"]:
-            warnings.warn(f"latentkv: the fused decode ops are unavailable ({_state['reason']}); using the PyTorch "
-                          "reference ops (correct, slower)", RuntimeWarning, stacklevel=2)
+        if os.environ.get(switch, "1") == "0":
+            raise RuntimeError(f"disabled by {switch}=0")
+        directory = native.build_dir() / name.removeprefix("latentkv_")
+        if not (directory / f"{name}.so").exists():  # a first build takes ~30-60 s: say so
+            print(f"latentkv: building {what} into {directory} (once)", file=sys.stderr, flush=True)
+        state["module"] = native.compile_extension(name, source, directory, CSRC)
+        state["isa"] = pick_isa(state["module"])
+    except Exception as err:  # no compiler, a failed build: the fallback takes over
+        state["module"] = None
+        state["reason"] = native.failure_reason(err)
+        if f"{switch}=0" not in state["reason"]:
+            warnings.warn(f"latentkv: {what} are unavailable ({state['reason']}); using {fallback} (correct, slower)",
+                          RuntimeWarning, stacklevel=3)
 
 
 def pick_isa(module) -> int:

@@ -14,17 +14,13 @@ machine where it cannot be built falls back to them with one warning.
 """
 from __future__ import annotations
 
-import os
-import sys
 import threading
-import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..attention import native
-from .fused import pick_isa
+from .fused import build_optional
 
 CSRC = Path(__file__).parent / "csrc"
 BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
@@ -41,21 +37,8 @@ def extension():
 
 
 def _build() -> None:
-    _state["module"], _state["reason"] = None, None
-    try:
-        if os.environ.get("LATENTKV_QLINEAR", "1") == "0":
-            raise RuntimeError("disabled by LATENTKV_QLINEAR=0")
-        directory = native.build_dir() / "qlinear"
-        if not (directory / "latentkv_qlinear.so").exists():
-            print(f"latentkv: building the int4/int8 linear kernel into {directory} (once)", file=sys.stderr, flush=True)
-        _state["module"] = native.compile_extension("latentkv_qlinear", CSRC / "qlinear.cpp", directory, CSRC)
-        _state["isa"] = pick_isa(_state["module"])
-    except Exception as err:  # no compiler, a failed build: ATen's kernels take over
-        _state["module"] = None
-        _state["reason"] = native.failure_reason(err)
-        if "LATENTKV_QLINEAR=0" not in _state["reason"]:
-            warnings.warn(f"latentkv: the native int4/int8 linear is unavailable ({_state['reason']}); using ATen's "
-                          "kernels (correct, slower)", RuntimeWarning, stacklevel=2)
+    build_optional(_state, "LATENTKV_QLINEAR", "latentkv_qlinear", CSRC / "qlinear.cpp", "the native int4/int8 linears",
+                   "ATen's kernels")
 
 
 def available() -> bool:

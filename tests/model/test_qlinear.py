@@ -140,3 +140,16 @@ def test_fixed_order_linear_is_the_float32_linear():
     y = fixed(x)
     assert y.shape == (2, 3, 53) and y.dtype == torch.float32
     assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_a_failed_build_warns_once_and_names_the_fallback(monkeypatch):
+    """A machine where the kernel cannot be built (here: the compiler "fails") gets one warning
+    saying ATen's kernels run instead; `available()` is False and the reason is kept."""
+    def fail(*args, **kwargs):
+        raise OSError("no compiler\ng++: not found")
+
+    monkeypatch.setattr(qlinear, "_state", {})
+    monkeypatch.setattr(native, "compile_extension", fail)
+    with pytest.warns(RuntimeWarning, match="native int4/int8 linears are unavailable .*g\\+\\+: not found.*ATen's kernels"):
+        assert not qlinear.available()
+    assert qlinear.unavailable_reason() == "OSError: g++: not found"
