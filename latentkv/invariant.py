@@ -78,21 +78,31 @@ def _cut_output(module: nn.Module, args: tuple, out: torch.Tensor):
 
 
 def install(model: nn.Module) -> int:
-    """Make every nn.Linear of `model` row-invariant; -> how many. Float32 CPU linears become
-    `quant.FixedOrderLinear` (latentkv's fixed-order kernel) where it is built, except those whose
-    weight other code reads directly (quant.SKIP: kv_b_proj); the rest get hooks that pad small M
-    (float32: to a multiple of 4; bf16: one row to two). The quantized kernels need nothing. Only
-    2-D inputs [M, K] are padded (the engine's flat batch)."""
+    """Make every nn.Linear of `model` row-invariant (hooks that pad small M: float32 to a multiple
+    of 4, one-row bf16 to two); -> how many. Modules only get hooks, so a model someone else owns
+    (healing's student, evaluated mid-training) keeps its parameters, autograd and checkpoint keys.
+    The quantized and fixed-order kernels need nothing. Only 2-D inputs [M, K] are padded (the
+    engine's flat batch)."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and not getattr(module, "_invariant_hooked", False):
+            module.register_forward_pre_hook(_pad_input)
+            module.register_forward_hook(_cut_output)
+            module._invariant_hooked = True
+            count += 1
+    return count
+
+
+def use_fixed_order_linears(model: nn.Module) -> int:
+    """Put `quant.FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 CPU
+    linears of a model the caller owns for inference (the engine's own, as loaded), where the
+    kernel is built; not `quant.SKIP` (kv_b_proj: the absorbed path reads its weight). -> how many.
+    The modules are replaced (no autograd, packed weights), so never on a model being trained."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear) or getattr(child, "_invariant_hooked", False):
-                continue
-            if child.weight.dtype == torch.float32 and name not in quant.SKIP and quant.native(child):
+            if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32 and name not in quant.SKIP \
+                    and quant.native(child):
                 setattr(parent, name, quant.FixedOrderLinear(child))
-            else:
-                child.register_forward_pre_hook(_pad_input)
-                child.register_forward_hook(_cut_output)
-                child._invariant_hooked = True
-            count += 1
+                count += 1
     return count

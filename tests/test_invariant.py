@@ -29,14 +29,17 @@ def test_one_row_bf16_linears_are_padded_to_the_kernel_every_other_m_takes():
     assert torch.equal(alone, pairs)
 
 
-def test_install_puts_the_fixed_order_kernel_in_place_of_float32_linears():
-    """Float32 linears become FixedOrderLinear (where the kernel builds; kv_b_proj stays: the absorbed
-    path reads its weight), bf16 ones get the padding hooks; rows then agree alone and batched."""
+def test_the_engine_owns_its_model_so_its_float32_linears_take_the_fixed_order_kernel():
+    """use_fixed_order_linears: float32 linears become FixedOrderLinear (where the kernel builds;
+    kv_b_proj stays: the absorbed path reads its weight; bf16 ones stay); install() then only hooks
+    the rest, and never replaces a module (a model being trained keeps its autograd); rows agree
+    alone and batched."""
     model = nn.ModuleDict({"o_proj": nn.Linear(64, 48), "kv_b_proj": nn.Linear(64, 32),
                            "head": nn.Linear(64, 40).bfloat16()})
-    assert invariant.install(model) == 3
-    if qlinear.available():
-        assert isinstance(model["o_proj"], FixedOrderLinear)
+    replaced = invariant.use_fixed_order_linears(model)
+    assert replaced == (1 if qlinear.available() else 0)
+    assert isinstance(model["o_proj"], FixedOrderLinear if qlinear.available() else nn.Linear)
+    assert invariant.install(model) == 3 - replaced
     assert isinstance(model["kv_b_proj"], nn.Linear) and model["kv_b_proj"]._invariant_hooked
     assert isinstance(model["head"], nn.Linear) and model["head"]._invariant_hooked
     x = torch.randn(7, 64)
@@ -44,3 +47,11 @@ def test_install_puts_the_fixed_order_kernel_in_place_of_float32_linears():
         for name in ("o_proj", "kv_b_proj"):
             full = model[name](x)
             assert all(torch.equal(model[name](x[i:i + 1]), full[i:i + 1]) for i in range(7)), name
+
+
+def test_install_keeps_a_trained_model_trainable():
+    linear = nn.Linear(64, 48)
+    model = nn.Sequential(linear)
+    assert invariant.install(model) == 1 and model[0] is linear
+    model(torch.randn(3, 64)).sum().backward()
+    assert linear.weight.grad is not None

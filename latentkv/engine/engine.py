@@ -124,6 +124,8 @@ class LLMEngine:
         model = load_model(args.model, args.dtype, device, args.attention_backend)
         if args.quantization:
             quantize_linears(model, args.quantization)
+        if args.batch_invariant:  # the engine owns this model: its float32 linears take the fixed-order kernel
+            invariant.use_fixed_order_linears(model)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         return cls(args, model, tokenizer)
 
