@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from latentkv.attention import native
 from latentkv.convert import spill
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.corpus import chat_windows, default_documents, file_documents, heldout_text, token_windows
+from latentkv.convert.corpus import default_documents, file_documents, heldout_text, marked_chat_windows, token_windows
 from latentkv.convert.export import export, write_card
 from latentkv.convert.layerwise import converted_perplexity, source_perplexity
 from latentkv.convert.options import ConvertOptions, calib_torch_dtype
@@ -69,27 +69,33 @@ def resolve_sizes(src: SourceModel, options: ConvertOptions) -> ConvertOptions:
     return replace(options, rope_dim=rope_dim, kv_rank="full" if kv_rank is None else kv_rank, cache_ratio=ratio)
 
 
-def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int, calib_chat: float = 0.0) -> torch.Tensor:
-    """[N, ctx] calibration windows: a calib_chat share of chat conversations in the source's chat
-    template (none if it has no template), the rest documents — the user's files or the default
-    corpus (calibration split)."""
+def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int, calib_chat: float = 0.0,
+                        calib_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(windows [N, ctx], position weights [N, ctx] or None): a calib_chat share of chat
+    conversations in the source's chat template (none if it has no template), the rest documents —
+    the user's files or the default corpus (calibration split). The chat answers' and control
+    tokens' positions weigh calib_weight, every other position 1 (calib_weight 1: None, unweighted)."""
     tokenizer = src.tokenizer()
-    chat = chat_windows(tokenizer, round(calib_chat * calib_tokens / ctx), ctx)
+    chat, marked = marked_chat_windows(tokenizer, round(calib_chat * calib_tokens / ctx), ctx)
     if calib_chat and not len(chat):
         print(f"latentkv convert: {src.path.name} has no chat template: calibrating on documents only")
     rest = calib_tokens - chat.numel()
-    if rest < ctx:
-        return chat
-    docs = file_documents(calib) if calib else list(default_documents(heldout=False))
-    return torch.cat([token_windows(tokenizer, docs, ctx, rest, seed=0), chat])
+    if rest >= ctx:
+        docs = file_documents(calib) if calib else list(default_documents(heldout=False))
+        doc_windows = token_windows(tokenizer, docs, ctx, rest, seed=0)
+        chat = torch.cat([doc_windows, chat])
+        marked = torch.cat([torch.zeros_like(doc_windows, dtype=torch.bool), marked])
+    weights = None if calib_weight == 1 else torch.where(marked, float(calib_weight), 1.0)
+    return chat, weights
 
 
-def calibrate(src: SourceModel, windows: torch.Tensor, dtype: torch.dtype, scratch: Path) -> list:
+def calibrate(src: SourceModel, windows: torch.Tensor, dtype: torch.dtype, scratch: Path,
+              weights: torch.Tensor | None = None) -> list:
     """collect_stats, with the calibration activations and the statistics in files under scratch
     when they pass spill.BUDGET (the same numbers, in bounded memory)."""
     D = src.hidden_size
     return collect_stats(src, windows, dtype=dtype, store=spill.batch_store(scratch, windows.numel() * D * 4),
-                         keep=spill.stats_keeper(scratch, src.num_layers * (D + 1) ** 2 * 8))
+                         keep=spill.stats_keeper(scratch, src.num_layers * (D + 1) ** 2 * 8), weights=weights)
 
 
 def measure(src: SourceModel, folder: Path, eval_tokens: int, ctx: int) -> dict:
@@ -123,12 +129,13 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     options = resolve_sizes(src, options)
     resolve_rope_dim(src, options.rope_dim, options.stock)  # fail before the (long) calibration
     step(2, f"tokenizing calibration text ({options.calib_chat:.0%} chat conversations)", started)
-    windows = calibration_windows(src, options.calib, options.calib_tokens, options.ctx, options.calib_chat)
+    windows, weights = calibration_windows(src, options.calib, options.calib_tokens, options.ctx, options.calib_chat,
+                                           options.calib_weight)
     calib_dtype = calib_torch_dtype(options.calib_dtype)
     step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens ({str(calib_dtype)[6:]} matmuls)", started)
     Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".latentkv-scratch-", dir=Path(out).resolve().parent) as scratch:
-        stats = calibrate(src, windows, calib_dtype, Path(scratch))
+        stats = calibrate(src, windows, calib_dtype, Path(scratch), weights)
         dtype = MODEL_DTYPES[options.dtype]
         cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
         record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),

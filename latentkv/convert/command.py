@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--calib-chat", type=float, default=None,
                    help=f"share of calibration tokens from chat conversations in the source's template "
                    f"(default {D.calib_chat:g}; 0: documents only)")
+    p.add_argument("--calib-weight", type=float, default=None,
+                   help=f"weight of the chat answers' and control tokens' positions in the calibration statistics "
+                   f"(default {D.calib_weight:g}: every position the same)")
     p.add_argument("--stock", action="store_true", help="plain deepseek_v3 checkpoint that unmodified transformers/vLLM load")
     p.add_argument("--target", default=D.target, choices=list(TARGETS),
                    help="stock: the engine whose MLA widths (kv rank + rope) to snap to: vllm 320/512/576, "

@@ -122,14 +122,26 @@ def chat_windows(tokenizer, n: int, ctx: int, seed: int = 0) -> torch.Tensor:
     """Up to n windows [n', ctx] of chat conversations (calibration split) rendered through the
     tokenizer's chat template, in a seeded order, concatenated; [0, ctx] if it has no template.
     n' < n when the conversations run out (no conversation is used twice)."""
+    return marked_chat_windows(tokenizer, n, ctx, seed)[0]
+
+
+def marked_chat_windows(tokenizer, n: int, ctx: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chat_windows' windows [n', ctx], emphasis [n', ctx] bool): the positions of the assistant's
+    answers (its end-of-turn token included) and of the template's control tokens (the tokenizer's
+    special tokens) — what the converted model is used for and what every turn attends to."""
     if n <= 0 or not getattr(tokenizer, "chat_template", None):
-        return torch.zeros(0, ctx, dtype=torch.long)
+        return torch.zeros(0, ctx, dtype=torch.long), torch.zeros(0, ctx, dtype=torch.bool)
     examples = chat_data.calibration_examples()
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
     ids: list[int] = []
+    marked: list[bool] = []
     for i in order:
-        ids += chat_data.render_chat_example(tokenizer, examples[i])[0]
+        conversation, answer_start = chat_data.render_chat_example(tokenizer, examples[i])
+        ids += conversation
+        marked += [k >= answer_start for k in range(len(conversation))]
         if len(ids) >= n * ctx:
             break
     n = min(n, len(ids) // ctx)
-    return torch.tensor(ids[: n * ctx], dtype=torch.long).view(n, ctx)
+    ids_t = torch.tensor(ids[: n * ctx], dtype=torch.long).view(n, ctx)
+    control = torch.isin(ids_t, torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long))
+    return ids_t, torch.tensor(marked[: n * ctx], dtype=torch.bool).view(n, ctx) | control

@@ -19,7 +19,9 @@ class ConvertOptions:
     calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the
     statistics are always float32 or wider); calib_chat: the share of calibration tokens taken
     from chat conversations in the source's chat template (corpus.chat_windows), the rest from
-    the documents (0: documents only).
+    the documents (0: documents only); calib_weight: how many times each position of the chat
+    answers and the template's control tokens counts in the calibration statistics (1: every
+    position once; corpus.marked_chat_windows).
     Output — stock: plain deepseek_v3 (loads in unmodified transformers / vLLM);
     dtype; rope_theta: the stock schedule (None: chosen); target: the engine whose stock widths
     (kv rank + rope) to snap to ("vllm", "vllm-cpu", "flashmla", "any"; stock.py); stock_width:
@@ -33,6 +35,7 @@ class ConvertOptions:
     calib: list | None = None
     calib_tokens: int = 16384  # 32768 measured no better (docs/conversion.md, "Time and memory")
     calib_chat: float = 0.5  # measured: docs/conversion.md, "Calibration that covers use"
+    calib_weight: float = 1.0  # measured: docs/conversion.md, "Calibration share"
     ctx: int = 512
     eval_tokens: int = 4096
     calib_dtype: str = "auto"  # bfloat16 where the hardware has native bf16 matmuls, else float32
@@ -55,6 +58,8 @@ class ConvertOptions:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
         if not 0 <= self.calib_chat <= 1:
             raise ValueError(f"calib_chat is a share of the calibration tokens, in 0..1; got {self.calib_chat}")
+        if not self.calib_weight > 0:
+            raise ValueError(f"calib_weight must be positive, got {self.calib_weight}")
         if self.k_weight <= 0:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
 

@@ -77,6 +77,7 @@ class Judge:
             row.update({k: chat[k] for k in ("top1_agreement", "kl", "match_mean", "full_match", "degenerate",
                                              "degenerate_reference", "examples")})
             row["degenerate_ids"] = [p["id"] for p in chat["per_example"] if p.get("degenerate")]
+            row["answers"] = {p["id"]: p["greedy_text"] for p in chat["per_example"] if "greedy_text" in p}
         return row
 
 
@@ -172,7 +173,8 @@ def plot(rows: list[dict], base: dict, src_bytes: int, path: Path) -> None:
 
 def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native", "stock"), ranks=None,
               calib_tokens=DEFAULTS.calib_tokens, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
-              stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None, sizes=None) -> dict:
+              stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None, sizes=None,
+              calib_weight=DEFAULTS.calib_weight) -> dict:
     """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict.
     rope_dims: even ints or "all"; ranks: latent widths for every rope dim, or sizes: cache sizes
     (fractions of the source's elements) whose rank each rope dim gets (neither: SIZES).
@@ -187,8 +189,8 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
         stats = load_stats(stats_cache)
         log(f"calibration statistics from {stats_cache} ({stats[0].tokens} tokens)")
     else:
-        windows = calibration_windows(src, None, calib_tokens, ctx, calib_chat)
-        stats = collect_stats(src, windows, dtype=calib_torch_dtype(DEFAULTS.calib_dtype))
+        windows, weights = calibration_windows(src, None, calib_tokens, ctx, calib_chat, calib_weight)
+        stats = collect_stats(src, windows, dtype=calib_torch_dtype(DEFAULTS.calib_dtype), weights=weights)
         if stats_cache:
             save_stats(stats, stats_cache)
     judge = Judge(src, eval_tokens, ctx, chat_examples, out_dir, log)
@@ -197,7 +199,7 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
     meta = {"source": str(src.path), "source_ppl": judge.base, "source_bytes_bf16": src_bytes, "ctx": ctx,
             "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
             "chat_examples": len(judge.cases), "calib_tokens": int(stats[0].tokens), "calib_chat": calib_chat,
-            "protocol": PROTOCOL.format(ctx=ctx)}
+            "calib_weight": calib_weight, "protocol": PROTOCOL.format(ctx=ctx)}
     rows = []
     for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log):
         rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
@@ -223,7 +225,8 @@ def write_outputs(out_dir: Path, meta: dict, rows: list[dict], **extra) -> dict:
 # What runs must share for their rows to go in one table (the source is named by its perplexities:
 # the same file may sit at another path).
 SAME_PROTOCOL = ("source_ppl", "source_bytes_bf16", "ctx", "eval_tokens", "chat_examples", "calib_tokens",
-                 "calib_chat", "protocol")
+                 "calib_chat", "calib_weight", "protocol")
+UNRECORDED = {"calib_weight": 1.0}  # what a run that predates a field measured with
 
 
 def merge_sweeps(parts, out_dir) -> dict:
@@ -232,14 +235,14 @@ def merge_sweeps(parts, out_dir) -> dict:
     runs = [(str(p), json.loads(Path(p, "sweep.json").read_text())) for p in parts]
     first = runs[0][1]
     for name, run in runs[1:]:
-        differ = [k for k in SAME_PROTOCOL if run.get(k) != first.get(k)]
+        differ = [k for k in SAME_PROTOCOL if run.get(k, UNRECORDED.get(k)) != first.get(k, UNRECORDED.get(k))]
         if differ:
             raise ValueError(f"{name}/sweep.json differs from {runs[0][0]}/sweep.json in {', '.join(differ)}: "
                              f"its rows do not compare")
     rows = sorted((r for _, run in runs for r in run["rows"]), key=lambda r: (-r["cache_ratio"], r["rope_dim"], r["format"]))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"source": first["source"], **{k: first[k] for k in SAME_PROTOCOL}}
+    meta = {"source": first["source"], **{k: first.get(k, UNRECORDED.get(k)) for k in SAME_PROTOCOL}}
     return write_outputs(out_dir, meta, rows, merged_from=[name for name, _ in runs])
 
 
@@ -257,6 +260,8 @@ def register(subparsers) -> None:
     p.add_argument("--formats", nargs="+", default=["native", "stock"], choices=["native", "stock"])
     p.add_argument("--calib-tokens", type=int, default=DEFAULTS.calib_tokens)
     p.add_argument("--calib-chat", type=float, default=DEFAULTS.calib_chat, help="share of calibration tokens from chat")
+    p.add_argument("--calib-weight", type=float, default=DEFAULTS.calib_weight,
+                   help="weight of the chat answers' and control tokens' positions in the calibration statistics")
     p.add_argument("--eval-tokens", type=int, default=4096, help="tokens per perplexity domain")
     p.add_argument("--chat-examples", type=int, default=None, help="held-out chat prompts to judge on (default all; 0: none)")
     p.add_argument("--ctx", type=int, default=512)
@@ -276,5 +281,5 @@ def run_cli(args: argparse.Namespace) -> int:
         return 0
     run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
               args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
-              chat_examples=args.chat_examples, sizes=args.sizes)
+              chat_examples=args.chat_examples, sizes=args.sizes, calib_weight=args.calib_weight)
     return 0
