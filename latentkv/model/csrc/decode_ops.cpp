@@ -27,6 +27,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
+constexpr int HEAD_W = 16, HEAD_NV4 = 4;  // 16 of 32 registers hold a 4-row tile's accumulators
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
@@ -35,12 +36,14 @@ namespace isa_avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
+constexpr int HEAD_W = 8, HEAD_NV4 = 2;  // 8 of 16 registers: more would spill
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
 
 namespace isa_scalar {
+constexpr int HEAD_W = 4, HEAD_NV4 = 2;  // SSE2-wide vectors (GCC lowers them on any target)
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
@@ -82,9 +85,8 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
                 "head_matmul: extra must be [N, H, E] in x's dtype");
   auto out = at::empty({N, H, C + E}, x.options());
   if (N == 0) return out;
-  const int64_t R = (N + 3) / 4 * 4;  // rows padded to the 4-row tile with zeros
-  constexpr int64_t CHUNK = 64;      // rows per work item
-  const int64_t chunks = (R + CHUNK - 1) / CHUNK;
+  constexpr int64_t CHUNK = 64;  // rows per work item
+  const int64_t chunks = (N + CHUNK - 1) / CHUNK;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   RowsF32 rows_f32 = isa == 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
   RowsBF16 rows_bf16 = isa == 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
@@ -100,15 +102,14 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
       std::vector<float> xs(CHUNK * K), acc(CHUNK * C);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t h = item / chunks, n0 = (item % chunks) * CHUNK;
-        const int64_t rows = std::min(CHUNK, R - n0), real = std::max<int64_t>(0, std::min(rows, N - n0));
+        const int64_t rows = std::min(CHUNK, N - n0);
         for (int64_t i = 0; i < rows; ++i)
-          for (int64_t k = 0; k < K; ++k)
-            xs[i * K + k] = i < real ? load(xp, (n0 + i) * sxn + h * sxh + k * sxk) : 0.0f;
+          for (int64_t k = 0; k < K; ++k) xs[i * K + k] = load(xp, (n0 + i) * sxn + h * sxh + k * sxk);
         if (bf16)
           rows_bf16(xs.data(), (int)rows, (int)K, (const uint16_t*)wp + h * K * C, (int)C, acc.data());
         else
           rows_f32(xs.data(), (int)rows, (int)K, (const float*)wp + h * K * C, (int)C, acc.data());
-        for (int64_t i = 0; i < real; ++i) {
+        for (int64_t i = 0; i < rows; ++i) {
           scalar_t* o = op + ((n0 + i) * H + h) * (C + E);
           for (int64_t c = 0; c < C; ++c) o[c] = cast<scalar_t>(acc[i * C + c] * s);
           for (int64_t e = 0; e < E; ++e) o[C + e] = cast<scalar_t>(load(ep, (n0 + i) * sen + h * seh + e * sek) * s);
