@@ -333,5 +333,7 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_prefill", &mla_prefill, "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
   m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_decode.cpp)");
+  // for the decode plan (model/csrc/decode_step.h), which calls the kernel without Python between
+  m.attr("mla_decode_capsule") = py::capsule(reinterpret_cast<void*>(&mla_decode), "latentkv.mla_decode.mla_decode");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
 }

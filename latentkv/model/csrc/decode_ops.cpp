@@ -14,6 +14,7 @@
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
+#include <ATen/ops/add.h>  // decode_step.h: the residual adds
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "cpu_isa.h"
@@ -321,7 +322,10 @@ at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   return out;
 }
 
+#include "decode_step.h"  // the whole decode step in one call, over the ops above
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_decode_plan(m);
   m.def("head_matmul", &head_matmul, "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
   m.def("rope", &rope, "rotate [N, G, d] by cos/sin [N, d/2]");
   m.def("write_latent", &write_latent, "rope on k_r + quantization + write into the paged cache");
