@@ -104,10 +104,10 @@ def usable(x: torch.Tensor) -> bool:
 
 def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: torch.Tensor | None = None) -> torch.Tensor:
     """x [N, H, K] · w [H, K, C] per head, times scale; `extra` [N, H, E] times scale beside it
-    -> [N, H, C + E]."""
+    -> [N, H, C + E] in x's dtype (w: x's dtype, or bf16 under float32 x — exact values, half the bytes)."""
     if usable(x):
         return extension().head_matmul(x, w, scale, x.new_empty(0) if extra is None else extra, _state["isa"])
-    out = torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
+    out = torch.bmm(x.transpose(0, 1), w.to(x.dtype)).transpose(0, 1)
     if extra is not None:
         out = torch.cat((out, extra), dim=-1)
     return out * scale if scale != 1.0 else out

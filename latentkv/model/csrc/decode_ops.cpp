@@ -1,7 +1,8 @@
 // latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
 // each one call instead of a chain of eager PyTorch ops. Python side: latentkv/model/fused.py
 // (build, switch, PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
-//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E]:
+//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E] in x's dtype
+//       (w in x's dtype, or bf16 under float32 x):
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
 //       with `extra` (the rotated q_rope) times scale beside it.
 //   rope(x [N, G, d], cos [N, d/2], sin, interleaved) -> rotated [N, G, d].
@@ -77,7 +78,8 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
   TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
               "head_matmul: x must be [N, H, K] and w [H, K, C]");
-  TORCH_CHECK(is_float(x) && w.scalar_type() == x.scalar_type(), "head_matmul: x and w must share float32 or bfloat16");
+  TORCH_CHECK(is_float(x) && is_float(w) && (w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kBFloat16),
+              "head_matmul: x and w must be float32 or bfloat16 (w bfloat16 under float32 x: widened, exact)");
   w = w.contiguous();
   const int64_t N = x.size(0), H = x.size(1), K = x.size(2), C = w.size(2);
   const int64_t E = extra.numel() > 0 ? extra.size(2) : 0;
@@ -88,7 +90,7 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   if (N == 0) return out;
   constexpr int64_t CHUNK = 64;  // rows per work item
   const int64_t chunks = (N + CHUNK - 1) / CHUNK;
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
   RowsF32 rows_f32 = isa == 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
   RowsBF16 rows_bf16 = isa == 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
   const float s = (float)scale;
