@@ -1,7 +1,8 @@
 // latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
 // each one call instead of a chain of eager PyTorch ops. Python side: latentkv/model/fused.py
 // (build, switch, PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
-//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E]:
+//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E] in x's dtype
+//       (w in x's dtype, or bf16 under float32 x):
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
 //       with `extra` (the rotated q_rope) times scale beside it.
 //   rope(x [N, G, d], cos [N, d/2], sin, interleaved) -> rotated [N, G, d].
@@ -14,6 +15,7 @@
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
+#include <ATen/ops/add.h>  // decode_step.h: the residual adds
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "cpu_isa.h"
@@ -27,6 +29,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
+constexpr int HEAD_W = 16, HEAD_NV4 = 4;  // 16 of 32 registers hold a 4-row tile's accumulators
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
@@ -35,12 +38,14 @@ namespace isa_avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
+constexpr int HEAD_W = 8, HEAD_NV4 = 2;  // 8 of 16 registers: more would spill
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
 
 namespace isa_scalar {
+constexpr int HEAD_W = 4, HEAD_NV4 = 2;  // SSE2-wide vectors (GCC lowers them on any target)
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
@@ -73,7 +78,8 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
   TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
               "head_matmul: x must be [N, H, K] and w [H, K, C]");
-  TORCH_CHECK(is_float(x) && w.scalar_type() == x.scalar_type(), "head_matmul: x and w must share float32 or bfloat16");
+  TORCH_CHECK(is_float(x) && is_float(w) && (w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kBFloat16),
+              "head_matmul: x and w must be float32 or bfloat16 (w bfloat16 under float32 x: widened, exact)");
   w = w.contiguous();
   const int64_t N = x.size(0), H = x.size(1), K = x.size(2), C = w.size(2);
   const int64_t E = extra.numel() > 0 ? extra.size(2) : 0;
@@ -82,10 +88,9 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
                 "head_matmul: extra must be [N, H, E] in x's dtype");
   auto out = at::empty({N, H, C + E}, x.options());
   if (N == 0) return out;
-  const int64_t R = (N + 3) / 4 * 4;  // rows padded to the 4-row tile with zeros
-  constexpr int64_t CHUNK = 64;      // rows per work item
-  const int64_t chunks = (R + CHUNK - 1) / CHUNK;
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  constexpr int64_t CHUNK = 64;  // rows per work item
+  const int64_t chunks = (N + CHUNK - 1) / CHUNK;
+  const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
   RowsF32 rows_f32 = isa == 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
   RowsBF16 rows_bf16 = isa == 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
   const float s = (float)scale;
@@ -100,15 +105,14 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
       std::vector<float> xs(CHUNK * K), acc(CHUNK * C);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t h = item / chunks, n0 = (item % chunks) * CHUNK;
-        const int64_t rows = std::min(CHUNK, R - n0), real = std::max<int64_t>(0, std::min(rows, N - n0));
+        const int64_t rows = std::min(CHUNK, N - n0);
         for (int64_t i = 0; i < rows; ++i)
-          for (int64_t k = 0; k < K; ++k)
-            xs[i * K + k] = i < real ? load(xp, (n0 + i) * sxn + h * sxh + k * sxk) : 0.0f;
+          for (int64_t k = 0; k < K; ++k) xs[i * K + k] = load(xp, (n0 + i) * sxn + h * sxh + k * sxk);
         if (bf16)
           rows_bf16(xs.data(), (int)rows, (int)K, (const uint16_t*)wp + h * K * C, (int)C, acc.data());
         else
           rows_f32(xs.data(), (int)rows, (int)K, (const float*)wp + h * K * C, (int)C, acc.data());
-        for (int64_t i = 0; i < real; ++i) {
+        for (int64_t i = 0; i < rows; ++i) {
           scalar_t* o = op + ((n0 + i) * H + h) * (C + E);
           for (int64_t c = 0; c < C; ++c) o[c] = cast<scalar_t>(acc[i * C + c] * s);
           for (int64_t e = 0; e < E; ++e) o[C + e] = cast<scalar_t>(load(ep, (n0 + i) * sen + h * seh + e * sek) * s);
@@ -320,7 +324,10 @@ at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   return out;
 }
 
+#include "decode_step.h"  // the whole decode step in one call, over the ops above
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_decode_plan(m);
   m.def("head_matmul", &head_matmul, "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
   m.def("rope", &rope, "rotate [N, G, d] by cos/sin [N, d/2]");
   m.def("write_latent", &write_latent, "rope on k_r + quantization + write into the paged cache");

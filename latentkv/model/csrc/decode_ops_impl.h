@@ -1,67 +1,74 @@
 // The per-head matmul of the absorbed decode and the SwiGLU elementwise op, one instruction set. Included once per ISA by
-// decode_ops.cpp inside `namespace <isa>` under `#pragma GCC target(...)`; the loops are written
-// for the auto-vectorizer. Nothing here may include a header (we are inside a namespace); exp_poly.h
+// decode_ops.cpp inside `namespace <isa>` under `#pragma GCC target(...)`, after that namespace's
+// HEAD_W (float lanes) and HEAD_NV4 (vectors per 4-row tile); the other loops are written for the
+// auto-vectorizer. Nothing here may include a header (we are inside a namespace); exp_poly.h
 // is included before this file in each namespace.
 //
 // acc[n, 0:C] = sum_k x[n, k] * w[k, 0:C] for rows n of one head, float32 accumulation in k order.
-// Rows go four at a time (x is zero-padded to a multiple of 4 by the caller) and columns 64 at a
-// time, so each widened weight row is used by four rows from L1. A row's bits depend only on its
-// own x and w: never on how many rows share the call (batch invariance).
+// Accumulators live in registers: tiles of 4 rows x NV4 vectors (then single rows x 4 vectors) of
+// HEAD_W lanes (set by the includer per ISA; GCC vector types), so each weight vector loaded is
+// used by every row of the tile and no accumulator spills (AVX2 has 16 registers: 4 x 2 there).
+// Every output element is acc = x[0] w[0] + x[1] w[1] + ... in k order with the same instruction
+// (contracted to an FMA where the ISA has one) in every tile and in the scalar column tail, so a
+// row's bits depend only on its own x and w: never on how many rows share the call or which tile
+// took it (batch invariance).
 
-constexpr int ROWS = 4;
-constexpr int COLS = 64;
+typedef float HVec __attribute__((vector_size(HEAD_W * 4)));
+typedef uint16_t HVec16 __attribute__((vector_size(HEAD_W * 2)));
+typedef uint32_t HVecU __attribute__((vector_size(HEAD_W * 4)));
 
-template <typename W>
-static inline void widen_cols(const W* __restrict src, float* __restrict dst, int n);
-
-template <>
-inline void widen_cols<float>(const float* __restrict src, float* __restrict dst, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) dst[i] = src[i];
+static inline HVec hload(const float* p) {
+  HVec v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
 }
-
-template <>
-inline void widen_cols<uint16_t>(const uint16_t* __restrict src, float* __restrict dst, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) {
-    uint32_t u = (uint32_t)src[i] << 16;
-    float f;
-    __builtin_memcpy(&f, &u, 4);
-    dst[i] = f;
-  }
+static inline HVec hload(const uint16_t* p) {  // bf16 bits widened: exact
+  HVec16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return (HVec)(__builtin_convertvector(h, HVecU) << 16);
 }
+static inline float hwiden(float v) { return v; }
+static inline float hwiden(uint16_t v) { return __builtin_bit_cast(float, (uint32_t)v << 16); }
 
-// x [R, K] float32 (R a multiple of ROWS), w [K, C] -> acc [R, C] float32.
-template <typename W>
-static void head_rows(const float* __restrict x, int R, int K, const W* __restrict w, int C, float* __restrict acc) {
-  alignas(64) float wk[COLS];
-  for (int r0 = 0; r0 < R; r0 += ROWS) {
-    const float* x0 = x + (int64_t)r0 * K;
-    const float *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-    for (int c0 = 0; c0 < C; c0 += COLS) {
-      const int cw = C - c0 < COLS ? C - c0 : COLS;
-      alignas(64) float a0[COLS] = {0}, a1[COLS] = {0}, a2[COLS] = {0}, a3[COLS] = {0};
-      for (int i = cw; i < COLS; ++i) wk[i] = 0.0f;
-      for (int k = 0; k < K; ++k) {
-        widen_cols<W>(w + (int64_t)k * C + c0, wk, cw);
-        const float v0 = x0[k], v1 = x1[k], v2 = x2[k], v3 = x3[k];
-#pragma omp simd
-        for (int i = 0; i < COLS; ++i) {
-          a0[i] += v0 * wk[i];
-          a1[i] += v1 * wk[i];
-          a2[i] += v2 * wk[i];
-          a3[i] += v3 * wk[i];
-        }
-      }
-      float* o = acc + (int64_t)r0 * C + c0;
-      for (int i = 0; i < cw; ++i) {
-        o[i] = a0[i];
-        o[C + i] = a1[i];
-        o[2 * C + i] = a2[i];
-        o[3 * C + i] = a3[i];
-      }
+// RT rows of x [*, K] times NV vectors of columns from c0 of w [K, C] -> acc [RT rows, stride C].
+template <int RT, int NV, typename W>
+static inline void head_tile(const float* __restrict x, int K, const W* __restrict w, int C, int c0,
+                             float* __restrict acc) {
+  HVec a[RT][NV] = {};
+  for (int k = 0; k < K; ++k) {
+    const W* wk = w + (int64_t)k * C + c0;
+    HVec wv[NV];
+    for (int j = 0; j < NV; ++j) wv[j] = hload(wk + j * HEAD_W);
+    for (int r = 0; r < RT; ++r) {
+      const float xv = x[(int64_t)r * K + k];
+      for (int j = 0; j < NV; ++j) a[r][j] += xv * wv[j];
     }
   }
+  for (int r = 0; r < RT; ++r)
+    for (int j = 0; j < NV; ++j) __builtin_memcpy(acc + (int64_t)r * C + c0 + j * HEAD_W, &a[r][j], sizeof(HVec));
+}
+
+// RT rows over all columns: NV-vector tiles, then single vectors, then the scalar tail (C % HEAD_W).
+template <int RT, int NV, typename W>
+static inline void head_row_tile(const float* __restrict x, int K, const W* __restrict w, int C, float* __restrict acc) {
+  const int full = C / HEAD_W * HEAD_W;
+  int c0 = 0;
+  for (; c0 + NV * HEAD_W <= full; c0 += NV * HEAD_W) head_tile<RT, NV>(x, K, w, C, c0, acc);
+  for (; c0 < full; c0 += HEAD_W) head_tile<RT, 1>(x, K, w, C, c0, acc);
+  for (int r = 0; r < RT; ++r)
+    for (int c = full; c < C; ++c) {
+      float a = 0.0f;
+      for (int k = 0; k < K; ++k) a += x[(int64_t)r * K + k] * hwiden(w[(int64_t)k * C + c]);
+      acc[(int64_t)r * C + c] = a;
+    }
+}
+
+// x [R, K] float32, w [K, C] -> acc [R, C] float32.
+template <typename W>
+static void head_rows(const float* __restrict x, int R, int K, const W* __restrict w, int C, float* __restrict acc) {
+  int r0 = 0;
+  for (; r0 + 4 <= R; r0 += 4) head_row_tile<4, HEAD_NV4>(x + (int64_t)r0 * K, K, w, C, acc + (int64_t)r0 * C);
+  for (; r0 < R; ++r0) head_row_tile<1, 4>(x + (int64_t)r0 * K, K, w, C, acc + (int64_t)r0 * C);
 }
 
 static void head_rows_f32(const float* x, int R, int K, const float* w, int C, float* acc) {

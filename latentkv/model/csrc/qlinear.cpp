@@ -159,4 +159,6 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "int4 / int8 / float32 linear over a packed weight (see qlinear_impl.h)");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+  // for the decode plan (model/csrc/decode_step.h), which calls `linear` without Python between
+  m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
 }
