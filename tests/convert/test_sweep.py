@@ -46,8 +46,9 @@ def test_a_tiny_sweep_measures_behaviour_and_perplexity_per_domain(tmp_path, few
     for r in (full, small):
         assert r["examples"] == heldout and 0 <= r["top1_agreement"] <= 1 and r["degenerate"] <= heldout
         assert set(r) >= {"ppl_docs", "ppl_prose", "ppl_code", "ppl_int8", "kl", "match_mean"}
+        assert len(r["answers"]) == heldout and all(isinstance(a, str) for a in r["answers"].values())
     assert full["kl"] < small["kl"]   # a latent of rank 4 loses more than the full one
-    assert result["calib_chat"] == 0.5 and result["chat_examples"] == heldout
+    assert result["calib_chat"] == 0.5 and result["chat_examples"] == heldout and result["calib_weight"] == 1.0
 
 
 def test_sizes_give_each_rope_dim_the_rank_that_makes_the_cache():
@@ -88,3 +89,13 @@ def test_runs_with_another_protocol_are_not_merged(tmp_path):
     with pytest.raises(ValueError, match="calib_chat"):
         sweep.merge_sweeps([a, b], tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
+
+
+def test_runs_with_other_calibration_weights_are_not_merged(tmp_path):
+    """A run from before --calib-weight (no field) measured with weight 1: it merges with 1, not with 4."""
+    old = sweep_run(tmp_path / "old", [row(128, 0.5, 0.80, 3)])
+    same = sweep_run(tmp_path / "same", [row(256, 0.833, 0.93, 0)], calib_weight=1.0)
+    weighted = sweep_run(tmp_path / "weighted", [row(288, 0.917, 0.95, 0)], calib_weight=4.0)
+    assert sweep.merge_sweeps([old, same], tmp_path / "merged")["calib_weight"] == 1.0
+    with pytest.raises(ValueError, match="calib_weight"):
+        sweep.merge_sweeps([old, weighted], tmp_path / "merged2")
