@@ -48,3 +48,5 @@ def test_convert_refuses_bad_options(tmp_path, capsys):
     assert "rope dim" in capsys.readouterr().err
     assert main(["convert", str(tmp_path / "missing.gguf"), "--out", str(tmp_path / "y")]) == 2
     assert "not found" in capsys.readouterr().err
+    assert main(["convert", "--out", str(tmp_path / "z"), "--calib-weight", "0"]) == 2
+    assert "calib_weight must be positive" in capsys.readouterr().err
