@@ -39,10 +39,12 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
       for (int p = 0; p < P; ++p)
         if (lane[p] == 0)
           for (int line = 0; line < D::REC; line += 64) __builtin_prefetch(base[p] + (g + AHEAD) * D::REC + line);
-    for (int p = 0; p < P; ++p) {
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) {  // unrolled: the totals stay in registers
       const uint8_t* rec = base[p] + g * D::REC;
       const float* sc = reinterpret_cast<const float*>(rec + D::SCALE) + lane[p];
       const typename Vec::T scale = Vec::load(sc);
+#pragma GCC unroll 4
       for (int m = 0; m < MB; ++m) {
         const typename Vec::T isum = D::isum(rec, lane[p], xq + m * ldq + g * GROUP);
         tot[p][m] = Vec::fma(isum, Vec::mul(scale, Vec::set1(xd[m * G + g])), tot[p][m]);
@@ -65,15 +67,18 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
   }
 }
 
-// One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB (the rest: 3, 2, 1).
+// One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB rows over one block
+// at a time (the registers hold DOT_MB x 2 totals), the rest (3, 2, 1 rows) over all U blocks.
 template <class D, int U>
 static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8_t* xq, int64_t M, int64_t ldq,
                      const float* xd, const float* xs, float* out, int64_t ldo, int64_t N) {
-  constexpr int P = U * BLOCK / Vec::W;
-  const int64_t first = block * (BLOCK / Vec::W);
+  constexpr int PB = BLOCK / Vec::W, P = U * PB;
+  const int64_t first = block * PB;
   int64_t m = 0;
   for (; m + DOT_MB <= M; m += DOT_MB)
-    dot_panels<D, P, DOT_MB>(packed, G, first, xq + m * ldq, ldq, xd + m * G, xs + m * G, out + m * ldo, ldo, N);
+    for (int u = 0; u < U; ++u)
+      dot_panels<D, PB, DOT_MB>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G, out + m * ldo,
+                                ldo, N);
   const auto at = [&](auto rows) {
     dot_panels<D, P, decltype(rows)::value>(packed, G, first, xq + m * ldq, ldq, xd + m * G, xs + m * G, out + m * ldo,
                                             ldo, N);
