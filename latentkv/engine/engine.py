@@ -127,7 +127,10 @@ class LLMEngine:
         if args.batch_invariant:  # the engine owns this model: its float32 linears take the fixed-order kernel
             invariant.use_fixed_order_linears(model)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
-        return cls(args, model, tokenizer)
+        engine = cls(args, model, tokenizer)
+        reason = engine.runner.use_decode_plan()  # the engine owns this model: its weights stay as they are
+        print(f"latentkv: decode plan: {'off (' + reason + ')' if reason else 'on'}", file=sys.stderr, flush=True)
+        return engine
 
     # -- requests ------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,

@@ -20,6 +20,7 @@ from latentkv.engine.sampler import gather_logprobs, sample
 from latentkv.engine.scheduler import SchedulerOutput
 from latentkv.facts import dtype_name
 from latentkv.memory import available_memory
+from latentkv.model import decode_plan
 
 
 def bytes_per_block(cfg, block_size: int, dtype: torch.dtype, cache_dtype: str) -> int:
@@ -55,6 +56,14 @@ class ModelRunner:
         self.caches = allocate_caches(self.cfg, num_blocks, block_size, self.dtype, cache_dtype, self.device)
         self.generator = torch.Generator().manual_seed(seed)   # for unseeded requests
         self.eos_token_ids = eos_token_ids if eos_token_ids is not None else []   # masked until min_tokens
+        self.plan = None  # model/decode_plan.py: all-decode steps in one native call (use_decode_plan)
+
+    def use_decode_plan(self) -> str | None:
+        """Replay all-decode steps through a decode plan over this runner's model and caches.
+        Only for a model whose weights no longer change (the engine's own): the plan holds them.
+        -> None, or why the plan does not apply (the modules run every step then)."""
+        self.plan, reason = decode_plan.build(self.model, self.caches)
+        return reason
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[SeqResult]:
@@ -67,7 +76,11 @@ class ModelRunner:
                                           [seq.block_table for seq in seqs], self.block_size,
                                           self.device, self.attention_path, invariant=self.batch_invariant,
                                           prompt_lens=[seq.num_prompt_tokens for seq in seqs])
-        hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), positions, batch, self.caches)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        if self.plan is not None and self.plan.applies(batch):
+            hidden = self.plan(ids, positions, batch)  # the same kernels without the Python between them
+        else:
+            hidden = self.model(ids, positions, batch, self.caches)
         rows, plp_rows = self.pick_logit_rows(out, batch.query_start.tolist())
         results = [SeqResult() for _ in seqs]
         if not rows and not plp_rows:

@@ -38,6 +38,8 @@ _lock = threading.Lock()  # one build per process, even when a background thread
 
 def extension():
     """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
+    if "module" in _state:  # built (or failed): the decode step asks ~300 times, no lock needed
+        return _state["module"]
     with _lock:
         if "module" not in _state:
             _build()
@@ -45,8 +47,10 @@ def extension():
 
 
 def _build() -> None:
-    build_optional(_state, "LATENTKV_FUSED", "latentkv_decode_ops", CSRC / "decode_ops.cpp", "the fused decode ops",
+    built: dict = {}  # filled, then published in one update: the lock-free readers never see a half-built state
+    build_optional(built, "LATENTKV_FUSED", "latentkv_decode_ops", CSRC / "decode_ops.cpp", "the fused decode ops",
                    "the PyTorch reference ops")
+    _state.update(built)
 
 
 def build_optional(state: dict, switch: str, name: str, source: Path, what: str, fallback: str) -> None:
@@ -100,10 +104,10 @@ def usable(x: torch.Tensor) -> bool:
 
 def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: torch.Tensor | None = None) -> torch.Tensor:
     """x [N, H, K] · w [H, K, C] per head, times scale; `extra` [N, H, E] times scale beside it
-    -> [N, H, C + E]."""
+    -> [N, H, C + E] in x's dtype (w: x's dtype, or bf16 under float32 x — exact values, half the bytes)."""
     if usable(x):
         return extension().head_matmul(x, w, scale, x.new_empty(0) if extra is None else extra, _state["isa"])
-    out = torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
+    out = torch.bmm(x.transpose(0, 1), w.to(x.dtype)).transpose(0, 1)
     if extra is not None:
         out = torch.cat((out, extra), dim=-1)
     return out * scale if scale != 1.0 else out

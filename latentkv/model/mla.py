@@ -55,6 +55,9 @@ class MLAttention(nn.Module):
         self.register_buffer("inv_freq", layer_inv_freq(cfg, layer), persistent=False)
         self.backend = backend
         self._absorbed = (None, None)  # (weight version, contiguous W_UK / W_UVᵀ) for inference
+        # their storage dtype for inference (None: the weight's); quant.quantize_linears sets bf16
+        # with kv_b_proj's values on the bf16 grid, so both paths use the same weights
+        self.absorbed_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
@@ -88,8 +91,8 @@ class MLAttention(nn.Module):
 
     def split_kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_kvb -> W_UK [H, dn, kv_rank] and W_UVᵀ [H, kv_rank, dv], as the absorbed bmm's take them.
-        Without autograd they are cached contiguous (strided views cost a copy per call),
-        refreshed whenever the weight changes."""
+        Without autograd they are cached contiguous (strided views cost a copy per call), in
+        `absorbed_dtype`, refreshed whenever the weight changes."""
         weight = self.kv_b_proj.weight
         training = torch.is_grad_enabled()  # gradients flow through the views
         version = None if training else (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
@@ -99,7 +102,8 @@ class MLAttention(nn.Module):
         w_uk, w_uv_t = w[:, : self.dn], w[:, self.dn :].transpose(1, 2)
         if training:
             return w_uk, w_uv_t
-        self._absorbed = (version, (w_uk.contiguous(), w_uv_t.contiguous()))  # loaded or trained: refreshed
+        dtype = self.absorbed_dtype or weight.dtype
+        self._absorbed = (version, (w_uk.to(dtype).contiguous(), w_uv_t.to(dtype).contiguous()))  # loaded or trained: refreshed
         return self._absorbed[1]
 
     def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
@@ -110,7 +114,7 @@ class MLAttention(nn.Module):
         if fused.usable(q_nope):  # one native call; each row reduces in a fixed order (batch-invariant)
             rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr))
             return rows.view(b, q * h, -1)
-        q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk)  # [H, B*Q, r]
+        q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype))  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
         # the softmax scale goes on the small query, not on the [B, Q*H, L] scores
         return (torch.cat((q_lat, q_rope), dim=-1) * self.scale).view(b, q * h, -1)
@@ -121,7 +125,7 @@ class MLAttention(nn.Module):
         _, w_uv_t = self.split_kv_b()
         if fused.usable(o_lat):
             return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t).view(b, q, h, self.dv)
-        out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t)  # [H, B*Q, dv]
+        out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype))  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
     def expand(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,6 +29,7 @@ from .fused import build_optional
 
 CSRC = Path(__file__).parent / "csrc"
 BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
+ACT8 = 100  # the kernel's kind for int8 activations: 100 + weight bits (104: w4a8, 108: w8a8)
 _state: dict = {}
 _lock = threading.Lock()
 
@@ -141,7 +142,7 @@ def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """x [M, K] float32 / bf16, quantized to int8 per row and group of 32 inside, times a packed
     weight (bits 4: pack_w4a8, 8: pack_w8a8) -> [M, out_features] in x's dtype."""
-    return extension().dot_linear(x, packed, bits, out_features, _state["isa"])
+    return extension().linear(x, packed, ACT8 + bits, out_features, _state["isa"])
 
 
 def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

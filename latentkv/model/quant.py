@@ -167,7 +167,10 @@ class FixedOrderLinear(QuantLinear):
 def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
     """Replace nn.Linear layers (but kv_b_proj) in place; returns how many were replaced.
     int4 leaves the few linears its kernel cannot take (K % 32) in the model dtype; w4a8 / w8a8
-    need latentkv's kernel and a CPU model, and run int4 / int8 (one warning) where it is not built."""
+    need latentkv's kernel and a CPU model, and run int4 / int8 (one warning) where it is not built.
+    kv_b_proj stays a linear, its values rounded to bf16 (exact in either path: the naive path
+    expands with them, the absorbed decode reads W_UK / W_UV stored in bf16, half the bytes of
+    float32 — at short context those reads were ~12% of an int4 decode step)."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {kind!r}")
     linears = [(parent, name, child) for parent in list(model.modules()) for name, child in parent.named_children()
@@ -179,6 +182,11 @@ def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
             warnings.warn(f"latentkv: {kind} needs the native linears ({qlinear.unavailable_reason()}); "
                           f"using {INT_DOT[kind]} weights with float activations instead", RuntimeWarning, stacklevel=2)
             kind = INT_DOT[kind]
+    for attn in model.modules():
+        if hasattr(attn, "absorbed_dtype") and attn.kv_b_proj.weight.device.type == "cpu":
+            with torch.no_grad():
+                attn.kv_b_proj.weight.copy_(attn.kv_b_proj.weight.to(torch.bfloat16))
+            attn.absorbed_dtype = torch.bfloat16
     cls = {"int8": Int8Linear, "int4": Int4Linear, "w4a8": W4A8Linear, "w8a8": W8A8Linear}[kind]
     count = 0
     for parent, name, child in linears:

@@ -63,6 +63,22 @@ def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     close(reference(fused.head_matmul, x, w, 0.3, e), exact * 0.3, dtype)
 
 
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@torch.no_grad()
+def test_head_matmul_takes_bf16_weights_under_float32_rows(isa, monkeypatch):
+    """The quantized modes store W_UK / W_UV in bf16 (quant.quantize_linears): widened in the
+    kernel, exactly the float32 product with the same values."""
+    if isa not in isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    monkeypatch.setitem(fused._state, "isa", native.ISAS[isa])
+    gen = torch.Generator().manual_seed(2)
+    x, e = torch.randn(5, 9, 50, generator=gen), torch.randn(5, 9, 96, generator=gen)
+    w = torch.randn(9, 50, 248, generator=gen).to(torch.bfloat16)
+    out = fused.head_matmul(x, w, 0.3, e)
+    assert out.dtype == torch.float32 and torch.equal(out, fused.head_matmul(x, w.float(), 0.3, e))
+    close(reference(fused.head_matmul, x, w, 0.3, e), out.double(), torch.float32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c", [256, 248, 37])
 @torch.no_grad()

@@ -23,7 +23,7 @@ namespace {
 
 enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3 };
 constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
-constexpr int64_t SPAN = 256;   // fewest tokens per work item
+constexpr int64_t SPAN = 64;    // fewest tokens per work item: a 128-token context is two items (both threads)
 constexpr int64_t MAX_SPANS = 64;
 
 struct Job {
@@ -201,7 +201,10 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
 
   SpanFn attend = span_fn(isa);
-  int nthreads = threads > 0 ? (int)threads : 1;
+  // No more threads than work: an idle member of a team still costs a fork and a join per region
+  // (two regions per layer and step), and the merge of a short batch is a few thousand FMAs.
+  const int nthreads = (int)std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int merge_threads = B * M * items * r >= (1 << 16) ? nthreads : 1;
   const int64_t Dp = (D + 31) / 32 * 32;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -231,7 +234,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   const bool bf16 = query.scalar_type() == at::kBFloat16;
   float* out32 = bf16 ? nullptr : out.data_ptr<float>();
   uint16_t* out16 = bf16 ? (uint16_t*)out.data_ptr() : nullptr;
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(merge_threads)
   {
     std::vector<float> row(r);
 #pragma omp for schedule(static)
@@ -330,5 +333,7 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_prefill", &mla_prefill, "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
   m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_decode.cpp)");
+  // for the decode plan (model/csrc/decode_step.h), which calls the kernel without Python between
+  m.attr("mla_decode_capsule") = py::capsule(reinterpret_cast<void*>(&mla_decode), "latentkv.mla_decode.mla_decode");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
 }

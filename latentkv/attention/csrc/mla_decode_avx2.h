@@ -92,17 +92,24 @@ static inline void values_tail(float* const* o, int off, int n, const float* til
 
 // One row's online-softmax step over the tile's scores s[0..nv): updates *mx, *sum; p[0..TILE)
 // gets the probabilities (0 from nv on); returns alpha, the rescale of the row's earlier sums.
+// e^x eight lanes at a time (exp_poly on __m256: the scalar loop was ~15% of the kernel at 8K);
+// the tile's sum by one fixed tree. Scores past nv may be garbage: the mask zeroes them (NaN too).
+static_assert(TILE == 16, "softmax_row handles a tile as two vectors");
 static inline float softmax_row(const float* s, int nv, float* mx, float* sum, float* p) {
   float tmax = -__builtin_inff();
   for (int t = 0; t < nv; ++t) tmax = s[t] > tmax ? s[t] : tmax;
   float old = *mx, now = tmax > old ? tmax : old;
   float alpha = exp_poly(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
   *mx = now;
-  float total = 0.0f;
-  for (int t = 0; t < TILE; ++t) {
-    p[t] = t < nv ? exp_poly(s[t] - now) : 0.0f;
-    total += p[t];
-  }
+  const __m256 nw = _mm256_set1_ps(now);
+  const __m256 p0 = _mm256_and_ps(_mm256_castsi256_ps(tail_mask(nv)), exp_poly(_mm256_sub_ps(_mm256_loadu_ps(s), nw)));
+  const __m256 p1 = _mm256_and_ps(_mm256_castsi256_ps(tail_mask(nv - 8)), exp_poly(_mm256_sub_ps(_mm256_loadu_ps(s + 8), nw)));
+  _mm256_storeu_ps(p, p0);
+  _mm256_storeu_ps(p + 8, p1);
+  const __m256 a = _mm256_add_ps(p0, p1);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  const float total = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
   *sum = *sum * alpha + total;
   return alpha;
 }

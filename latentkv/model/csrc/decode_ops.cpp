@@ -1,7 +1,8 @@
 // latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
 // each one call instead of a chain of eager PyTorch ops. Python side: latentkv/model/fused.py
 // (build, switch, PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
-//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E]:
+//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E] in x's dtype
+//       (w in x's dtype, or bf16 under float32 x):
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
 //       with `extra` (the rotated q_rope) times scale beside it.
 //   rope(x [N, G, d], cos [N, d/2], sin, interleaved) -> rotated [N, G, d].
@@ -14,6 +15,7 @@
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
+#include <ATen/ops/add.h>  // decode_step.h: the residual adds
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "cpu_isa.h"
@@ -76,7 +78,8 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
   TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
               "head_matmul: x must be [N, H, K] and w [H, K, C]");
-  TORCH_CHECK(is_float(x) && w.scalar_type() == x.scalar_type(), "head_matmul: x and w must share float32 or bfloat16");
+  TORCH_CHECK(is_float(x) && is_float(w) && (w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kBFloat16),
+              "head_matmul: x and w must be float32 or bfloat16 (w bfloat16 under float32 x: widened, exact)");
   w = w.contiguous();
   const int64_t N = x.size(0), H = x.size(1), K = x.size(2), C = w.size(2);
   const int64_t E = extra.numel() > 0 ? extra.size(2) : 0;
@@ -87,7 +90,7 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   if (N == 0) return out;
   constexpr int64_t CHUNK = 64;  // rows per work item
   const int64_t chunks = (N + CHUNK - 1) / CHUNK;
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
   RowsF32 rows_f32 = isa == 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
   RowsBF16 rows_bf16 = isa == 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
   const float s = (float)scale;
@@ -321,7 +324,10 @@ at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   return out;
 }
 
+#include "decode_step.h"  // the whole decode step in one call, over the ops above
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_decode_plan(m);
   m.def("head_matmul", &head_matmul, "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
   m.def("rope", &rope, "rotate [N, G, d] by cos/sin [N, d/2]");
   m.def("write_latent", &write_latent, "rope on k_r + quantization + write into the paged cache");

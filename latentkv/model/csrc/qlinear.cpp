@@ -6,8 +6,8 @@
 // the output rows, never K.
 //   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|32, N, isa) -> y [M, N] in x's dtype.
 // And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
-// group of 32, int4 (w4a8) or int8 (w8a8) weights, AVX2 maddubs / scalar:
-//   dot_linear(x [M, K], packed int32 [NB, G, REC], kind 4|8, N, isa) -> y [M, N] in x's dtype.
+// group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX2 maddubs / scalar,
+// through the same entry (so the decode plan's capsule runs them too).
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
@@ -249,9 +249,12 @@ void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
 
 std::vector<int64_t> supported_isas() { return isas_up_to(2); }
 
+at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa);
+
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
+  if (kind == 104 || kind == 108) return dot_linear(x, packed, kind - 100, N, isa);  // one entry for callers
   check_x(x, packed, isa);
-  TORCH_CHECK(kind == 4 || kind == 8 || kind == 32, "qlinear: kind must be 4, 8 or 32");
+  TORCH_CHECK(kind == 4 || kind == 8 || kind == 32, "qlinear: kind must be 4, 8, 32, 104 or 108");
   const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
   const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC : isa_scalar::F32::REC;
   TORCH_CHECK(packed.size(2) == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32,
@@ -317,8 +320,9 @@ at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "int4 / int8 / float32 linear over a packed weight (see qlinear_impl.h)");
-  m.def("dot_linear", &dot_linear, "w4a8 / w8a8 linear: int8 activations times a packed weight (qlinear_dot_impl.h)");
+  m.def("linear", &linear, "int4 / int8 / float32 (kind 4, 8, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("quantize_activations", &quantize_activations, "x -> the dot linears' int8 codes, d_x and s_x");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+  // for the decode plan (model/csrc/decode_step.h), which calls `linear` without Python between
+  m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
 }

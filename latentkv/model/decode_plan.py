@@ -1,0 +1,126 @@
+"""The decoder layers of an all-decode step in one native call (model/csrc/decode_step.h).
+
+The CPU counterpart of nano-vllm capturing its decode step in a CUDA graph: the runner builds a
+plan once over its model and caches and replays it for every step whose rows are all
+single-token decodes of the absorbed path; other steps (prefill, mixed, naive) run the modules.
+The plan calls the same kernels with the same arguments in the same order as the modules do, so
+its output is bit-identical (tests/model/test_decode_plan.py); what it removes is the Python
+between the kernels — module calls, views, checks — which at short context was ~40% of a
+batch-1 step on two threads.
+
+It applies where every piece runs latentkv's own kernels: CPU, float32 / bf16, the native
+attention backend, dense layers, and linears packed for model/qlinear.py (int4, int8, or float32
+in batch-invariant mode). Elsewhere `build` says why it does not (`LATENTKV_DECODE_PLAN=0`
+turns it off).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..attention import native
+from ..attention.backend import choose_path
+from ..attention.metadata import AttentionMetadata
+from . import fused, qlinear
+from .deepseek import MLP
+from .mla import LATENT_NORM_EPS
+from .quant import FixedOrderLinear, Int4Linear, Int8Linear
+
+KINDS = ((Int4Linear, 4), (Int8Linear, 8), (FixedOrderLinear, 32))  # the kernel's record kinds
+
+
+class DecodePlan:
+    def __init__(self, model, native_plan):
+        self.model = model
+        self.native_plan = native_plan
+        layers = model.model.layers
+        self.shapes = list({(a.n_heads, a.kv_rank, a.dn, a.dr, a.dv): a for a in (l.self_attn for l in layers)}.values())
+
+    def applies(self, meta: AttentionMetadata) -> bool:
+        """Whether the modules would run this step as the plan does: single-token decode rows in
+        one group (row b = sequence b), the absorbed path, native decode kernel."""
+        return (meta.max_query_len == 1 and meta.groups is None and meta.prompt_rows is None
+                and meta.path in ("auto", "absorbed") and not torch.is_grad_enabled()
+                and all(choose_path(layer, meta) == "absorbed" for layer in self.shapes))
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [B] -> final hidden states [B, hidden] (as model(...) returns)."""
+        body = self.model.model
+        cos, sin = body.rope_tables(positions)
+        hidden = self.native_plan.run(body.embed_tokens(input_ids), cos, sin, meta.slot_mapping, meta.block_tables,
+                                      meta.context_lens, torch.get_num_threads())
+        return body.norm(hidden)
+
+
+def build(model, caches) -> tuple[DecodePlan | None, str | None]:
+    """-> (the plan, None), or (None, why it does not apply to this model)."""
+    reason = unsupported(model, caches)
+    if reason:
+        return None, reason
+    with torch.no_grad():
+        layers = [layer_entry(layer, cache) for layer, cache in zip(model.model.layers, caches)]
+    native_plan = fused.extension().DecodePlan(layers, qlinear.extension().linear_capsule,
+                                               native.extension().mla_decode_capsule, fused._state["isa"],
+                                               qlinear._state["isa"], native.ISAS[native.chosen_isa()])
+    return DecodePlan(model, native_plan), None
+
+
+def unsupported(model, caches) -> str | None:
+    """Why the plan cannot run this model (None: it can)."""
+    if os.environ.get("LATENTKV_DECODE_PLAN", "1") == "0":
+        return "turned off by LATENTKV_DECODE_PLAN=0"
+    if model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16):
+        return f"runs on CPU float32 / bf16 only (model: {model.device.type}, {model.dtype})"
+    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", native)):
+        if not module.available():
+            return f"the {name} extension is unavailable ({module.unavailable_reason()})"
+    for i, (layer, cache) in enumerate(zip(model.model.layers, caches)):
+        attn = layer.self_attn
+        if not isinstance(attn.backend, native.NativeBackend):
+            return f"layer {i}: attention backend {attn.backend.name!r}, not native"
+        if not isinstance(layer.mlp, MLP):
+            return f"layer {i}: MoE"
+        if cache.dtype != model.dtype:
+            return f"layer {i}: cache dtype {cache.dtype} differs from the model's {model.dtype}"
+        linears = [attn.qkv_a_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+        linears += [attn.q_b_proj] if attn.q_lora_rank else []
+        for linear in linears:
+            if kind(linear) is None:
+                return f"layer {i}: {type(linear).__name__} does not run latentkv's packed kernel"
+    return None
+
+
+def kind(linear) -> int | None:
+    """The qlinear record kind a linear runs (None: it does not run the packed kernel)."""
+    for cls, code in KINDS:
+        if isinstance(linear, cls) and getattr(linear, "native", True):
+            return code
+    return None
+
+
+def linear_entry(linear) -> tuple:
+    return linear.weight_packed, kind(linear), linear.out_features, linear.bias
+
+
+def layer_entry(layer, cache) -> dict:
+    """One layer's weights, shapes and cache tensors, as decode_step.h reads them."""
+    attn = layer.self_attn
+    w_uk, w_uv_t = attn.split_kv_b()
+    quantized = cache.quantized
+    return {
+        "w_in": layer.input_layernorm.weight, "eps_in": layer.input_layernorm.eps,
+        "w_post": layer.post_attention_layernorm.weight, "eps_post": layer.post_attention_layernorm.eps,
+        "eps_latent": LATENT_NORM_EPS,
+        "w_q_a_norm": attn.q_a_layernorm.weight if attn.q_lora_rank else None,
+        "w_kv_a_norm": attn.kv_a_layernorm.weight if attn.kv_a_layernorm is not None else None,
+        "w_uk": w_uk, "w_uv_t": w_uv_t,
+        "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if attn.q_lora_rank else None,
+        "o": linear_entry(attn.o_proj), "gate_up": linear_entry(layer.mlp.gate_up_proj),
+        "down": linear_entry(layer.mlp.down_proj),
+        "q_dim": attn.split[0], "heads": attn.n_heads, "dn": attn.dn, "dr": attn.dr, "dv": attn.dv,
+        "rank": attn.kv_rank, "scale": attn.scale, "interleaved": attn.interleaved,
+        "kv": None if quantized else cache.kv, "latent": cache.latent if quantized else None,
+        "cache_scale": cache.scale if quantized else None, "cache_rope": cache.rope if quantized else None,
+        "qmax": cache.qmax if quantized else 0.0, "block_size": cache.block_size,
+    }

@@ -1,0 +1,112 @@
+"""The decode plan (model/decode_plan.py) gives the modules' bits: the same kernels, arguments and
+order, without the Python between them."""
+import pytest
+import torch
+from torch import nn
+
+from latentkv import invariant
+from latentkv.attention import native
+from latentkv.attention.metadata import build_metadata
+from latentkv.cache.latent_cache import allocate_caches
+from latentkv.model import decode_plan, fused, qlinear
+from latentkv.model.loader import load_model
+from latentkv.model.quant import quantize_linears
+
+BLOCK = 4
+
+
+@pytest.fixture(autouse=True)
+def need_extensions():
+    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", native)):
+        if not module.available():
+            pytest.skip(f"{name} not built: {module.unavailable_reason()}")
+
+
+def model_for(folder, dtype, weights, latent_norm=True, bias=False):
+    model = load_model(str(folder), dtype, "cpu", "native")
+    if weights == "float32-fixed-order":
+        invariant.use_fixed_order_linears(model)
+    else:
+        quantize_linears(model, weights)
+    gen = torch.Generator().manual_seed(7)
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if not latent_norm:  # converted models have no kv_a_layernorm
+            attn.kv_a_layernorm = None
+        if bias:  # Qwen2 sources keep a q bias (on the packed q / kv_a projection)
+            attn.qkv_a_proj.bias = nn.Parameter(torch.randn(attn.qkv_a_proj.out_features, generator=gen).to(model.dtype))
+    return model
+
+
+def random_caches(model, cache_dtype, blocks):
+    caches = allocate_caches(model.config, blocks, BLOCK, model.dtype, cache_dtype, "cpu")
+    gen = torch.Generator().manual_seed(3)
+    for cache in caches:
+        if cache.quantized:
+            cache.latent.copy_(torch.randint(-127, 128, cache.latent.shape, generator=gen, dtype=torch.int8))
+            cache.scale.copy_(torch.rand(cache.scale.shape, generator=gen) * 0.02 + 0.001)
+            cache.rope.copy_(torch.randn(cache.rope.shape, generator=gen).to(cache.rope.dtype))
+        else:
+            cache.kv.copy_(torch.randn(cache.kv.shape, generator=gen).to(cache.kv.dtype))
+    return caches
+
+
+def cache_tensors(caches):
+    return [t.clone() for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]
+
+
+@pytest.mark.parametrize("name,weights,cache_dtype,latent_norm,bias", [
+    ("v2_dense", "float32-fixed-order", "auto", True, False),
+    ("v2_dense", "int4", "int8", False, True),
+    ("v3_dense_qlora", "int8", "auto", True, False),
+    ("v3_dense_qlora", "int4", "fp8_e4m3", True, False),
+    ("v3_yarn_halves_tied", "float32-fixed-order", "int8", False, False),
+])
+@pytest.mark.parametrize("invariant_meta", [True, False])
+@torch.inference_mode()
+def test_plan_gives_the_modules_bits(tiny_checkpoints, name, weights, cache_dtype, latent_norm, bias, invariant_meta):
+    folder, _ = tiny_checkpoints(name)
+    model = model_for(folder, "float32", weights, latent_norm, bias)
+    contexts = [5, 17, 2, 33]  # ending mid-block; one sequence's blocks out of order below
+    tables = [[0, 1], [2, 3, 4, 5, 6], [7], [20, 8, 9, 10, 11, 12, 13, 14, 15]]
+    caches = random_caches(model, cache_dtype, 24)
+    plan, reason = decode_plan.build(model, caches)
+    assert plan is not None, reason
+    meta, positions = build_metadata([1] * 4, contexts, tables, BLOCK, invariant=invariant_meta)
+    assert plan.applies(meta)
+    ids = torch.tensor([3, 77, 12, 101])
+    before = cache_tensors(caches)
+    by_modules = model(ids, positions, meta, caches)
+    after_modules = cache_tensors(caches)
+    for saved, cache_t in zip(before, [t for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]):
+        cache_t.copy_(saved)
+    by_plan = plan(ids, positions, meta)
+    assert torch.equal(by_plan, by_modules)
+    assert all(torch.equal(a, b) for a, b in zip(cache_tensors(caches), after_modules))  # the same latents written
+
+
+@torch.inference_mode()
+def test_plan_applies_to_all_decode_steps_only(tiny_checkpoints):
+    folder, _ = tiny_checkpoints("v2_dense")
+    model = model_for(folder, "float32", "int4")
+    caches = random_caches(model, "auto", 8)
+    plan, _ = decode_plan.build(model, caches)
+    prefill, _ = build_metadata([3], [3], [[0]], BLOCK, invariant=True)
+    mixed, _ = build_metadata([1, 3], [4, 3], [[0], [1]], BLOCK, invariant=True)
+    first_token, _ = build_metadata([1], [1], [[0]], BLOCK)  # a one-token prompt: the naive path is cheaper
+    assert not plan.applies(prefill) and not plan.applies(mixed) and not plan.applies(first_token)
+
+
+def test_build_says_why_not(tiny_checkpoints, monkeypatch):
+    folder, _ = tiny_checkpoints("v2_moe_group_limited")
+    model = model_for(folder, "float32", "int4")
+    caches = allocate_caches(model.config, 4, BLOCK, model.dtype, "auto", "cpu")
+    plan, reason = decode_plan.build(model, caches)
+    assert plan is None and "MoE" in reason
+    folder, _ = tiny_checkpoints("v2_dense")
+    dense = load_model(str(folder), "float32", "cpu", "native")  # plain nn.Linear: MKL, not the packed kernel
+    plan, reason = decode_plan.build(dense, allocate_caches(dense.config, 4, BLOCK, dense.dtype, "auto", "cpu"))
+    assert plan is None and "packed kernel" in reason
+    monkeypatch.setenv("LATENTKV_DECODE_PLAN", "0")
+    plan, reason = decode_plan.build(model_for(folder, "float32", "int4"), caches)
+    assert plan is None and "LATENTKV_DECODE_PLAN=0" in reason
