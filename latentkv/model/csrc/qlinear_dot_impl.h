@@ -67,12 +67,12 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
   }
 }
 
-// One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB rows over one block
-// at a time (the registers hold DOT_MB x 2 totals), the rest (3, 2, 1 rows) over all U blocks.
+// One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB rows (the rest: 3, 2,
+// 1) over one block at a time: its records stream in order, and the totals fit the registers.
 template <class D, int U>
 static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8_t* xq, int64_t M, int64_t ldq,
                      const float* xd, const float* xs, float* out, int64_t ldo, int64_t N) {
-  constexpr int PB = BLOCK / Vec::W, P = U * PB;
+  constexpr int PB = BLOCK / Vec::W;
   const int64_t first = block * PB;
   int64_t m = 0;
   for (; m + DOT_MB <= M; m += DOT_MB)
@@ -80,8 +80,9 @@ static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8
       dot_panels<D, PB, DOT_MB>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G, out + m * ldo,
                                 ldo, N);
   const auto at = [&](auto rows) {
-    dot_panels<D, P, decltype(rows)::value>(packed, G, first, xq + m * ldq, ldq, xd + m * G, xs + m * G, out + m * ldo,
-                                            ldo, N);
+    for (int u = 0; u < U; ++u)
+      dot_panels<D, PB, decltype(rows)::value>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G,
+                                               out + m * ldo, ldo, N);
   };
   switch (M - m) {
     case 3: at(std::integral_constant<int, 3>{}); break;
