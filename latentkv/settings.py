@@ -87,6 +87,8 @@ class Settings:
     nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
     batch_invariant: bool = option(True, "the same greedy tokens alone, batched, chunked or prefix-cached "
                                          "(default on; docs/internals.md, 'Batch invariance')")
+    enforce_eager: bool = option(False, "run every step through the PyTorch modules, without the native decode plan "
+                                        "(as vLLM's --enforce-eager skips CUDA graphs; docs/internals.md)")
     kv_store: str | None = option(None, "keep full prefix-cache blocks on disk in this directory, reused across "
                                         "restarts and shared by processes (docs/store.md)", "latent_attention.store.path")
     kv_store_max_size: int | str = option(STORE_MAX_SIZE, f"bound of the --kv-store directory (default {STORE_MAX_SIZE})",

@@ -51,16 +51,33 @@ def build_dir() -> Path:
 
 def extension():
     """The compiled module, or None (with the reason in `unavailable_reason()`); built once per process."""
-    with _lock:
-        if "module" not in _state:
-            _state["module"], _state["reason"] = None, None
-            try:
-                if os.environ.get("LATENTKV_NATIVE", "1") == "0":
-                    raise RuntimeError("disabled by LATENTKV_NATIVE=0")
-                _state["module"] = compile_extension("latentkv_mla_decode", CSRC / "mla_decode.cpp", build_dir())
-            except Exception as err:  # no compiler, no ninja, a failed build: the reference backend takes over
-                _state["reason"] = failure_reason(err)
-        return _state["module"]
+    return lazy_build(_state, _lock, _build)
+
+
+def _build(state: dict) -> None:
+    state["module"], state["reason"] = None, None
+    try:
+        if os.environ.get("LATENTKV_NATIVE", "1") == "0":
+            raise RuntimeError("disabled by LATENTKV_NATIVE=0")
+        state["module"] = compile_extension("latentkv_mla_decode", CSRC / "mla_decode.cpp", build_dir())
+    except Exception as err:  # no compiler, no ninja, a failed build: the reference backend takes over
+        state["reason"] = failure_reason(err)
+
+
+def lazy_build(state: dict, lock: threading.Lock, build) -> object:
+    """state["module"] of an optional extension (None when it cannot be built; state["reason"] says
+    why), built once per process by build(new_state) — the one lazy-build rule of latentkv's three
+    extensions (this kernel, model/fused.py, model/qlinear.py). The first caller builds under the
+    lock (a background thread may be doing it: others wait); the result is published in one
+    update, so later callers — the decode step asks hundreds of times — read it without the lock."""
+    if "module" in state:
+        return state["module"]
+    with lock:
+        if "module" not in state:
+            built: dict = {}
+            build(built)
+            state.update(built)
+        return state["module"]
 
 
 def build_in_background(*builders) -> list[threading.Thread]:

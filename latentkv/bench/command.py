@@ -65,6 +65,8 @@ def register(subparsers) -> None:
                    help="also run every latentkv row on the PyTorch reference attention (native vs reference)")
     p.add_argument("--not-invariant", action="store_true",
                    help="also run every latentkv row with batch_invariant off (what invariance costs)")
+    p.add_argument("--eager", action="store_true",
+                   help="also run every latentkv row with enforce_eager (no decode plan: what the plan brings)")
     p.add_argument("--weights", nargs="+", default=["none", "int4"], choices=["none", "int4"],
                    help="latentkv weight precisions to run: none (the model dtype) and/or int4 (the w4 rows; CPU)")
     p.set_defaults(func=lambda a: run("decode", a))

@@ -40,6 +40,12 @@ def build_systems(args) -> list:
                                    max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
                                    attention_backend=s.engine.args.attention_backend, batch_invariant=False)
                     for s in list(systems) if isinstance(s, LatentKVSystem)]
+    if getattr(args, "eager", False):  # the same rows through the modules (enforce_eager): what the decode plan brings
+        systems += [LatentKVSystem(f"{s.name} (eager)", args.model, s.engine.args.kv_cache_dtype,
+                                   max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
+                                   attention_backend=s.engine.args.attention_backend,
+                                   batch_invariant=s.engine.args.batch_invariant, enforce_eager=True)
+                    for s in list(systems) if isinstance(s, LatentKVSystem) and not s.engine.args.enforce_eager]
     if args.source:
         systems.append(TransformersSystem("transformers original", args.source))
     if args.stock:

@@ -102,6 +102,7 @@ OPTION_CHECKS = {
     "enable_prefix_caching": ("true or false", boolean),
     "nan_check": ("true or false", boolean),
     "batch_invariant": ("true or false", boolean),
+    "enforce_eager": ("true or false", boolean),
     "skip_tokenizer_init": ("true or false", boolean),
     "seed": ("an integer >= 0", non_negative_int),
     "attention_path": (f"one of {list(ATTENTION_PATHS)}", choice(ATTENTION_PATHS)),
@@ -145,6 +146,7 @@ class EngineArgs:
     skip_tokenizer_init: bool = False
     nan_check: bool = False
     batch_invariant: bool = True            # same tokens alone, batched, chunked or prefix-cached (docs/internals.md)
+    enforce_eager: bool = False             # every step through the modules, no decode plan (vLLM's name: no CUDA graphs)
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
     quantization: str | None = None         # None | "int8" | "int4" (weight-only) | "w4a8" | "w8a8" (int8 activations too; CPU)
     attention_backend: str = "auto"         # "auto" (native where it builds, else torch) | "native" | "torch"

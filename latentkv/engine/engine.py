@@ -128,7 +128,8 @@ class LLMEngine:
             invariant.use_fixed_order_linears(model)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         engine = cls(args, model, tokenizer)
-        reason = engine.runner.use_decode_plan()  # the engine owns this model: its weights stay as they are
+        # the engine owns this model: its weights stay as they are, so a plan may hold them
+        reason = "enforce_eager" if args.enforce_eager else engine.runner.use_decode_plan()
         print(f"latentkv: decode plan: {'off (' + reason + ')' if reason else 'on'}", file=sys.stderr, flush=True)
         return engine
 

@@ -10,12 +10,10 @@ batch-1 step on two threads.
 
 It applies where every piece runs latentkv's own kernels: CPU, float32 / bf16, the native
 attention backend, dense layers, and linears packed for model/qlinear.py (int4, int8, or float32
-in batch-invariant mode). Elsewhere `build` says why it does not (`LATENTKV_DECODE_PLAN=0`
-turns it off).
+in batch-invariant mode). Elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's
+name for running without CUDA graphs) turns it off.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -68,8 +66,6 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
 
 def unsupported(model, caches) -> str | None:
     """Why the plan cannot run this model (None: it can)."""
-    if os.environ.get("LATENTKV_DECODE_PLAN", "1") == "0":
-        return "turned off by LATENTKV_DECODE_PLAN=0"
     if model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16):
         return f"runs on CPU float32 / bf16 only (model: {model.device.type}, {model.dtype})"
     for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", native)):

@@ -38,19 +38,12 @@ _lock = threading.Lock()  # one build per process, even when a background thread
 
 def extension():
     """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
-    if "module" in _state:  # built (or failed): the decode step asks ~300 times, no lock needed
-        return _state["module"]
-    with _lock:
-        if "module" not in _state:
-            _build()
-        return _state["module"]
+    return native.lazy_build(_state, _lock, _build)
 
 
-def _build() -> None:
-    built: dict = {}  # filled, then published in one update: the lock-free readers never see a half-built state
-    build_optional(built, "LATENTKV_FUSED", "latentkv_decode_ops", CSRC / "decode_ops.cpp", "the fused decode ops",
+def _build(state: dict) -> None:
+    build_optional(state, "LATENTKV_FUSED", "latentkv_decode_ops", CSRC / "decode_ops.cpp", "the fused decode ops",
                    "the PyTorch reference ops")
-    _state.update(built)
 
 
 def build_optional(state: dict, switch: str, name: str, source: Path, what: str, fallback: str) -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from latentkv import invariant
+from latentkv import LLM, SamplingParams, invariant
 from latentkv.attention import native
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
@@ -97,7 +97,7 @@ def test_plan_applies_to_all_decode_steps_only(tiny_checkpoints):
     assert not plan.applies(prefill) and not plan.applies(mixed) and not plan.applies(first_token)
 
 
-def test_build_says_why_not(tiny_checkpoints, monkeypatch):
+def test_build_says_why_not(tiny_checkpoints):
     folder, _ = tiny_checkpoints("v2_moe_group_limited")
     model = model_for(folder, "float32", "int4")
     caches = allocate_caches(model.config, 4, BLOCK, model.dtype, "auto", "cpu")
@@ -107,6 +107,23 @@ def test_build_says_why_not(tiny_checkpoints, monkeypatch):
     dense = load_model(str(folder), "float32", "cpu", "native")  # plain nn.Linear: MKL, not the packed kernel
     plan, reason = decode_plan.build(dense, allocate_caches(dense.config, 4, BLOCK, dense.dtype, "auto", "cpu"))
     assert plan is None and "packed kernel" in reason
-    monkeypatch.setenv("LATENTKV_DECODE_PLAN", "0")
-    plan, reason = decode_plan.build(model_for(folder, "float32", "int4"), caches)
-    assert plan is None and "LATENTKV_DECODE_PLAN=0" in reason
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints, quantization):
+    """End to end: the engine's own model decodes through the plan; with enforce_eager through the
+    modules; the same tokens and logprobs, exactly."""
+    folder, _ = tiny_checkpoints("v2_dense")
+    prompts = [[5, 9, 33, 2, 7], [11] * 19, [40, 41, 42]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+
+    def run(**kw):
+        llm = LLM(str(folder), dtype="float32", quantization=quantization, block_size=4, kv_cache_memory="2MiB",
+                  skip_tokenizer_init=True, **kw)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return llm, [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs]
+
+    planned, with_plan = run()
+    eager, without = run(enforce_eager=True)
+    assert planned.engine.runner.plan is not None and eager.engine.runner.plan is None
+    assert with_plan == without
