@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..attention import native
 from .fused import build_optional
 
 CSRC = Path(__file__).parent / "csrc"
@@ -36,14 +37,11 @@ _lock = threading.Lock()
 
 def extension():
     """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
-    with _lock:
-        if "module" not in _state:
-            _build()
-        return _state["module"]
+    return native.lazy_build(_state, _lock, _build)
 
 
-def _build() -> None:
-    build_optional(_state, "LATENTKV_QLINEAR", "latentkv_qlinear", CSRC / "qlinear.cpp", "the native int4/int8 linears",
+def _build(state: dict) -> None:
+    build_optional(state, "LATENTKV_QLINEAR", "latentkv_qlinear", CSRC / "qlinear.cpp", "the native int4/int8 linears",
                    "ATen's kernels")
 
 
