@@ -5,7 +5,7 @@ TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-
     model = "path/to/model"          # the MODEL argument overrides it
     dtype = "auto"                   # auto | float32 | bfloat16 | float16
     kv_cache_dtype = "int8"          # auto | int8 | fp8_e4m3 (default: int8 for the bundled model, else auto)
-    quantization = "none"            # weight-only linears: none | int8 | int4 (CPU)
+    quantization = "none"            # quantized linears: none | int8 | int4 (CPU) | w4a8 | w8a8 (CPU)
     block_size = 16                  # tokens per cache block
     kv_cache_memory = "2GiB"         # the latent cache's size in bytes, or ...
     # kv_cache_blocks = 4096         # ... in blocks (not both)
@@ -70,7 +70,7 @@ class Settings:
     dtype: str = option("auto", "model dtype: auto, float32, bfloat16, float16", "precision.compute")
     kv_cache_dtype: str | None = option(None, "latent cache dtype: auto (the model dtype), int8, fp8_e4m3 "
                                               "(default: int8 for the bundled model, else auto)", "precision.cache")
-    quantization: str | None = option(None, "weight-only quantized linears: none, int8, int4 (int4: CPU)",
+    quantization: str | None = option(None, "quantized linears: none, int8, int4 (weights); w4a8, w8a8 (int8 activations too); int4, w4a8, w8a8: CPU",
                                       "precision.weights", short="-q")
     block_size: int = option(16, "tokens per cache block (default 16)", "latent_attention.chunk_size", type=int)
     kv_cache_memory: int | None = option(None, "latent cache size, e.g. 512MiB, 2GiB or bytes")

@@ -67,8 +67,9 @@ def register(subparsers) -> None:
                    help="also run every latentkv row with batch_invariant off (what invariance costs)")
     p.add_argument("--eager", action="store_true",
                    help="also run every latentkv row with enforce_eager (no decode plan: what the plan brings)")
-    p.add_argument("--weights", nargs="+", default=["none", "int4"], choices=["none", "int4"],
-                   help="latentkv weight precisions to run: none (the model dtype) and/or int4 (the w4 rows; CPU)")
+    p.add_argument("--weights", nargs="+", default=["none", "int4"], choices=["none", "int4", "w4a8"],
+                   help="latentkv weight precisions to run: none (the model dtype), int4 (the w4 rows) and/or w4a8 "
+                        "(int4 weights, int8 activations: integer dot products); int4 / w4a8 on CPU")
     p.set_defaults(func=lambda a: run("decode", a))
 
     p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")

@@ -31,6 +31,11 @@ def build_systems(args) -> list:
                                    quantization="int4"),
                     LatentKVSystem("latentkv w4 + int8 latent", args.model, "int8", max_model_len=length,
                                    kv_cache_memory=budget, quantization="int4")]
+    if "w4a8" in weights and not torch.cuda.is_available():  # int4 weights times int8 activations (llama.cpp's Q4 x Q8 scheme)
+        systems += [LatentKVSystem("latentkv w4a8", args.model, "auto", max_model_len=length, kv_cache_memory=budget,
+                                   quantization="w4a8"),
+                    LatentKVSystem("latentkv w4a8 + int8 latent", args.model, "int8", max_model_len=length,
+                                   kv_cache_memory=budget, quantization="w4a8")]
     if getattr(args, "reference_attention", False):  # the same rows on the PyTorch reference attention
         systems += [LatentKVSystem(f"{s.name} (torch attention)", args.model, s.engine.args.kv_cache_dtype,
                                    max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,

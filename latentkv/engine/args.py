@@ -91,7 +91,7 @@ OPTION_CHECKS = {
     "dtype": (f"one of {['auto', *MODEL_DTYPES]}", model_dtype),
     "kv_cache_dtype": (f"one of {list(CACHE_DTYPES)} ('auto' stores the latent in the model dtype)",
                        choice(CACHE_DTYPES, CACHE_DTYPE_ALIASES)),
-    "quantization": (f"one of {['none', *QUANTIZATIONS]} (weight-only; int4: CPU)", quantization),
+    "quantization": (f"one of {['none', *QUANTIZATIONS]} (int8 / int4: weight-only; w4a8 / w8a8: int8 activations too; int4, w4a8, w8a8: CPU)", quantization),
     "block_size": (f"one of {list(BLOCK_SIZES)}", choice(BLOCK_SIZES)),
     "kv_cache_memory": ("a positive size such as \"2GiB\", \"512MiB\" or a number of bytes", memory),
     "kv_cache_blocks": ("a positive number of cache blocks", positive_int),
@@ -148,7 +148,7 @@ class EngineArgs:
     batch_invariant: bool = True            # same tokens alone, batched, chunked or prefix-cached (docs/internals.md)
     enforce_eager: bool = False             # every step through the modules, no decode plan (vLLM's name: no CUDA graphs)
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
-    quantization: str | None = None         # None | "int8" | "int4" (weight-only linears; int4: CPU only)
+    quantization: str | None = None         # None | "int8" | "int4" (weight-only) | "w4a8" | "w8a8" (int8 activations too; CPU)
     attention_backend: str = "auto"         # "auto" (native where it builds, else torch) | "native" | "torch"
     threads: int | None = None              # torch = OpenMP threads; None: cpu.default_threads() (all cores)
     kv_store: str | None = None             # directory of the on-disk latent store (docs/store.md); None: off

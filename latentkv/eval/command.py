@@ -12,6 +12,7 @@ from latentkv.eval.domains import DOMAINS, domain_perplexity, format_domain_tabl
 from latentkv.eval.ppl import evaluate
 from latentkv.eval.repetition import RULE
 from latentkv.facts import CACHE_DTYPES
+from latentkv.model.quant import QUANTIZATIONS
 
 MODEL_HELP = "a .gguf, a Llama-family HF folder, or an MLA (deepseek_v2/v3) folder; default: bundled SmolLM2"
 ERRORS = (SourceError, ValueError, FileNotFoundError, OSError)
@@ -30,7 +31,8 @@ def register(subparsers) -> None:
     ppl.add_argument("--ctx", type=int, default=512, help="window length in tokens")
     ppl.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens (per domain; default 8192 there)")
     ppl.add_argument("--cache-dtype", default="auto", choices=list(CACHE_DTYPES), help="latent cache (MLA models)")
-    ppl.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantized linears (MLA models)")
+    ppl.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                     help="quantized linears (MLA models): int8 / int4 weights, or w4a8 / w8a8 (int8 activations too)")
     ppl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                      help="model dtype (MLA models; bfloat16 is how CPU serving runs, and int4's fast kernel path)")
     ppl.add_argument("--json", action="store_true", help='print {"ppl": ..., "tokens": ..., "ctx": ...} (with --domains: the whole result)')

@@ -9,8 +9,8 @@ between the kernels — module calls, views, checks — which at short context w
 batch-1 step on two threads.
 
 It applies where every piece runs latentkv's own kernels: CPU, float32 / bf16, the native
-attention backend, dense layers, and linears packed for model/qlinear.py (int4, int8, or float32
-in batch-invariant mode). Elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's
+attention backend, dense layers, and linears packed for model/qlinear.py (int4, int8, w4a8, w8a8,
+or float32 in batch-invariant mode). Elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's
 name for running without CUDA graphs) turns it off.
 """
 from __future__ import annotations
@@ -23,9 +23,11 @@ from ..attention.metadata import AttentionMetadata
 from . import fused, qlinear
 from .deepseek import MLP
 from .mla import LATENT_NORM_EPS
-from .quant import FixedOrderLinear, Int4Linear, Int8Linear
+from .quant import FixedOrderLinear, Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
 
-KINDS = ((Int4Linear, 4), (Int8Linear, 8), (FixedOrderLinear, 32))  # the kernel's record kinds
+# the qlinear record kinds (model/qlinear.py): float activations (4, 8, 32) or int8 ones (104, 108)
+KINDS = ((Int4Linear, 4), (Int8Linear, 8), (FixedOrderLinear, 32), (W4A8Linear, qlinear.ACT8 + 4),
+         (W8A8Linear, qlinear.ACT8 + 8))
 
 
 class DecodePlan:

@@ -11,6 +11,11 @@ same bits): batch-invariant by construction. M < 4 reads codes straight from the
 Built like the fused decode ops (model/fused.py: same cache folder, same ISA switch
 LATENTKV_CPU_ISA); `LATENTKV_QLINEAR=0` switches it off (ATen's kernels, on purpose), and a
 machine where it cannot be built falls back to them with one warning.
+
+The integer-dot linears (`dot_linear`, csrc/qlinear_dot_impl.h) quantize the activations too: int8
+per row and group of 32 (scale max|x| / 127), times int4 (w4a8) or int8 (w8a8) weights with AVX2's
+u8 x s8 byte products (32 multiply-adds an instruction against 8 float FMAs); the same fixed
+reduction order per output element on every path.
 """
 from __future__ import annotations
 
@@ -20,24 +25,23 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..attention import native
 from .fused import build_optional
 
 CSRC = Path(__file__).parent / "csrc"
 BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
+ACT8 = 100  # the kernel's kind for int8 activations: 100 + weight bits (104: w4a8, 108: w8a8)
 _state: dict = {}
 _lock = threading.Lock()
 
 
 def extension():
     """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
-    with _lock:
-        if "module" not in _state:
-            _build()
-        return _state["module"]
+    return native.lazy_build(_state, _lock, _build)
 
 
-def _build() -> None:
-    build_optional(_state, "LATENTKV_QLINEAR", "latentkv_qlinear", CSRC / "qlinear.cpp", "the native int4/int8 linears",
+def _build(state: dict) -> None:
+    build_optional(state, "LATENTKV_QLINEAR", "latentkv_qlinear", CSRC / "qlinear.cpp", "the native int4/int8 linears",
                    "ATen's kernels")
 
 
@@ -97,6 +101,51 @@ def pack_f32(w: torch.Tensor) -> torch.Tensor:
     rows = _pad(w.detach().float(), pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
     ones = torch.ones(nb, g, BLOCK)
     return torch.cat((rows, ones), dim=-1).contiguous().view(torch.int32)
+
+
+# w4a8: storage slot s of each 8-row half holds row W4A8_SLOTS[s], so that rows p and p + 4 share 32
+# bytes and the AVX2 kernel's three hadds leave the 8 rows' sums in lane order (qlinear.cpp W4)
+W4A8_SLOTS = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def pack_w4a8(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """quant.quantize_int4's codes [N, Kp] (0..15) and scale_zero [Kp/32, N, 2] -> packed int32
+    [NB, G, 96] for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in 16
+    bytes (byte j: input j in the low nibble, input j + 16 in the high; rows in W4A8_SLOTS order),
+    then 16 scales and 16 minimums (zero - 8 * scale, as pack_int4: the same weights), float32."""
+    n, kp = codes.shape
+    g, pad = kp // GROUP, -n % ROW_PAD
+    nb = (n + pad) // BLOCK
+    c = _pad(codes, pad, 0).to(torch.uint8).view(nb, BLOCK, g, 2, 16)
+    rows = torch.tensor(W4A8_SLOTS + tuple(8 + s for s in W4A8_SLOTS))
+    nib = (c[..., 0, :] | (c[..., 1, :] << 4))[:, rows].permute(0, 2, 1, 3).reshape(nb, g, BLOCK * 16)
+    scale, zero = scale_zero.float().unbind(-1)                        # [G, N] each
+    sm = F.pad(torch.stack((scale, zero - 8 * scale)), (0, pad)).view(2, g, nb, BLOCK).permute(2, 1, 0, 3)
+    return torch.cat((nib.contiguous().view(torch.int32), sm.reshape(nb, g, 2 * BLOCK).contiguous().view(torch.int32)),
+                     dim=-1).contiguous()
+
+
+def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """quant.quantize_int8's codes q [N, K] (-127..127) and scales [N] -> packed int32 [NB, G, 144]
+    for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in input order,
+    then the 16 rows' scales (repeated per group), float32."""
+    n, k = q.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    codes = _pad(q, pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 1, 3).reshape(nb, g, BLOCK * GROUP)
+    s = F.pad(scales.float(), (0, pad)).view(nb, 1, BLOCK).expand(nb, g, BLOCK).contiguous()
+    return torch.cat((codes.contiguous().view(torch.int32), s.view(torch.int32)), dim=-1).contiguous()
+
+
+def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """x [M, K] float32 / bf16, quantized to int8 per row and group of 32 inside, times a packed
+    weight (bits 4: pack_w4a8, 8: pack_w8a8) -> [M, out_features] in x's dtype."""
+    return extension().linear(x, packed, ACT8 + bits, out_features, _state["isa"])
+
+
+def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups]."""
+    return tuple(extension().quantize_activations(x, groups, _state["isa"]))
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:

@@ -7,8 +7,15 @@
   bf16 rounding of scale and zero.
 On the CPU both run latentkv's kernel (model/qlinear.py: any K and N, batch-invariant), else
 ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`: K of 16).
+
+- w4a8 / w8a8: the same int4 / int8 weights times activations quantized to int8 on the fly (per row
+  and group of 32, scale max|x| / 127), integer dot products (qlinear.dot_linear: CPU only,
+  batch-invariant). Where latentkv's kernel is not built they fall back to int4 / int8 (float
+  activations) with one warning.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +25,8 @@ from . import qlinear
 
 SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them exact
 INT4_GROUP = 32
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = ("int8", "int4", "w4a8", "w8a8")
+INT_DOT = {"w4a8": "int4", "w8a8": "int8"}  # integer-dot kinds (CPU, the native kernel) -> the weight-only kind without it
 
 
 class QuantLinear(nn.Module):
@@ -115,6 +123,32 @@ class Int4Linear(QuantLinear):
         return y[:, :self.out_features]
 
 
+class W4A8Linear(QuantLinear):
+    """Int4Linear's weights (quantize_int4, K padded to whole groups) in the integer-dot layout
+    (qlinear.pack_w4a8); activations quantized to int8 per row and group of 32 inside the kernel."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        w = linear.weight.detach()
+        codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
+        self.register_buffer("weight_packed", qlinear.pack_w4a8(codes, scale_zero.to(w.dtype)))
+
+    def matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return qlinear.dot_linear(flat, self.weight_packed, 4, self.out_features)
+
+
+class W8A8Linear(QuantLinear):
+    """Int8Linear's weights (quantize_int8, a scale per row) times int8 activations (qlinear.pack_w8a8)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        codes, scale = quantize_int8(linear.weight)
+        self.register_buffer("weight_packed", qlinear.pack_w8a8(codes, scale.to(linear.weight.dtype)))
+
+    def matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return qlinear.dot_linear(flat, self.weight_packed, 8, self.out_features)
+
+
 class FixedOrderLinear(QuantLinear):
     """A float32 linear through latentkv's kernel (model/qlinear.py, the float32 record): each
     output element reduces over K in one fixed order whatever M, so a row's bits do not depend on
@@ -132,24 +166,32 @@ class FixedOrderLinear(QuantLinear):
 
 def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
     """Replace nn.Linear layers (but kv_b_proj) in place; returns how many were replaced.
-    int4 leaves the few linears its kernel cannot take (K % 32) in the model dtype.
+    int4 leaves the few linears its kernel cannot take (K % 32) in the model dtype; w4a8 / w8a8
+    need latentkv's kernel and a CPU model, and run int4 / int8 (one warning) where it is not built.
     kv_b_proj stays a linear, its values rounded to bf16 (exact in either path: the naive path
     expands with them, the absorbed decode reads W_UK / W_UV stored in bf16, half the bytes of
     float32 — at short context those reads were ~12% of an int4 decode step)."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {kind!r}")
+    linears = [(parent, name, child) for parent in list(model.modules()) for name, child in parent.named_children()
+               if isinstance(child, nn.Linear) and name not in SKIP]
+    if kind in INT_DOT:
+        if any(child.weight.device.type != "cpu" for _, _, child in linears):
+            raise ValueError(f"quantization {kind!r} has CPU kernels only")
+        if not qlinear.available():
+            warnings.warn(f"latentkv: {kind} needs the native linears ({qlinear.unavailable_reason()}); "
+                          f"using {INT_DOT[kind]} weights with float activations instead", RuntimeWarning, stacklevel=2)
+            kind = INT_DOT[kind]
     for attn in model.modules():
         if hasattr(attn, "absorbed_dtype") and attn.kv_b_proj.weight.device.type == "cpu":
             with torch.no_grad():
                 attn.kv_b_proj.weight.copy_(attn.kv_b_proj.weight.to(torch.bfloat16))
             attn.absorbed_dtype = torch.bfloat16
+    cls = {"int8": Int8Linear, "int4": Int4Linear, "w4a8": W4A8Linear, "w8a8": W8A8Linear}[kind]
     count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear) or name in SKIP:
-                continue
-            if kind == "int4" and not int4_supported(child):
-                continue
-            setattr(parent, name, Int8Linear(child) if kind == "int8" else Int4Linear(child))
-            count += 1
+    for parent, name, child in linears:
+        if kind == "int4" and not int4_supported(child):
+            continue
+        setattr(parent, name, cls(child))
+        count += 1
     return count

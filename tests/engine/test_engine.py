@@ -173,16 +173,16 @@ def test_default_cache_budget_is_capped_by_what_can_be_used(tiny_lm, capsys):
     assert "448 tokens" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int4", "w4a8", "w8a8"])
 def test_weight_quantized_engine_batches_like_alone(tiny_lm, kind):
     """Quantized linears change the numbers, not the engine: concurrent greedy requests give
     what each gives alone, and most tokens still match the float model."""
-    from latentkv.model.quant import Int4Linear, Int8Linear
+    from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
 
     folder, _, _ = tiny_lm("v3_dense_qlora")
     prompts, params = random_requests(12, seed=3)
     llm = make_llm(folder, quantization=kind, max_num_batched_tokens=48)
-    cls = Int8Linear if kind == "int8" else Int4Linear
+    cls = {"int8": Int8Linear, "int4": Int4Linear, "w4a8": W4A8Linear, "w8a8": W8A8Linear}[kind]
     assert any(isinstance(m, cls) for m in llm.engine.runner.model.modules())
     batched = token_ids(generate(llm, prompts, params))
     assert batched == [token_ids(generate(llm, [p], [sp]))[0] for p, sp in zip(prompts, params)]

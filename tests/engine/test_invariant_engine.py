@@ -33,7 +33,7 @@ def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dty
     check_identical(folder, dtype, attention_backend)
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8"])
+@pytest.mark.parametrize("quantization", ["int4", "int8", "w4a8"])
 def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, quantization, attention_backend):
     """The int4 / int8 linears (model/qlinear.py) get no padding from invariant.py: their rows must
     not depend on the batch by themselves."""

@@ -61,6 +61,8 @@ def cache_tensors(caches):
     ("v3_dense_qlora", "int8", "auto", True, False),
     ("v3_dense_qlora", "int4", "fp8_e4m3", True, False),
     ("v3_yarn_halves_tied", "float32-fixed-order", "int8", False, False),
+    ("v2_dense", "w4a8", "int8", False, True),
+    ("v3_dense_qlora", "w8a8", "auto", True, False),
 ])
 @pytest.mark.parametrize("invariant_meta", [True, False])
 @torch.inference_mode()

@@ -1,0 +1,156 @@
+"""The integer-dot w4a8 / w8a8 linears (model/qlinear.py dot_linear, csrc/qlinear_dot_impl.h) against
+a PyTorch reference of the same quantization math, on every instruction set this CPU runs.
+
+The activation codes, d_x and s_x must equal the reference exactly (one IEEE operation each). The
+output: each group's integer dot product is exact and the kernel adds G groups' terms
+float(isum) * fl(d_w * d_x) (+ m_w * s_x) into one float32 total with fmas, so it may differ from the
+float64 sum of the same terms by at most 2 G rounding errors of 2^-24 of the terms' absolute sum:
+|error| <= G * 2^-23 * sum |terms|. bf16 outputs are rounded once more (2^-8 relative)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latentkv.attention import native
+from latentkv.model import qlinear
+from latentkv.model.quant import (Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8,
+                                  quantize_linears)
+
+pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
+
+
+def isas():
+    codes = set(qlinear.extension().supported_isas())
+    return [name for name, code in native.ISAS.items() if code in codes]
+
+
+def reference_activations(x: torch.Tensor, groups: int):
+    """x [M, K] -> int8 codes [M, 32 groups], d_x, s_x [M, groups]: round(x * fl(127 / amax)) to
+    nearest even, d_x = amax / 127, s_x = d_x * sum(codes), all in float32 (tensor / tensor
+    divisions: PyTorch turns a scalar numerator into reciprocal-times, which rounds differently)."""
+    xg = F.pad(x.float(), (0, 32 * groups - x.shape[1])).view(x.shape[0], groups, 32)
+    amax = xg.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    q = torch.round(xg * inv[..., None])
+    d = amax / torch.full_like(amax, 127.0)
+    return q.to(torch.int8).view(x.shape[0], -1), d, d * q.sum(-1)
+
+
+def weights(bits: int, n: int, k: int, seed: int = 0):
+    """A random weight [n, k] -> (packed, codes [n, Kp] float64, d_w [G, n] float32, m_w [G, n] float32 or None)."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+    kp = -(-k // 32) * 32
+    if bits == 4:
+        codes, scale_zero = quantize_int4(F.pad(w, (0, kp - k)))
+        scale, zero = scale_zero.unbind(-1)
+        return qlinear.pack_w4a8(codes, scale_zero), codes.double(), scale, zero - 8 * scale
+    codes, scale = quantize_int8(w)
+    return qlinear.pack_w8a8(codes, scale), F.pad(codes, (0, kp - k)).double(), scale.expand(kp // 32, n), None
+
+
+def reference(x, codes, d_w, m_w):
+    """The terms each output element sums -> (their float64 sum [M, N], the bound above)."""
+    groups = codes.shape[1] // 32
+    q, d, s = reference_activations(x, groups)
+    isum = torch.einsum("mgj,ngj->mng", q.double().view(len(x), groups, 32), codes.view(len(codes), groups, 32))
+    terms = isum * (d_w.T[None] * d[:, None, :]).double()            # fl(d_w * d_x) as the kernel rounds it
+    if m_w is not None:
+        terms = terms + m_w.T[None].double() * s[:, None, :].double()
+    bound = groups * 2 ** -23 * (isum.abs() * (d_w.T[None] * d[:, None, :]).double()
+                                 + (0 if m_w is None else (m_w.T[None].double() * s[:, None, :].double()).abs())).sum(-1)
+    return terms.sum(-1), bound
+
+
+def run(x, packed, bits, n, isa, monkeypatch):
+    monkeypatch.setitem(qlinear._state, "isa", native.ISAS[isa])
+    return qlinear.dot_linear(x, packed, bits, n)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
+    if isa not in isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    monkeypatch.setitem(qlinear._state, "isa", native.ISAS[isa])
+    x = torch.randn(6, 203, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 6)[:, None]
+    x[2, 33:65] = 0  # an all-zero group (the second, after the shift below): d_x = 0, codes 0
+    x[3, 5] = 1e4    # one outlier: the rest of its group rounds to few levels
+    x = x.to(dtype)
+    got, want = qlinear.quantize_activations(x[:, 1:], 7), reference_activations(x[:, 1:], 7)  # strided, K = 202
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert got[0].abs().max() == 127 and (got[0][2, 32:64] == 0).all()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("n,k", [(16, 32), (53, 96), (130, 50), (70, 200), (1, 7)])  # N, K off the 16/64 blocks and 32 groups
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_reference(bits, isa, n, k, dtype, monkeypatch):
+    if isa not in isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    packed, codes, d_w, m_w = weights(bits, n, k)
+    for m in (1, 2, 3, 5, 8, 13):  # passes of 4 rows and the rests
+        x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1:k + 1].to(dtype)  # strided rows
+        y = run(x, packed, bits, n, isa, monkeypatch)
+        assert y.shape == (m, n) and y.dtype == dtype
+        ref, bound = reference(x, codes, d_w, m_w)
+        if dtype == torch.bfloat16:
+            bound = bound + 2 ** -8 * ref.abs()
+        assert ((y.double() - ref).abs() <= bound).all(), (m, (y.double() - ref).abs().max().item())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_isa_gives_the_same_bits(bits, monkeypatch):
+    packed, *_ = weights(bits, 100, 160, seed=1)
+    x = torch.randn(9, 160, generator=torch.Generator().manual_seed(2))
+    outs = {isa: torch.cat([run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3)]
+                           + [run(x, packed, bits, 100, isa, monkeypatch)]) for isa in isas()}
+    for isa, out in outs.items():
+        assert torch.equal(out, outs["scalar"]), isa
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("isa", ["scalar", "best"])
+def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
+    """A row alone and in batches of 7, 64 and 300 rows, on 1 or 2 threads: identical bits."""
+    isa = isas()[-1] if isa == "best" else isa
+    packed, *_ = weights(bits, 150, 96, seed=3)
+    x = torch.randn(300, 96, generator=torch.Generator().manual_seed(4))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = run(x, packed, bits, 150, isa, monkeypatch)
+        torch.set_num_threads(2)
+        assert torch.equal(run(x, packed, bits, 150, isa, monkeypatch), full)
+        for m in (1, 7, 64, 300):
+            assert torch.equal(run(x[300 - m:], packed, bits, 150, isa, monkeypatch), full[300 - m:]), m
+            for row in (0, m // 2, m - 1):
+                i = 300 - m + row
+                assert torch.equal(run(x[i:i + 1], packed, bits, 150, isa, monkeypatch), full[i:i + 1]), (m, row)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("cls,base", [(W4A8Linear, Int4Linear), (W8A8Linear, Int8Linear)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_linears_are_the_weight_only_ones_up_to_the_activation_rounding(cls, base, dtype):
+    """K = 50 and N = 53 with a bias, [B, T, K] input: the same weights as Int4Linear / Int8Linear,
+    so the outputs differ only by the int8 rounding of the activations (< 2% of the output's norm)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(50, 53, bias=True).to(dtype)
+    x = torch.randn(2, 3, 50).to(dtype)
+    y, ref = cls(linear)(x), base(linear)(x)
+    assert y.shape == (2, 3, 53) and y.dtype == dtype
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 0.02
+
+
+@torch.no_grad()
+def test_without_the_extension_w4a8_runs_int4_with_one_warning(monkeypatch):
+    monkeypatch.setitem(qlinear._state, "module", None)
+    monkeypatch.setitem(qlinear._state, "reason", "test")
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    with pytest.warns(RuntimeWarning, match="w4a8 needs the native linears .*using int4") as caught:
+        assert quantize_linears(model, "w4a8") == 2
+    assert len(caught) == 1 and all(isinstance(m, Int4Linear) for m in model)
