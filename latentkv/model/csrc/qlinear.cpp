@@ -249,16 +249,22 @@ void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
 
 std::vector<int64_t> supported_isas() { return isas_up_to(2); }
 
+// The packed weight [NB, G, rec] fits x [M, K] and N outputs (both entries' shape rule).
+static void check_fit(const at::Tensor& x, const at::Tensor& packed, int64_t rec, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
+  TORCH_CHECK(packed.size(2) == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32,
+              "qlinear: packed weight [", NB, ", ", G, ", ", packed.size(2), "] does not fit x [", M, ", ", K, "], N ", N);
+}
+
 at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa);
 
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
   if (kind == 104 || kind == 108) return dot_linear(x, packed, kind - 100, N, isa);  // one entry for callers
   check_x(x, packed, isa);
   TORCH_CHECK(kind == 4 || kind == 8 || kind == 32, "qlinear: kind must be 4, 8, 32, 104 or 108");
-  const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
+  const int64_t M = x.size(0), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
   const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC : isa_scalar::F32::REC;
-  TORCH_CHECK(packed.size(2) == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32,
-              "qlinear: packed weight [", NB, ", ", G, ", ", packed.size(2), "] does not fit x [", M, ", ", K, "], N ", N);
+  check_fit(x, packed, rec, N);
   const bool f32 = x.scalar_type() == at::kFloat;
   auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());
@@ -303,10 +309,9 @@ std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t is
 at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
   check_x(x, packed, isa);
   TORCH_CHECK(kind == 4 || kind == 8, "qlinear: dot_linear kind must be 4 (w4a8) or 8 (w8a8)");
-  const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
+  const int64_t M = x.size(0), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
   const int64_t rec = (kind == 4 ? isa_scalar::W4::REC : isa_scalar::W8::REC) / 4;
-  TORCH_CHECK(packed.size(2) == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32,
-              "qlinear: packed weight [", NB, ", ", G, ", ", packed.size(2), "] does not fit x [", M, ", ", K, "], N ", N);
+  check_fit(x, packed, rec, N);
   const bool f32 = x.scalar_type() == at::kFloat;
   auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());

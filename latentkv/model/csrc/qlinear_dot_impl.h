@@ -52,19 +52,8 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
       }
     }
   }
-  for (int p = 0; p < P; ++p) {
-    const int64_t n = (first + p) * W;
-    if (n >= N) continue;
-    for (int m = 0; m < MB; ++m) {
-      if (n + W <= N) {
-        Vec::store(out + m * ldo + n, tot[p][m]);
-      } else {  // the last rows: only the real ones
-        alignas(64) float tmp[W];
-        Vec::store(tmp, tot[p][m]);
-        for (int64_t i = 0; n + i < N; ++i) out[m * ldo + n + i] = tmp[i];
-      }
-    }
-  }
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MB; ++m) store_lanes(out + m * ldo, (first + p) * W, N, tot[p][m]);  // qlinear_impl.h
 }
 
 // One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB rows (the rest: 3, 2,

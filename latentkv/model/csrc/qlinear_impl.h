@@ -67,6 +67,19 @@ struct Tile {
   }
 };
 
+// A vector of W output columns from n (only those < N: the last panel may be partly padding).
+static inline void store_lanes(float* row, int64_t n, int64_t N, typename Vec::T v) {
+  constexpr int W = Vec::W;
+  if (n >= N) return;
+  if (n + W <= N) {
+    Vec::store(row + n, v);
+    return;
+  }
+  alignas(64) float tmp[W];
+  Vec::store(tmp, v);
+  for (int64_t i = 0; n + i < N; ++i) row[n + i] = tmp[i];
+}
+
 // P panels (W rows each: panel i is packed panel first + i, output columns col0 + i * W ...) times MB
 // activation rows, over all G groups. x [MB rows, stride ldx] float32 (zero past K), xsum [MB rows][G];
 // out rows stride ldo, only columns < N written.
@@ -114,19 +127,8 @@ static inline void panels(const int32_t* __restrict packed, int64_t G, int64_t f
       }
     }
   }
-  for (int p = 0; p < P; ++p) {
-    const int64_t n = col0 + p * W;
-    if (n >= N) continue;
-    for (int m = 0; m < MB; ++m) {
-      if (n + W <= N) {
-        Vec::store(out + m * ldo + n, tot[p][m]);
-      } else {  // the last rows: only the real ones
-        alignas(64) float tmp[W];
-        Vec::store(tmp, tot[p][m]);
-        for (int64_t i = 0; n + i < N; ++i) out[m * ldo + n + i] = tmp[i];
-      }
-    }
-  }
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MB; ++m) store_lanes(out + m * ldo, col0 + p * W, N, tot[p][m]);
 }
 
 // M < TILE_MIN: rows in passes of MB <= 3, codes read straight from the packed records; units of
