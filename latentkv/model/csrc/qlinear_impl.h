@@ -67,6 +67,11 @@ struct Tile {
   }
 };
 
+template <class T>
+static inline T* align64(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
 // A vector of W output columns from n (only those < N: the last panel may be partly padding).
 static inline void store_lanes(float* row, int64_t n, int64_t N, typename Vec::T v) {
   constexpr int W = Vec::W;
@@ -148,42 +153,122 @@ static void direct_unit(const int32_t* packed, int64_t G, int64_t first, const f
     panels<F, P, 1>(packed, G, first, first * W, x + m * ldx, ldx, xsum + m * G, out + m * ldo, ldo, N);
 }
 
-// M >= TILE_MIN: dequantize TILE_BLOCKS blocks once into `tile` (G records of Tile<F>, TILE_BLOCKS
-// blocks side by side), then all rows in passes of MB_TILE.
-template <class F>
-static void tile_unit(const int32_t* packed, int64_t G, int64_t block, const float* x, int64_t M, int64_t ldx,
-                      const float* xsum, float* out, int64_t ldo, int64_t N, int32_t* tile) {
-  constexpr int W = Vec::W, PB = BLOCK / W, P = TILE_BLOCKS * PB;
-  for (int b = 0; b < TILE_BLOCKS; ++b) {
-    const int32_t* src = packed + (block + b) * G * F::REC;
-    int32_t* dst = tile + b * G * Tile<F>::REC;
-    for (int64_t g = 0; g < G; ++g) {
-      const int32_t* rec = src + g * F::REC;
-      float* t = reinterpret_cast<float*>(dst + g * Tile<F>::REC);
-      for (int k = 0; k < GROUP; ++k)
-        for (int p = 0; p < PB; ++p) Vec::store(t + k * BLOCK + p * W, F::code(rec, p * W, k));
-      const float* sz = reinterpret_cast<const float*>(rec + F::SCALE);
-      for (int i = 0; i < (F::ZERO ? 2 : 1) * BLOCK; ++i) t[GROUP * BLOCK + i] = sz[i];
+// The many-row (tile) path, blocked like a BLIS GEMM so that each operand is read from a near cache:
+// the rows in M blocks whose activations fill about half of L2 (X_BLOCK_BYTES), the output
+// columns of a thread in chunks whose weights fit a slice of L3 (W_CHUNK_BYTES), and K in blocks
+// of KC groups whose codes for one unit (16 KB: 256 inputs x 16 rows) stay in L1 across the row
+// passes. `tot` lives in a small buffer between groups (an AVX2 register file cannot hold the 6 x 2
+// accumulators and 6 x 2 totals of a pass); every output element still runs the fixed order
+// above, group after group, whatever the blocking.
+constexpr int KC = 8;                            // groups per k block
+constexpr int64_t X_BLOCK_BYTES = 256 << 10;     // activation rows per M block: about this many bytes
+constexpr int64_t W_CHUNK_BYTES = 4 << 20;       // a thread's output columns per chunk: about this many weight bytes
+
+// MB activation rows times P panels (base[p] + g * S::REC, lanes lane[p]) over groups 0..gn of a k
+// block: x [MB rows, stride ldx] at the block's first input, xsum [MB rows, stride G] at its first
+// group, tot [MB][P * W] the running totals (read and written once per group).
+template <class S, int P, int MB>
+static inline void tile_pass(const int32_t* const* base, const int* lane, int gn, const float* __restrict x, int64_t ldx,
+                             const float* __restrict xsum, int64_t G, float* __restrict tot) {
+  constexpr int W = Vec::W;
+  for (int g = 0; g < gn; ++g) {
+    typename Vec::T acc[P][MB];
+    for (int p = 0; p < P; ++p)
+      for (int m = 0; m < MB; ++m) acc[p][m] = Vec::zero();
+    const float* xg = x + g * GROUP;
+#pragma GCC unroll 32
+    for (int k = 0; k < GROUP; ++k) {
+      typename Vec::T q[P];
+      for (int p = 0; p < P; ++p) q[p] = S::code(base[p] + g * S::REC, lane[p], k);
+      for (int m = 0; m < MB; ++m) {
+        const typename Vec::T xv = Vec::set1(xg[m * ldx + k]);
+        for (int p = 0; p < P; ++p) acc[p][m] = Vec::fma(q[p], xv, acc[p][m]);
+      }
     }
+    for (int p = 0; p < P; ++p) {
+      const float* rec = reinterpret_cast<const float*>(base[p] + g * S::REC) + S::SCALE + lane[p];
+      const typename Vec::T scale = Vec::load(rec);
+      for (int m = 0; m < MB; ++m) {
+        float* t = tot + (m * P + p) * W;
+        typename Vec::T v = Vec::fma(acc[p][m], scale, Vec::load(t));
+        if constexpr (S::ZERO) v = Vec::fma(Vec::load(rec + BLOCK), Vec::set1(xsum[m * G + g]), v);
+        Vec::store(t, v);
+      }
+    }
+    // keep the totals in memory: hoisted into registers they would push the accumulators out
+    __asm__ volatile("" ::: "memory");
   }
-  const int32_t* t = tile;
-  const int64_t col0 = block * BLOCK;
-  // rows in passes of 3..MB_TILE, as even as they go (8 rows: 4 + 4, not 6 + 2)
-  const int64_t passes = (M + MB_TILE - 1) / MB_TILE;
+}
+
+// Rows 0..rows of an M block (passes of 3..MB_TILE rows, as even as they go: 8 rows are 4 + 4, not
+// 6 + 2) times one unit's P panels over one k block of gn groups.
+template <class S, int P>
+static void tile_rows(const int32_t* const* base, const int* lane, int gn, const float* x, int64_t ldx, const float* xsum,
+                      int64_t G, int64_t rows, float* tot) {
+  constexpr int W = Vec::W;
+  const int64_t passes = (rows + MB_TILE - 1) / MB_TILE;
   for (int64_t i = 0, m = 0; i < passes; ++i) {
-    const int64_t rows = M / passes + (i < M % passes);
+    const int64_t r = rows / passes + (i < rows % passes);
     const float* xm = x + m * ldx;
     const float* sm = xsum + m * G;
-    float* om = out + m * ldo;
-    switch (rows) {
-      case 6: panels<Tile<F>, P, 6>(t, G, 0, col0, xm, ldx, sm, om, ldo, N); break;
-      case 5: panels<Tile<F>, P, 5>(t, G, 0, col0, xm, ldx, sm, om, ldo, N); break;
-      case 4: panels<Tile<F>, P, 4>(t, G, 0, col0, xm, ldx, sm, om, ldo, N); break;
-      case 3: panels<Tile<F>, P, 3>(t, G, 0, col0, xm, ldx, sm, om, ldo, N); break;
-      case 2: panels<Tile<F>, P, 2>(t, G, 0, col0, xm, ldx, sm, om, ldo, N); break;
-      default: panels<Tile<F>, P, 1>(t, G, 0, col0, xm, ldx, sm, om, ldo, N); break;
+    float* tm = tot + m * P * W;
+    switch (r) {
+      case 6: tile_pass<S, P, 6>(base, lane, gn, xm, ldx, sm, G, tm); break;
+      case 5: tile_pass<S, P, 5>(base, lane, gn, xm, ldx, sm, G, tm); break;
+      case 4: tile_pass<S, P, 4>(base, lane, gn, xm, ldx, sm, G, tm); break;
+      case 3: tile_pass<S, P, 3>(base, lane, gn, xm, ldx, sm, G, tm); break;
+      case 2: tile_pass<S, P, 2>(base, lane, gn, xm, ldx, sm, G, tm); break;
+      default: tile_pass<S, P, 1>(base, lane, gn, xm, ldx, sm, G, tm); break;
     }
-    m += rows;
+    m += r;
+  }
+}
+
+// Units u0..u1 (TILE_BLOCKS blocks each) times all M rows: the blocked loops. Quantized weights are
+// dequantized per (M block, unit, k block) into `tile` (TILE_BLOCKS x KC records of Tile<F>);
+// float32 weights are read as they are packed. tot: MC x BLOCK * TILE_BLOCKS floats.
+template <class F>
+static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1, const float* x, int64_t M, int64_t ldx,
+                       const float* xsum, float* out, int64_t ldo, int64_t N, int64_t MC, int64_t UC, int32_t* tile,
+                       float* tot) {
+  constexpr int W = Vec::W, PB = BLOCK / W, P = TILE_BLOCKS * PB;
+  constexpr bool DEQUANT = !std::is_same<F, F32>::value;
+  using S = typename std::conditional<DEQUANT, Tile<F>, F>::type;
+  for (int64_t c0 = u0; c0 < u1; c0 += UC) {
+    const int64_t c1 = std::min(u1, c0 + UC);
+    for (int64_t m0 = 0; m0 < M; m0 += MC) {
+      const int64_t rows = std::min(MC, M - m0);
+      const float* xm = x + m0 * ldx;
+      const float* sm = xsum + m0 * G;
+      for (int64_t u = c0; u < c1; ++u) {
+        const int64_t block = u * TILE_BLOCKS;
+        for (int64_t i = 0; i < rows * P * W; ++i) tot[i] = 0.0f;
+        for (int64_t g0 = 0; g0 < G; g0 += KC) {
+          const int gn = (int)std::min<int64_t>(KC, G - g0);
+          const int32_t* base[P];
+          int lane[P];
+          for (int p = 0; p < P; ++p) {
+            const int64_t b = p / PB;
+            base[p] = DEQUANT ? tile + b * KC * S::REC : packed + ((block + b) * G + g0) * F::REC;
+            lane[p] = (p % PB) * W;
+          }
+          if constexpr (DEQUANT)
+            for (int b = 0; b < TILE_BLOCKS; ++b)
+              for (int g = 0; g < gn; ++g) {
+                const int32_t* rec = packed + ((block + b) * G + g0 + g) * F::REC;
+                float* t = reinterpret_cast<float*>(tile + (b * KC + g) * S::REC);
+                for (int k = 0; k < GROUP; ++k)
+                  for (int p = 0; p < PB; ++p) Vec::store(t + k * BLOCK + p * W, F::code(rec, p * W, k));
+                const float* sz = reinterpret_cast<const float*>(rec + F::SCALE);
+                for (int i = 0; i < (F::ZERO ? 2 : 1) * BLOCK; ++i) t[GROUP * BLOCK + i] = sz[i];
+              }
+          tile_rows<S, P>(base, lane, gn, xm + g0 * GROUP, ldx, sm + g0, G, rows, tot);
+        }
+        for (int64_t m = 0; m < rows; ++m)
+          for (int p = 0; p < P; ++p)
+            store_lanes(out + (m0 + m) * ldo, block * BLOCK + p * W, N, Vec::load(tot + (m * P + p) * W));
+      }
+    }
   }
 }
 
@@ -203,9 +288,12 @@ static void linear(const int32_t* packed, int64_t NB, int64_t G, const float* x,
     return;
   }
   const int64_t units = ((N + BLOCK - 1) / BLOCK + TILE_BLOCKS - 1) / TILE_BLOCKS;
+  // M blocks of whole passes (a multiple of MB_TILE rows); chunks of at least one unit
+  const int64_t MC = std::max<int64_t>(MB_TILE, X_BLOCK_BYTES / (G * GROUP * 4) / MB_TILE * MB_TILE);
+  const int64_t UC = std::max<int64_t>(1, W_CHUNK_BYTES / (TILE_BLOCKS * G * F::REC * 4));
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> tile(TILE_BLOCKS * G * Tile<F>::REC + 16);
-    int32_t* aligned = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(tile.data()) + 63) & ~uintptr_t(63));
-    for (int64_t u = begin; u < end; ++u) tile_unit<F>(packed, G, u * TILE_BLOCKS, x, M, ldx, xsum, out, ldo, N, aligned);
+    std::vector<int32_t> tile(TILE_BLOCKS * KC * Tile<F>::REC + 16);
+    std::vector<float> tot(MC * TILE_BLOCKS * BLOCK + 16);
+    tile_units<F>(packed, G, begin, end, x, M, ldx, xsum, out, ldo, N, MC, UC, align64(tile.data()), align64(tot.data()));
   });
 }
