@@ -42,7 +42,7 @@ struct Vec {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
 };
-constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2;
+constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
 #include "qlinear_impl.h"
 }  // namespace isa_avx512
 #pragma GCC pop_options
@@ -67,7 +67,7 @@ struct Vec {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
 };
-constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 1;
+constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE = 4;
 #include "qlinear_impl.h"
 
 // Integer-dot formats (qlinear_dot_impl.h). w4a8: rows p and p + 4 of each 8-row half share 32 bytes
@@ -148,7 +148,7 @@ struct Vec {  // one lane: the same operations, so the same bits as the SIMD pat
   }
   static inline T byte(const int8_t* p) { return (float)*p; }
 };
-constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1;
+constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE = 6;
 #include "qlinear_impl.h"
 
 struct W4 {  // the AVX2 layout (slot 2p / 2p + 1 of rows p, p + 4 in each half), one row at a time

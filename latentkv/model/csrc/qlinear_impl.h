@@ -20,7 +20,6 @@
 
 constexpr int BLOCK = 16;  // output rows per packed block
 constexpr int GROUP = 32;  // inputs per group (quant.py INT4_GROUP)
-constexpr int MB_TILE = 6; // activation rows per tile-kernel pass
 
 constexpr int AHEAD = 4;   // groups ahead to prefetch the packed records (they stream from memory)
 
@@ -166,10 +165,10 @@ constexpr int64_t W_CHUNK_BYTES = 4 << 20;       // a thread's output columns pe
 
 // MB activation rows times P panels (base[p] + g * S::REC, lanes lane[p]) over groups 0..gn of a k
 // block: x [MB rows, stride ldx] at the block's first input, xsum [MB rows, stride G] at its first
-// group, tot [MB][P * W] the running totals (read and written once per group).
+// group, tot [MB rows, stride ldt] the running totals of the P panels (read and written once per group).
 template <class S, int P, int MB>
 static inline void tile_pass(const int32_t* const* base, const int* lane, int gn, const float* __restrict x, int64_t ldx,
-                             const float* __restrict xsum, int64_t G, float* __restrict tot) {
+                             const float* __restrict xsum, int64_t G, float* __restrict tot, int64_t ldt) {
   constexpr int W = Vec::W;
   for (int g = 0; g < gn; ++g) {
     typename Vec::T acc[P][MB];
@@ -189,7 +188,7 @@ static inline void tile_pass(const int32_t* const* base, const int* lane, int gn
       const float* rec = reinterpret_cast<const float*>(base[p] + g * S::REC) + S::SCALE + lane[p];
       const typename Vec::T scale = Vec::load(rec);
       for (int m = 0; m < MB; ++m) {
-        float* t = tot + (m * P + p) * W;
+        float* t = tot + m * ldt + p * W;
         typename Vec::T v = Vec::fma(acc[p][m], scale, Vec::load(t));
         if constexpr (S::ZERO) v = Vec::fma(Vec::load(rec + BLOCK), Vec::set1(xsum[m * G + g]), v);
         Vec::store(t, v);
@@ -200,25 +199,25 @@ static inline void tile_pass(const int32_t* const* base, const int* lane, int gn
   }
 }
 
-// Rows 0..rows of an M block (passes of 3..MB_TILE rows, as even as they go: 8 rows are 4 + 4, not
-// 6 + 2) times one unit's P panels over one k block of gn groups.
-template <class S, int P>
+// Rows 0..rows of an M block (passes of up to MB rows, as even as they go: 8 rows in passes of 6
+// are 4 + 4, not 6 + 2) times P panels over one k block of gn groups.
+template <class S, int P, int MB>
 static void tile_rows(const int32_t* const* base, const int* lane, int gn, const float* x, int64_t ldx, const float* xsum,
-                      int64_t G, int64_t rows, float* tot) {
-  constexpr int W = Vec::W;
-  const int64_t passes = (rows + MB_TILE - 1) / MB_TILE;
+                      int64_t G, int64_t rows, float* tot, int64_t ldt) {
+  static_assert(MB >= 1 && MB <= 6, "passes of 1..6 rows");
+  const int64_t passes = (rows + MB - 1) / MB;
   for (int64_t i = 0, m = 0; i < passes; ++i) {
     const int64_t r = rows / passes + (i < rows % passes);
     const float* xm = x + m * ldx;
     const float* sm = xsum + m * G;
-    float* tm = tot + m * P * W;
+    float* tm = tot + m * ldt;
     switch (r) {
-      case 6: tile_pass<S, P, 6>(base, lane, gn, xm, ldx, sm, G, tm); break;
-      case 5: tile_pass<S, P, 5>(base, lane, gn, xm, ldx, sm, G, tm); break;
-      case 4: tile_pass<S, P, 4>(base, lane, gn, xm, ldx, sm, G, tm); break;
-      case 3: tile_pass<S, P, 3>(base, lane, gn, xm, ldx, sm, G, tm); break;
-      case 2: tile_pass<S, P, 2>(base, lane, gn, xm, ldx, sm, G, tm); break;
-      default: tile_pass<S, P, 1>(base, lane, gn, xm, ldx, sm, G, tm); break;
+      case 6: if constexpr (MB >= 6) tile_pass<S, P, 6>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
+      case 5: if constexpr (MB >= 5) tile_pass<S, P, 5>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
+      case 4: if constexpr (MB >= 4) tile_pass<S, P, 4>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
+      case 3: if constexpr (MB >= 3) tile_pass<S, P, 3>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
+      case 2: if constexpr (MB >= 2) tile_pass<S, P, 2>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
+      default: tile_pass<S, P, 1>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
     }
     m += r;
   }
@@ -231,8 +230,10 @@ template <class F>
 static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1, const float* x, int64_t M, int64_t ldx,
                        const float* xsum, float* out, int64_t ldo, int64_t N, int64_t MC, int64_t UC, int32_t* tile,
                        float* tot) {
-  constexpr int W = Vec::W, PB = BLOCK / W, P = TILE_BLOCKS * PB;
+  constexpr int W = Vec::W, PB = BLOCK / W, P = TILE_BLOCKS * PB, LDT = TILE_BLOCKS * BLOCK;
+  static_assert(P % TILE_P == 0, "a unit's panels in whole micro tiles");
   constexpr bool DEQUANT = !std::is_same<F, F32>::value;
+  const int64_t nbn = (N + BLOCK - 1) / BLOCK;  // blocks holding outputs (the packed rows pad to a multiple of 4)
   using S = typename std::conditional<DEQUANT, Tile<F>, F>::type;
   for (int64_t c0 = u0; c0 < u1; c0 += UC) {
     const int64_t c1 = std::min(u1, c0 + UC);
@@ -241,10 +242,13 @@ static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1,
       const float* xm = x + m0 * ldx;
       const float* sm = xsum + m0 * G;
       for (int64_t u = c0; u < c1; ++u) {
-        const int64_t block = u * TILE_BLOCKS;
-        for (int64_t i = 0; i < rows * P * W; ++i) tot[i] = 0.0f;
-        for (int64_t g0 = 0; g0 < G; g0 += KC) {
-          const int gn = (int)std::min<int64_t>(KC, G - g0);
+        const int64_t block = u * TILE_BLOCKS, nb = std::min<int64_t>(TILE_BLOCKS, nbn - block), np = nb * PB;
+        for (int64_t m = 0; m < rows; ++m)
+          for (int i = 0; i < LDT; ++i) tot[m * LDT + i] = 0.0f;
+        const int64_t kblocks = (G + KC - 1) / KC;  // as even as they go (18 groups: 6 + 6 + 6)
+        for (int64_t j = 0; j < kblocks; ++j) {
+          const int64_t g0 = G * j / kblocks;
+          const int gn = (int)(G * (j + 1) / kblocks - g0);
           const int32_t* base[P];
           int lane[P];
           for (int p = 0; p < P; ++p) {
@@ -253,7 +257,7 @@ static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1,
             lane[p] = (p % PB) * W;
           }
           if constexpr (DEQUANT)
-            for (int b = 0; b < TILE_BLOCKS; ++b)
+            for (int b = 0; b < nb; ++b)
               for (int g = 0; g < gn; ++g) {
                 const int32_t* rec = packed + ((block + b) * G + g0 + g) * F::REC;
                 float* t = reinterpret_cast<float*>(tile + (b * KC + g) * S::REC);
@@ -262,11 +266,17 @@ static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1,
                 const float* sz = reinterpret_cast<const float*>(rec + F::SCALE);
                 for (int i = 0; i < (F::ZERO ? 2 : 1) * BLOCK; ++i) t[GROUP * BLOCK + i] = sz[i];
               }
-          tile_rows<S, P>(base, lane, gn, xm + g0 * GROUP, ldx, sm + g0, G, rows, tot);
+          const float* xk = xm + g0 * GROUP;
+          if (np == P && rows >= 2 * MB_TILE)
+            for (int p = 0; p < P; p += TILE_P)
+              tile_rows<S, TILE_P, MB_TILE>(base + p, lane + p, gn, xk, ldx, sm + g0, G, rows, tot + p * W, LDT);
+          else  // the last unit, short of blocks, or few rows (passes of up to 6): one block at a time
+            for (int p = 0; p < np; p += PB)
+              tile_rows<S, PB, 6>(base + p, lane + p, gn, xk, ldx, sm + g0, G, rows, tot + p * W, LDT);
         }
         for (int64_t m = 0; m < rows; ++m)
-          for (int p = 0; p < P; ++p)
-            store_lanes(out + (m0 + m) * ldo, block * BLOCK + p * W, N, Vec::load(tot + (m * P + p) * W));
+          for (int p = 0; p < np; ++p)
+            store_lanes(out + (m0 + m) * ldo, block * BLOCK + p * W, N, Vec::load(tot + m * LDT + p * W));
       }
     }
   }
@@ -287,7 +297,7 @@ static void linear(const int32_t* packed, int64_t NB, int64_t G, const float* x,
     });
     return;
   }
-  const int64_t units = ((N + BLOCK - 1) / BLOCK + TILE_BLOCKS - 1) / TILE_BLOCKS;
+  const int64_t units = ((N + BLOCK - 1) / BLOCK + TILE_BLOCKS - 1) / TILE_BLOCKS;  // the last may be short of blocks
   // M blocks of whole passes (a multiple of MB_TILE rows); chunks of at least one unit
   const int64_t MC = std::max<int64_t>(MB_TILE, X_BLOCK_BYTES / (G * GROUP * 4) / MB_TILE * MB_TILE);
   const int64_t UC = std::max<int64_t>(1, W_CHUNK_BYTES / (TILE_BLOCKS * G * F::REC * 4));
