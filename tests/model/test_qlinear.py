@@ -52,12 +52,17 @@ def test_matches_the_dequantized_weights(bits, isa, n, k, dtype, monkeypatch):
         x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1:k + 1].to(dtype)  # strided rows
         y = run(x, packed, bits, n, isa, monkeypatch)
         assert y.shape == (m, n) and y.dtype == dtype
-        xd = x.double()
-        ref = xd @ w.T
-        bound = 1e-5 * (xd.abs() @ (w.abs() + w.abs().amax(1, keepdim=True)).T)
-        if dtype == torch.bfloat16:
-            bound = bound + 2 ** -8 * ref.abs()
-        assert ((y.double() - ref).abs() <= bound).all(), (m, (y.double() - ref).abs().max().item())
+        assert_near(y, x, w, m)
+
+
+def assert_near(y, x, w, what):
+    """y = x · wᵀ within the module docstring's bound (w: the dequantized float64 weight)."""
+    xd = x.double()
+    ref = xd @ w.T
+    bound = 1e-5 * (xd.abs() @ (w.abs() + w.abs().amax(1, keepdim=True)).T)
+    if x.dtype == torch.bfloat16:
+        bound = bound + 2 ** -8 * ref.abs()
+    assert ((y.double() - ref).abs() <= bound).all(), (what, (y.double() - ref).abs().max().item())
 
 
 @pytest.mark.parametrize("bits", KINDS)
@@ -90,6 +95,31 @@ def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
             assert torch.equal(run(x[3 + m - 1:3 + m], packed, bits, 200, isa, monkeypatch), full[m - 1:m]), m
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("bits", KINDS)
+def test_rows_keep_their_bits_in_prefill_sized_batches(bits, monkeypatch):
+    """The blocked many-row path (M blocks, k blocks, column chunks, a short last unit: N = 200 is
+    13 blocks, K = 600 is 19 groups in uneven k blocks) at prefill sizes: a row alone, or inside
+    batches of 5, 300 and 2100 rows (several M blocks), on 1 or 2 threads, has the same bits; the
+    scalar path (no blocking) agrees with the best ISA; all near the float64 product."""
+    isa = isas()[-1]
+    packed, w = quantized(bits, 200, 600, seed=5)
+    x = torch.randn(2100, 600, generator=torch.Generator().manual_seed(6))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = run(x, packed, bits, 200, isa, monkeypatch)
+        torch.set_num_threads(2)
+        assert torch.equal(run(x, packed, bits, 200, isa, monkeypatch), full)
+    finally:
+        torch.set_num_threads(threads)
+    assert_near(full, x, w, "2100 rows")
+    for start, m in ((0, 5), (0, 300), (7, 300), (1500, 600)):
+        assert torch.equal(run(x[start:start + m], packed, bits, 200, isa, monkeypatch), full[start:start + m]), (start, m)
+    for r in (0, 4, 299, 1000, 2099):
+        assert torch.equal(run(x[r:r + 1], packed, bits, 200, isa, monkeypatch), full[r:r + 1]), r
+    assert torch.equal(run(x[:300], packed, bits, 200, "scalar", monkeypatch), full[:300])
 
 
 @pytest.mark.parametrize("cls", [Int4Linear, Int8Linear])
