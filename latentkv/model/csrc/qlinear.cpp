@@ -33,6 +33,7 @@ struct Vec {
   static inline T set1(float v) { return _mm512_set1_ps(v); }
   static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static inline T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static inline T add(T a, T b) { return _mm512_add_ps(a, b); }
   // nibble t (bits 4t..4t+3) of each lane's word in place, q * 16^t (t = 7: shifted down, q)
   static inline T nibble(const int32_t* words, int t) {
     const __m512i v = _mm512_loadu_si512(words);
@@ -59,6 +60,7 @@ struct Vec {
   static inline T set1(float v) { return _mm256_set1_ps(v); }
   static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static inline T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static inline T add(T a, T b) { return _mm256_add_ps(a, b); }
   static inline T nibble(const int32_t* words, int t) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));
     return _mm256_cvtepi32_ps(t == 7 ? _mm256_srli_epi32(v, 28) : _mm256_and_si256(v, _mm256_set1_epi32(15 << 4 * t)));
@@ -142,6 +144,7 @@ struct Vec {  // one lane: the same operations, so the same bits as the SIMD pat
   static inline T set1(float v) { return v; }
   static inline T fma(T a, T b, T c) { return __builtin_fmaf(a, b, c); }
   static inline T mul(T a, T b) { return a * b; }
+  static inline T add(T a, T b) { return a + b; }
   static inline T nibble(const int32_t* words, int t) {
     const uint32_t v = (uint32_t)*words;
     return (float)(int32_t)(t == 7 ? v >> 28 : v & (15u << 4 * t));

@@ -25,6 +25,7 @@ constexpr int AHEAD = 4;   // groups ahead to prefetch the packed records (they 
 
 struct Int4 {
   static constexpr bool STREAM = true;
+  static constexpr bool UNIT = false;  // true: every scale is 1.0 (the tile path adds instead)
   static constexpr int REC = 4 * BLOCK + 2 * BLOCK;  // words per record
   static constexpr int SCALE = 4 * BLOCK;
   static constexpr bool ZERO = true;
@@ -33,6 +34,7 @@ struct Int4 {
 
 struct Int8 {
   static constexpr bool STREAM = true;
+  static constexpr bool UNIT = false;
   static constexpr int REC = GROUP * BLOCK / 4 + BLOCK;
   static constexpr int SCALE = GROUP * BLOCK / 4;
   static constexpr bool ZERO = false;
@@ -46,6 +48,7 @@ struct Int8 {
 // float32 nn.Linear layers in batch-invariant mode, where MKL's small-M kernels round differently).
 struct F32 {
   static constexpr bool STREAM = true;
+  static constexpr bool UNIT = true;  // every scale is 1.0
   static constexpr int REC = GROUP * BLOCK + BLOCK;
   static constexpr int SCALE = GROUP * BLOCK;
   static constexpr bool ZERO = false;
@@ -58,6 +61,7 @@ struct F32 {
 template <class F>
 struct Tile {
   static constexpr bool STREAM = false;
+  static constexpr bool UNIT = false;
   static constexpr int REC = GROUP * BLOCK + 2 * BLOCK;
   static constexpr int SCALE = GROUP * BLOCK;
   static constexpr bool ZERO = F::ZERO;
@@ -189,7 +193,8 @@ static inline void tile_pass(const int32_t* const* base, const int* lane, int gn
       const typename Vec::T scale = Vec::load(rec);
       for (int m = 0; m < MB; ++m) {
         float* t = tot + m * ldt + p * W;
-        typename Vec::T v = Vec::fma(acc[p][m], scale, Vec::load(t));
+        // float32 weights: scale 1, and fma(acc, 1, tot) is acc + tot (one rounding either way) on the adder
+        typename Vec::T v = S::UNIT ? Vec::add(acc[p][m], Vec::load(t)) : Vec::fma(acc[p][m], scale, Vec::load(t));
         if constexpr (S::ZERO) v = Vec::fma(Vec::load(rec + BLOCK), Vec::set1(xsum[m * G + g]), v);
         Vec::store(t, v);
       }
