@@ -6,6 +6,9 @@ kernel / F.linear. Pin it and give it one thread for the figures we quote:
 
     OMP_NUM_THREADS=1 taskset -c 1 python scripts/bench_qlinear.py
 
+--prefill T instead times the bundled model's prefill of a T-token prompt (LLM.generate,
+max_tokens=1, prefix caching off; --quantization int4 for int4 linears): median tokens/s.
+
 --so PATH loads another build of the extension (e.g. a saved copy of the old one) in place of the
 checkout's: A/B two builds in two processes (same-named extensions interpose their symbols).
 """
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from latentkv.model import qlinear
+from latentkv.model.fused import pick_isa
 from latentkv.model.quant import quantize_int4, quantize_int8
 
 # SmolLM2-135M converted to MLA (hidden 576, intermediate 1536): (name, N, K)
@@ -32,8 +36,7 @@ def load_so(path: str) -> None:
     spec = importlib.util.spec_from_file_location("latentkv_qlinear", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    qlinear.extension()
-    qlinear._state["module"] = module
+    qlinear._state.update(module=module, reason=None, isa=pick_isa(module))  # the checkout's build never loads
 
 
 def packed(bits: int, w: torch.Tensor) -> torch.Tensor:
@@ -51,6 +54,24 @@ def timed(fn, reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
+def prefill(tokens: int, repeats: int, quantization: str | None) -> None:
+    from latentkv import LLM, SamplingParams
+    from latentkv.resolve import resolve_model
+
+    llm = LLM(model=str(resolve_model(None).path), enable_prefix_caching=False, quantization=quantization)
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    gen = torch.Generator().manual_seed(0)
+    rates = []
+    for i in range(repeats + 1):  # the first: warm-up
+        ids = torch.randint(100, 40000, (tokens,), generator=gen).tolist()
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        if i:
+            rates.append(tokens / (time.perf_counter() - start))
+    print(f"prefill {tokens} tokens, quantization {quantization}: {statistics.median(rates):.1f} tok/s "
+          f"(runs {', '.join(f'{r:.1f}' for r in rates)})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--so")
@@ -59,9 +80,13 @@ def main() -> None:
     ap.add_argument("--kinds", default="32")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flop", type=float, default=2e8, help="work per timed call, to pick inner reps")
+    ap.add_argument("--prefill", type=int)
+    ap.add_argument("--quantization")
     args = ap.parse_args()
     if args.so:
         load_so(args.so)
+    if args.prefill:
+        return prefill(args.prefill, args.repeats, args.quantization)
     print(f"threads {torch.get_num_threads()}, isa {qlinear._state['isa'] if qlinear.available() else None}")
     names = args.shapes.split(",")
     for name, n, k in SHAPES:
