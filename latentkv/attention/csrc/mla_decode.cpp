@@ -26,6 +26,19 @@ constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 K
 constexpr int64_t SPAN = 64;    // fewest tokens per work item: a 128-token context is two items (both threads)
 constexpr int64_t MAX_SPANS = 64;
 
+// Software prefetch as volatile asm: GCC (12, -O1 and up) deletes _mm_prefetch / __builtin_prefetch
+// loops over the block table as code without effects, so the kernels' prefetches never ran.
+inline void prefetch_l1(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*(const char*)p));
+#endif
+}
+inline void prefetch_l2(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*(const char*)p));
+#endif
+}
+
 struct Job {
   int M, D, r, bs, kind;
   int64_t nb;
