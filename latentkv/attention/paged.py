@@ -21,7 +21,7 @@ def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: 
     cache.latent.view(-1, cache.kv_rank).index_copy_(0, slot_mapping, q)
     cache.scale.view(-1).index_copy_(0, slot_mapping, scale)
     slots = cache.scale.numel()  # not view(-1, rope_dim): with rope_dim 0 the -1 is ambiguous
-    cache.rope.view(slots, cache.rope_dim).index_copy_(0, slot_mapping, k_r.to(cache.dtype))
+    cache.rope.view(slots, cache.rope_dim).index_copy_(0, slot_mapping, k_r.to(cache.rope.dtype))
 
 
 def gather(cache: LatentCache, block_tables: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from latentkv.cache.latent_cache import rope_dtype
 from latentkv.config import ModelConfig
 from latentkv.facts import MODEL_DTYPES, SCALE_BYTES
 
@@ -24,11 +25,13 @@ class KVAccount:
 
 def latent_bytes(ranks: list[int], rope_dim: int, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:
     """Bytes one token occupies in the latent cache over layers of latent widths `ranks`:
-    c (one byte + a scale when quantized, else the model dtype) and k_r (the model dtype)."""
+    c (one byte + a scale when quantized, else the model dtype) and k_r (the model dtype; when
+    quantized, `latent_cache.rope_dtype` of it)."""
     elt = MODEL_DTYPES[model_dtype].itemsize
     if cache_dtype == "auto":
         return sum((rank + rope_dim) * elt for rank in ranks)
-    return sum(rank + SCALE_BYTES + rope_dim * elt for rank in ranks)
+    rope_elt = rope_dtype(MODEL_DTYPES[model_dtype]).itemsize
+    return sum(rank + SCALE_BYTES + rope_dim * rope_elt for rank in ranks)
 
 
 def latent_bytes_per_token(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:

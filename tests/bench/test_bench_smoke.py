@@ -82,7 +82,7 @@ def test_bench_kernel(tmp_path):
         (data["model_dtype"], 1, 64), (data["model_dtype"], 1, 200), (data["model_dtype"], 3, 64),
         (data["model_dtype"], 3, 200), ("int8", 1, 64), ("int8", 1, 200), ("int8", 3, 64), ("int8", 3, 200)]
     elt = 2 if data["model_dtype"] == "bfloat16" else 4
-    per_token = {data["model_dtype"]: (32 + 16) * elt, "int8": 32 + 4 + 16 * elt}  # rank + rope; codes + scale + rope
+    per_token = {data["model_dtype"]: (32 + 16) * elt, "int8": 32 + 4 + 16 * 2}  # rank + rope; codes + scale + bf16 rope
     for row in data["results"]:
         assert row["bytes"] == row["batch"] * row["context"] * per_token[row["latent"]]
         assert positive(row["reference GB/s"]) and positive(row["reference % bw"])

@@ -1,8 +1,8 @@
 // Paged MLA decode for float32 queries with AVX2 + FMA intrinsics. Included once by mla_decode.cpp
 // inside `namespace isa_avx2` under its target pragma, after exp_poly.h (e^x) and mla_decode_impl.h
-// (Job, load_tile). Nothing here may include a header.
+// (Job, load_row). Nothing here may include a header.
 //
-// Same work items, tile (TILE tokens widened to float32 by load_tile: a float32 / bf16 cache,
+// Same work items, tile (TILE tokens widened to float32 by load_row: a float32 / bf16 cache,
 // or int8 / fp8 codes times the token's scale), online softmax and merge as mla_decode_impl.h;
 // what differs is the inner arithmetic, so that loads, not the vector units, stop limiting it
 // (the auto-vectorized loops there load one tile vector and one broadcast per FMA):
@@ -149,7 +149,31 @@ static inline void attend_tile_avx2(const Job& job, int m0, int64_t j0, int n, c
   if (r % 8) values_tail<G>(o, 8 * nz, r % 8, tile, D, p, alpha);
 }
 
-// attend_span (mla_decode_impl.h) with the kernels above: one item, q float32 [M, D].
+static inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = (const char*)p;
+  for (int64_t i = 0; i < bytes; i += 64) prefetch_l1(c + i);
+  prefetch_l1(c + bytes - 1);
+}
+
+// Ask for the cache row of token j of sequence `table` ahead of load_row.
+static inline void prefetch_row(const Job& job, const int64_t* table, int64_t j) {
+  const int D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
+  const int64_t slot = table[j / bs] * bs + j % bs;
+  const int rope_bytes = dr * (job.rope_bf16 ? 2 : 4);
+  switch (job.kind) {
+    case KIND_F32: prefetch_bytes((const float*)job.kv + slot * D, 4 * D); break;
+    case KIND_BF16: prefetch_bytes((const uint16_t*)job.kv + slot * D, 2 * D); break;
+    default:
+      prefetch_bytes((const int8_t*)job.latent + slot * r, r);
+      prefetch_bytes((const char*)job.rope + slot * rope_bytes, rope_bytes);
+      prefetch_l1(job.scale + slot);
+  }
+}
+
+// attend_span (mla_decode_impl.h) with the kernels above: one item, q float32 [M, D]. While a
+// tile is widened, the next tile's rows are prefetched, a token each (the blocks are scattered:
+// the hardware prefetcher loses the stream at every block boundary, and the misses stalled the
+// widening ~30% of the kernel's time).
 static void attend_span_fast(const Job& job, int64_t b, int64_t t0, int64_t t1, const float* q, const int64_t* lim,
                              float* acc, float* mx, float* sum, float* tile, float* sc) {
   (void)sc;
@@ -157,9 +181,13 @@ static void attend_span_fast(const Job& job, int64_t b, int64_t t0, int64_t t1, 
   const int64_t* table = job.block_tables + b * job.nb;
   for (int m = 0; m < M; ++m) mx[m] = -__builtin_inff(), sum[m] = 0.0f;
   for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
+  for (int64_t j = t0; j < t1 && j < t0 + TILE; ++j) prefetch_row(job, table, j);
   for (int64_t j0 = t0; j0 < t1; j0 += TILE) {
     int n = (int)(t1 - j0 < TILE ? t1 - j0 : TILE);
-    load_tile(job, table, j0, n, tile);
+    for (int t = 0; t < n; ++t) {
+      if (j0 + TILE + t < t1) prefetch_row(job, table, j0 + TILE + t);
+      load_row(job, table, j0 + t, tile + (int64_t)t * D);
+    }
     for (int64_t i = (int64_t)n * D; i < (int64_t)TILE * D; ++i) tile[i] = 0.0f;  // rows past the span: weight 0
     const int groups = M / 3;  // query rows three at a time (the bundled model's 9 heads: three groups)
     for (int g = 0; g < groups; ++g) attend_tile_avx2<3>(job, 3 * g, j0, n, q, lim, tile, acc, mx, sum);

@@ -138,10 +138,10 @@ static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j
   for (int64_t j = j0 + n * part / parts; j < j0 + n * (part + 1) / parts; ++j) {
     int64_t slot = table[j / bs] * bs + j % bs;
     const char* p = quant ? (const char*)job.latent + slot * row : (const char*)job.kv + slot * row;
-    for (int64_t o = 0; o < row; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+    for (int64_t o = 0; o < row; o += 64) prefetch_l2(p + o);
     if (rope_row) {
       const char* pr = (const char*)job.rope + slot * rope_row;
-      for (int64_t o = 0; o < rope_row; o += 64) _mm_prefetch(pr + o, _MM_HINT_T1);
+      for (int64_t o = 0; o < rope_row; o += 64) prefetch_l2(pr + o);
     }
   }
 }

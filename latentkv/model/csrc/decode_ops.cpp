@@ -179,9 +179,10 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   int64_t slot_count;
   if (quantized) {
     TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope_cache.is_contiguous() && latent.size(-1) == r &&
-                    scale.scalar_type() == at::kFloat && rope_cache.scalar_type() == c.scalar_type() &&
+                    scale.scalar_type() == at::kFloat &&
+                    (rope_cache.scalar_type() == c.scalar_type() || rope_cache.scalar_type() == at::kBFloat16) &&
                     (latent.scalar_type() == at::kChar || latent.scalar_type() == at::kByte),
-                "write_latent: latent [.., r] int8|uint8, scale float32, rope in c's dtype, all contiguous");
+                "write_latent: latent [.., r] int8|uint8, scale float32, rope in c's dtype or bf16, all contiguous");
     slot_count = scale.numel();
   } else {
     TORCH_CHECK(kv.is_contiguous() && kv.size(-1) == r + dr && kv.scalar_type() == c.scalar_type(),
@@ -192,6 +193,7 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(sp[t] >= 0 && sp[t] < slot_count, "write_latent: slot ", sp[t], " outside the cache");
   const bool fp8 = quantized && latent.scalar_type() == at::kByte;
+  const bool rope16 = quantized && rope_cache.scalar_type() == at::kBFloat16 && c.scalar_type() != at::kBFloat16;
   const float q = (float)qmax;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, c.scalar_type(), "write_latent", [&] {
     const scalar_t *cp = c.data_ptr<scalar_t>(), *kp = k_r.data_ptr<scalar_t>();
@@ -203,8 +205,13 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
         const int64_t slot = sp[t];
         const scalar_t* ct = cp + t * scn;
         rotate_row(kp + t * skn, skk, dr, cosp + t * (dr / 2), sinp + t * (dr / 2), interleaved, row.data());
-        scalar_t* rope_out = quantized ? rope_cache.data_ptr<scalar_t>() + slot * dr : kv.data_ptr<scalar_t>() + slot * (r + dr) + r;
-        for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<scalar_t>(row[i]);
+        if (rope16) {  // a float32 model's quantized cache (cache/latent_cache.py rope_dtype)
+          at::BFloat16* rope_out = rope_cache.data_ptr<at::BFloat16>() + slot * dr;
+          for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<at::BFloat16>(row[i]);
+        } else {
+          scalar_t* rope_out = quantized ? rope_cache.data_ptr<scalar_t>() + slot * dr : kv.data_ptr<scalar_t>() + slot * (r + dr) + r;
+          for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<scalar_t>(row[i]);
+        }
         if (!quantized) {
           scalar_t* out = kv.data_ptr<scalar_t>() + slot * (r + dr);
           for (int64_t i = 0; i < r; ++i) out[i] = ct[i * sck];
