@@ -6,7 +6,8 @@ weights bought nothing there. This kernel reads the packed weight once per call,
 a 16-row block in the SIMD lanes (AVX2: 8, AVX-512: 16, scalar: 1, one template) and reduces each
 output element over K in one fixed order, whatever M, the threads or the ISA (all paths give the
 same bits): batch-invariant by construction. M < 4 reads codes straight from the packed weight
-(decode); larger M dequantizes a block once into a float tile that every row reuses (prefill).
+(decode); larger M (prefill) runs a GEMM-like blocked loop: rows in L2-sized blocks, K in blocks of
+8 groups whose dequantized float tile stays in L1 across the rows (float32 weights: read as packed).
 
 Built like the fused decode ops (model/fused.py: same cache folder, same ISA switch
 LATENTKV_CPU_ISA); `LATENTKV_QLINEAR=0` switches it off (ATen's kernels, on purpose), and a

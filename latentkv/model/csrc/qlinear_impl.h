@@ -15,8 +15,10 @@
 //   for each group g: acc = sum over the 32 inputs in order of fma(code, x', acc)
 //                     tot = fma(acc, scale, tot); int4: tot = fma(min, sum(x over g), tot)
 // whatever M, the thread split, the ISA (the scalar path uses fmaf: the same bits), or whether
-// the codes come straight from the packed record ("direct") or from a block dequantized once
-// into a float tile and reused by all rows ("tile", for M >= TILE_MIN): batch-invariant by construction.
+// the codes come straight from the packed record ("direct", M < TILE_MIN) or from blocks
+// dequantized into a float tile that a block of rows reuses ("tile", blocked like a GEMM; float32
+// weights are read as packed, and their scale of 1 makes the tot step an add, the same rounding):
+// batch-invariant by construction.
 
 constexpr int BLOCK = 16;  // output rows per packed block
 constexpr int GROUP = 32;  // inputs per group (quant.py INT4_GROUP)
