@@ -90,6 +90,26 @@ static inline void store_lanes(float* row, int64_t n, int64_t N, typename Vec::T
   for (int64_t i = 0; n + i < N; ++i) row[n + i] = tmp[i];
 }
 
+// The fixed order's inner step, for P panels (records base[p] + g * F::REC, lanes lane[p]) times
+// MB activation rows xg [MB rows, stride ldx] of group g: acc[p][m] = the fma chain over the 32
+// inputs in order. The direct and the tile paths both run it, so their bits cannot drift apart.
+template <class F, int P, int MB>
+__attribute__((always_inline)) static inline void group_sums(const int32_t* const* base, const int* lane, int64_t g,
+                                                              const float* __restrict xg, int64_t ldx,
+                                                              typename Vec::T (&acc)[P][MB]) {
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MB; ++m) acc[p][m] = Vec::zero();
+#pragma GCC unroll 32
+  for (int k = 0; k < GROUP; ++k) {
+    typename Vec::T q[P];
+    for (int p = 0; p < P; ++p) q[p] = F::code(base[p] + g * F::REC, lane[p], k);
+    for (int m = 0; m < MB; ++m) {
+      const typename Vec::T xv = Vec::set1(xg[m * ldx + k]);
+      for (int p = 0; p < P; ++p) acc[p][m] = Vec::fma(q[p], xv, acc[p][m]);
+    }
+  }
+}
+
 // P panels (W rows each: panel i is packed panel first + i, output columns col0 + i * W ...) times MB
 // activation rows, over all G groups. x [MB rows, stride ldx] float32 (zero past K), xsum [MB rows][G];
 // out rows stride ldo, only columns < N written.
@@ -108,25 +128,14 @@ static inline void panels(const int32_t* __restrict packed, int64_t G, int64_t f
   for (int p = 0; p < P; ++p)
     for (int m = 0; m < MB; ++m) tot[p][m] = Vec::zero();
   for (int64_t g = 0; g < G; ++g) {
-    typename Vec::T acc[P][MB];
-    for (int p = 0; p < P; ++p)
-      for (int m = 0; m < MB; ++m) acc[p][m] = Vec::zero();
-    const float* xg = x + g * GROUP;
     if constexpr (F::STREAM)
       if (g + AHEAD < G)
         for (int p = 0; p < P; ++p)
           if (lane[p] == 0)
             for (int line = 0; line < F::REC * 4; line += 64)
               __builtin_prefetch(reinterpret_cast<const char*>(base[p] + (g + AHEAD) * F::REC) + line);
-#pragma GCC unroll 32
-    for (int k = 0; k < GROUP; ++k) {
-      typename Vec::T q[P];
-      for (int p = 0; p < P; ++p) q[p] = F::code(base[p] + g * F::REC, lane[p], k);
-      for (int m = 0; m < MB; ++m) {
-        const typename Vec::T xv = Vec::set1(xg[m * ldx + k]);
-        for (int p = 0; p < P; ++p) acc[p][m] = Vec::fma(q[p], xv, acc[p][m]);
-      }
-    }
+    typename Vec::T acc[P][MB];
+    group_sums<F, P, MB>(base, lane, g, x + g * GROUP, ldx, acc);
     for (int p = 0; p < P; ++p) {
       const float* rec = reinterpret_cast<const float*>(base[p] + g * F::REC) + F::SCALE + lane[p];
       const typename Vec::T scale = Vec::load(rec);
@@ -178,18 +187,7 @@ static inline void tile_pass(const int32_t* const* base, const int* lane, int gn
   constexpr int W = Vec::W;
   for (int g = 0; g < gn; ++g) {
     typename Vec::T acc[P][MB];
-    for (int p = 0; p < P; ++p)
-      for (int m = 0; m < MB; ++m) acc[p][m] = Vec::zero();
-    const float* xg = x + g * GROUP;
-#pragma GCC unroll 32
-    for (int k = 0; k < GROUP; ++k) {
-      typename Vec::T q[P];
-      for (int p = 0; p < P; ++p) q[p] = S::code(base[p] + g * S::REC, lane[p], k);
-      for (int m = 0; m < MB; ++m) {
-        const typename Vec::T xv = Vec::set1(xg[m * ldx + k]);
-        for (int p = 0; p < P; ++p) acc[p][m] = Vec::fma(q[p], xv, acc[p][m]);
-      }
-    }
+    group_sums<S, P, MB>(base, lane, g, x + g * GROUP, ldx, acc);
     for (int p = 0; p < P; ++p) {
       const float* rec = reinterpret_cast<const float*>(base[p] + g * S::REC) + S::SCALE + lane[p];
       const typename Vec::T scale = Vec::load(rec);
