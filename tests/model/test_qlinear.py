@@ -12,6 +12,7 @@ from torch import nn
 from latentkv.attention import native
 from latentkv.model import qlinear
 from latentkv.model.quant import FixedOrderLinear, Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
+from threads import torch_threads
 
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
 
@@ -84,17 +85,13 @@ def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
     isa = isas()[-1] if isa == "best" else isa
     packed, _ = quantized(bits, 200, 96, seed=3)
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         full = run(x[3:36], packed, bits, 200, isa, monkeypatch)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         assert torch.equal(run(x[3:36], packed, bits, 200, isa, monkeypatch), full)
         for m in range(1, 34):
             assert torch.equal(run(x[3:3 + m], packed, bits, 200, isa, monkeypatch), full[:m]), m
             assert torch.equal(run(x[3 + m - 1:3 + m], packed, bits, 200, isa, monkeypatch), full[m - 1:m]), m
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("bits", KINDS)
@@ -106,14 +103,10 @@ def test_rows_keep_their_bits_in_prefill_sized_batches(bits, monkeypatch):
     isa = isas()[-1]
     packed, w = quantized(bits, 200, 600, seed=5)
     x = torch.randn(2100, 600, generator=torch.Generator().manual_seed(6))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         full = run(x, packed, bits, 200, isa, monkeypatch)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         assert torch.equal(run(x, packed, bits, 200, isa, monkeypatch), full)
-    finally:
-        torch.set_num_threads(threads)
     assert_near(full, x, w, "2100 rows")
     for start, m in ((0, 5), (0, 300), (7, 300), (1500, 600)):
         assert torch.equal(run(x[start:start + m], packed, bits, 200, isa, monkeypatch), full[start:start + m]), (start, m)

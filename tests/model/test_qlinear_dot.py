@@ -15,6 +15,7 @@ from latentkv.attention import native
 from latentkv.model import qlinear
 from latentkv.model.quant import (Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8,
                                   quantize_linears)
+from threads import torch_threads
 
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
 
@@ -117,19 +118,15 @@ def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
     isa = isas()[-1] if isa == "best" else isa
     packed, *_ = weights(bits, 150, 96, seed=3)
     x = torch.randn(300, 96, generator=torch.Generator().manual_seed(4))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         full = run(x, packed, bits, 150, isa, monkeypatch)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         assert torch.equal(run(x, packed, bits, 150, isa, monkeypatch), full)
         for m in (1, 7, 64, 300):
             assert torch.equal(run(x[300 - m:], packed, bits, 150, isa, monkeypatch), full[300 - m:]), m
             for row in (0, m // 2, m - 1):
                 i = 300 - m + row
                 assert torch.equal(run(x[i:i + 1], packed, bits, 150, isa, monkeypatch), full[i:i + 1]), (m, row)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("cls,base", [(W4A8Linear, Int4Linear), (W8A8Linear, Int8Linear)])
