@@ -26,15 +26,15 @@ from latentkv.memory import peak_rss
 from latentkv.model import fused, qlinear
 
 DEFAULTS = ConvertOptions()
-# With no size option: rope 96 + rank 248 for SmolLM2 (344 of 384 elements), by issue 13's rule
+# With no size option: rope 96 + rank 240 for SmolLM2 (336 of 384 elements), by issue 13's rule
 # (docs/conversion.md, "Choosing the default by behaviour"): the smallest cache measured whose
 # held-out chat top-1 agreement is >= sweep.MIN_AGREEMENT and whose perplexity is within
-# sweep.MAX_PPL_RATIO on every domain (rope 96: 0.953 at 344 elements; 0.942 at 336, 0.927 at
-# 320). DEFAULT_ROPE_DIM is also the rope dim of any size given without one (capped at a third
-# of the cache: split_cache). (Here, beside `convert`: the start-up cache key hashes this
+# sweep.MAX_PPL_RATIO on every domain (rope 96 with the phase window: 0.956 at 336 elements;
+# 0.948 at 328). DEFAULT_ROPE_DIM is also the rope dim of any size given without one (capped at a
+# third of the cache: split_cache). (Here, beside `convert`: the start-up cache key hashes this
 # module's DEFAULT_* with convert's defaults, so changing them makes `make serve` convert again.)
 DEFAULT_ROPE_DIM = 96
-DEFAULT_CACHE_RATIO = 43 / 48  # rope 96 + rank 248 = 344 of 384 elements
+DEFAULT_CACHE_RATIO = 7 / 8  # rope 96 + rank 240 = 336 of 384 elements
 
 
 def split_cache(src: SourceModel, cache_ratio: float, rope_dim) -> tuple[int | str, int]:

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from latentkv.convert import sweep
 from latentkv.convert.api import convert
-from latentkv.convert.options import ConvertOptions, rope_dim_arg
+from latentkv.convert.options import ConvertOptions, rope_dim_arg, rope_window_arg
 from latentkv.convert.sources import SourceError
 from latentkv.convert.stock import TARGETS
 from latentkv.facts import MODEL_DTYPES
@@ -51,7 +51,10 @@ def register(subparsers) -> None:
     p.add_argument("--ctx", type=int, default=D.ctx, help="calibration / evaluation window length")
     p.add_argument("--eval-tokens", type=int, default=None, help=f"held-out tokens to measure perplexity on (default {D.eval_tokens}; 0: skip)")
     p.add_argument("--k-weight", type=float, default=None,
-                   help=f"weight of key against value error in the latent (default {D.k_weight:g}, measured best)")
+                   help=f"weight of key against value error in the latent (default {D.k_weight:g}, measured)")
+    p.add_argument("--rope-window", type=rope_window_arg, default=D.rope_window,
+                   help=f"query-key distances (tokens) over which a dropped rope pair's mean phase is measured "
+                   f"(default {D.rope_window}; 'all': the whole calibration window)")
     p.set_defaults(func=run)
     sweep.register(subparsers)
 
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     """Run a conversion; errors in the source or options are one clear line and exit 2."""
     given = {f.name: getattr(args, f.name) for f in fields(ConvertOptions)
              if getattr(args, f.name, None) is not None}  # an option left out keeps its default
+    given["rope_window"] = args.rope_window  # None means "all" here, not "left out"
     try:
         out = convert(args.source, out=args.out, options=ConvertOptions(**given))
     except (SourceError, ValueError, FileNotFoundError) as err:

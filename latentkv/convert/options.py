@@ -27,7 +27,12 @@ class ConvertOptions:
     (kv rank + rope) to snap to ("vllm", "vllm-cpu", "flashmla", "any"; stock.py); stock_width:
     force one (above what the source needs is zero-padded).
     Method — k_weight: extra weight of key against value error in the latent's
-    attention-output metric (5 measured best: the first-order model underrates score errors)."""
+    attention-output metric (the first-order model underrates score errors; 5 was best by docs
+    perplexity when φ was measured over every distance, 2 is best for chat behaviour with the
+    phase window: docs/conversion.md, "The phase window");
+    rope_window: the query–key distances (tokens) over which a dropped RoPE pair's mean phase φ
+    (folded into the query) is measured (None: every distance of the calibration window; the
+    kept pairs are ranked over every distance; native format only: rope.plan_layer)."""
 
     rope_dim: int | str | None = None
     kv_rank: int | str | list | None = None
@@ -44,7 +49,8 @@ class ConvertOptions:
     rope_theta: float | None = None
     target: str = "vllm"
     stock_width: int | None = None
-    k_weight: float = 5.0
+    k_weight: float = 2.0
+    rope_window: int | None = 64  # measured: docs/conversion.md, "The phase window"
 
     def check(self) -> None:
         """Errors that need no source."""
@@ -60,6 +66,8 @@ class ConvertOptions:
             raise ValueError(f"calib_chat is a share of the calibration tokens, in 0..1; got {self.calib_chat}")
         if not self.calib_weight > 0:
             raise ValueError(f"calib_weight must be positive, got {self.calib_weight}")
+        if self.rope_window is not None and self.rope_window < 1:
+            raise ValueError(f"rope_window must be a positive number of tokens (or None: all), got {self.rope_window}")
         if self.k_weight <= 0:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
 
@@ -67,6 +75,11 @@ class ConvertOptions:
 def rope_dim_arg(text: str):
     """A command line's rope dim: an even int or "all"."""
     return text if text == "all" else int(text)
+
+
+def rope_window_arg(text: str):
+    """A command line's rope window: a number of tokens or "all" (None)."""
+    return None if text == "all" else int(text)
 
 
 def calib_torch_dtype(name: str) -> torch.dtype:

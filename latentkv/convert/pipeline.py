@@ -78,7 +78,8 @@ def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOption
     for i, st in enumerate(stats):
         wq, wk, _, _ = augmented_weights(src, i)
         slots = stock_slots(theta, dr) if settings.stock else None
-        plans.append(rope.plan_layer(wq, wk, st.xx, st.dist, src.inv_freq, src.num_heads, src.num_kv_heads, dr, slots))
+        plans.append(rope.plan_layer(wq, wk, st.xx, st.dist, src.inv_freq, src.num_heads, src.num_kv_heads, dr, slots,
+                                     settings.rope_window))
     dn = max(2, 2 * max(len(p.nope_freqs) for p in plans))
     return plans, dr, theta, dn
 

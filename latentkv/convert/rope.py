@@ -12,6 +12,14 @@ e^{iθ_jΔ}, which we replace by its attention-weighted mean φ_{h,j} = E_h[e^{i
 (folded into the query, per head). The residual error is λ·(1 - |φ|²) in expectation,
 so the kept pairs are those with the largest λ·(1 - |φ|²).
 
+Which distances: calibration windows are long (512 tokens) and every query in them also
+attends to far tokens (above all the window's first token, the attention sink, at Δ = its own
+position), so over all distances the mean phase of the slower frequencies nearly cancels
+(|φ| ≈ 0.3 - 0.5) — while in a chat prompt of 50 - 200 tokens those pairs turn by a small angle
+(|φ| ≈ 0.9 - 1). The φ folded into the query is therefore taken over the distances below a
+window (`near`; ConvertOptions.rope_window); the ranking stays over every distance, so the
+pairs long contexts need keep RoPE (measured: docs/conversion.md, "The phase window").
+
 For the stock format the rope dims must rotate at DeepSeek's schedule
 f_s = θ^(-2s/dr); a pair put in slot s keeps e^{i f_s Δ} and folds
 ψ = E[e^{i(θ_j - f_s)Δ}] into its query. Pairs are assigned to slots greedily by gain.
@@ -84,6 +92,15 @@ def weighted_pca(kcov: torch.Tensor, weight: torch.Tensor):
     return mix, unmix, lam.T.contiguous()
 
 
+def near(dist: torch.Tensor, window: int | None) -> torch.Tensor:
+    """dist [H, T] with the attention mass at distances Δ >= window removed (None: every distance)."""
+    if window is None or window >= dist.shape[1]:
+        return dist
+    out = dist.clone()
+    out[:, window:] = 0
+    return out
+
+
 def phase_means(dist: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """E_h[e^{i f Δ}] [H, len(freqs)] under each head's attention distances dist [H, T]."""
     p = dist / dist.sum(1, keepdim=True).clamp(min=EPS)
@@ -115,11 +132,12 @@ def assign_slots(gain: torch.Tensor, slots: int) -> torch.Tensor:
     return owner
 
 
-def plan_layer(wq, wk, xx, dist, inv_freq, num_heads, num_kv, rope_dim, slot_freq=None) -> RopePlan:
+def plan_layer(wq, wk, xx, dist, inv_freq, num_heads, num_kv, rope_dim, slot_freq=None, window=None) -> RopePlan:
     """Decide one layer's RoPE. wq [H*d, D+1], wk [Hkv*d, D+1] augmented; rope_dim = 2·slots.
 
-    slot_freq None: native (each kept pair rotates at its own θ_j, chosen by λ(1-|φ|²));
-    else the stock schedule [S] and pairs are assigned to its slots.
+    slot_freq None: native (each kept pair rotates at its own θ_j, chosen by λ(1-|φ|²) with φ over
+    every distance of dist; the dropped pairs fold φ over the distances below window);
+    else the stock schedule [S] and pairs are assigned to its slots (window not used).
     """
     group = num_heads // num_kv
     P = inv_freq.shape[0]
@@ -131,6 +149,7 @@ def plan_layer(wq, wk, xx, dist, inv_freq, num_heads, num_kv, rope_dim, slot_fre
     S = rope_dim // 2
     drop_cost = (e * (1 - phi.abs() ** 2)[:, None, :]).sum(0)  # [Hkv, P]
     if slot_freq is None:
+        phi = phase_means(near(dist, window), inv_freq)  # what a dropped pair folds: short contexts' phase
         order = drop_cost.flatten().argsort(descending=True)[:S]
         kept = torch.stack([order // P, order % P], 1)
         kept = kept[torch.argsort(inv_freq[kept[:, 1]], descending=True, stable=True)]

@@ -21,7 +21,7 @@ from latentkv.chat_data import load_chat
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
 from latentkv.convert.layout import converted_model
-from latentkv.convert.options import ConvertOptions, calib_torch_dtype, rope_dim_arg
+from latentkv.convert.options import ConvertOptions, calib_torch_dtype, rope_dim_arg, rope_window_arg
 from latentkv.convert.pipeline import build_model, plan_rope
 from latentkv.convert.reference import source_logits
 from latentkv.convert.sources import read_source
@@ -81,11 +81,12 @@ class Judge:
         return row
 
 
-def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_formats, log):
+def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_formats, log,
+                 rope_window=DEFAULTS.rope_window):
     """Measure every (rope dim, format, rank) point; yields row dicts."""
     for rope_dim in rope_dims:
         for fmt in formats:
-            settings = ConvertOptions(rope_dim=rope_dim, stock=fmt == "stock")
+            settings = ConvertOptions(rope_dim=rope_dim, stock=fmt == "stock", rope_window=rope_window)
             try:
                 plans_info = plan_rope(src, stats, settings)
             except ValueError as err:
@@ -174,11 +175,12 @@ def plot(rows: list[dict], base: dict, src_bytes: int, path: Path) -> None:
 def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native", "stock"), ranks=None,
               calib_tokens=DEFAULTS.calib_tokens, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
               stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None, sizes=None,
-              calib_weight=DEFAULTS.calib_weight) -> dict:
+              calib_weight=DEFAULTS.calib_weight, rope_window=DEFAULTS.rope_window) -> dict:
     """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict.
     rope_dims: even ints or "all"; ranks: latent widths for every rope dim, or sizes: cache sizes
     (fractions of the source's elements) whose rank each rope dim gets (neither: SIZES).
-    chat_examples: held-out chat prompts to judge on (None: all; 0: no chat columns)."""
+    chat_examples: held-out chat prompts to judge on (None: all; 0: no chat columns);
+    rope_window: ConvertOptions.rope_window of every native point."""
     if ranks and sizes:
         raise ValueError("give ranks or sizes, not both")
     out_dir = Path(out_dir)
@@ -199,9 +201,10 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
     meta = {"source": str(src.path), "source_ppl": judge.base, "source_bytes_bf16": src_bytes, "ctx": ctx,
             "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
             "chat_examples": len(judge.cases), "calib_tokens": int(stats[0].tokens), "calib_chat": calib_chat,
-            "calib_weight": calib_weight, "protocol": PROTOCOL.format(ctx=ctx)}
+            "calib_weight": calib_weight, "rope_window": rope_window, "k_weight": DEFAULTS.k_weight,
+            "protocol": PROTOCOL.format(ctx=ctx)}
     rows = []
-    for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log):
+    for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log, rope_window):
         rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
         result = write_outputs(out_dir, meta, rows, seconds=round(time.time() - start))
     log(markdown_table(rows, judge.base, src_bytes))
@@ -225,8 +228,8 @@ def write_outputs(out_dir: Path, meta: dict, rows: list[dict], **extra) -> dict:
 # What runs must share for their rows to go in one table (the source is named by its perplexities:
 # the same file may sit at another path).
 SAME_PROTOCOL = ("source_ppl", "source_bytes_bf16", "ctx", "eval_tokens", "chat_examples", "calib_tokens",
-                 "calib_chat", "calib_weight", "protocol")
-UNRECORDED = {"calib_weight": 1.0}  # what a run that predates a field measured with
+                 "calib_chat", "calib_weight", "rope_window", "k_weight", "protocol")
+UNRECORDED = {"calib_weight": 1.0, "rope_window": None, "k_weight": 5.0}  # what a run that predates a field measured with
 
 
 def merge_sweeps(parts, out_dir) -> dict:
@@ -262,6 +265,8 @@ def register(subparsers) -> None:
     p.add_argument("--calib-chat", type=float, default=DEFAULTS.calib_chat, help="share of calibration tokens from chat")
     p.add_argument("--calib-weight", type=float, default=DEFAULTS.calib_weight,
                    help="weight of the chat answers' and control tokens' positions in the calibration statistics")
+    p.add_argument("--rope-window", type=rope_window_arg, default=DEFAULTS.rope_window,
+                   help=f"distances over which dropped rope pairs' mean phases are measured (default {DEFAULTS.rope_window}; 'all')")
     p.add_argument("--eval-tokens", type=int, default=4096, help="tokens per perplexity domain")
     p.add_argument("--chat-examples", type=int, default=None, help="held-out chat prompts to judge on (default all; 0: none)")
     p.add_argument("--ctx", type=int, default=512)
@@ -281,5 +286,6 @@ def run_cli(args: argparse.Namespace) -> int:
         return 0
     run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
               args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
-              chat_examples=args.chat_examples, sizes=args.sizes, calib_weight=args.calib_weight)
+              chat_examples=args.chat_examples, sizes=args.sizes, calib_weight=args.calib_weight,
+              rope_window=args.rope_window)
     return 0

@@ -99,3 +99,17 @@ def test_runs_with_other_calibration_weights_are_not_merged(tmp_path):
     assert sweep.merge_sweeps([old, same], tmp_path / "merged")["calib_weight"] == 1.0
     with pytest.raises(ValueError, match="calib_weight"):
         sweep.merge_sweeps([old, weighted], tmp_path / "merged2")
+
+
+def test_runs_with_other_rope_phases_are_not_merged(tmp_path):
+    """A run from before the phase window (no fields) converted with φ over every distance and
+    k-weight 5: it merges with that, not with the default window and k-weight."""
+    old = sweep_run(tmp_path / "old", [row(128, 0.5, 0.80, 3)])
+    same = sweep_run(tmp_path / "same", [row(256, 0.833, 0.93, 0)], rope_window=None, k_weight=5.0)
+    windowed = sweep_run(tmp_path / "windowed", [row(288, 0.917, 0.95, 0)], rope_window=64, k_weight=5.0)
+    reweighted = sweep_run(tmp_path / "reweighted", [row(288, 0.917, 0.95, 0)], rope_window=None, k_weight=2.0)
+    assert sweep.merge_sweeps([old, same], tmp_path / "merged")["rope_window"] is None
+    with pytest.raises(ValueError, match="rope_window"):
+        sweep.merge_sweeps([old, windowed], tmp_path / "merged2")
+    with pytest.raises(ValueError, match="k_weight"):
+        sweep.merge_sweeps([old, reweighted], tmp_path / "merged3")
