@@ -28,7 +28,7 @@ import time
 import torch
 
 WAIT_SHARE = 0.3     # quiet: ~0.00 of a step; sharing a core: 0.5-1.0
-BUSY_STEPS = 3       # consecutive waiting steps before backing off
+BUSY_STEPS = 2       # consecutive waiting steps before backing off (one may be a passing spike)
 MIN_STEP = 0.002     # seconds: shorter steps say too little
 CHECK_SECONDS = 2.0  # how often a backed-off engine looks for free cores
 FREE_CORE = 0.9      # a core's worth of time (minus noise) the others left free lets one thread back
