@@ -17,7 +17,8 @@ Policy (Linux; only when the engine chose the thread count itself, all cores: an
   process's own CPU time, so the engine's idle gaps between requests do not count as free
   cores); when a core more than the engine holds is free (FREE_CORE), one thread more.
 Kernel results do not depend on the thread count (tests/model, tests/attention check 1 vs 2
-threads bit for bit), so a change never changes an answer.
+threads bit for bit), so a change never changes an answer. Each step runs on its engine's count
+(torch's is per process: two engines in one process, as in the benches, set it in turn).
 """
 from __future__ import annotations
 
@@ -80,6 +81,8 @@ class ThreadGovernor:
         self.usage_mark: tuple[float, float, float] | None = None  # (wall, all busy, own CPU) seconds
 
     def before_step(self) -> None:
+        if torch.get_num_threads() != self.threads:  # another engine in this process set its own count
+            torch.set_num_threads(self.threads)
         if self.adaptive:
             self.mark = (time.perf_counter(), run_queue_ns() or 0)
 

@@ -109,3 +109,13 @@ def test_engine_governs_only_a_thread_count_it_chose(tiny_lm, monkeypatch, expli
         gov = llm.engine.governor
         assert gov.start == (1 if explicit else len(os.sched_getaffinity(0)))
         assert gov.adaptive == (not explicit and gov.start > 1 and threads.run_queue_ns() is not None)
+
+
+def test_each_step_runs_on_its_engines_count(monkeypatch):
+    """torch's thread count is per process: a step puts its engine's count back first."""
+    FakeMachine(monkeypatch)
+    with torch_threads(3):
+        fixed = ThreadGovernor(2, adaptive=False)
+        fixed.before_step()
+        assert torch.get_num_threads() == 2
+        fixed.after_step()
