@@ -15,7 +15,10 @@ Policy (Linux; only when the engine chose the thread count itself, all cores: an
 - up: while below the count it started with, every CHECK_SECONDS it measures how many of the
   cores this process may use the *other* processes kept busy (/proc/stat's busy time less this
   process's own CPU time, so the engine's idle gaps between requests do not count as free
-  cores); when a core more than the engine holds is free (FREE_CORE), one thread more.
+  cores); when a core more than the engine holds is free (FREE_CORE), one thread more. A thread
+  taken back and lost again within RELAPSE_SECONDS doubles that wait (up to MAX_WAIT_SECONDS):
+  the wait is then this process's own (its HTTP and tokenizer threads want a core too), which
+  the measure of the other processes cannot see, and the count would flap.
 Kernel results do not depend on the thread count (tests/model, tests/attention check 1 vs 2
 threads bit for bit), so a change never changes an answer. Each step runs on its engine's count
 (torch's is per process: two engines in one process, as in the benches, set it in turn).
@@ -32,6 +35,8 @@ WAIT_SHARE = 0.3     # quiet: ~0.00 of a step; sharing a core: 0.5-1.0
 BUSY_STEPS = 2       # consecutive waiting steps before backing off (one may be a passing spike)
 MIN_STEP = 0.002     # seconds: shorter steps say too little
 CHECK_SECONDS = 2.0  # how often a backed-off engine looks for free cores
+RELAPSE_SECONDS = 10.0  # backing off this soon after taking a thread back doubles the wait
+MAX_WAIT_SECONDS = 64.0
 FREE_CORE = 0.9      # a core's worth of time (minus noise) the others left free lets one thread back
 
 
@@ -79,6 +84,8 @@ class ThreadGovernor:
         self.busy = 0
         self.mark: tuple[float, int] | None = None
         self.usage_mark: tuple[float, float, float] | None = None  # (wall, all busy, own CPU) seconds
+        self.wait = CHECK_SECONDS  # between looks for free cores
+        self.raised_at = float("-inf")  # when a thread was last taken back
 
     def before_step(self) -> None:
         if torch.get_num_threads() != self.threads:  # another engine in this process set its own count
@@ -96,8 +103,10 @@ class ThreadGovernor:
             return
         self.busy = self.busy + 1 if self.threads > 1 and waited > WAIT_SHARE * wall else 0
         if self.busy >= BUSY_STEPS:
+            relapse = time.monotonic() - self.raised_at < RELAPSE_SECONDS
+            self.wait = min(2 * self.wait, MAX_WAIT_SECONDS) if relapse else CHECK_SECONDS
             self.set(self.threads - 1, f"the step thread waited for a core {waited / wall:.0%} of a step "
-                                       f"({1e3 * wall:.0f} ms): another process is using this machine's cores")
+                                       f"({1e3 * wall:.0f} ms): more threads than free cores")
         elif self.threads < self.start:
             self.look_for_free_cores()
 
@@ -105,12 +114,13 @@ class ThreadGovernor:
         now, busy, own = time.monotonic(), busy_seconds(self.cores), own_seconds()
         if busy is None:
             return
-        if self.usage_mark is None or now - self.usage_mark[0] < CHECK_SECONDS:
+        if self.usage_mark is None or now - self.usage_mark[0] < self.wait:
             self.usage_mark = self.usage_mark or (now, busy, own)
             return
         (wall0, busy0, own0), self.usage_mark = self.usage_mark, (now, busy, own)
         others = max(0.0, (busy - busy0) - (own - own0)) / (now - wall0)  # cores the other processes kept busy
         if len(self.cores) - others - self.threads >= FREE_CORE:
+            self.raised_at = now
             self.set(self.threads + 1, f"the other processes now keep {others:.1f} of {len(self.cores)} cores busy")
 
     def set(self, threads: int, why: str) -> None:

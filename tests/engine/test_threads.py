@@ -25,7 +25,7 @@ class FakeMachine:
         monkeypatch.setattr(threads, "busy_seconds", lambda _cores: self.busy)
         monkeypatch.setattr(threads, "own_seconds", lambda: self.own)
         monkeypatch.setattr(threads, "allowed_cores", lambda: set(range(cores)))
-        monkeypatch.setattr(threads, "CHECK_SECONDS", 0.0)
+        monkeypatch.setattr(threads, "CHECK_SECONDS", 0.001)  # a look every step (steps take ~4 ms)
 
     def step(self, gov: ThreadGovernor, waited_share: float, others_busy_cores: float = 0.0) -> None:
         """One step of ~2 MIN_STEP wall; the step thread waits `waited_share` of it, the other
@@ -119,3 +119,19 @@ def test_each_step_runs_on_its_engines_count(monkeypatch):
         fixed.before_step()
         assert torch.get_num_threads() == 2
         fixed.after_step()
+
+
+def test_a_thread_lost_again_soon_after_doubles_the_wait(monkeypatch):
+    """Waits the other processes do not explain (this process's own threads) must not flap the count."""
+    machine = FakeMachine(monkeypatch)
+    with torch_threads(2):
+        gov = ThreadGovernor(2, adaptive=True)
+        for _ in range(BUSY_STEPS):
+            machine.step(gov, waited_share=0.9)
+        assert gov.threads == 1 and gov.wait == threads.CHECK_SECONDS  # a first back-off: the usual wait
+        for _ in range(3):
+            machine.step(gov, waited_share=0.0)
+        assert gov.threads == 2
+        for _ in range(BUSY_STEPS):  # lost again at once
+            machine.step(gov, waited_share=0.9)
+        assert gov.threads == 1 and gov.wait == 2 * threads.CHECK_SECONDS
