@@ -5,7 +5,8 @@
   emulates them (measured 1.2 GFLOP/s against 116 in float32 on an AVX2-only EPYC), so
   `dtype="auto"` is bfloat16 only where this is True (`model.loader.resolve_dtype`).
 - `default_threads()`: all cores this process may run on, unless LATENTKV_THREADS (or else
-  OMP_NUM_THREADS, the usual knob) says otherwise.
+  OMP_NUM_THREADS, the usual knob) says otherwise (`threads_from_env()`); the engine then backs
+  off while other processes hold cores (engine/threads.py).
 """
 from __future__ import annotations
 
@@ -51,14 +52,22 @@ def describe() -> str:
     return " ".join(have) + (f" (no {' '.join(lack)})" if lack else "")
 
 
-def default_threads() -> int:
-    """LATENTKV_THREADS if set, else OMP_NUM_THREADS, else every core this process may use."""
+def threads_from_env() -> int | None:
+    """LATENTKV_THREADS if set, else OMP_NUM_THREADS (the usual knob), else None."""
     for name in ("LATENTKV_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name)
         if value:
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"{name}={value!r}: expected a positive integer")
             return int(value)
+    return None
+
+
+def default_threads() -> int:
+    """threads_from_env(), else every core this process may use."""
+    from_env = threads_from_env()
+    if from_env is not None:
+        return from_env
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

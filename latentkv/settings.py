@@ -83,7 +83,7 @@ class Settings:
     enable_prefix_caching: bool = option(True, "reuse cached prompt prefixes (default on)",
                                          "latent_attention.prefix_caching")
     attention_backend: str = option("auto", "attention kernels: auto (native C++ where it builds), native, torch")
-    threads: int | None = option(None, "CPU threads (default: $LATENTKV_THREADS, else $OMP_NUM_THREADS, else all cores)", type=int)
+    threads: int | None = option(None, "CPU threads (default: $LATENTKV_THREADS, else $OMP_NUM_THREADS, else all cores, fewer while other processes hold some)", type=int)
     nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
     batch_invariant: bool = option(True, "the same greedy tokens alone, batched, chunked or prefix-cached "
                                          "(default on; docs/internals.md, 'Batch invariance')")

@@ -1,4 +1,4 @@
-"""`latentkv bench {memory,decode,throughput,prefix,serve,kernel}`: each runs its baselines in the same
+"""`latentkv bench {memory,decode,throughput,prefix,serve,kernel,contention}`: each runs its baselines in the same
 run, prints a table with ratios, and writes JSON + PNG under --out."""
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import os
 import torch
 
 from latentkv import cpu
-from latentkv.bench import decode, kernel, memory, prefix, serve, store_restart, throughput
+from latentkv.bench import contention, decode, kernel, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
 from latentkv.convert.sources import default_gguf_path
 from latentkv.facts import MODEL_DTYPES
 
 BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
-           "store_restart": store_restart, "serve": serve, "kernel": kernel}
+           "store_restart": store_restart, "serve": serve, "kernel": kernel, "contention": contention}
 KERNEL_FULL = {"batches": [1, 8, 32], "contexts": [1024, 4096, 8192, 16384, 32768], "repeats": 5, "calls": 5}
 KERNEL_QUICK = {"batches": [1, 3], "contexts": [64, 200], "repeats": 2, "calls": 2}
 
@@ -78,6 +78,16 @@ def register(subparsers) -> None:
     p.add_argument("--not-invariant", action="store_true",
                    help="also run latentkv with batch_invariant off, interleaved (what invariance costs)")
     p.set_defaults(func=lambda a: run("throughput", a))
+
+    p = sub.add_parser("contention", help="batch-1 decode while other processes keep some cores busy: "
+                                          "latentkv's own thread count vs a fixed one vs llama.cpp")
+    add_model_args(p)
+    p.add_argument("--busy-cores", type=int, default=1, help="cores kept busy in the middle phase (default 1)")
+    p.add_argument("--contexts", type=int, nargs=1, help="the prompt's tokens (default 128; --quick 64)")
+    p.add_argument("--tokens", type=int, help="tokens decoded per measurement")
+    p.add_argument("--weights", default="w4a8", choices=["none", "int4", "w4a8"],
+                   help="latentkv weights (default w4a8: int4 weights x int8 activations, as llama.cpp's Q4_1 x Q8)")
+    p.set_defaults(func=lambda a: run("contention", a))
 
     p = sub.add_parser("prefix", help="time to first token with a shared prefix, prefix cache on vs off")
     add_model_args(p)

@@ -150,7 +150,7 @@ class EngineArgs:
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
     quantization: str | None = None         # None | "int8" | "int4" (weight-only) | "w4a8" | "w8a8" (int8 activations too; CPU)
     attention_backend: str = "auto"         # "auto" (native where it builds, else torch) | "native" | "torch"
-    threads: int | None = None              # torch = OpenMP threads; None: cpu.default_threads() (all cores)
+    threads: int | None = None              # torch = OpenMP threads; None: cpu.default_threads() (all cores; engine/threads.py backs off)
     kv_store: str | None = None             # directory of the on-disk latent store (docs/store.md); None: off
     kv_store_max_size: int | str = STORE_MAX_SIZE  # the whole directory (read into bytes), LRU-evicted beyond
     warm: str | None = None                 # JSONL of template prompts / conversations prefilled at start

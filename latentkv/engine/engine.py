@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from latentkv import invariant
 from latentkv.cache.block_pool import BlockPool
-from latentkv.cpu import default_threads
+from latentkv.cpu import default_threads, threads_from_env
 from latentkv.engine.args import EngineArgs
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
 from latentkv.engine.isolation import describe_failure, run_isolated
@@ -32,6 +32,7 @@ from latentkv.engine.prompt_errors import PromptError, check_token_ids
 from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
+from latentkv.engine.threads import ThreadGovernor
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears
 from latentkv.sampling import SamplingParams
@@ -112,6 +113,9 @@ class LLMEngine:
         if self.store is not None:
             print(f"latentkv: {self.store.describe()}", file=sys.stderr, flush=True)
         self.pinned_blocks: list[int] = []   # template blocks held in RAM for the engine's life
+        # all cores, unless the user fixed the count: then fewer while other processes hold cores
+        self.governor = ThreadGovernor(torch.get_num_threads(), args.threads is None and threads_from_env() is None
+                                       and model.model.embed_tokens.weight.device.type == "cpu")
         if args.warm:
             warm_up(self, args.warm, args.warm_fraction)
 
@@ -189,7 +193,9 @@ class LLMEngine:
             if self.scheduler.has_unfinished():  # would loop forever: a bug, say so
                 raise RuntimeError(f"scheduler made no progress: {self.stats()}")
             return []
+        self.governor.before_step()
         results = run_isolated(self.runner, out)
+        self.governor.after_step()
         self.scheduler.mark_computed(SchedulerOutput(
             scheduled=[s for s, r in zip(out.scheduled, results) if not isinstance(r, str)]))
         touched: dict[str, None] = {}

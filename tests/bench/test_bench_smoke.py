@@ -2,6 +2,7 @@
 No timing assertions: only that the measurements exist and are sane numbers."""
 import json
 import math
+import os
 import socket
 
 import pytest
@@ -141,3 +142,16 @@ def test_bench_decode_runs_only_the_weight_precisions_asked_for(tiny, tmp_path):
     row = json.loads((out / "decode.json").read_text())["results"][0]
     assert set(row["tok_s"]) == {"latentkv w4", "latentkv w4 + int8 latent"}
     assert row["ratio"]["latentkv w4"] == 1.0  # the ratios are taken against the first row run
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores: one kept busy, one free")
+def test_bench_contention(tiny, tmp_path):
+    data = run_bench("contention", tiny, tmp_path, "--threads", "2", "--busy-cores", "1")
+    assert data["busy_cores"] == 1 and data["prompt"] == 64
+    results = data["results"]
+    assert set(results) == {"latentkv (threads: auto)", "latentkv (2 threads)"}  # --source is no GGUF: no llama.cpp
+    for phases in results.values():
+        assert set(phases) == {"quiet", "busy", "quiet again"}
+        assert all(positive(p["tok_s"]) and positive(p["first_tok_s"]) for p in phases.values())
+    assert results["latentkv (2 threads)"]["busy"]["threads_after"] == 2  # a fixed count stays fixed
+    assert 1 <= results["latentkv (threads: auto)"]["busy"]["threads_after"] <= 2

@@ -151,3 +151,22 @@ def test_without_the_extension_w4a8_runs_int4_with_one_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="w4a8 needs the native linears .*using int4") as caught:
         assert quantize_linears(model, "w4a8") == 2
     assert len(caught) == 1 and all(isinstance(m, Int4Linear) for m in model)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_activation_reaches_its_row_and_only_it(bits, isa, bad, monkeypatch):
+    """As in a float linear, a NaN or Inf input makes its row's outputs non-finite (so the engine's
+    NaN check fails that request), wherever it sits in the group; the other rows keep their bits."""
+    if isa not in isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    packed, *_ = weights(bits, 40, 96, seed=5)
+    x = torch.randn(6, 96, generator=torch.Generator().manual_seed(6))
+    clean = run(x, packed, bits, 40, isa, monkeypatch)
+    for col in (0, 7, 8, 31, 64):  # first / last lane of the first vector, last of the group, another group
+        bad_x = x.clone()
+        bad_x[2, col] = bad
+        y = run(bad_x, packed, bits, 40, isa, monkeypatch)
+        assert not torch.isfinite(y[2]).any(), col
+        assert torch.equal(torch.cat((y[:2], y[3:])), torch.cat((clean[:2], clean[3:]))), col

@@ -112,15 +112,25 @@ struct W8 {
 };
 
 // One group of 32 float activations -> int8 codes round(v * 127 / max|v|) (nearest even: the
-// MXCSR default), returns max|v|.
+// MXCSR default), returns max|v|: NaN when an input is NaN (the codes are then 0 and d_x, s_x NaN,
+// so the NaN reaches every output of the row, as in a float linear; max_ps alone would drop it).
 static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 mx = _mm256_and_ps(_mm256_loadu_ps(v), mag);
-  for (int i = 8; i < 32; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(v + i), mag));
+  __m256 nan = _mm256_cmp_ps(mx, mx, _CMP_UNORD_Q);
+  for (int i = 8; i < 32; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(v + i), mag);
+    mx = _mm256_max_ps(mx, a), nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, mx);
   float amax = 0.0f;
   for (float l : lanes) amax = l > amax ? l : amax;
+  if (_mm256_movemask_ps(nan)) {
+    for (int j = 0; j < 32; ++j) q[j] = 0;
+    *sum = 0;
+    return __builtin_nanf("");
+  }
   const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
   alignas(32) int32_t c[32];
   for (int i = 0; i < 32; i += 8)
@@ -179,7 +189,13 @@ struct W8 {
 
 static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
   float amax = 0.0f;
-  for (int j = 0; j < 32; ++j) amax = std::fabs(v[j]) > amax ? std::fabs(v[j]) : amax;
+  bool nan = false;
+  for (int j = 0; j < 32; ++j) amax = std::fabs(v[j]) > amax ? std::fabs(v[j]) : amax, nan |= std::isnan(v[j]);
+  if (nan) {  // as the AVX2 path
+    for (int j = 0; j < 32; ++j) q[j] = 0;
+    *sum = 0;
+    return __builtin_nanf("");
+  }
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   int32_t s = 0;
   for (int j = 0; j < 32; ++j) {
