@@ -12,11 +12,10 @@ e^{iθ_jΔ}, which we replace by its attention-weighted mean φ_{h,j} = E_h[e^{i
 (folded into the query, per head). The residual error is λ·(1 - |φ|²) in expectation,
 so the kept pairs are those with the largest λ·(1 - |φ|²).
 
-Which distances: calibration windows are long (512 tokens) and every query in them also
-attends to far tokens (above all the window's first token, the attention sink, at Δ = its own
-position), so over all distances the mean phase of the slower frequencies nearly cancels
-(|φ| ≈ 0.3 - 0.5) — while in a chat prompt of 50 - 200 tokens those pairs turn by a small angle
-(|φ| ≈ 0.9 - 1). The φ folded into the query is therefore taken over the distances below a
+Which distances: calibration windows are long (512 tokens) and queries deep in them attend to
+far tokens too (attention sinks among them), so over all distances the mean phase of the mid
+frequencies largely cancels (|φ| ≈ 0.3 - 0.6) — while in a chat prompt of 50 - 200 tokens those
+pairs turn by a small angle (|φ| ≈ 0.8 - 0.99). The φ folded into the query is therefore taken over the distances below a
 window (`near`; ConvertOptions.rope_window); the ranking stays over every distance, so the
 pairs long contexts need keep RoPE (measured: docs/conversion.md, "The phase window").
 
