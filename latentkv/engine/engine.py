@@ -113,7 +113,7 @@ class LLMEngine:
         if self.store is not None:
             print(f"latentkv: {self.store.describe()}", file=sys.stderr, flush=True)
         self.pinned_blocks: list[int] = []   # template blocks held in RAM for the engine's life
-        # all cores, unless the user fixed the count: then fewer while other processes hold cores
+        # a count the engine chose (all cores) backs off while other processes hold cores; a fixed one stays
         self.governor = ThreadGovernor(torch.get_num_threads(), args.threads is None and threads_from_env() is None
                                        and model.model.embed_tokens.weight.device.type == "cpu")
         if args.warm:

@@ -4,14 +4,18 @@ Why: the kernels' OpenMP teams spin at every barrier (libgomp's default; it is w
 machine fast). When another process keeps a core busy, the engine's threads share the cores left,
 and each of a step's hundreds of parallel regions waits for a partner thread's next time slice.
 Measured on the 2-core AVX2 EPYC with one core busy (another process pinned to it): a batch-1
-w4a8 decode step at 128 context took 1,500-1,800 ms on 2 threads against 24-27 ms on 1 (55-70x).
-The signal is unambiguous: the step thread's run-queue delay (/proc/thread-self/schedstat: time
-spent runnable but not running) is ~0% of a step on a free core and ~100% there.
+w4a8 decode step at 128 context took 1,500-1,860 ms on 2 threads against 21-27 ms on 1 (55-70x).
+The signal is unambiguous: the run-queue delay of the process's threads (/proc/self/task/*/schedstat:
+time spent runnable but not running) is ~0 on free cores and ~1 thread-second per second there.
+All threads, not the stepping one alone: with an unpinned busy process the scheduler may put an
+OpenMP worker beside it while the stepping thread spins alone on a free core.
 
 Policy (Linux; only when the engine chose the thread count itself, all cores: an explicit
 `threads=` / LATENTKV_THREADS / OMP_NUM_THREADS is kept as given):
-- down: when the step thread waited for a core more than WAIT_SHARE of the wall time of
-  BUSY_STEPS steps in a row, one thread fewer (not below 1), said in one line on stderr;
+- down: measured over windows of at least WINDOW_SECONDS of steps (reading every thread's
+  counter costs ~0.1 ms a thread): when the threads waited for a core more than WAIT_SHARE
+  thread-seconds per second in BUSY_WINDOWS windows in a row, one thread fewer (not below 1),
+  said in one line on stderr;
 - up: while below the count it started with, every CHECK_SECONDS it measures how many of the
   cores this process may use the *other* processes kept busy (/proc/stat's busy time less this
   process's own CPU time, so the engine's idle gaps between requests do not count as free
@@ -31,22 +35,35 @@ import time
 
 import torch
 
-WAIT_SHARE = 0.3     # quiet: ~0.00 of a step; sharing a core: 0.5-1.0
-BUSY_STEPS = 2       # consecutive waiting steps before backing off (one may be a passing spike)
-MIN_STEP = 0.002     # seconds: shorter steps say too little
+WAIT_SHARE = 0.3     # thread-seconds waited per second: quiet ~0.00; sharing a core 0.5-1.0
+BUSY_WINDOWS = 2     # consecutive waiting windows before backing off (one may be a passing spike)
+WINDOW_SECONDS = 0.2  # steps measured together (a slow step is a window alone)
 CHECK_SECONDS = 2.0  # how often a backed-off engine looks for free cores
 RELAPSE_SECONDS = 10.0  # backing off this soon after taking a thread back doubles the wait
 MAX_WAIT_SECONDS = 64.0
 FREE_CORE = 0.9      # a core's worth of time (minus noise) the others left free lets one thread back
 
 
-def run_queue_ns() -> int | None:
-    """Nanoseconds the calling thread has spent runnable but waiting for a CPU, or None."""
+def run_queue_ns() -> dict[int, int] | None:
+    """{thread id: nanoseconds it has spent runnable but waiting for a CPU} over this process's
+    threads, or None where /proc does not say."""
     try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1])
-    except (OSError, IndexError, ValueError):
+        tids = os.listdir("/proc/self/task")
+    except OSError:
         return None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                out[int(tid)] = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread has ended
+    return out or None
+
+
+def waited_seconds(before: dict[int, int], after: dict[int, int]) -> float:
+    """Run-queue seconds the threads alive at both readings added between them."""
+    return sum(max(0, after[t] - before[t]) for t in after.keys() & before.keys()) / 1e9
 
 
 def busy_seconds(cores: set[int]) -> float | None:
@@ -82,7 +99,7 @@ class ThreadGovernor:
         self.cores = allowed_cores()
         self.adaptive = adaptive and threads > 1 and run_queue_ns() is not None and busy_seconds(self.cores) is not None
         self.busy = 0
-        self.mark: tuple[float, int] | None = None
+        self.mark: tuple[float, dict[int, int]] | None = None  # the window's start: (wall, run-queue readings)
         self.usage_mark: tuple[float, float, float] | None = None  # (wall, all busy, own CPU) seconds
         self.wait = CHECK_SECONDS  # between looks for free cores
         self.raised_at = float("-inf")  # when a thread was last taken back
@@ -90,23 +107,23 @@ class ThreadGovernor:
     def before_step(self) -> None:
         if torch.get_num_threads() != self.threads:  # another engine in this process set its own count
             torch.set_num_threads(self.threads)
-        if self.adaptive:
-            self.mark = (time.perf_counter(), run_queue_ns() or 0)
+        if self.adaptive and self.mark is None:
+            self.mark = (time.perf_counter(), run_queue_ns() or {})
 
     def after_step(self) -> None:
         if not self.adaptive or self.mark is None:
             return
         wall = time.perf_counter() - self.mark[0]
-        waited = ((run_queue_ns() or 0) - self.mark[1]) / 1e9
-        self.mark = None
-        if wall < MIN_STEP:
+        if wall < WINDOW_SECONDS:
             return
-        self.busy = self.busy + 1 if self.threads > 1 and waited > WAIT_SHARE * wall else 0
-        if self.busy >= BUSY_STEPS:
+        share = waited_seconds(self.mark[1], run_queue_ns() or {}) / wall
+        self.mark = None
+        self.busy = self.busy + 1 if self.threads > 1 and share > WAIT_SHARE else 0
+        if self.busy >= BUSY_WINDOWS:
             relapse = time.monotonic() - self.raised_at < RELAPSE_SECONDS
             self.wait = min(2 * self.wait, MAX_WAIT_SECONDS) if relapse else CHECK_SECONDS
-            self.set(self.threads - 1, f"the step thread waited for a core {waited / wall:.0%} of a step "
-                                       f"({1e3 * wall:.0f} ms): more threads than free cores")
+            self.set(self.threads - 1, f"its threads waited for a core {share:.2f} s per second "
+                                       f"over the last {1e3 * wall:.0f} ms of steps: more threads than free cores")
         elif self.threads < self.start:
             self.look_for_free_cores()
 

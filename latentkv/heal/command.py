@@ -1,6 +1,8 @@
 """`latentkv heal CONVERTED --teacher SOURCE --data FILES...`"""
 from __future__ import annotations
 
+import argparse
+
 from .trainer import HealConfig, heal
 
 
@@ -28,7 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output folder (default: CONVERTED-healed)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    p.add_argument("--no-autocast", action="store_true", help="train in float32 instead of bf16 autocast")
+    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 autocast (default: where bf16 is native: CUDA, CPUs with avx512_bf16 / AMX; "
+                        "elsewhere float32, as emulated bf16 is ~100x slower)")
     p.set_defaults(func=run)
 
 
@@ -36,7 +40,7 @@ def run(args) -> int:
     cfg = HealConfig(converted=args.converted, teacher=args.teacher, data=args.data, out=args.out, steps=args.steps,
                      minutes=args.minutes, lr=args.lr, warmup=args.warmup, seq_len=args.seq_len, batch=args.batch,
                      train=args.train, lm_weight=args.lm_weight, save_every=args.save_every, seed=args.seed,
-                     resume=args.resume, autocast=not args.no_autocast, chat_share=args.chat_share,
+                     resume=args.resume, autocast=args.autocast, chat_share=args.chat_share,
                      eval_examples=args.eval_examples, eval_every=args.eval_every)
     result = heal(cfg)
     print(f"heal: {result.steps_done} steps, {result.skipped} skipped; {result.stopped}; model in {result.out}")

@@ -12,7 +12,7 @@ import torch
 from threads import torch_threads
 
 from latentkv.engine import threads
-from latentkv.engine.threads import BUSY_STEPS, MIN_STEP, ThreadGovernor
+from latentkv.engine.threads import BUSY_WINDOWS, ThreadGovernor, waited_seconds
 from latentkv.llm import LLM
 
 
@@ -21,18 +21,19 @@ class FakeMachine:
 
     def __init__(self, monkeypatch, cores: int = 2):
         self.delay_ns, self.busy, self.own = 0, 0.0, 0.0
-        monkeypatch.setattr(threads, "run_queue_ns", lambda: self.delay_ns)
+        monkeypatch.setattr(threads, "run_queue_ns", lambda: {1: self.delay_ns, 2: 0})
+        monkeypatch.setattr(threads, "WINDOW_SECONDS", 0.001)  # every step a window
         monkeypatch.setattr(threads, "busy_seconds", lambda _cores: self.busy)
         monkeypatch.setattr(threads, "own_seconds", lambda: self.own)
         monkeypatch.setattr(threads, "allowed_cores", lambda: set(range(cores)))
         monkeypatch.setattr(threads, "CHECK_SECONDS", 0.001)  # a look every step (steps take ~4 ms)
 
     def step(self, gov: ThreadGovernor, waited_share: float, others_busy_cores: float = 0.0) -> None:
-        """One step of ~2 MIN_STEP wall; the step thread waits `waited_share` of it, the other
-        processes keep `others_busy_cores` cores busy and the engine its current threads."""
+        """One step of ~4 ms; the threads wait `waited_share` thread-seconds per second of it, the
+        other processes keep `others_busy_cores` cores busy and the engine its current threads."""
         gov.before_step()
         start = time.perf_counter()
-        time.sleep(2 * MIN_STEP)
+        time.sleep(0.004)
         wall = time.perf_counter() - start
         self.delay_ns += int(waited_share * wall * 1e9)
         self.busy += (others_busy_cores + gov.threads) * wall
@@ -44,12 +45,12 @@ def test_backs_off_one_thread_after_busy_steps(monkeypatch):
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
         gov = ThreadGovernor(2, adaptive=True)
-        for _ in range(BUSY_STEPS - 1):
+        for _ in range(BUSY_WINDOWS - 1):
             machine.step(gov, waited_share=0.9, others_busy_cores=1)
         assert gov.threads == 2 and torch.get_num_threads() == 2  # not yet: one slow step is not a trend
         machine.step(gov, waited_share=0.9, others_busy_cores=1)
         assert gov.threads == 1 and torch.get_num_threads() == 1
-        for _ in range(2 * BUSY_STEPS):  # never below one thread; the other process still holds a core
+        for _ in range(2 * BUSY_WINDOWS):  # never below one thread; the other process still holds a core
             machine.step(gov, waited_share=0.9, others_busy_cores=1)
         assert gov.threads == 1
 
@@ -58,8 +59,8 @@ def test_quiet_steps_keep_every_thread(monkeypatch):
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
         gov = ThreadGovernor(2, adaptive=True)
-        for i in range(4 * BUSY_STEPS):  # waits below the share, or busy steps that are not consecutive
-            machine.step(gov, waited_share=0.9 if i % BUSY_STEPS == 0 else 0.01)
+        for i in range(4 * BUSY_WINDOWS):  # waits below the share, or busy steps that are not consecutive
+            machine.step(gov, waited_share=0.9 if i % BUSY_WINDOWS == 0 else 0.01)
         assert gov.threads == 2 and torch.get_num_threads() == 2
 
 
@@ -67,7 +68,7 @@ def test_comes_back_when_a_core_is_free_and_not_before(monkeypatch):
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
         gov = ThreadGovernor(2, adaptive=True)
-        for _ in range(BUSY_STEPS):
+        for _ in range(BUSY_WINDOWS):
             machine.step(gov, waited_share=0.9, others_busy_cores=1)
         assert gov.threads == 1
         for _ in range(5):  # the other process still holds its core
@@ -83,13 +84,18 @@ def test_idle_gaps_of_the_engine_are_not_free_cores(monkeypatch):
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
         gov = ThreadGovernor(2, adaptive=True)
-        for _ in range(BUSY_STEPS):
+        for _ in range(BUSY_WINDOWS):
             machine.step(gov, waited_share=0.9, others_busy_cores=1)
         for _ in range(3):
             time.sleep(0.02)  # no step: the engine's cores idle, the other process keeps its core
             machine.busy += 0.02
             machine.step(gov, waited_share=0.0, others_busy_cores=1)
         assert gov.threads == 1
+
+
+def test_waits_count_over_every_thread_alive_at_both_readings():
+    """A worker may wait while the stepping thread spins on a free core; ended threads drop out."""
+    assert waited_seconds({1: 0, 2: 5_000_000, 3: 9}, {1: 0, 2: 405_000_000, 4: 7}) == 0.4
 
 
 def test_not_adaptive_off_linux_readings_or_on_one_thread(monkeypatch):
@@ -126,12 +132,12 @@ def test_a_thread_lost_again_soon_after_doubles_the_wait(monkeypatch):
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
         gov = ThreadGovernor(2, adaptive=True)
-        for _ in range(BUSY_STEPS):
+        for _ in range(BUSY_WINDOWS):
             machine.step(gov, waited_share=0.9)
         assert gov.threads == 1 and gov.wait == threads.CHECK_SECONDS  # a first back-off: the usual wait
         for _ in range(3):
             machine.step(gov, waited_share=0.0)
         assert gov.threads == 2
-        for _ in range(BUSY_STEPS):  # lost again at once
+        for _ in range(BUSY_WINDOWS):  # lost again at once
             machine.step(gov, waited_share=0.9)
         assert gov.threads == 1 and gov.wait == 2 * threads.CHECK_SECONDS
