@@ -27,9 +27,9 @@ from latentkv.model.fused import pick_isa
 from latentkv.model.quant import quantize_int4, quantize_int8
 
 # SmolLM2-135M converted to MLA (hidden 576, intermediate 1536): (name, N, K)
-# (the bundled conversion: q 1314 + kv_a 344 fused, kv rank 248)
-SHAPES = [("qkv_a", 1658, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536),
-          ("kv_b", 1026, 248), ("lm_head", 49152, 576)]
+# (the bundled conversion: q 1314 + kv_a 336 fused, kv rank 240)
+SHAPES = [("qkv_a", 1650, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536),
+          ("kv_b", 1026, 240), ("lm_head", 49152, 576)]
 
 
 def load_so(path: str) -> None:
