@@ -11,7 +11,7 @@ STEPS = 20
 
 def run_heal(tiny_pair, out, **kwargs):
     teacher, native, _, text = tiny_pair
-    cfg = dict(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=1e-2, warmup=2,
+    cfg = dict(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=3e-3, warmup=2,
                seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)  # documents only: chat in test_heal_chat.py
     return heal(HealConfig(**{**cfg, **kwargs}))
 
@@ -52,7 +52,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_pair, tmp_path):
 
     teacher, native, _, text = tiny_pair
     cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(tmp_path / "cut"), steps=STEPS,
-                     lr=1e-2, warmup=2, seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)
+                     lr=3e-3, warmup=2, seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)
     with pytest.raises(KeyboardInterrupt):
         heal(cfg, on_loss=interrupt)
     cfg.resume = True
