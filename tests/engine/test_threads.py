@@ -41,6 +41,15 @@ class FakeMachine:
         gov.after_step()
 
 
+def backed_off(machine: FakeMachine) -> ThreadGovernor:
+    """A 2-thread governor that has just backed off to 1 (another process holds a core)."""
+    gov = ThreadGovernor(2, adaptive=True)
+    for _ in range(BUSY_WINDOWS):
+        machine.step(gov, waited_share=0.9, others_busy_cores=1)
+    assert gov.threads == 1
+    return gov
+
+
 def test_backs_off_one_thread_after_busy_steps(monkeypatch):
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
@@ -67,10 +76,7 @@ def test_quiet_steps_keep_every_thread(monkeypatch):
 def test_comes_back_when_a_core_is_free_and_not_before(monkeypatch):
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
-        gov = ThreadGovernor(2, adaptive=True)
-        for _ in range(BUSY_WINDOWS):
-            machine.step(gov, waited_share=0.9, others_busy_cores=1)
-        assert gov.threads == 1
+        gov = backed_off(machine)
         for _ in range(5):  # the other process still holds its core
             machine.step(gov, waited_share=0.0, others_busy_cores=1)
         assert gov.threads == 1
@@ -83,9 +89,7 @@ def test_idle_gaps_of_the_engine_are_not_free_cores(monkeypatch):
     """Between requests the engine's own cores idle; only the other processes' use counts."""
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
-        gov = ThreadGovernor(2, adaptive=True)
-        for _ in range(BUSY_WINDOWS):
-            machine.step(gov, waited_share=0.9, others_busy_cores=1)
+        gov = backed_off(machine)
         for _ in range(3):
             time.sleep(0.02)  # no step: the engine's cores idle, the other process keeps its core
             machine.busy += 0.02
@@ -131,10 +135,8 @@ def test_a_thread_lost_again_soon_after_doubles_the_wait(monkeypatch):
     """Waits the other processes do not explain (this process's own threads) must not flap the count."""
     machine = FakeMachine(monkeypatch)
     with torch_threads(2):
-        gov = ThreadGovernor(2, adaptive=True)
-        for _ in range(BUSY_WINDOWS):
-            machine.step(gov, waited_share=0.9)
-        assert gov.threads == 1 and gov.wait == threads.CHECK_SECONDS  # a first back-off: the usual wait
+        gov = backed_off(machine)
+        assert gov.wait == threads.CHECK_SECONDS  # a first back-off: the usual wait
         for _ in range(3):
             machine.step(gov, waited_share=0.0)
         assert gov.threads == 2
