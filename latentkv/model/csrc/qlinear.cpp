@@ -21,6 +21,14 @@
 #include <cstdint>
 #include <vector>
 
+// quantize_group's answer (every ISA) for a group holding a NaN: codes 0, sum 0, max|v| NaN, so
+// d_x and s_x are NaN and the NaN reaches every output of the row, as in a float linear.
+static inline float nan_group(int8_t* q, int32_t* sum) {
+  for (int j = 0; j < 32; ++j) q[j] = 0;
+  *sum = 0;
+  return __builtin_nanf("");
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace isa_avx512 {
@@ -112,8 +120,7 @@ struct W8 {
 };
 
 // One group of 32 float activations -> int8 codes round(v * 127 / max|v|) (nearest even: the
-// MXCSR default), returns max|v|: NaN when an input is NaN (the codes are then 0 and d_x, s_x NaN,
-// so the NaN reaches every output of the row, as in a float linear; max_ps alone would drop it).
+// MXCSR default), returns max|v|: NaN when an input is NaN (nan_group; max_ps alone would drop it).
 static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 mx = _mm256_and_ps(_mm256_loadu_ps(v), mag);
@@ -126,11 +133,7 @@ static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
   _mm256_store_ps(lanes, mx);
   float amax = 0.0f;
   for (float l : lanes) amax = l > amax ? l : amax;
-  if (_mm256_movemask_ps(nan)) {
-    for (int j = 0; j < 32; ++j) q[j] = 0;
-    *sum = 0;
-    return __builtin_nanf("");
-  }
+  if (_mm256_movemask_ps(nan)) return nan_group(q, sum);
   const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
   alignas(32) int32_t c[32];
   for (int i = 0; i < 32; i += 8)
@@ -191,11 +194,7 @@ static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
   float amax = 0.0f;
   bool nan = false;
   for (int j = 0; j < 32; ++j) amax = std::fabs(v[j]) > amax ? std::fabs(v[j]) : amax, nan |= std::isnan(v[j]);
-  if (nan) {  // as the AVX2 path
-    for (int j = 0; j < 32; ++j) q[j] = 0;
-    *sum = 0;
-    return __builtin_nanf("");
-  }
+  if (nan) return nan_group(q, sum);
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   int32_t s = 0;
   for (int j = 0; j < 32; ++j) {
