@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from .report import median, new_figure, print_table, save_figure, write_json
-from .systems import LatentKVSystem, LlamaCppSystem, llama_cpp_available
+from .systems import LatentKVSystem, llama_cpp_baseline
 
 PHASES = ("quiet", "busy", "quiet again")
 
@@ -55,12 +55,7 @@ def build_systems(args, length: int) -> list:
     with engine_chooses_threads():
         auto = LatentKVSystem("latentkv (threads: auto)", args.model, "int8", **kw)
     systems = [auto, LatentKVSystem(f"latentkv ({args.threads} threads)", args.model, "int8", threads=args.threads, **kw)]
-    if args.source and str(args.source).endswith(".gguf"):
-        if llama_cpp_available():
-            systems.append(LlamaCppSystem(f"llama.cpp ({args.threads} threads)", args.source, n_ctx=length))
-        else:
-            print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
-    return systems
+    return systems + llama_cpp_baseline(f"llama.cpp ({args.threads} threads)", args.source, n_ctx=length)
 
 
 def run(args) -> dict:

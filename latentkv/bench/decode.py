@@ -14,7 +14,7 @@ from ..cache.accounting import latent_bytes_per_token
 from ..facts import dtype_name
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
 from .report import median, new_figure, print_table, save_figure, write_json
-from .systems import LatentKVSystem, LlamaCppSystem, TransformersSystem, cache_budget, llama_cpp_available
+from .systems import LatentKVSystem, TransformersSystem, cache_budget, llama_cpp_baseline
 
 
 def build_systems(args) -> list:
@@ -55,11 +55,7 @@ def build_systems(args) -> list:
         systems.append(TransformersSystem("transformers original", args.source))
     if args.stock:
         systems.append(TransformersSystem("transformers DeepseekV3 stock", args.stock))
-    if args.source and str(args.source).endswith(".gguf"):
-        if llama_cpp_available():
-            systems.append(LlamaCppSystem("llama.cpp", args.source, n_ctx=max(args.contexts) + 2 * args.tokens))
-        else:
-            print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
+    systems += llama_cpp_baseline("llama.cpp", args.source, n_ctx=max(args.contexts) + 2 * args.tokens)
     return systems
 
 

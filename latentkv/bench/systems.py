@@ -113,6 +113,17 @@ def llama_cpp_available() -> bool:
     return True
 
 
+def llama_cpp_baseline(name: str, source, n_ctx: int) -> list:
+    """[llama.cpp on `source`] when it is a GGUF and llama-cpp-python is installed, else [] (saying
+    so when it is not installed)."""
+    if not (source and str(source).endswith(".gguf")):
+        return []
+    if not llama_cpp_available():
+        print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
+        return []
+    return [LlamaCppSystem(name, source, n_ctx=n_ctx)]
+
+
 class LlamaCppSystem:
     def __init__(self, name: str, gguf: str, n_ctx: int = 8192 + 256):
         from llama_cpp import Llama  # optional (the `bench` extra); only when this baseline runs
