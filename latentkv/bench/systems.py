@@ -121,7 +121,7 @@ def llama_cpp_baseline(name: str, source, n_ctx: int) -> list:
     if not llama_cpp_available():
         print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
         return []
-    return [LlamaCppSystem(name, source, n_ctx=n_ctx)]
+    return [LlamaCppSystem(name, str(source), n_ctx=n_ctx)]
 
 
 class LlamaCppSystem:
