@@ -63,12 +63,15 @@ def threads_from_env() -> int | None:
     return None
 
 
+def allowed_cores() -> set[int]:
+    """The cores this process may run on (its affinity; every core where the OS does not say)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return set(range(os.cpu_count() or 1))
+
+
 def default_threads() -> int:
     """threads_from_env(), else every core this process may use."""
     from_env = threads_from_env()
-    if from_env is not None:
-        return from_env
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return from_env if from_env is not None else len(allowed_cores())

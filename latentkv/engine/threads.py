@@ -35,6 +35,8 @@ import time
 
 import torch
 
+from latentkv.cpu import allowed_cores
+
 WAIT_SHARE = 0.3     # thread-seconds waited per second: quiet ~0.00; sharing a core 0.5-1.0
 BUSY_WINDOWS = 2     # consecutive waiting windows before backing off (one may be a passing spike)
 WINDOW_SECONDS = 0.2  # steps measured together (a slow step is a window alone)
@@ -85,10 +87,6 @@ def busy_seconds(cores: set[int]) -> float | None:
 def own_seconds() -> float:
     """CPU seconds this process has used (all its threads)."""
     return time.process_time()
-
-
-def allowed_cores() -> set[int]:
-    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
 
 
 class ThreadGovernor:
