@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..cpu import allowed_cores
 from .report import median, new_figure, print_table, save_figure, write_json
 from .systems import LatentKVSystem, llama_cpp_baseline
 
@@ -27,7 +28,7 @@ PHASES = ("quiet", "busy", "quiet again")
 @contextmanager
 def busy_cores(count: int):
     """`count` busy-loop processes, each pinned to one of the last allowed cores."""
-    cores = sorted(os.sched_getaffinity(0))[-count:] if count else []
+    cores = sorted(allowed_cores())[-count:] if count else []
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                               preexec_fn=lambda c=c: os.sched_setaffinity(0, {c})) for c in cores]
     try:
@@ -59,7 +60,7 @@ def build_systems(args, length: int) -> list:
 
 
 def run(args) -> dict:
-    cores = len(os.sched_getaffinity(0))
+    cores = len(allowed_cores())
     if not 0 < args.busy_cores < cores:
         raise SystemExit(f"--busy-cores {args.busy_cores}: expected 1 .. {cores - 1} (this process may use {cores} cores)")
     prompt_len = args.contexts[0]
