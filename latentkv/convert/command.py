@@ -58,7 +58,7 @@ def register(subparsers) -> None:
                    f"(default {D.rope_window}; 'all': the whole calibration window)")
     p.add_argument("--refine-steps", type=int, default=None,
                    help=f"Adam steps per layer fitting its attention output to the source's on the calibration "
-                   f"windows after the closed form (default {D.refine_steps}: off; native format only)")
+                   f"windows after the closed form (default {D.refine_steps}: off)")
     p.add_argument("--refine-lr", type=float, default=None,
                    help=f"refinement step relative to each tensor's scale (default {D.refine_lr:g})")
     p.add_argument("--refine-inputs", default=None, choices=list(INPUTS),

@@ -37,7 +37,7 @@ class ConvertOptions:
     refine_steps: Adam steps per layer fitting the converted attention output to the source's on
     the calibration windows after the closed form (0: off; refine.py), refine_lr its step relative
     to each tensor's scale, refine_inputs each layer's inputs: "converted" (the refined layers
-    below, as GPTQ) or "source" (native format only)."""
+    below, as GPTQ) or "source"."""
 
     rope_dim: int | str | None = None
     kv_rank: int | str | list | None = None
@@ -82,10 +82,6 @@ class ConvertOptions:
             raise ValueError(f"refine_lr must be positive, got {self.refine_lr}")
         if self.refine_inputs not in INPUTS:
             raise ValueError(f"refine_inputs must be one of {', '.join(INPUTS)}, got {self.refine_inputs!r}")
-        if self.refine_steps and self.stock:
-            raise ValueError("refine_steps: the stock export is not refined (its kv_a_layernorm scaling and padding "
-                             "come after the layer's tensors; not implemented): convert without --stock, or with "
-                             "--refine-steps 0")
         if self.k_weight <= 0:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
 

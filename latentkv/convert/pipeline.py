@@ -186,19 +186,29 @@ def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOpti
     return cfg, tensors, info
 
 
+def stock_latent(w: dict, width: int | None, xx: torch.Tensor) -> dict:
+    """A layer's tensors (build_layer's) with the stock latent: padded to width with zero dims and
+    scaled for the kv_a_layernorm (linearize_norm). Both act on the latent's rows of kv_a_aug and
+    kv_b's columns alike, so they come after refinement, whatever it did to the latent."""
+    r = w["kv_b"].shape[1]
+    fact = lat.Factorization(latent=w["kv_a_aug"][:r], recon=w["kv_b"], spectrum=torch.empty(0))
+    if width:
+        fact = lat.pad(fact, width)
+    fact = linearize_norm(fact, latent_rms(fact, xx, fact.latent.shape[0]))
+    return {**w, "kv_a_aug": torch.cat([fact.latent, w["kv_a_aug"][r:]]), "kv_b": fact.recon}
+
+
 def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None, refiner=None) -> dict[str, torch.Tensor]:
     """Layer i's tensors under DeepSeek-V3 names; width pads the (stock) latent with zero dims;
     refiner: refine.Refiner (None: the closed form as it is)."""
     wq, wk, wv, wo = augmented_weights(src, i)
     exact = not plan.dropped.any() and fact.latent.shape[0] >= fact.recon.shape[0]  # nothing to refine
     fact = lat.rotate(fact, seed=i)
-    if width:
-        fact = lat.pad(fact, width)
-    if stock:
-        fact = linearize_norm(fact, latent_rms(fact, st.xx, fact.latent.shape[0]))
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)
     if refiner:
-        w = refiner.layer(i, w, plan.slot_freq, dn, exact)
+        w = refiner.layer(i, w, plan.slot_freq, dn, exact and not stock)
+    if stock:
+        w = stock_latent(w, width, st.xx)
     layer = src.layer(i)
     p = f"model.layers.{i}."
     out = {
@@ -213,5 +223,5 @@ def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None, r
         out[p + "self_attn.kv_a_proj_with_mqa.bias"] = w["kv_a_aug"][:, -1]
         out[p + "self_attn.o_proj.bias"] = torch.zeros(src.hidden_size, dtype=torch.float64)
     if stock:
-        out[p + "self_attn.kv_a_layernorm.weight"] = torch.ones(fact.latent.shape[0], dtype=torch.float64)
+        out[p + "self_attn.kv_a_layernorm.weight"] = torch.ones(w["kv_b"].shape[1], dtype=torch.float64)
     return {k: v.to(dtype).contiguous() for k, v in out.items()}

@@ -95,9 +95,6 @@ def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_f
                 continue
             points = [(rank, n) for rank in ranks_for(plans_info[1]) for n in refine_steps]  # rope dim resolved
             for rank, n in points:
-                if n and fmt == "stock":
-                    log(f"skip stock with refine steps {n}: the stock export is not refined")
-                    continue
                 started = time.time()
                 cfg, tensors, info = build_model(src, stats, replace(settings, kv_rank=rank, refine_steps=n,
                                                                      refine_lr=refine_lr), plans_info, windows=windows)
@@ -191,7 +188,7 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
     (fractions of the source's elements) whose rank each rope dim gets (neither: SIZES).
     chat_examples: held-out chat prompts to judge on (None: all; 0: no chat columns);
     rope_window: ConvertOptions.rope_window of every native point; refine_steps: each point is
-    measured at each of these ConvertOptions.refine_steps (native only), with refine_lr."""
+    measured at each of these ConvertOptions.refine_steps, with refine_lr."""
     if ranks and sizes:
         raise ValueError("give ranks or sizes, not both")
     out_dir = Path(out_dir)
@@ -281,7 +278,7 @@ def register(subparsers) -> None:
     p.add_argument("--rope-window", type=rope_window_arg, default=DEFAULTS.rope_window,
                    help=f"distances over which dropped rope pairs' mean phases are measured (default {DEFAULTS.rope_window}; 'all')")
     p.add_argument("--refine-steps", type=int, nargs="+", default=[0],
-                   help="measure each native point refined with each of these step counts (default 0: the closed form)")
+                   help="measure each point refined with each of these step counts (default 0: the closed form)")
     p.add_argument("--refine-lr", type=float, default=DEFAULTS.refine_lr, help="refinement step, relative to each tensor's scale")
     p.add_argument("--eval-tokens", type=int, default=4096, help="tokens per perplexity domain")
     p.add_argument("--chat-examples", type=int, default=None, help="held-out chat prompts to judge on (default all; 0: none)")

@@ -101,9 +101,12 @@ def test_bad_refine_options_name_the_field(field, value, message):
         ConvertOptions(**{field: value}).check()
 
 
-def test_the_stock_export_refuses_refinement_clearly():
-    with pytest.raises(ValueError, match="stock"):
-        ConvertOptions(stock=True, refine_steps=10).check()
+def test_the_stock_export_is_refined_too(tiny):
+    src, windows, stats = tiny
+    stock = ConvertOptions(rope_dim=4, kv_rank=8, stock=True, target="any", refine_steps=30, refine_lr=1e-2)
+    cfg, tensors, info = build_model(src, stats, stock, windows=windows)
+    assert all(f["kept"] and f["after"] < f["before"] for f in info["refined"])
+    assert "latentkv" not in cfg and cfg["kv_lora_rank"] == 8  # still the plain deepseek_v3 layout
 
 
 def test_refinement_needs_the_calibration_windows(tiny):
