@@ -33,6 +33,7 @@ TRAINED = ("q_aug", "kv_a_aug", "kv_b")  # what the conversion chose; o_proj is 
 BATCH = 2  # windows per Adam step
 CHUNK = 4  # windows per no-grad forward (bounded memory)
 INPUTS = ("converted", "source")
+WARMUP = 0.25  # share of the steps
 
 
 def holdout(n: int) -> int:
@@ -70,6 +71,19 @@ def relative_error(w, slot_freq, x, target, num_heads, dn) -> torch.Tensor:
     return torch.tensor(err / max(tot, 1e-30))
 
 
+def row_scale(w: torch.Tensor) -> torch.Tensor:
+    """[rows, 1] each row's RMS (the tensor's where a row is all but zero): the unit of its Adam step."""
+    rms = w.square().mean(1, keepdim=True).sqrt()
+    return torch.maximum(rms, 1e-3 * w.square().mean().sqrt()).clamp(min=1e-30)
+
+
+def schedule(step: int, steps: int) -> float:
+    """The learning rate's factor: a linear warm-up over the first WARMUP of the steps (Adam's first
+    steps are full-size whatever the gradient), then a linear decay to 0."""
+    warm = max(1, round(WARMUP * steps))
+    return (step + 1) / warm if step < warm else max(0.0, (steps - step) / max(1, steps - warm))
+
+
 @dataclass
 class LayerFit:
     """What refining one layer did: loss on the held-out windows before and after, steps run, kept."""
@@ -85,15 +99,16 @@ def refine_layer(w: dict, slot_freq, x, target, num_heads: int, dn: int, steps: 
     """(tensors, fit): w's TRAINED tensors after `steps` Adam steps on windows x [N, T, D] against the
     source's attention output target [N, T, D]; w itself if that does not lower the held-out loss.
 
-    Each trained tensor W moves as W0 + rms(W0)·δ with δ the Adam variable (starting at 0), so lr is
-    a step relative to the tensor's own scale whatever the latent's gauge."""
+    Each trained tensor W moves as W0 + rms_row(W0)·δ with δ the Adam variable (starting at 0), so lr
+    is a step relative to each row's own scale whatever the latent's gauge; lr follows schedule()."""
     n_hold = holdout(x.shape[0])
     train = x.shape[0] - n_hold
     w32 = {k: v.float() for k, v in w.items()}
     sf = slot_freq.float()
-    scale = {k: w32[k].square().mean().sqrt().clamp(min=1e-30) for k in TRAINED}
+    scale = {k: row_scale(w32[k]) for k in TRAINED}
     delta = {k: torch.zeros_like(w32[k], requires_grad=True) for k in TRAINED}
     opt = torch.optim.Adam(list(delta.values()), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule(s, steps))
     gen = torch.Generator().manual_seed(seed)
 
     def current():
@@ -108,6 +123,7 @@ def refine_layer(w: dict, slot_freq, x, target, num_heads: int, dn: int, steps: 
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sched.step()
     with torch.no_grad():
         refined = {k: v.detach() for k, v in current().items()}
     after = float(relative_error(refined, sf, hold_x, hold_t, num_heads, dn))
