@@ -29,7 +29,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
-constexpr int HEAD_W = 16, HEAD_NV4 = 4;  // 16 of 32 registers hold a 4-row tile's accumulators
+constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers hold a 4-row tile's accumulators
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
@@ -38,14 +38,14 @@ constexpr int HEAD_W = 16, HEAD_NV4 = 4;  // 16 of 32 registers hold a 4-row til
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
-constexpr int HEAD_W = 8, HEAD_NV4 = 2;  // 8 of 16 registers: more would spill
+constexpr int HEAD_W = 8, HEAD_NV4 = 2, HEAD_NV1 = 8;  // 8 of 16 registers: more would spill
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
 
 namespace isa_scalar {
-constexpr int HEAD_W = 4, HEAD_NV4 = 2;  // SSE2-wide vectors (GCC lowers them on any target)
+constexpr int HEAD_W = 4, HEAD_NV4 = 2, HEAD_NV1 = 4;  // SSE2-wide vectors (GCC lowers them on any target)
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
