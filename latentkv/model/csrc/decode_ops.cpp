@@ -101,8 +101,9 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
     const int64_t sen = E > 0 ? extra.stride(0) : 0, seh = E > 0 ? extra.stride(1) : 0, sek = E > 0 ? extra.stride(2) : 0;
     scalar_t* op = out.data_ptr<scalar_t>();
     const void* wp = w.data_ptr();
+    const int64_t cap = std::min(CHUNK, N);  // a decode step has a row or a few: 64 rows' buffers were ~155 KB zeroed per layer
     at::parallel_for(0, H * chunks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> xs(CHUNK * K), acc(CHUNK * C);
+      std::vector<float> xs(cap * K), acc(cap * C);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t h = item / chunks, n0 = (item % chunks) * CHUNK;
         const int64_t rows = std::min(CHUNK, N - n0);
