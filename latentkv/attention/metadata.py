@@ -76,6 +76,15 @@ def build_metadata(
     """
     if not (len(query_lens) == len(context_lens) == len(block_tables)):
         raise ValueError("query_lens, context_lens and block_tables must have one entry per sequence")
+    if query_lens and all(q == 1 for q in query_lens) and all(c >= 1 for c in context_lens):
+        return decode_metadata(context_lens, block_tables, block_size, device, path, split, invariant, prompt_lens)
+    return general_metadata(query_lens, context_lens, block_tables, block_size, device, path, split, invariant,
+                            prompt_lens)
+
+
+def general_metadata(query_lens, context_lens, block_tables, block_size, device, path, split, invariant,
+                     prompt_lens) -> tuple[AttentionMetadata, torch.Tensor]:
+    """build_metadata for any step (decode_metadata is its fast path for single-token rows)."""
     q = torch.tensor(query_lens, dtype=torch.long)
     ctx = torch.tensor(context_lens, dtype=torch.long)
     if bool((q <= 0).any()) or bool((q > ctx).any()):
@@ -127,6 +136,37 @@ def build_metadata(
         batch.groups = attention_groups(query_lens, context_lens, block_tables, block_size, device, path,
                                         invariant, prompt)
     return batch, positions.to(device)
+
+
+def decode_metadata(context_lens: list[int], block_tables: list[list[int]], block_size: int, device, path: str,
+                    split: bool, invariant: bool, prompt_lens: list[int] | None) -> tuple[AttentionMetadata, torch.Tensor]:
+    """build_metadata for a step of single-token rows (every decode step): the same fields from
+    Python lists and a handful of tensors. The general path's ~25 small tensor ops took ~0.7 ms
+    of a 16 ms batch-1 step (2 threads); the fields are equal (tests/attention/test_metadata.py)."""
+    B, width = len(context_lens), -(-max(context_lens) // block_size)
+    rows, slots = [], []
+    for b, (table, ctx) in enumerate(zip(block_tables, context_lens)):
+        need = -(-ctx // block_size)
+        if len(table) < need:
+            raise ValueError(f"sequence {b} has {len(table)} blocks; {need} needed for {ctx} tokens")
+        rows.append(table[:need] + [0] * (width - need))
+        slots.append(table[(ctx - 1) // block_size] * block_size + (ctx - 1) % block_size)
+    pos = torch.tensor([c - 1 for c in context_lens], dtype=torch.long)
+    steps = torch.arange(B + 1)
+    batch = AttentionMetadata(
+        query_start=steps.to(device), context_lens=torch.tensor(context_lens, dtype=torch.long, device=device),
+        block_tables=torch.tensor(rows, dtype=torch.long, device=device),
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        query_index=steps[:-1, None].to(device), query_valid=torch.ones(B, 1, dtype=torch.bool, device=device),
+        query_pos=pos[:, None].to(device), max_query_len=1, max_context_len=max(context_lens), path=path,
+        runs=block_runs(rows[0]) if B == 1 else None, invariant=invariant)
+    if invariant:  # a decode row is a prompt row only while its position is below the prompt's length
+        prompt = [int(p > c - 1) for p, c in zip(prompt_lens or [0] * B, context_lens)]
+        batch.prompt_rows = prompt if any(prompt) else None
+        if split and B > 1 and any(prompt):
+            batch.groups = attention_groups([1] * B, context_lens, block_tables, block_size, device, path, invariant,
+                                            prompt)
+    return batch, pos.to(device)
 
 
 def attention_groups(query_lens, context_lens, block_tables, block_size, device, path, invariant=False,

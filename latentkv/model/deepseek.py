@@ -95,6 +95,13 @@ class MoE(nn.Module):
         return out
 
 
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T], inv_freq [layers, dr/2] -> cos, sin [layers, T, dr/2] times the attention
+    factor (YaRN's; a factor of 1 is skipped: x * 1.0 is x)."""
+    cos, sin = cos_sin(positions, inv_freq)
+    return (cos, sin) if factor == 1.0 else (cos * factor, sin * factor)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend):
         super().__init__()
@@ -126,9 +133,8 @@ class DeepseekModel(nn.Module):
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [layers, T, dr/2] for every layer at once (layers may rotate at
         different frequencies in converted models), in float32."""
-        factor = self.layers[0].self_attn.rope_factor
-        cos, sin = cos_sin(positions, torch.stack([layer.self_attn.inv_freq for layer in self.layers]))
-        return cos * factor, sin * factor
+        inv_freq = torch.stack([layer.self_attn.inv_freq for layer in self.layers])
+        return rope_tables(positions, inv_freq, self.layers[0].self_attn.rope_factor)
 
 
 class MLAForCausalLM(nn.Module):

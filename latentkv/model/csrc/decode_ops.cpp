@@ -29,7 +29,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
-constexpr int HEAD_W = 16, HEAD_NV4 = 4;  // 16 of 32 registers hold a 4-row tile's accumulators
+constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers hold a 4-row tile's accumulators
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
@@ -38,14 +38,14 @@ constexpr int HEAD_W = 16, HEAD_NV4 = 4;  // 16 of 32 registers hold a 4-row til
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
-constexpr int HEAD_W = 8, HEAD_NV4 = 2;  // 8 of 16 registers: more would spill
+constexpr int HEAD_W = 8, HEAD_NV4 = 2, HEAD_NV1 = 8;  // 8 of 16 registers: more would spill
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
 
 namespace isa_scalar {
-constexpr int HEAD_W = 4, HEAD_NV4 = 2;  // SSE2-wide vectors (GCC lowers them on any target)
+constexpr int HEAD_W = 4, HEAD_NV4 = 2, HEAD_NV1 = 4;  // SSE2-wide vectors (GCC lowers them on any target)
 #include "exp_poly.h"  // attention/csrc: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
@@ -101,8 +101,9 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
     const int64_t sen = E > 0 ? extra.stride(0) : 0, seh = E > 0 ? extra.stride(1) : 0, sek = E > 0 ? extra.stride(2) : 0;
     scalar_t* op = out.data_ptr<scalar_t>();
     const void* wp = w.data_ptr();
+    const int64_t cap = std::min(CHUNK, N);  // a decode step has a row or a few: 64 rows' buffers were ~155 KB zeroed per layer
     at::parallel_for(0, H * chunks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> xs(CHUNK * K), acc(CHUNK * C);
+      std::vector<float> xs(cap * K), acc(cap * C);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t h = item / chunks, n0 = (item % chunks) * CHUNK;
         const int64_t rows = std::min(CHUNK, N - n0);

@@ -48,12 +48,16 @@ static inline void head_tile(const float* __restrict x, int K, const W* __restri
     for (int j = 0; j < NV; ++j) __builtin_memcpy(acc + (int64_t)r * C + c0 + j * HEAD_W, &a[r][j], sizeof(HVec));
 }
 
-// RT rows over all columns: NV-vector tiles, then single vectors, then the scalar tail (C % HEAD_W).
+// RT rows over all columns: NV-vector tiles, then tiles of NV/2, NV/4 ... 1 vectors, then the scalar tail
+// (C % HEAD_W). Wide tiles matter for single rows: each k reads NV contiguous vectors of w (a row of
+// w is C apart) and keeps NV independent FMA chains in flight.
 template <int RT, int NV, typename W>
 static inline void head_row_tile(const float* __restrict x, int K, const W* __restrict w, int C, float* __restrict acc) {
   const int full = C / HEAD_W * HEAD_W;
   int c0 = 0;
   for (; c0 + NV * HEAD_W <= full; c0 += NV * HEAD_W) head_tile<RT, NV>(x, K, w, C, c0, acc);
+  if constexpr (NV >= 8) if (c0 + 4 * HEAD_W <= full) head_tile<RT, 4>(x, K, w, C, c0, acc), c0 += 4 * HEAD_W;
+  if constexpr (NV >= 4) if (c0 + 2 * HEAD_W <= full) head_tile<RT, 2>(x, K, w, C, c0, acc), c0 += 2 * HEAD_W;
   for (; c0 < full; c0 += HEAD_W) head_tile<RT, 1>(x, K, w, C, c0, acc);
   for (int r = 0; r < RT; ++r)
     for (int c = full; c < C; ++c) {
@@ -68,7 +72,7 @@ template <typename W>
 static void head_rows(const float* __restrict x, int R, int K, const W* __restrict w, int C, float* __restrict acc) {
   int r0 = 0;
   for (; r0 + 4 <= R; r0 += 4) head_row_tile<4, HEAD_NV4>(x + (int64_t)r0 * K, K, w, C, acc + (int64_t)r0 * C);
-  for (; r0 < R; ++r0) head_row_tile<1, 4>(x + (int64_t)r0 * K, K, w, C, acc + (int64_t)r0 * C);
+  for (; r0 < R; ++r0) head_row_tile<1, HEAD_NV1>(x + (int64_t)r0 * K, K, w, C, acc + (int64_t)r0 * C);
 }
 
 static void head_rows_f32(const float* x, int R, int K, const float* w, int C, float* acc) {

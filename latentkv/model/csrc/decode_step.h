@@ -57,9 +57,9 @@ static F capsule_fn(const py::capsule& c, const char* name) {
 
 class DecodePlan {
  public:
-  DecodePlan(py::list layers, py::capsule linear_fn, py::capsule decode_fn, int64_t isa_ops, int64_t isa_linear,
-             int64_t isa_attention)
-      : linear_(capsule_fn<LinearFn>(linear_fn, "latentkv.qlinear.linear")),
+  DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule decode_fn,
+             int64_t isa_ops, int64_t isa_linear, int64_t isa_attention)
+      : w_norm_(w_norm), eps_norm_(eps_norm), linear_(capsule_fn<LinearFn>(linear_fn, "latentkv.qlinear.linear")),
         decode_(capsule_fn<DecodeFn>(decode_fn, "latentkv.mla_decode.mla_decode")),
         isa_ops_(isa_ops), isa_linear_(isa_linear), isa_attention_(isa_attention) {
     for (py::handle h : layers) {
@@ -84,7 +84,7 @@ class DecodePlan {
   }
 
   // x [B, hidden] (the embeddings), cos/sin [layers, B, dr/2], slots [B], block_tables [B, nb],
-  // context_lens [B] -> the last layer's output [B, hidden] (before the final norm).
+  // context_lens [B] -> the final RMSNorm of the last layer's output [B, hidden] (what the model returns).
   at::Tensor run(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots, at::Tensor block_tables,
                  at::Tensor context_lens, int64_t threads) const {
     const int64_t B = x.size(0);
@@ -116,7 +116,8 @@ class DecodePlan {
       x = post[0];
       carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), isa_ops_));
     }
-    return carry.defined() ? at::add(x, carry) : x;
+    if (carry.defined()) x = at::add(x, carry);
+    return rms_norm(x, w_norm_, eps_norm_, x.new_empty(0), isa_ops_)[1];  // DeepseekModel: self.norm(x)
   }
 
  private:
@@ -125,6 +126,8 @@ class DecodePlan {
     return p.bias.defined() ? at::add(y, p.bias) : y;  // QuantLinear.forward: y + bias, out of place
   }
 
+  at::Tensor w_norm_;
+  double eps_norm_;
   LinearFn linear_;
   DecodeFn decode_;
   int64_t isa_ops_, isa_linear_, isa_attention_;
@@ -133,7 +136,7 @@ class DecodePlan {
 
 static void register_decode_plan(py::module_& m) {
   py::class_<DecodePlan>(m, "DecodePlan")
-      .def(py::init<py::list, py::capsule, py::capsule, int64_t, int64_t, int64_t>())
+      .def(py::init<py::list, at::Tensor, double, py::capsule, py::capsule, int64_t, int64_t, int64_t>())
       // without the GIL: the server's other threads (tokenizing, HTTP) run during the step
       .def("run", &DecodePlan::run, py::call_guard<py::gil_scoped_release>(),
            "the decoder layers of one all-decode step (see decode_step.h)");
