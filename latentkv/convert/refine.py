@@ -60,7 +60,7 @@ def mla_attention(w: dict, slot_freq: torch.Tensor, x: torch.Tensor, num_heads: 
     return F.linear(out.transpose(1, 2).reshape(B, T, -1), w["o"])
 
 
-def relative_error(w, slot_freq, x, target, num_heads, dn) -> torch.Tensor:
+def relative_error(w, slot_freq, x, target, num_heads, dn) -> float:
     """Σ|MLA(x) − target|² / Σ|target|² over windows x [N, T, D], in chunks (no graph kept)."""
     err = tot = 0.0
     with torch.no_grad():
@@ -68,7 +68,7 @@ def relative_error(w, slot_freq, x, target, num_heads, dn) -> torch.Tensor:
             t = target[b:b + CHUNK]
             err += float((mla_attention(w, slot_freq, x[b:b + CHUNK], num_heads, dn) - t).square().sum())
             tot += float(t.square().sum())
-    return torch.tensor(err / max(tot, 1e-30))
+    return err / max(tot, 1e-30)
 
 
 def row_scale(w: torch.Tensor) -> torch.Tensor:
@@ -115,7 +115,7 @@ def refine_layer(w: dict, slot_freq, x, target, num_heads: int, dn: int, steps: 
         return {**w32, **{k: w32[k] + scale[k] * delta[k] for k in TRAINED}}
 
     hold_x, hold_t = x[train:], target[train:]
-    before = float(relative_error(w32, sf, hold_x, hold_t, num_heads, dn))
+    before = relative_error(w32, sf, hold_x, hold_t, num_heads, dn)
     for _ in tqdm(range(steps), desc=desc, unit="step", leave=False):
         idx = torch.randperm(train, generator=gen)[:BATCH]
         t = target[idx]
@@ -126,7 +126,7 @@ def refine_layer(w: dict, slot_freq, x, target, num_heads: int, dn: int, steps: 
         sched.step()
     with torch.no_grad():
         refined = {k: v.detach() for k, v in current().items()}
-    after = float(relative_error(refined, sf, hold_x, hold_t, num_heads, dn))
+    after = relative_error(refined, sf, hold_x, hold_t, num_heads, dn)
     if not after < before:
         return w, LayerFit(before, after, steps, False)
     return {**w, **{k: refined[k].to(w[k].dtype) for k in TRAINED}}, LayerFit(before, after, steps, True)
