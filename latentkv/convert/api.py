@@ -137,10 +137,12 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     with tempfile.TemporaryDirectory(prefix=".latentkv-scratch-", dir=Path(out).resolve().parent) as scratch:
         stats = calibrate(src, windows, calib_dtype, Path(scratch), weights)
         dtype = MODEL_DTYPES[options.dtype]
-        cfg, info, parts = convert_parts(src, stats, options, dtype=dtype)
+        cfg, info, parts = convert_parts(src, stats, options, dtype=dtype, windows=windows)
         record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
                   "rope_theta": info["rope_theta"]}
-        step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}) and writing {out}", started)
+        refined = f", refining each layer {options.refine_steps} steps" if options.refine_steps else ""
+        step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}{refined}) and writing {out}",
+             started)
         out = export(Path(out), src, cfg, tqdm(parts, desc="converting and writing layers", unit="part",
                                               total=src.num_layers + 1), info, record)
     if options.eval_tokens:

@@ -8,6 +8,7 @@ from dataclasses import fields
 from latentkv.convert import sweep
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions, rope_dim_arg, rope_window_arg
+from latentkv.convert.refine import INPUTS
 from latentkv.convert.sources import SourceError
 from latentkv.convert.stock import TARGETS
 from latentkv.facts import MODEL_DTYPES
@@ -55,6 +56,14 @@ def register(subparsers) -> None:
     p.add_argument("--rope-window", type=rope_window_arg, default=D.rope_window,
                    help=f"query-key distances (tokens) over which a dropped rope pair's mean phase is measured "
                    f"(default {D.rope_window}; 'all': the whole calibration window)")
+    p.add_argument("--refine-steps", type=int, default=None,
+                   help=f"Adam steps per layer fitting its attention output to the source's on the calibration "
+                   f"windows after the closed form (default {D.refine_steps}: off)")
+    p.add_argument("--refine-lr", type=float, default=None,
+                   help=f"refinement step relative to each tensor's scale (default {D.refine_lr:g})")
+    p.add_argument("--refine-inputs", default=None, choices=list(INPUTS),
+                   help=f"each refined layer's inputs: the converted layers below it or the source's "
+                   f"(default {D.refine_inputs})")
     p.set_defaults(func=run)
     sweep.register(subparsers)
 

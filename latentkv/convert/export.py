@@ -101,6 +101,13 @@ def model_card(src: SourceModel, cfg: dict, info: dict, settings: dict, measured
         f"{info['rope_dim']} = {elems:.1f} elements per token per layer, against {src.kv_elements()} in the source "
         f"({elems / src.kv_elements():.3f}×).",
     ]
+    fits = [f for f in info.get("refined", []) if f]
+    if fits:
+        lines.append(f"- **Refinement**: {settings.get('refine_steps')} Adam steps per layer on the calibration windows "
+                     f"(the attention output fitted to the source's); held-out relative attention error, mean over "
+                     f"{len(fits)} layers, {sum(f['before'] for f in fits) / len(fits):.4f} → "
+                     f"{sum(min(f['before'], f['after']) for f in fits) / len(fits):.4f} "
+                     f"({sum(f['kept'] for f in fits)} layers refined, the others kept the closed form).")
     if measured:
         lines += ["", "## Measured", "", "| model | perplexity |", "| --- | --- |"]
         lines += [f"| {k} | {v:.4f} |" for k, v in measured.items() if isinstance(v, float)]

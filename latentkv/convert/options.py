@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from latentkv import cpu
+from latentkv.convert.refine import INPUTS
 from latentkv.facts import MODEL_DTYPES
 
 
@@ -32,7 +33,11 @@ class ConvertOptions:
     phase window: docs/conversion.md, "The phase window");
     rope_window: the query–key distances (tokens) over which a dropped RoPE pair's mean phase φ
     (folded into the query) is measured (None: every distance of the calibration window; the
-    kept pairs are ranked over every distance; native format only: rope.plan_layer)."""
+    kept pairs are ranked over every distance; native format only: rope.plan_layer);
+    refine_steps: Adam steps per layer fitting the converted attention output to the source's on
+    the calibration windows after the closed form (0: off; refine.py), refine_lr its step relative
+    to each tensor's scale, refine_inputs each layer's inputs: "converted" (the refined layers
+    below, as GPTQ) or "source"."""
 
     rope_dim: int | str | None = None
     kv_rank: int | str | list | None = None
@@ -51,6 +56,9 @@ class ConvertOptions:
     stock_width: int | None = None
     k_weight: float = 2.0
     rope_window: int | None = 64  # measured: docs/conversion.md, "The phase window"
+    refine_steps: int = 0
+    refine_lr: float = 3e-3  # of 1e-3, 3e-3, 1e-2: the lowest held-out error (docs/conversion.md, "Local refinement")
+    refine_inputs: str = "converted"
 
     def check(self) -> None:
         """Errors that need no source."""
@@ -68,6 +76,12 @@ class ConvertOptions:
             raise ValueError(f"calib_weight must be positive, got {self.calib_weight}")
         if self.rope_window is not None and self.rope_window < 1:
             raise ValueError(f"rope_window must be a positive number of tokens (or None: all), got {self.rope_window}")
+        if self.refine_steps < 0:
+            raise ValueError(f"refine_steps must be 0 (off) or a positive number of steps, got {self.refine_steps}")
+        if not self.refine_lr > 0:
+            raise ValueError(f"refine_lr must be positive, got {self.refine_lr}")
+        if self.refine_inputs not in INPUTS:
+            raise ValueError(f"refine_inputs must be one of {', '.join(INPUTS)}, got {self.refine_inputs!r}")
         if self.k_weight <= 0:
             raise ValueError(f"k_weight must be positive, got {self.k_weight}")
 

@@ -15,6 +15,7 @@ from latentkv.convert.assemble import build_layer, key_features, key_maps, nope_
 from latentkv.convert.calibrate import LayerStats
 from latentkv.convert.layout import deepseek_config
 from latentkv.convert.options import ConvertOptions
+from latentkv.convert.refine import Refiner
 from latentkv.convert.source_model import SourceModel
 from latentkv.model.rope import default_inv_freq
 
@@ -135,11 +136,14 @@ def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
 
 
 def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None,
-                  dtype=torch.float32):
+                  dtype=torch.float32, windows: torch.Tensor | None = None):
     """(DeepSeek-V3 config dict, info dict, parts): `parts` yields the converted tensors a piece at a
     time — the embeddings and final norm, then one dict per layer, each layer computed (and its
     source weights read) only when it is asked for, so a caller that writes each part and lets it
-    go holds one layer of the output."""
+    go holds one layer of the output. windows [N, T]: the calibration windows, which
+    settings.refine_steps > 0 needs (refine.py; the parts must then be taken in order)."""
+    if settings.refine_steps and windows is None:
+        raise ValueError("refine_steps needs the calibration windows")
     plans, dr, theta, dn = plans_info or plan_rope(src, stats, settings)
     full = [2 * int(p.dropped.sum()) + src.num_kv_heads * src.head_dim for p in plans]  # rows of Z = [f_K; V]
     ranks = resolve_ranks(settings.kv_rank, full)
@@ -160,32 +164,51 @@ def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOp
         if src.tie_word_embeddings and settings.stock:  # vLLM's DeepseekV2ForCausalLM ignores tie_word_embeddings
             first["lm_head.weight"] = first["model.embed_tokens.weight"].clone()
         yield first
+        refiner = Refiner(src, windows, settings.refine_steps, settings.refine_lr, settings.refine_inputs) \
+            if settings.refine_steps else None
         for i, st in enumerate(stats):
             wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.k_weight)
             fact = lat.factorize(wz, st.xx, m, used[i])
-            yield layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, dtype, width)
+            yield layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, dtype, width, refiner)
+        if refiner:
+            info["refined"] = [f and {"before": f.before, "after": f.after, "kept": f.kept} for f in refiner.fits]
 
     return cfg, info, parts()
 
 
-def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32):
+def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32,
+                windows: torch.Tensor | None = None):
     """Converted model in memory: (DeepSeek-V3 config dict, tensors by name, info dict)."""
-    cfg, info, parts = convert_parts(src, stats, settings, plans_info, dtype)
+    cfg, info, parts = convert_parts(src, stats, settings, plans_info, dtype, windows)
     tensors = {}
     for part in parts:
         tensors.update(part)
     return cfg, tensors, info
 
 
-def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None) -> dict[str, torch.Tensor]:
-    """Layer i's tensors under DeepSeek-V3 names; width pads the (stock) latent with zero dims."""
-    wq, wk, wv, wo = augmented_weights(src, i)
-    fact = lat.rotate(fact, seed=i)
+def stock_latent(w: dict, width: int | None, xx: torch.Tensor) -> dict:
+    """A layer's tensors (build_layer's) with the stock latent: padded to width with zero dims and
+    scaled for the kv_a_layernorm (linearize_norm). Both act on the latent's rows of kv_a_aug and
+    kv_b's columns alike, so they come after refinement, whatever it did to the latent."""
+    r = w["kv_b"].shape[1]
+    fact = lat.Factorization(latent=w["kv_a_aug"][:r], recon=w["kv_b"], spectrum=torch.empty(0))
     if width:
         fact = lat.pad(fact, width)
-    if stock:
-        fact = linearize_norm(fact, latent_rms(fact, st.xx, fact.latent.shape[0]))
+    fact = linearize_norm(fact, latent_rms(fact, xx, fact.latent.shape[0]))
+    return {**w, "kv_a_aug": torch.cat([fact.latent, w["kv_a_aug"][r:]]), "kv_b": fact.recon}
+
+
+def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None, refiner=None) -> dict[str, torch.Tensor]:
+    """Layer i's tensors under DeepSeek-V3 names; width pads the (stock) latent with zero dims;
+    refiner: refine.Refiner (None: the closed form as it is)."""
+    wq, wk, wv, wo = augmented_weights(src, i)
+    exact = not plan.dropped.any() and fact.latent.shape[0] >= fact.recon.shape[0]  # nothing to refine
+    fact = lat.rotate(fact, seed=i)
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)
+    if refiner:
+        w = refiner.layer(i, w, plan.slot_freq, dn, exact and not stock)
+    if stock:
+        w = stock_latent(w, width, st.xx)
     layer = src.layer(i)
     p = f"model.layers.{i}."
     out = {
@@ -200,5 +223,5 @@ def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None) -
         out[p + "self_attn.kv_a_proj_with_mqa.bias"] = w["kv_a_aug"][:, -1]
         out[p + "self_attn.o_proj.bias"] = torch.zeros(src.hidden_size, dtype=torch.float64)
     if stock:
-        out[p + "self_attn.kv_a_layernorm.weight"] = torch.ones(fact.latent.shape[0], dtype=torch.float64)
+        out[p + "self_attn.kv_a_layernorm.weight"] = torch.ones(w["kv_b"].shape[1], dtype=torch.float64)
     return {k: v.to(dtype).contiguous() for k, v in out.items()}

@@ -82,8 +82,9 @@ class Judge:
 
 
 def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_formats, log,
-                 rope_window=DEFAULTS.rope_window):
-    """Measure every (rope dim, format, rank) point; yields row dicts."""
+                 rope_window=DEFAULTS.rope_window, refine_steps=(0,), refine_lr=DEFAULTS.refine_lr, windows=None):
+    """Measure every (rope dim, format, rank, refine steps) point; yields row dicts. windows: the
+    calibration windows (refinement fits on them)."""
     for rope_dim in rope_dims:
         for fmt in formats:
             settings = ConvertOptions(rope_dim=rope_dim, stock=fmt == "stock", rope_window=rope_window)
@@ -92,9 +93,13 @@ def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_f
             except ValueError as err:
                 log(f"skip rope {rope_dim} {fmt}: {err}")
                 continue
-            for rank in ranks_for(plans_info[1]):  # the rope dim resolved ("all": every rotated dim)
-                cfg, tensors, info = build_model(src, stats, replace(settings, kv_rank=rank), plans_info)
+            points = [(rank, n) for rank in ranks_for(plans_info[1]) for n in refine_steps]  # rope dim resolved
+            for rank, n in points:
+                started = time.time()
+                cfg, tensors, info = build_model(src, stats, replace(settings, kv_rank=rank, refine_steps=n,
+                                                                     refine_lr=refine_lr), plans_info, windows=windows)
                 row = {"rope_dim": info["rope_dim"], "format": fmt, "kv_rank": max(info["ranks"]),
+                       "refine_steps": n, "build_seconds": round(time.time() - started),
                        "elements": sum(info["ranks"]) / len(info["ranks"]) + info["rope_dim"],
                        "bytes_bf16": cache_bytes(info["ranks"], info["rope_dim"], False),
                        "bytes_int8": cache_bytes(info["ranks"], info["rope_dim"], True),
@@ -133,7 +138,8 @@ def markdown_table(rows: list[dict], base: dict, src_bytes: int) -> str:
             chat = f"{r['top1_agreement']:.4f} | {r['kl']:.4f} | {r['match_mean']:.1f} | {degenerate}"
         ratios = " | ".join(f"{r[f'ppl_{d}'] / base[d]:.3f}" for d in domains)
         int8 = f"{r['ppl_int8'] / base['docs']:.3f}" if "ppl_int8" in r else "–"
-        lines.append(f"| {r['rope_dim']} | {r['format']} | {r['kv_rank']} | {r['bytes_bf16'] / src_bytes:.3f} | "
+        fmt = r["format"] + (f", refined {r['refine_steps']}" if r.get("refine_steps") else "")
+        lines.append(f"| {r['rope_dim']} | {fmt} | {r['kv_rank']} | {r['bytes_bf16'] / src_bytes:.3f} | "
                      f"{r['bytes_bf16']} | {chat} | {ratios} | {int8} | {'yes' if meets(r) else 'no'} |")
     return "\n".join(lines)
 
@@ -175,23 +181,25 @@ def plot(rows: list[dict], base: dict, src_bytes: int, path: Path) -> None:
 def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native", "stock"), ranks=None,
               calib_tokens=DEFAULTS.calib_tokens, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
               stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None, sizes=None,
-              calib_weight=DEFAULTS.calib_weight, rope_window=DEFAULTS.rope_window) -> dict:
+              calib_weight=DEFAULTS.calib_weight, rope_window=DEFAULTS.rope_window, refine_steps=(0,),
+              refine_lr=DEFAULTS.refine_lr) -> dict:
     """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict.
     rope_dims: even ints or "all"; ranks: latent widths for every rope dim, or sizes: cache sizes
     (fractions of the source's elements) whose rank each rope dim gets (neither: SIZES).
     chat_examples: held-out chat prompts to judge on (None: all; 0: no chat columns);
-    rope_window: ConvertOptions.rope_window of every native point."""
+    rope_window: ConvertOptions.rope_window of every native point; refine_steps: each point is
+    measured at each of these ConvertOptions.refine_steps, with refine_lr."""
     if ranks and sizes:
         raise ValueError("give ranks or sizes, not both")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     src = read_source(source)
+    windows, weights = calibration_windows(src, None, calib_tokens, ctx, calib_chat, calib_weight)
     if stats_cache and Path(stats_cache).is_file():
         stats = load_stats(stats_cache)
         log(f"calibration statistics from {stats_cache} ({stats[0].tokens} tokens)")
     else:
-        windows, weights = calibration_windows(src, None, calib_tokens, ctx, calib_chat, calib_weight)
         stats = collect_stats(src, windows, dtype=calib_torch_dtype(DEFAULTS.calib_dtype), weights=weights)
         if stats_cache:
             save_stats(stats, stats_cache)
@@ -202,9 +210,11 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
             "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
             "chat_examples": len(judge.cases), "calib_tokens": int(stats[0].tokens), "calib_chat": calib_chat,
             "calib_weight": calib_weight, "rope_window": rope_window, "k_weight": DEFAULTS.k_weight,
+            "refine_lr": refine_lr,
             "protocol": PROTOCOL.format(ctx=ctx)}
     rows = []
-    for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log, rope_window):
+    for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log, rope_window,
+                            refine_steps, refine_lr, windows):
         rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
         result = write_outputs(out_dir, meta, rows, seconds=round(time.time() - start))
     log(markdown_table(rows, judge.base, src_bytes))
@@ -267,6 +277,9 @@ def register(subparsers) -> None:
                    help="weight of the chat answers' and control tokens' positions in the calibration statistics")
     p.add_argument("--rope-window", type=rope_window_arg, default=DEFAULTS.rope_window,
                    help=f"distances over which dropped rope pairs' mean phases are measured (default {DEFAULTS.rope_window}; 'all')")
+    p.add_argument("--refine-steps", type=int, nargs="+", default=[0],
+                   help="measure each point refined with each of these step counts (default 0: the closed form)")
+    p.add_argument("--refine-lr", type=float, default=DEFAULTS.refine_lr, help="refinement step, relative to each tensor's scale")
     p.add_argument("--eval-tokens", type=int, default=4096, help="tokens per perplexity domain")
     p.add_argument("--chat-examples", type=int, default=None, help="held-out chat prompts to judge on (default all; 0: none)")
     p.add_argument("--ctx", type=int, default=512)
@@ -287,5 +300,5 @@ def run_cli(args: argparse.Namespace) -> int:
     run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
               args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
               chat_examples=args.chat_examples, sizes=args.sizes, calib_weight=args.calib_weight,
-              rope_window=args.rope_window)
+              rope_window=args.rope_window, refine_steps=args.refine_steps, refine_lr=args.refine_lr)
     return 0

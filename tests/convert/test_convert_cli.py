@@ -50,3 +50,5 @@ def test_convert_refuses_bad_options(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["convert", "--out", str(tmp_path / "z"), "--calib-weight", "0"]) == 2
     assert "calib_weight must be positive" in capsys.readouterr().err
+    assert main(["convert", "--out", str(tmp_path / "w"), "--refine-steps", "-1"]) == 2
+    assert "refine_steps must be 0 (off) or a positive number" in capsys.readouterr().err
