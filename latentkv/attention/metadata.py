@@ -93,9 +93,7 @@ def general_metadata(query_lens, context_lens, block_tables, block_size, device,
     num_blocks = -(-ctx_max // block_size)
     tables = torch.zeros(len(block_tables), num_blocks, dtype=torch.long)
     for b, table in enumerate(block_tables):
-        need = -(-context_lens[b] // block_size)
-        if len(table) < need:
-            raise ValueError(f"sequence {b} has {len(table)} blocks; {need} needed for {context_lens[b]} tokens")
+        need = blocks_needed(b, table, context_lens[b], block_size)
         tables[b, :need] = torch.tensor(table[:need], dtype=torch.long)
 
     query_start = torch.zeros(len(query_lens) + 1, dtype=torch.long)
@@ -138,6 +136,14 @@ def general_metadata(query_lens, context_lens, block_tables, block_size, device,
     return batch, positions.to(device)
 
 
+def blocks_needed(b: int, table: list[int], context_len: int, block_size: int) -> int:
+    """Blocks sequence b's context needs; a ValueError when its table has fewer."""
+    need = -(-context_len // block_size)
+    if len(table) < need:
+        raise ValueError(f"sequence {b} has {len(table)} blocks; {need} needed for {context_len} tokens")
+    return need
+
+
 def decode_metadata(context_lens: list[int], block_tables: list[list[int]], block_size: int, device, path: str,
                     split: bool, invariant: bool, prompt_lens: list[int] | None) -> tuple[AttentionMetadata, torch.Tensor]:
     """build_metadata for a step of single-token rows (every decode step): the same fields from
@@ -146,9 +152,7 @@ def decode_metadata(context_lens: list[int], block_tables: list[list[int]], bloc
     B, width = len(context_lens), -(-max(context_lens) // block_size)
     rows, slots = [], []
     for b, (table, ctx) in enumerate(zip(block_tables, context_lens)):
-        need = -(-ctx // block_size)
-        if len(table) < need:
-            raise ValueError(f"sequence {b} has {len(table)} blocks; {need} needed for {ctx} tokens")
+        need = blocks_needed(b, table, ctx, block_size)
         rows.append(table[:need] + [0] * (width - need))
         slots.append(table[(ctx - 1) // block_size] * block_size + (ctx - 1) % block_size)
     pos = torch.tensor([c - 1 for c in context_lens], dtype=torch.long)
