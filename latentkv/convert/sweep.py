@@ -195,8 +195,11 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     src = read_source(source)
-    windows, weights = calibration_windows(src, None, calib_tokens, ctx, calib_chat, calib_weight)
-    if stats_cache and Path(stats_cache).is_file():
+    cached = bool(stats_cache) and Path(stats_cache).is_file()
+    # the windows: for the statistics, and for refinement (which fits on them) — not otherwise read
+    windows, weights = (calibration_windows(src, None, calib_tokens, ctx, calib_chat, calib_weight)
+                        if not cached or any(refine_steps) else (None, None))
+    if cached:
         stats = load_stats(stats_cache)
         log(f"calibration statistics from {stats_cache} ({stats[0].tokens} tokens)")
     else:
