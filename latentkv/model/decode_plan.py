@@ -16,7 +16,6 @@ name for running without CUDA graphs) turns it off.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..attention import native
 from ..attention.backend import choose_path
@@ -51,7 +50,7 @@ class DecodePlan:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [B] -> final hidden states [B, hidden] (as model(...) returns)."""
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_factor)
-        x = F.embedding(input_ids, self.model.model.embed_tokens.weight)
+        x = self.model.model.embed_tokens(input_ids)
         # the final RMSNorm too (model.model.norm's kernel, in the native call)
         return self.native_plan.run(x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens,
                                     torch.get_num_threads())
