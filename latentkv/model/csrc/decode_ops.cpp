@@ -91,8 +91,8 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   constexpr int64_t CHUNK = 64;  // rows per work item
   const int64_t chunks = (N + CHUNK - 1) / CHUNK;
   const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
-  RowsF32 rows_f32 = isa == 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
-  RowsBF16 rows_bf16 = isa == 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
+  RowsF32 rows_f32 = isa >= 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
+  RowsBF16 rows_bf16 = isa >= 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
   const float s = (float)scale;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "head_matmul", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -254,7 +254,7 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
     if (st == at::kBFloat16) {
       using Rows = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const uint16_t*, float, uint16_t*, int64_t, int64_t,
                             int64_t, float*);
-      Rows rows = isa == 2 ? isa_avx512::rms_norm_rows_bf16 : isa == 1 ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
+      Rows rows = isa >= 2 ? isa_avx512::rms_norm_rows_bf16 : isa == 1 ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
       const uint16_t *xp = (const uint16_t*)x.data_ptr(), *rp = add ? (const uint16_t*)residual.data_ptr() : nullptr,
                      *wp = (const uint16_t*)weight.data_ptr();
       uint16_t *sp = add ? (uint16_t*)sum.data_ptr() : nullptr, *op = (uint16_t*)out.data_ptr();
@@ -264,7 +264,7 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
       });
     } else {
       using Rows = void (*)(const float*, const float*, float*, const float*, float, float*, int64_t, int64_t, int64_t, float*);
-      Rows rows = isa == 2 ? isa_avx512::rms_norm_rows_f32 : isa == 1 ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
+      Rows rows = isa >= 2 ? isa_avx512::rms_norm_rows_f32 : isa == 1 ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
       const float *xp = x.data_ptr<float>(), *rp = add ? residual.data_ptr<float>() : nullptr, *wp = weight.data_ptr<float>();
       float *sp = add ? sum.data_ptr<float>() : nullptr, *op = out.data_ptr<float>();
       at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
@@ -316,14 +316,14 @@ at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   const int64_t grain = std::max<int64_t>(1, 16384 / I);  // rows per task: ~16K elements
   if (gate_up.scalar_type() == at::kBFloat16) {
     using Rows = void (*)(const uint16_t*, uint16_t*, int64_t, int64_t, int64_t);
-    Rows rows = isa == 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+    Rows rows = isa >= 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
               : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
     const uint16_t* gp = (const uint16_t*)gate_up.data_ptr();
     uint16_t* op = (uint16_t*)out.data_ptr();
     at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
   } else {
     using Rows = void (*)(const float*, float*, int64_t, int64_t, int64_t);
-    Rows rows = isa == 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+    Rows rows = isa >= 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
               : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
     const float* gp = gate_up.data_ptr<float>();
     float* op = out.data_ptr<float>();

@@ -48,8 +48,8 @@ static inline void head_tile(const float* __restrict x, int K, const W* __restri
     for (int j = 0; j < NV; ++j) __builtin_memcpy(acc + (int64_t)r * C + c0 + j * HEAD_W, &a[r][j], sizeof(HVec));
 }
 
-// RT rows over all columns: NV-vector tiles, then tiles of NV/2, NV/4 ... 1 vectors, then the scalar tail
-// (C % HEAD_W). Wide tiles matter for single rows: each k reads NV contiguous vectors of w (a row of
+// RT rows over all columns: NV-vector tiles, then tiles of NV/2, NV/4 ... 1 vectors, then the last
+// C % HEAD_W columns in a zero-padded vector. Wide tiles matter for single rows: each k reads NV contiguous vectors of w (a row of
 // w is C apart) and keeps NV independent FMA chains in flight.
 template <int RT, int NV, typename W>
 static inline void head_row_tile(const float* __restrict x, int K, const W* __restrict w, int C, float* __restrict acc) {
@@ -59,12 +59,19 @@ static inline void head_row_tile(const float* __restrict x, int K, const W* __re
   if constexpr (NV >= 8) if (c0 + 4 * HEAD_W <= full) head_tile<RT, 4>(x, K, w, C, c0, acc), c0 += 4 * HEAD_W;
   if constexpr (NV >= 4) if (c0 + 2 * HEAD_W <= full) head_tile<RT, 2>(x, K, w, C, c0, acc), c0 += 2 * HEAD_W;
   for (; c0 < full; c0 += HEAD_W) head_tile<RT, 1>(x, K, w, C, c0, acc);
+  const int tail = C - full;
+  if (tail == 0) return;
+  // The last C % HEAD_W columns in one zero-padded vector, so they take the same vector FMA as
+  // every other column: a scalar loop here is the compiler's to contract or not, and GCC did so
+  // differently for float and bf16 weights on AVX-512.
+  HVec a[RT] = {};
+  for (int k = 0; k < K; ++k) {
+    HVec wv = {};
+    for (int l = 0; l < tail; ++l) wv[l] = hwiden(w[(int64_t)k * C + full + l]);
+    for (int r = 0; r < RT; ++r) a[r] += x[(int64_t)r * K + k] * wv;
+  }
   for (int r = 0; r < RT; ++r)
-    for (int c = full; c < C; ++c) {
-      float a = 0.0f;
-      for (int k = 0; k < K; ++k) a += x[(int64_t)r * K + k] * hwiden(w[(int64_t)k * C + c]);
-      acc[(int64_t)r * C + c] = a;
-    }
+    for (int l = 0; l < tail; ++l) acc[(int64_t)r * C + full + l] = a[r][l];
 }
 
 // x [R, K] float32, w [K, C] -> acc [R, C] float32.
