@@ -94,15 +94,15 @@ def install(model: nn.Module) -> int:
 
 
 def use_fixed_order_linears(model: nn.Module) -> int:
-    """Put `quant.FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 CPU
-    linears of a model the caller owns for inference (the engine's own, as loaded), where the
+    """Put `quant.FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 and bf16
+    CPU linears of a model the caller owns for inference (the engine's own, as loaded), where the
     kernel is built; not `quant.SKIP` (kv_b_proj: the absorbed path reads its weight). -> how many.
     The modules are replaced (no autograd, packed weights), so never on a model being trained."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32 and name not in quant.SKIP \
-                    and quant.native(child):
+            if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16) \
+                    and name not in quant.SKIP and quant.native(child):
                 setattr(parent, name, quant.FixedOrderLinear(child))
                 count += 1
     return count

@@ -25,9 +25,9 @@ from .deepseek import MLP, rope_tables
 from .mla import LATENT_NORM_EPS
 from .quant import FixedOrderLinear, Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
 
-# the qlinear record kinds (model/qlinear.py): float activations (4, 8, 32) or int8 ones (104, 108)
-KINDS = ((Int4Linear, 4), (Int8Linear, 8), (FixedOrderLinear, 32), (W4A8Linear, qlinear.ACT8 + 4),
-         (W8A8Linear, qlinear.ACT8 + 8))
+# the qlinear record kinds (model/qlinear.py): float activations (4, 8, and FixedOrderLinear's 16 or
+# 32) or int8 ones (104, 108)
+KINDS = ((Int4Linear, 4), (Int8Linear, 8), (W4A8Linear, qlinear.ACT8 + 4), (W8A8Linear, qlinear.ACT8 + 8))
 
 
 class DecodePlan:
@@ -95,6 +95,8 @@ def unsupported(model, caches) -> str | None:
 
 def kind(linear) -> int | None:
     """The qlinear record kind a linear runs (None: it does not run the packed kernel)."""
+    if isinstance(linear, FixedOrderLinear):
+        return linear.bits
     for cls, code in KINDS:
         if isinstance(linear, cls) and getattr(linear, "native", True):
             return code

@@ -104,6 +104,18 @@ def pack_f32(w: torch.Tensor) -> torch.Tensor:
     return torch.cat((rows, ones), dim=-1).contiguous().view(torch.int32)
 
 
+def pack_bf16(w: torch.Tensor) -> torch.Tensor:
+    """bf16 weights w [N, K] -> packed int32 [NB, G, 272]: per (block, group of 32 inputs) the
+    weights as [32 inputs][16 rows] bf16, then 16 scales of 1.0 (pack_f32's layout at half the bytes)."""
+    n, k = w.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    rows = _pad(w.detach().to(torch.bfloat16), pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1)
+    rows = rows.reshape(nb, g, GROUP * BLOCK).contiguous().view(torch.int32)
+    ones = torch.ones(nb, g, BLOCK).view(torch.int32)
+    return torch.cat((rows, ones), dim=-1).contiguous()
+
+
 # w4a8: storage slot s of each 8-row half holds row W4A8_SLOTS[s], so that rows p and p + 4 share 32
 # bytes and the AVX2 kernel's three hadds leave the 8 rows' sums in lane order (qlinear.cpp W4)
 W4A8_SLOTS = (0, 4, 1, 5, 2, 6, 3, 7)
@@ -150,5 +162,5 @@ def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, to
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, or 32: float32) -> [M, out_features] in x's dtype."""
+    """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, 16: bf16, or 32: float32) -> [M, out_features] in x's dtype."""
     return extension().linear(x, packed, bits, out_features, _state["isa"])

@@ -150,18 +150,21 @@ class W8A8Linear(QuantLinear):
 
 
 class FixedOrderLinear(QuantLinear):
-    """A float32 linear through latentkv's kernel (model/qlinear.py, the float32 record): each
-    output element reduces over K in one fixed order whatever M, so a row's bits do not depend on
-    the batch. Batch-invariant mode puts it in place of float32 nn.Linear layers (invariant.install):
-    MKL's small-M sgemm, which the alternative (padding M to a multiple of 4) runs, is ~4x slower
-    than its GEMV on an AVX2 EPYC, and this kernel streams the weight at GEMV speed."""
+    """A float32 or bf16 linear through latentkv's kernel (model/qlinear.py, the float32 / bf16
+    record, kept in the weight's dtype): each output element reduces over K in one fixed order
+    (float32 accumulation) whatever M, so a row's bits do not depend on the batch. Batch-invariant
+    mode puts it in place of the model's CPU linears (invariant.use_fixed_order_linears): MKL's
+    small-M sgemm rounds by M and runs ~4x slower than its GEMV on an AVX2 EPYC, and oneDNN picks
+    its bf16 kernels by M and CPU (on an AMX Xeon the lm_head's row 0 changed bits from M = 33)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear)
-        self.register_buffer("weight_packed", qlinear.pack_f32(linear.weight))
+        self.bits = 16 if linear.weight.dtype == torch.bfloat16 else 32
+        pack = qlinear.pack_bf16 if self.bits == 16 else qlinear.pack_f32
+        self.register_buffer("weight_packed", pack(linear.weight))
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return qlinear.linear(flat, self.weight_packed, 32, self.out_features)
+        return qlinear.linear(flat, self.weight_packed, self.bits, self.out_features)
 
 
 def quantize_linears(model: nn.Module, kind: str = "int8") -> int:

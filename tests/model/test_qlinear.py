@@ -16,7 +16,7 @@ from threads import torch_threads
 
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
 
-KINDS = (4, 8, 32)  # int4, int8, float32 weights (the batch-invariant float32 linear)
+KINDS = (4, 8, 16, 32)  # int4, int8, bf16 and float32 weights (the batch-invariant linears)
 
 
 def isas():
@@ -32,6 +32,8 @@ def quantized(bits: int, n: int, k: int, seed: int = 0):
         return qlinear.pack_int4(codes, scale_zero), dequantize_int4(codes, scale_zero)[:, :k].double()
     if bits == 32:
         return qlinear.pack_f32(w), w.double()
+    if bits == 16:
+        return qlinear.pack_bf16(w), w.bfloat16().double()
     codes, scale = quantize_int8(w)
     return qlinear.pack_int8(codes, scale), codes.double() * scale.double()[:, None]
 

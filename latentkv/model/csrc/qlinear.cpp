@@ -1,10 +1,10 @@
 // latentkv weight-only quantized linears (CPU): y [M, N] = x [M, K] · Wᵀ with W stored as group-32
-// int4 (scale + zero per group), int8 (scale per row) or plain float32 (the batch-invariant float32
-// linear), packed by latentkv/model/qlinear.py (layout:
+// int4 (scale + zero per group), int8 (scale per row) or plain bf16 / float32 (the batch-invariant
+// linears), packed by latentkv/model/qlinear.py (layout:
 // qlinear_impl.h). Activations float32 or bfloat16 (widened to float32 once), float32 accumulation
 // in a fixed order per output element: batch-invariant. Threads (at::parallel_for, torch's) split
 // the output rows, never K.
-//   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|32, N, isa) -> y [M, N] in x's dtype.
+//   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|16|32, N, isa) -> y [M, N] in x's dtype.
 // And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
 // group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX2 maddubs / scalar,
 // through the same entry (so the decode plan's capsule runs them too).
@@ -50,6 +50,9 @@ struct Vec {
   static inline T byte(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  static inline T bf16(const uint16_t* p) {  // widened: exact
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
 #include "qlinear_impl.h"
@@ -75,6 +78,9 @@ struct Vec {
   }
   static inline T byte(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static inline T bf16(const uint16_t* p) {  // widened: exact
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE = 4;
@@ -163,6 +169,7 @@ struct Vec {  // one lane: the same operations, so the same bits as the SIMD pat
     return (float)(int32_t)(t == 7 ? v >> 28 : v & (15u << 4 * t));
   }
   static inline T byte(const int8_t* p) { return (float)*p; }
+  static inline T bf16(const uint16_t* p) { return __builtin_bit_cast(float, (uint32_t)*p << 16); }
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE = 6;
 #include "qlinear_impl.h"
@@ -215,16 +222,20 @@ constexpr float kInvPow16[7] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p
 using Linear = void (*)(const int32_t*, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t,
                         int64_t);
 
-// kind: 4 (int4), 8 (int8), 32 (float32 weights)
+// kind: 4 (int4), 8 (int8), 16 (bf16 weights), 32 (float32 weights)
+Linear pick_kind(int64_t kind, Linear i4, Linear i8, Linear b16, Linear f32) {
+  return kind == 4 ? i4 : kind == 8 ? i8 : kind == 16 ? b16 : f32;
+}
+
 Linear pick(int64_t isa, int64_t kind) {
-  if (isa == 2)
-    return kind == 4 ? isa_avx512::linear<isa_avx512::Int4> : kind == 8 ? isa_avx512::linear<isa_avx512::Int8>
-                                                                        : isa_avx512::linear<isa_avx512::F32>;
+  if (isa >= 2)
+    return pick_kind(kind, isa_avx512::linear<isa_avx512::Int4>, isa_avx512::linear<isa_avx512::Int8>,
+                     isa_avx512::linear<isa_avx512::BF16>, isa_avx512::linear<isa_avx512::F32>);
   if (isa == 1)
-    return kind == 4 ? isa_avx2::linear<isa_avx2::Int4> : kind == 8 ? isa_avx2::linear<isa_avx2::Int8>
-                                                                    : isa_avx2::linear<isa_avx2::F32>;
-  return kind == 4 ? isa_scalar::linear<isa_scalar::Int4> : kind == 8 ? isa_scalar::linear<isa_scalar::Int8>
-                                                                      : isa_scalar::linear<isa_scalar::F32>;
+    return pick_kind(kind, isa_avx2::linear<isa_avx2::Int4>, isa_avx2::linear<isa_avx2::Int8>,
+                     isa_avx2::linear<isa_avx2::BF16>, isa_avx2::linear<isa_avx2::F32>);
+  return pick_kind(kind, isa_scalar::linear<isa_scalar::Int4>, isa_scalar::linear<isa_scalar::Int8>,
+                   isa_scalar::linear<isa_scalar::BF16>, isa_scalar::linear<isa_scalar::F32>);
 }
 
 // x [M, K] float32 / bf16 as float32 rows of Kp (zeros past K), x itself where it already is one.
@@ -279,9 +290,10 @@ at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, 
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
   if (kind == 104 || kind == 108) return dot_linear(x, packed, kind - 100, N, isa);  // one entry for callers
   check_x(x, packed, isa);
-  TORCH_CHECK(kind == 4 || kind == 8 || kind == 32, "qlinear: kind must be 4, 8, 32, 104 or 108");
+  TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32, "qlinear: kind must be 4, 8, 16, 32, 104 or 108");
   const int64_t M = x.size(0), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
-  const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC : isa_scalar::F32::REC;
+  const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC
+                      : kind == 16 ? isa_scalar::BF16::REC : isa_scalar::F32::REC;
   check_fit(x, packed, rec, N);
   const bool f32 = x.scalar_type() == at::kFloat;
   auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
@@ -343,7 +355,7 @@ at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "int4 / int8 / float32 (kind 4, 8, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
+  m.def("linear", &linear, "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("quantize_activations", &quantize_activations, "x -> the dot linears' int8 codes, d_x and s_x");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
   // for the decode plan (model/csrc/decode_step.h), which calls `linear` without Python between

@@ -59,6 +59,21 @@ struct F32 {
   }
 };
 
+// Plain bf16 weights: [32 inputs][16 rows] bf16 (two to an int32 word), then 16 scales of 1.0;
+// widened to float32 (exact) as they are read, so a bf16 linear reduces in the same fixed order
+// as the float32 one, at half its weight bytes (batch-invariant mode's bf16 linears: oneDNN picks
+// its bf16 kernels by M and CPU, and on AMX a row's bits change with M).
+struct BF16 {
+  static constexpr bool STREAM = true;
+  static constexpr bool UNIT = true;
+  static constexpr int REC = GROUP * BLOCK / 2 + BLOCK;
+  static constexpr int SCALE = GROUP * BLOCK / 2;
+  static constexpr bool ZERO = false;
+  static inline Vec::T code(const int32_t* rec, int lane, int k) {
+    return Vec::bf16(reinterpret_cast<const uint16_t*>(rec) + k * BLOCK + lane);
+  }
+};
+
 // A block dequantized to float codes (q * 16^t for int4, q for int8): [32 inputs][16 rows] floats, then scale and zero.
 template <class F>
 struct Tile {
