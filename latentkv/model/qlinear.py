@@ -105,12 +105,13 @@ def pack_f32(w: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bf16(w: torch.Tensor) -> torch.Tensor:
-    """bf16 weights w [N, K] -> packed int32 [NB, G, 272]: per (block, group of 32 inputs) the
-    weights as [32 inputs][16 rows] bf16, then 16 scales of 1.0 (pack_f32's layout at half the bytes)."""
+    """bf16 weights w [N, K] -> packed int32 [NB, G, 272]: per (block, group of 32 inputs) 16 words
+    for each pair of inputs (2j, 2j + 1), [16 pairs][16 rows], a word holding the row's two bf16
+    (input 2j in the low half: vdpbf16ps's operand), then 16 scales of 1.0."""
     n, k = w.shape
     pad, kpad = -n % ROW_PAD, -k % GROUP
     nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
-    rows = _pad(w.detach().to(torch.bfloat16), pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1)
+    rows = _pad(w.detach().to(torch.bfloat16), pad, kpad).view(nb, BLOCK, g, GROUP // 2, 2).permute(0, 2, 3, 1, 4)
     rows = rows.reshape(nb, g, GROUP * BLOCK).contiguous().view(torch.int32)
     ones = torch.ones(nb, g, BLOCK).view(torch.int32)
     return torch.cat((rows, ones), dim=-1).contiguous()

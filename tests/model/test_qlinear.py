@@ -153,6 +153,27 @@ def test_without_the_extension_the_aten_kernels_run(monkeypatch):
         assert (q(x) - ref).abs().max() <= 0.1 * ref.abs().max()
 
 
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512_bf16"])
+def test_bf16_weights_times_bf16_rows_on_every_path(isa, monkeypatch):
+    """The bf16 record with bf16 activations, as a bf16 model's FixedOrderLinear runs it: avx512_bf16
+    takes vdpbf16ps (pairs of inputs, its own fixed order), the others the FMA chain. On each path:
+    near the float64 product, and a row's bits the same alone, in 1..33 rows (direct and tile
+    passes), in 300 or 2100 rows (M blocks) and on 1 or 2 threads."""
+    if isa not in isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    packed, w = quantized(16, 200, 600, seed=7)
+    x = torch.randn(2100, 600, generator=torch.Generator().manual_seed(8)).bfloat16()
+    with torch_threads(1):
+        full = run(x, packed, 16, 200, isa, monkeypatch)
+    assert_near(full, x, w, isa)
+    with torch_threads(2):
+        assert torch.equal(run(x, packed, 16, 200, isa, monkeypatch), full)
+        for m in list(range(1, 34)) + [300]:
+            assert torch.equal(run(x[:m], packed, 16, 200, isa, monkeypatch), full[:m]), m
+        for r in (0, 5, 299, 2099):
+            assert torch.equal(run(x[r:r + 1], packed, 16, 200, isa, monkeypatch), full[r:r + 1]), r
+
+
 @torch.no_grad()
 def test_fixed_order_linear_is_the_float32_linear():
     """FixedOrderLinear (what batch-invariant mode puts in place of float32 nn.Linear): the same

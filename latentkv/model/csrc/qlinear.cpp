@@ -50,13 +50,37 @@ struct Vec {
   static inline T byte(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  static inline T bf16(const uint16_t* p) {  // widened: exact
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  // words of two bf16 (input k in the low half, k + 1 in the high), one of them widened: exact
+  static inline T bf16_lo(const int32_t* w) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(w), 16)); }
+  static inline T bf16_hi(const int32_t* w) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(w), _mm512_set1_epi32((int)0xffff0000u)));
   }
+  static constexpr bool DPBF16 = false;
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
 #include "qlinear_impl.h"
 }  // namespace isa_avx512
+#pragma GCC pop_options
+
+// AVX-512 with bf16 dot products: the avx512 loops, but bf16 weights times bf16 activations by
+// vdpbf16ps (a pair of inputs per instruction: twice the FMA path's multiply-adds) in its own
+// fixed order (pairs in input order): qlinear_impl.h's group_sums branches on Vec::DPBF16.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace isa_avx512bf16 {
+struct Vec : isa_avx512::Vec {
+  static constexpr bool DPBF16 = true;
+  static inline T words(const int32_t* w) { return _mm512_loadu_ps(reinterpret_cast<const float*>(w)); }
+  // x[0], x[1] (float32 holding bf16 values: exact) as one bf16 pair in every lane
+  static inline T pair(const float* x) {
+    const uint32_t lo = __builtin_bit_cast(uint32_t, x[0]) >> 16, hi = __builtin_bit_cast(uint32_t, x[1]) & 0xffff0000u;
+    return _mm512_castsi512_ps(_mm512_set1_epi32((int)(hi | lo)));
+  }
+  static inline T dp(T w, T x, T acc) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
+};
+constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
+#include "qlinear_impl.h"
+}  // namespace isa_avx512bf16
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -79,9 +103,14 @@ struct Vec {
   static inline T byte(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  static inline T bf16(const uint16_t* p) {  // widened: exact
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  static inline T bf16_lo(const int32_t* w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), 16));
   }
+  static inline T bf16_hi(const int32_t* w) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
+                                                _mm256_set1_epi32((int)0xffff0000u)));
+  }
+  static constexpr bool DPBF16 = false;
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE = 4;
 #include "qlinear_impl.h"
@@ -169,7 +198,9 @@ struct Vec {  // one lane: the same operations, so the same bits as the SIMD pat
     return (float)(int32_t)(t == 7 ? v >> 28 : v & (15u << 4 * t));
   }
   static inline T byte(const int8_t* p) { return (float)*p; }
-  static inline T bf16(const uint16_t* p) { return __builtin_bit_cast(float, (uint32_t)*p << 16); }
+  static inline T bf16_lo(const int32_t* w) { return __builtin_bit_cast(float, (uint32_t)*w << 16); }
+  static inline T bf16_hi(const int32_t* w) { return __builtin_bit_cast(float, (uint32_t)*w & 0xffff0000u); }
+  static constexpr bool DPBF16 = false;
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE = 6;
 #include "qlinear_impl.h"
@@ -227,7 +258,9 @@ Linear pick_kind(int64_t kind, Linear i4, Linear i8, Linear b16, Linear f32) {
   return kind == 4 ? i4 : kind == 8 ? i8 : kind == 16 ? b16 : f32;
 }
 
-Linear pick(int64_t isa, int64_t kind) {
+// bf16_x: the activations are bf16 (vdpbf16ps takes them as they are; float32 ones take the FMA path)
+Linear pick(int64_t isa, int64_t kind, bool bf16_x) {
+  if (isa >= 3 && kind == 16 && bf16_x) return isa_avx512bf16::linear<isa_avx512bf16::BF16>;
   if (isa >= 2)
     return pick_kind(kind, isa_avx512::linear<isa_avx512::Int4>, isa_avx512::linear<isa_avx512::Int8>,
                      isa_avx512::linear<isa_avx512::BF16>, isa_avx512::linear<isa_avx512::F32>);
@@ -276,7 +309,7 @@ void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
               "qlinear: packed must be contiguous int32 [NB, G, REC]");
 }
 
-std::vector<int64_t> supported_isas() { return isas_up_to(2); }
+std::vector<int64_t> supported_isas() { return isas_up_to(3); }
 
 // The packed weight [NB, G, rec] fits x [M, K] and N outputs (both entries' shape rule).
 static void check_fit(const at::Tensor& x, const at::Tensor& packed, int64_t rec, int64_t N) {
@@ -317,7 +350,7 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
       }
     xp = xs.data(), ldx = Kp;
   }
-  pick(isa, kind)(packed.data_ptr<int32_t>(), NB, G, xp, M, ldx, xsum.data(), out.data_ptr<float>(), N, N);
+  pick(isa, kind, !f32)(packed.data_ptr<int32_t>(), NB, G, xp, M, ldx, xsum.data(), out.data_ptr<float>(), N, N);
   return f32 ? out : out.to(x.scalar_type());
 }
 
@@ -357,7 +390,7 @@ at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("quantize_activations", &quantize_activations, "x -> the dot linears' int8 codes, d_x and s_x");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps)");
   // for the decode plan (model/csrc/decode_step.h), which calls `linear` without Python between
   m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
 }

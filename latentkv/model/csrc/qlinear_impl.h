@@ -27,6 +27,7 @@ constexpr int AHEAD = 4;   // groups ahead to prefetch the packed records (they 
 
 struct Int4 {
   static constexpr bool STREAM = true;
+  static constexpr bool PAIRS = false;
   static constexpr bool UNIT = false;  // true: every scale is 1.0 (the tile path adds instead)
   static constexpr int REC = 4 * BLOCK + 2 * BLOCK;  // words per record
   static constexpr int SCALE = 4 * BLOCK;
@@ -36,6 +37,7 @@ struct Int4 {
 
 struct Int8 {
   static constexpr bool STREAM = true;
+  static constexpr bool PAIRS = false;
   static constexpr bool UNIT = false;
   static constexpr int REC = GROUP * BLOCK / 4 + BLOCK;
   static constexpr int SCALE = GROUP * BLOCK / 4;
@@ -50,6 +52,7 @@ struct Int8 {
 // float32 nn.Linear layers in batch-invariant mode, where MKL's small-M kernels round differently).
 struct F32 {
   static constexpr bool STREAM = true;
+  static constexpr bool PAIRS = false;
   static constexpr bool UNIT = true;  // every scale is 1.0
   static constexpr int REC = GROUP * BLOCK + BLOCK;
   static constexpr int SCALE = GROUP * BLOCK;
@@ -59,18 +62,21 @@ struct F32 {
   }
 };
 
-// Plain bf16 weights: [32 inputs][16 rows] bf16 (two to an int32 word), then 16 scales of 1.0;
-// widened to float32 (exact) as they are read, so a bf16 linear reduces in the same fixed order
-// as the float32 one, at half its weight bytes (batch-invariant mode's bf16 linears: oneDNN picks
-// its bf16 kernels by M and CPU, and on AMX a row's bits change with M).
+// Plain bf16 weights: per record 16 words for each pair of inputs (2j, 2j + 1): [16 pairs][16 rows]
+// words of two bf16 (input 2j in the low half), then 16 scales of 1.0. The FMA paths widen one
+// half of a word (exact) and reduce in the float32 record's order; with Vec::DPBF16 a word is one
+// vdpbf16ps operand (both inputs of the pair in one instruction). Batch-invariant mode's bf16
+// linears: oneDNN picks its bf16 kernels by M and CPU, and on AMX a row's bits change with M.
 struct BF16 {
   static constexpr bool STREAM = true;
   static constexpr bool UNIT = true;
+  static constexpr bool PAIRS = true;
   static constexpr int REC = GROUP * BLOCK / 2 + BLOCK;
   static constexpr int SCALE = GROUP * BLOCK / 2;
   static constexpr bool ZERO = false;
   static inline Vec::T code(const int32_t* rec, int lane, int k) {
-    return Vec::bf16(reinterpret_cast<const uint16_t*>(rec) + k * BLOCK + lane);
+    const int32_t* w = rec + (k >> 1) * BLOCK + lane;
+    return (k & 1) ? Vec::bf16_hi(w) : Vec::bf16_lo(w);
   }
 };
 
@@ -78,6 +84,7 @@ struct BF16 {
 template <class F>
 struct Tile {
   static constexpr bool STREAM = false;
+  static constexpr bool PAIRS = false;
   static constexpr bool UNIT = false;
   static constexpr int REC = GROUP * BLOCK + 2 * BLOCK;
   static constexpr int SCALE = GROUP * BLOCK;
@@ -108,12 +115,24 @@ static inline void store_lanes(float* row, int64_t n, int64_t N, typename Vec::T
 // The fixed order's inner step, for P panels (records base[p] + g * F::REC, lanes lane[p]) times
 // MB activation rows xg [MB rows, stride ldx] of group g: acc[p][m] = the fma chain over the 32
 // inputs in order. The direct and the tile paths both run it, so their bits cannot drift apart.
-template <class F, int P, int MB>
+template <class F, int P, int MB, class V = Vec>  // V: Vec, dependent so that only DPBF16 ISAs compile the pair branch
 __attribute__((always_inline)) static inline void group_sums(const int32_t* const* base, const int* lane, int64_t g,
                                                               const float* __restrict xg, int64_t ldx,
                                                               typename Vec::T (&acc)[P][MB]) {
   for (int p = 0; p < P; ++p)
     for (int m = 0; m < MB; ++m) acc[p][m] = Vec::zero();
+  if constexpr (V::DPBF16 && F::PAIRS) {  // bf16 pairs: one vdpbf16ps per pair, in input order
+#pragma GCC unroll 16
+    for (int j = 0; j < GROUP / 2; ++j) {
+      typename V::T q[P];
+      for (int p = 0; p < P; ++p) q[p] = V::words(base[p] + g * F::REC + j * BLOCK + lane[p]);
+      for (int m = 0; m < MB; ++m) {
+        const typename V::T xv = V::pair(xg + m * ldx + 2 * j);
+        for (int p = 0; p < P; ++p) acc[p][m] = V::dp(q[p], xv, acc[p][m]);
+      }
+    }
+    return;
+  }
 #pragma GCC unroll 32
   for (int k = 0; k < GROUP; ++k) {
     typename Vec::T q[P];
@@ -252,7 +271,7 @@ static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1,
                        float* tot) {
   constexpr int W = Vec::W, PB = BLOCK / W, P = TILE_BLOCKS * PB, LDT = TILE_BLOCKS * BLOCK;
   static_assert(P % TILE_P == 0, "a unit's panels in whole micro tiles");
-  constexpr bool DEQUANT = !std::is_same<F, F32>::value;
+  constexpr bool DEQUANT = !F::UNIT;  // float32 / bf16 weights are read as packed
   const int64_t nbn = (N + BLOCK - 1) / BLOCK;  // blocks holding outputs (the packed rows pad to a multiple of 4)
   using S = typename std::conditional<DEQUANT, Tile<F>, F>::type;
   for (int64_t c0 = u0; c0 < u1; c0 += UC) {
