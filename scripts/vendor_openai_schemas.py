@@ -2,7 +2,9 @@
 document (github.com/openai/openai-openapi, openapi.json) into tests/server/data/openai_schemas.json.
 
 Keeps the named schemas and everything they reference, as JSON Schema `$defs`
-(`#/components/schemas/X` -> `#/$defs/X`), without descriptions and examples.
+(`#/components/schemas/X` -> `#/$defs/X`), without descriptions and examples. The document
+is OpenAPI 3.1 but a few schemas still say `"nullable": true` (OpenAPI 3.0), which JSON
+Schema ignores; those are rewritten to what they mean (`null` allowed, also in an `enum`).
 Usage: python scripts/vendor_openai_schemas.py openapi.json COMMIT
 """
 from __future__ import annotations
@@ -28,6 +30,13 @@ def strip(node, refs: set):
                 refs.add(name)
                 value = f"#/$defs/{name}"
             out[key] = strip(value, refs) if key != "properties" else {k: strip(v, refs) for k, v in value.items()}
+        if out.pop("nullable", False):
+            if "type" in out:
+                out["type"] = [out["type"], "null"] if isinstance(out["type"], str) else [*out["type"], "null"]
+            if "enum" in out:
+                out["enum"] = [*out["enum"], None]
+            if "type" not in out and "enum" not in out:
+                out = {"anyOf": [out, {"type": "null"}]}
         return out
     if isinstance(node, list):
         return [strip(v, refs) for v in node]
@@ -48,7 +57,8 @@ def main():
     doc = {"$comment": (f"Response schemas from OpenAI's OpenAPI document {spec['info']['version']} "
                         f"(https://github.com/openai/openai-openapi, openapi.json at commit {sys.argv[2]}), "
                         "cut by scripts/vendor_openai_schemas.py: descriptions and examples dropped, "
-                        "#/components/schemas/X rewritten to #/$defs/X."),
+                        "#/components/schemas/X rewritten to #/$defs/X, OpenAPI 3.0 "
+                        "'nullable: true' rewritten to JSON Schema (null allowed)."),
            "$defs": dict(sorted(defs.items()))}
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{len(defs)} schemas -> {OUT}")
