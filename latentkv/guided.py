@@ -117,11 +117,11 @@ class Guides:
             return self.grammars[key]
         try:
             text = params.grammar_text()
+            error = LLMatcher.validate_grammar(text, self.lltokenizer)
         except GuidedDecodingError:
             raise
-        except (ValueError, TypeError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever the library says about a grammar is the client's 400
             raise GuidedDecodingError(f"{params.param or 'grammar'}: {err}", params.param) from None
-        error = LLMatcher.validate_grammar(text, self.lltokenizer)
         if error:
             raise GuidedDecodingError(f"{params.param or 'grammar'} cannot be compiled: {error.strip()}", params.param)
         if len(self.grammars) >= self.MAX_CACHED:
@@ -133,15 +133,20 @@ class Guides:
         """A fresh matcher (one per sequence) for these params."""
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self.lltokenizer, self.compile(params))
+        grammar = self.compile(params)
+        try:
+            matcher = LLMatcher(self.lltokenizer, grammar)
+        except Exception as err:  # noqa: BLE001 - as in compile
+            raise GuidedDecodingError(f"{params.param or 'grammar'}: {err}", params.param) from None
         if matcher.is_error():
             raise GuidedDecodingError(f"{params.param or 'grammar'}: {matcher.get_error()}", params.param)
         return matcher
 
 
-def apply_guides(logits: torch.Tensor, matchers: list) -> torch.Tensor:
+def apply_guides(logits: torch.Tensor, matchers: list, eos_token_ids: list[int]) -> torch.Tensor:
     """Set to -inf every token the row's matcher does not allow (rows whose matcher is None are
-    untouched). Each row's mask depends on its own matcher only."""
+    untouched). Each row's mask depends on its own matcher only. A grammar that leaves no
+    token at all (one no text of this vocabulary can finish) allows EOS, so the sequence ends."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return logits
@@ -152,7 +157,12 @@ def apply_guides(logits: torch.Tensor, matchers: list) -> torch.Tensor:
     for j, i in enumerate(rows):
         llt.fill_next_token_bitmask(matchers[i], bitmask, j)
     bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1   # little-endian bits per int32
-    allowed = bits.flatten(1)[:, :vocab].bool().to(logits.device)
+    allowed = bits.flatten(1)[:, :vocab].bool()
+    stuck = ~allowed.any(dim=-1)
+    if bool(stuck.any()):
+        eos = [t for t in eos_token_ids if 0 <= t < vocab]
+        allowed[stuck.nonzero().flatten()[:, None], torch.tensor(eos, dtype=torch.long)[None, :]] = True
+    allowed = allowed.to(logits.device)
     logits = logits.clone()
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
     return logits

@@ -85,7 +85,7 @@ def token_counts(id_lists: list[list[int]], vocab: int, device) -> torch.Tensor:
 def mask_guided(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> torch.Tensor:
     """The grammar masks, then min_tokens' ban on stop tokens; where the two leave a guided row
     nothing (the grammar is complete, only EOS fits), the grammar wins."""
-    guided = apply_guides(logits, [s.guide for s in seqs])
+    guided = apply_guides(logits, [s.guide for s in seqs], eos_token_ids)
     masked = mask_early_stop_tokens(guided, seqs, eos_token_ids)
     if guided is logits:
         return masked

@@ -37,14 +37,15 @@ def operations(fuzz_server):
     return {f"{op.method.upper()} {op.path}": op for op in (r.ok() for r in schema.get_all_operations())}
 
 
-OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "POST /v1/completions", "POST /v1/chat/completions"]
+OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
+              "POST /v1/chat/completions"]
 
 
 @pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
 @pytest.mark.parametrize("name", OPERATIONS)
 def test_no_server_errors_and_answers_match_the_document(fuzz_server, operations, name, mode):
     assert set(operations) == set(OPERATIONS)   # the document lists exactly the routes
-    if mode is schemathesis.GenerationMode.NEGATIVE and name.startswith("GET"):
+    if mode is schemathesis.GenerationMode.NEGATIVE and name.startswith("GET") and "{" not in name:
         pytest.skip("no parameters to get wrong")
     calls = []
 
