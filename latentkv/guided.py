@@ -22,6 +22,7 @@ import torch
 # A JSON grammar without free whitespace: with it a weak model can pad with spaces or
 # newlines until max_tokens and never close the object.
 JSON_DEFAULTS = {"whitespace_flexible": False}
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 REGEX_META = set("\\.+*?()|[]{}^$#&-~")   # what the Rust regex syntax lets (and needs) escaped
 
 
@@ -68,8 +69,10 @@ class GuidedDecodingParams:
 
         if self.json is not None or self.json_object:
             schema = {"type": "object"} if self.json_object else self.json
-            text = schema if isinstance(schema, str) else json.dumps(schema)
             try:
+                if isinstance(schema, str):
+                    schema = json.loads(schema)
+                text = json.dumps(closed_objects(schema))
                 return LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
             except ValueError as err:
                 raise GuidedDecodingError(f"{self.param or 'json'}: not a JSON schema: {err}", self.param) from None
@@ -78,6 +81,28 @@ class GuidedDecodingParams:
         if self.choice is not None:
             return LLMatcher.grammar_from_regex("|".join(escape_regex(c) for c in self.choice))
         return LLMatcher.grammar_from_lark(self.grammar)
+
+
+def closed_objects(schema):
+    """The schema with additionalProperties false on every object that lists properties and says
+    nothing about others (xgrammar's strict mode, vLLM's default): the output stays valid for the
+    schema, and a small model does not invent fields until max_tokens."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in SCHEMA_MAPS and isinstance(value, dict):   # name -> schema: the names are not keywords
+            out[key] = {name: closed_objects(s) for name, s in value.items()}
+        elif key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        else:
+            out[key] = closed_objects(value)
+    if isinstance(schema.get("properties"), dict) and not {"additionalProperties", "unevaluatedProperties",
+                                                            "patternProperties"} & schema.keys():
+        out["additionalProperties"] = False
+    return out
 
 
 def escape_regex(text: str) -> str:

@@ -79,3 +79,25 @@ def test_exactly_one_kind():
         GuidedDecodingParams(json={}, regex="a")
     with pytest.raises(GuidedDecodingError):
         GuidedDecodingParams(choice=[])
+
+
+def test_objects_that_list_properties_are_closed():
+    from latentkv.guided import closed_objects
+    schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"x": {}}},
+                                               "open": {"type": "object", "properties": {}, "additionalProperties": True},
+                                               "pick": {"enum": [{"properties": {}}]}},
+              "$defs": {"d": {"properties": {"y": {}}}}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["properties"]["properties"]["properties"]   # a property named so
+    assert closed["properties"]["open"]["additionalProperties"] is True
+    assert closed["properties"]["pick"] == {"enum": [{"properties": {}}]}
+    assert closed["$defs"]["d"]["additionalProperties"] is False
+
+
+def test_output_has_only_the_listed_fields(llm):
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": [1, 2]}}, "required": ["a"]}
+    for outputs in run(llm, ["x", "y z"], GuidedDecodingParams(json=schema), temperature=1.0, n=3, seed=9):
+        for o in outputs:
+            assert set(json.loads(o.text)) <= {"a", "b"}
