@@ -45,8 +45,8 @@ OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "GET /v1/models/{
 @pytest.mark.parametrize("name", OPERATIONS)
 def test_no_server_errors_and_answers_match_the_document(fuzz_server, operations, name, mode):
     assert set(operations) == set(OPERATIONS)   # the document lists exactly the routes
-    if mode is schemathesis.GenerationMode.NEGATIVE and name.startswith("GET") and "{" not in name:
-        pytest.skip("no parameters to get wrong")
+    if mode is schemathesis.GenerationMode.NEGATIVE and name.startswith("GET"):
+        pytest.skip("no parameters to get wrong (a model id is any string)")
     calls = []
 
     @given(case=operations[name].as_strategy(generation_mode=mode))
