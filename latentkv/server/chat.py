@@ -25,7 +25,7 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
     conversation = req.conversation()
     if not any(m["content"] or m.get("tool_calls") for m in conversation):
         raise bad_request("the messages are empty", param="messages", code="invalid_prompt")
-    plan = plan_tools(req)
+    plan = plan_tools(req, getattr(state.engine.tokenizer, "chat_template", None))
     try:
         # a forced tool call's grammar takes the place of response_format
         guided = plan.guided if plan is not None and plan.guided is not None else req.guided()

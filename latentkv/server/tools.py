@@ -6,11 +6,12 @@
   are valid JSON for its schema.
 - a named function: the output is guided to that function's parameters schema and is the
   call's `arguments`.
-- `"auto"` (the default with tools): the tools are given to the chat template; a template
-  that defines a tool format renders them, and an answer in the Hermes / Qwen form
-  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` becomes `tool_calls`. Nothing
-  is guided then, and with a template that has no tool format (the bundled SmolLM2's) the
-  model just answers in text.
+- `"auto"` (the default with tools): with a chat template that defines a tool format (it
+  reads `tools`), the tools are rendered into the prompt and an answer in the Hermes / Qwen
+  form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` becomes `tool_calls`; such an
+  answer is held until it ends (only then is it known to be a call). Nothing is guided. With a
+  template that has no tool format (the bundled SmolLM2's) "auto" is "none": the model answers
+  in text, streamed as usual.
 - `"none"`, or no tools: text, as without tools.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ def parameters(function) -> dict:
     return function.parameters if function.parameters is not None else NO_ARGUMENTS
 
 
-def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
+def plan_tools(req: ChatCompletionRequest, chat_template: str | None) -> ToolPlan | None:
     """How this request calls tools (None: it answers in text); 400 for a choice that names
     no given tool."""
     choice = req.tool_choice
@@ -52,6 +53,8 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
         return None
     template_tools = [tool.model_dump(exclude_none=True) for tool in req.tools]
     if choice is None or choice == "auto":
+        if not defines_tool_format(chat_template):
+            return None
         return ToolPlan("auto", None, tools=template_tools)
     if choice == "required":
         calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": parameters(t.function)},
@@ -66,6 +69,11 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
                           param="tool_choice")
     return ToolPlan("named", GuidedDecodingParams(json=parameters(named[0].function), param="tools"),
                     function=choice.function.name, tools=template_tools)
+
+
+def defines_tool_format(chat_template: str | None) -> bool:
+    """Does this (Jinja) chat template render the `tools` it is given?"""
+    return bool(chat_template) and re.search(r"\btools\b", str(chat_template)) is not None
 
 
 def call(name: str, arguments) -> dict:

@@ -4,21 +4,15 @@ and streamed, with and without logprobs; and prompt scoring (echo + logprobs, ma
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
+from server_helpers import MODEL_NAME
+from spec import check, events, post
 
-from server_helpers import MODEL_NAME  # noqa: E402
-
-DEFS = json.loads((Path(__file__).parent / "data" / "openai_schemas.json").read_text())["$defs"]
+pytest.importorskip("jsonschema")
 FIXED = {"ignore_eos": True, "temperature": 0}
-
-
-def check(body: dict, name: str) -> None:
-    jsonschema.Draft202012Validator({"$ref": f"#/$defs/{name}", "$defs": DEFS}).validate(body)
 
 
 def unfinished_as_spec(chunk: dict) -> dict:
@@ -30,18 +24,6 @@ def unfinished_as_spec(chunk: dict) -> dict:
         if choice["finish_reason"] is None:
             choice["finish_reason"] = "length"
     return chunk
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.base_url + path, json=body, timeout=120)
-
-
-def events(server, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", server.base_url + path, json={**body, "stream": True}, timeout=120) as r:
-        assert r.status_code == 200
-        data = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    return [json.loads(d) for d in data[:-1]]
 
 
 def test_models_list_and_retrieve(server):

@@ -3,12 +3,13 @@ the model would say, the answer parses and validates; bad grammars are 400s nami
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
 
 from server_helpers import MODEL_NAME
-from test_conformance import check, events, post
+from spec import check, events, post
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -61,7 +62,6 @@ def test_json_object_regex_and_choice(server):
     else:
         assert choice["message"]["content"].startswith("{")
     regex = chat(server, guided_regex=r"[0-9]{3}-[a-z]{2}", temperature=1.0, seed=4)
-    import re
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", regex["choices"][0]["message"]["content"])
     picked = chat(server, guided_choice=["red", "green", "blue"], n=3, temperature=1.0, seed=5)
     assert {c["message"]["content"] for c in picked["choices"]} <= {"red", "green", "blue"}
