@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from latentkv.engine.outputs import RequestOutput
+from latentkv.guided import GuidedDecodingParams
 from latentkv.llm import LLM
 from latentkv.sampling import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "GuidedDecodingParams"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from latentkv.guided import GuidedDecodingParams
+
 
 @dataclass
 class SamplingParams:
@@ -24,6 +26,8 @@ class SamplingParams:
     token is always included). prompt_logprobs: the same for each prompt token.
     n: independent samples per prompt.
     skip_special_tokens: leave special tokens out of the text.
+    guided_decoding: a JSON schema, regex, choice or grammar the output must match
+    (latentkv/guided.py); each sample is masked by its own matcher.
     """
 
     n: int = 1
@@ -43,6 +47,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -80,6 +85,8 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             check(value is None or (isinstance(value, int) and value >= 0), f"{name} must be an int >= 0 or None, got {value!r}")
+        check(self.guided_decoding is None or isinstance(self.guided_decoding, GuidedDecodingParams),
+              f"guided_decoding must be a GuidedDecodingParams or None, got {self.guided_decoding!r}")
 
     def for_sample(self, index: int) -> "SamplingParams":
         """Params of the `index`-th of `n` samples: n=1 each, seed offset so samples differ."""

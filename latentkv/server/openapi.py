@@ -13,36 +13,43 @@ ERROR_SCHEMA = {
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 WHY = {400: "invalid request (OpenAI error format, with param and code)", 401: "missing or wrong API key",
-       404: "unknown model", 413: "request body over --max-request-bytes", 500: "the request failed in the engine",
+       404: "unknown model (code model_not_found)", 413: "request body over --max-request-bytes", 500: "the request failed in the engine",
        503: "busy (Retry-After) or the engine stopped"}
 USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
          "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
 NULLABLE_OBJECT = {"type": ["object", "null"]}
 FINISH = {"enum": ["stop", "length"]}
+CHAT_FINISH = {"enum": ["stop", "length", "tool_calls"]}
+TOOL_CALL = {"type": "object", "required": ["id", "type", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name", "arguments"],
+                 "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}
+MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by", "max_model_len"],
+         "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                        "owned_by": {"type": "string"}, "max_model_len": {"type": "integer", "minimum": 1}}}
 STOP_REASON = {"type": ["integer", "string", "null"]}
 
 
-def response_schema(object_name: str, choice: dict) -> dict:
+def response_schema(object_name: str, choice: dict, finish: dict = FINISH) -> dict:
     """A non-streamed completion or chat completion."""
     return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
         "id": {"type": "string"}, "object": {"const": object_name}, "created": {"type": "integer"},
         "model": {"type": "string"}, "usage": USAGE,
         "choices": {"type": "array", "items": {"type": "object", "required": ["index", "finish_reason", *choice],
                                                "properties": {"index": {"type": "integer", "minimum": 0},
-                                                              "logprobs": NULLABLE_OBJECT, "finish_reason": FINISH,
+                                                              "logprobs": NULLABLE_OBJECT, "finish_reason": finish,
                                                               "stop_reason": STOP_REASON, **choice}}}}}
 
 
 SUCCESS = {
     "/v1/completions": response_schema("text_completion", {"text": {"type": "string"}}),
     "/v1/chat/completions": response_schema("chat.completion", {"message": {
-        "type": "object", "required": ["role", "content"],
-        "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}}}),
+        "type": "object", "required": ["role", "content", "refusal"],
+        "properties": {"role": {"const": "assistant"}, "content": {"type": ["string", "null"]}, "refusal": {"type": "null"},
+                       "tool_calls": {"type": "array", "items": TOOL_CALL}}}}, CHAT_FINISH),
     "/v1/models": {"type": "object", "required": ["object", "data"], "properties": {
-        "object": {"const": "list"}, "data": {"type": "array", "items": {
-            "type": "object", "required": ["id", "object", "created", "owned_by", "max_model_len"],
-            "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
-                           "owned_by": {"type": "string"}, "max_model_len": {"type": "integer", "minimum": 1}}}}}},
+        "object": {"const": "list"}, "data": {"type": "array", "items": MODEL}}},
+    "/v1/models/{model}": MODEL,
 }
 # one server-sent event: `data:` holds a JSON chunk, or "[DONE]" last
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
@@ -69,6 +76,8 @@ def openapi_document(app: FastAPI, api_key_required: bool) -> dict:
                 statuses += [500]
             if op.get("requestBody"):
                 statuses += [400, 404, 413, 503]
+            elif "{model}" in path:
+                statuses += [404]
             for status in statuses:
                 responses[str(status)] = error_response(status)
             if path in SUCCESS:

@@ -48,8 +48,9 @@ class ServerState:
             return await self.engine.add(request_id, prepare, params)
         except EngineDeadError as err:
             raise ApiError(503, str(err), code="engine_unavailable") from None
-        except ValueError as err:   # a PromptError from preparing it, or the engine's own check
-            raise bad_request(str(err), param=param, code=getattr(err, "code", "invalid_prompt")) from None
+        except ValueError as err:   # a PromptError, the engine's own check, or a GuidedDecodingError
+            raise bad_request(str(err), param=getattr(err, "param", None) or param,
+                              code=getattr(err, "code", "invalid_prompt")) from None
 
 
 def new_id(prefix: str) -> str:
@@ -179,18 +180,40 @@ def token_text(lp, fallback: str = "") -> str:
     return lp.decoded_token if lp.decoded_token is not None else fallback
 
 
-def completion_logprobs(token_ids: list[int], positions: list, k: int, offset: int) -> dict:
-    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
-    result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+def completion_logprobs(token_ids: list[int], positions: list, k: int, offset: int,
+                        result: dict | None = None) -> dict:
+    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset.
+    Each position's top_logprobs holds its k most likely tokens and, as with OpenAI, always the
+    token itself (k = 0: only it). A position without logprobs (the prompt's first token) is
+    null. Appends to `result` when given (the prompt's logprobs, then the completion's)."""
+    result = result or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for tid, position in zip(token_ids, positions):
-        chosen = position[tid]
-        token = token_text(chosen)
+        chosen = position[tid] if position else None
+        token = token_text(chosen) if chosen is not None else None
         result["tokens"].append(token)
-        result["token_logprobs"].append(chosen.logprob)
-        result["top_logprobs"].append({token_text(lp): lp.logprob for _, lp in top_entries(position, k)})
+        result["token_logprobs"].append(chosen.logprob if chosen is not None else None)
+        top = None
+        if chosen is not None:
+            top = {token_text(lp): lp.logprob for _, lp in top_entries(position, k)}
+            top[token] = chosen.logprob
+        result["top_logprobs"].append(top)
         result["text_offset"].append(offset)
-        offset += len(token)
+        offset += len(token or "")
     return result
+
+
+def prompt_logprobs_body(out, k: int) -> dict:
+    """The prompt's part of an echoed completion's logprobs (its first token's are null). The
+    first token's text comes from the tokenizer's decoding, which the engine did not run for it."""
+    ids = list(out.prompt_token_ids)
+    positions = list(out.prompt_logprobs or [None] * len(ids))
+    body = completion_logprobs(ids, positions, k, 0)
+    prompt = out.prompt or ""
+    rest = sum(len(t or "") for t in body["tokens"][1:])
+    first = prompt[:len(prompt) - rest] if rest <= len(prompt) else ""
+    body["tokens"][0] = first
+    body["text_offset"] = [0] + [o + len(first) for o in body["text_offset"][1:]]
+    return body
 
 
 def chat_logprobs(token_ids: list[int], positions: list, k: int) -> dict:
@@ -203,17 +226,19 @@ def chat_logprobs(token_ids: list[int], positions: list, k: int) -> dict:
                         "top_logprobs": [{"token": token_text(lp), "logprob": lp.logprob,
                                           "bytes": list(token_text(lp).encode())}
                                          for _, lp in top_entries(position, k)]})
-    return {"content": content}
+    return {"content": content, "refusal": None}
 
 
 def chunk_writer(object_name: str, request_id: str, model: str, include_usage: bool):
     """-> chunk(choices, usage=None): one SSE event of a streamed response (shared by
-    chat and completions; only the object name differs)."""
+    chat and completions; only the object name differs). With include_usage, chat chunks
+    carry "usage": null until the last (the spec's chunk allows null); a completions chunk
+    has the non-streamed shape, whose usage may be absent but not null, so it is left out."""
     created = int(time.time())
 
     def chunk(choices: list, usage_value=None) -> str:
         body = {"id": request_id, "object": object_name, "created": created, "model": model, "choices": choices}
-        if include_usage:
+        if include_usage and (usage_value is not None or object_name != "text_completion"):
             body["usage"] = usage_value
         return sse(body)
     return chunk

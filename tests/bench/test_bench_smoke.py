@@ -155,3 +155,20 @@ def test_bench_contention(tiny, tmp_path):
         assert all(positive(p["tok_s"]) and positive(p["first_tok_s"]) for p in phases.values())
     assert results["latentkv (2 threads)"]["busy"]["threads_after"] == 2  # a fixed count stays fixed
     assert 1 <= results["latentkv (threads: auto)"]["busy"]["threads_after"] <= 2
+
+
+def test_bench_serve_with_a_response_format(tmp_path):
+    """--response-format guides every request; this schema is longer than any asked output, so
+    every request still runs to its length."""
+    save_tiny_lm(tmp_path / "lm")
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "array", "items": {"enum": [1, 2, 3]}, "minItems": 12, "maxItems": 12}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = run_bench("serve", str(tmp_path / "lm"), tmp_path, "--systems", "latentkv", "--threads", "1",
+                     "--cache-memory", "16MiB", "--port", str(port), "--response-format", str(schema))
+    assert data["response_format"]["json_schema"]["schema"]["minItems"] == 12
+    for row in data["results"]:
+        asked = make_requests(row["concurrency"], LM_VOCAB, (8, 64), (4, 12), seed=row["concurrency"])
+        assert row["tokens"] == sum(olen for _, olen in asked)

@@ -38,7 +38,7 @@ def test_wrong_types_are_400_naming_the_field(server, field, value):
 
 
 @pytest.mark.parametrize("field,value", [("temperature", 2.5), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5),
-                                         ("n", 0), ("n", 100), ("max_tokens", 0), ("presence_penalty", 3.0),
+                                         ("n", 0), ("n", 100), ("max_tokens", -1), ("presence_penalty", 3.0),
                                          ("frequency_penalty", -2.5), ("top_k", -2), ("min_p", 1.5), ("logprobs", 50),
                                          ("seed", 2**70)])
 def test_out_of_range_values_are_400(server, field, value):
