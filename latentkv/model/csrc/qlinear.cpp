@@ -71,11 +71,8 @@ namespace isa_avx512bf16 {
 struct Vec : isa_avx512::Vec {
   static constexpr bool DPBF16 = true;
   static inline T words(const int32_t* w) { return _mm512_loadu_ps(reinterpret_cast<const float*>(w)); }
-  // x[0], x[1] (float32 holding bf16 values: exact) as one bf16 pair in every lane
-  static inline T pair(const float* x) {
-    const uint32_t lo = __builtin_bit_cast(uint32_t, x[0]) >> 16, hi = __builtin_bit_cast(uint32_t, x[1]) & 0xffff0000u;
-    return _mm512_castsi512_ps(_mm512_set1_epi32((int)(hi | lo)));
-  }
+  // one word of x's pairs (two bf16 inputs) in every lane
+  static inline T pair(const float* x) { return _mm512_set1_ps(*x); }
   static inline T dp(T w, T x, T acc) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
@@ -286,6 +283,21 @@ at::Tensor float_rows(const at::Tensor& x, int64_t Kp) {
   return xf;
 }
 
+// x [M, K] bf16 -> int32 [M, Kp / 2]: word j holds inputs 2j (low half) and 2j + 1 (zeros past K),
+// the vdpbf16ps operand pick(isa 3, kind 16, bf16 x) reads.
+at::Tensor pair_rows(const at::Tensor& x, int64_t Kp) {
+  const int64_t M = x.size(0), K = x.size(1), s0 = x.stride(0), s1 = x.stride(1);
+  at::Tensor out = at::empty({M, Kp / 2}, x.options().dtype(at::kInt));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < Kp / 2; ++j) {
+      const uint32_t lo = 2 * j < K ? src[m * s0 + 2 * j * s1] : 0, hi = 2 * j + 1 < K ? src[m * s0 + (2 * j + 1) * s1] : 0;
+      dst[m * (Kp / 2) + j] = lo | hi << 16;
+    }
+  return out;
+}
+
 using DotLinear = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, int64_t, int64_t, const float*,
                            const float*, float*, int64_t);
 using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*);
@@ -331,8 +343,9 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
   const bool f32 = x.scalar_type() == at::kFloat;
   auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());
-  const at::Tensor xf = float_rows(x, Kp);
-  const float* xp = xf.data_ptr<float>();
+  const bool pairs = isa >= 3 && kind == 16 && !f32;  // vdpbf16ps: x as words of two bf16
+  const at::Tensor xf = pairs ? pair_rows(x, Kp) : float_rows(x, Kp);
+  const float* xp = pairs ? reinterpret_cast<const float*>(xf.data_ptr<int32_t>()) : xf.data_ptr<float>();
   int64_t ldx = xf.stride(0);
   // int4: each row's sum per group (in input order: a fixed order per row) for the min term, and
   // x' = x * 16^-(k % 8) (k % 8 < 7) for the in-place nibbles (qlinear_impl.h)

@@ -112,6 +112,11 @@ static inline void store_lanes(float* row, int64_t n, int64_t N, typename Vec::T
   for (int64_t i = 0; n + i < N; ++i) row[n + i] = tmp[i];
 }
 
+// Activation elements per group: 32 floats, or for vdpbf16ps 16 words of two bf16 (x as pairs:
+// `pair_rows` in qlinear.cpp), so a pair is one broadcast.
+template <class F>
+constexpr int x_step() { return Vec::DPBF16 && F::PAIRS ? GROUP / 2 : GROUP; }
+
 // The fixed order's inner step, for P panels (records base[p] + g * F::REC, lanes lane[p]) times
 // MB activation rows xg [MB rows, stride ldx] of group g: acc[p][m] = the fma chain over the 32
 // inputs in order. The direct and the tile paths both run it, so their bits cannot drift apart.
@@ -127,7 +132,7 @@ __attribute__((always_inline)) static inline void group_sums(const int32_t* cons
       typename V::T q[P];
       for (int p = 0; p < P; ++p) q[p] = V::words(base[p] + g * F::REC + j * BLOCK + lane[p]);
       for (int m = 0; m < MB; ++m) {
-        const typename V::T xv = V::pair(xg + m * ldx + 2 * j);
+        const typename V::T xv = V::pair(xg + m * ldx + j);
         for (int p = 0; p < P; ++p) acc[p][m] = V::dp(q[p], xv, acc[p][m]);
       }
     }
@@ -169,7 +174,7 @@ static inline void panels(const int32_t* __restrict packed, int64_t G, int64_t f
             for (int line = 0; line < F::REC * 4; line += 64)
               __builtin_prefetch(reinterpret_cast<const char*>(base[p] + (g + AHEAD) * F::REC) + line);
     typename Vec::T acc[P][MB];
-    group_sums<F, P, MB>(base, lane, g, x + g * GROUP, ldx, acc);
+    group_sums<F, P, MB>(base, lane, g, x + g * x_step<F>(), ldx, acc);
     for (int p = 0; p < P; ++p) {
       const float* rec = reinterpret_cast<const float*>(base[p] + g * F::REC) + F::SCALE + lane[p];
       const typename Vec::T scale = Vec::load(rec);
@@ -221,7 +226,7 @@ static inline void tile_pass(const int32_t* const* base, const int* lane, int gn
   constexpr int W = Vec::W;
   for (int g = 0; g < gn; ++g) {
     typename Vec::T acc[P][MB];
-    group_sums<S, P, MB>(base, lane, g, x + g * GROUP, ldx, acc);
+    group_sums<S, P, MB>(base, lane, g, x + g * x_step<S>(), ldx, acc);
     for (int p = 0; p < P; ++p) {
       const float* rec = reinterpret_cast<const float*>(base[p] + g * S::REC) + S::SCALE + lane[p];
       const typename Vec::T scale = Vec::load(rec);
@@ -305,7 +310,7 @@ static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1,
                 const float* sz = reinterpret_cast<const float*>(rec + F::SCALE);
                 for (int i = 0; i < (F::ZERO ? 2 : 1) * BLOCK; ++i) t[GROUP * BLOCK + i] = sz[i];
               }
-          const float* xk = xm + g0 * GROUP;
+          const float* xk = xm + g0 * x_step<F>();
           if (np == P && rows >= 2 * MB_TILE)
             for (int p = 0; p < P; p += TILE_P)
               tile_rows<S, TILE_P, MB_TILE>(base + p, lane + p, gn, xk, ldx, sm + g0, G, rows, tot + p * W, LDT);
