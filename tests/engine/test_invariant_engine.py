@@ -33,12 +33,14 @@ def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dty
     check_identical(folder, dtype, attention_backend)
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8", "w4a8"])
-def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, quantization, attention_backend):
+@pytest.mark.parametrize("quantization,dtype", [("int4", "float32"), ("int8", "float32"), ("w4a8", "float32"),
+                                                ("w4a8", "bfloat16")])
+def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, quantization, dtype,
+                                                                               attention_backend):
     """The int4 / int8 linears (model/qlinear.py) get no padding from invariant.py: their rows must
-    not depend on the batch by themselves."""
+    not depend on the batch by themselves (bf16: `dtype="auto"` on a bf16 CPU with --quantization)."""
     folder, _, _ = tiny_lm("v3_dense_qlora")
-    check_identical(folder, "float32", attention_backend, quantization=quantization)
+    check_identical(folder, dtype, attention_backend, quantization=quantization)
 
 
 def check_identical(folder, dtype, attention_backend, **engine):
