@@ -24,7 +24,7 @@ def need_extensions():
 
 def model_for(folder, dtype, weights, latent_norm=True, bias=False):
     model = load_model(str(folder), dtype, "cpu", "native")
-    if weights == "float32-fixed-order":
+    if weights == "fixed-order":
         invariant.use_fixed_order_linears(model)
     else:
         quantize_linears(model, weights)
@@ -55,20 +55,23 @@ def cache_tensors(caches):
     return [t.clone() for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]
 
 
-@pytest.mark.parametrize("name,weights,cache_dtype,latent_norm,bias", [
-    ("v2_dense", "float32-fixed-order", "auto", True, False),
-    ("v2_dense", "int4", "int8", False, True),
-    ("v3_dense_qlora", "int8", "auto", True, False),
-    ("v3_dense_qlora", "int4", "fp8_e4m3", True, False),
-    ("v3_yarn_halves_tied", "float32-fixed-order", "int8", False, False),
-    ("v2_dense", "w4a8", "int8", False, True),
-    ("v3_dense_qlora", "w8a8", "auto", True, False),
+@pytest.mark.parametrize("name,dtype,weights,cache_dtype,latent_norm,bias", [
+    ("v2_dense", "float32", "fixed-order", "auto", True, False),
+    ("v2_dense", "float32", "int4", "int8", False, True),
+    ("v3_dense_qlora", "float32", "int8", "auto", True, False),
+    ("v3_dense_qlora", "float32", "int4", "fp8_e4m3", True, False),
+    ("v3_yarn_halves_tied", "float32", "fixed-order", "int8", False, False),
+    ("v2_dense", "float32", "w4a8", "int8", False, True),
+    ("v3_dense_qlora", "float32", "w8a8", "auto", True, False),
+    ("v3_dense_qlora", "bfloat16", "fixed-order", "auto", True, False),  # bf16 records (vdpbf16ps where the CPU has it)
+    ("v2_dense", "bfloat16", "fixed-order", "int8", False, True),
+    ("v2_dense", "bfloat16", "w4a8", "int8", True, False),
 ])
 @pytest.mark.parametrize("invariant_meta", [True, False])
 @torch.inference_mode()
-def test_plan_gives_the_modules_bits(tiny_checkpoints, name, weights, cache_dtype, latent_norm, bias, invariant_meta):
+def test_plan_gives_the_modules_bits(tiny_checkpoints, name, dtype, weights, cache_dtype, latent_norm, bias, invariant_meta):
     folder, _ = tiny_checkpoints(name)
-    model = model_for(folder, "float32", weights, latent_norm, bias)
+    model = model_for(folder, dtype, weights, latent_norm, bias)
     contexts = [5, 17, 2, 33]  # ending mid-block; one sequence's blocks out of order below
     tables = [[0, 1], [2, 3, 4, 5, 6], [7], [20, 8, 9, 10, 11, 12, 13, 14, 15]]
     caches = random_caches(model, cache_dtype, 24)
@@ -111,8 +114,8 @@ def test_build_says_why_not(tiny_checkpoints):
     assert plan is None and "packed kernel" in reason
 
 
-@pytest.mark.parametrize("quantization", [None, "int4"])
-def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints, quantization):
+@pytest.mark.parametrize("quantization,dtype", [(None, "float32"), ("int4", "float32"), (None, "bfloat16")])
+def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints, quantization, dtype):
     """End to end: the engine's own model decodes through the plan; with enforce_eager through the
     modules; the same tokens and logprobs, exactly."""
     folder, _ = tiny_checkpoints("v2_dense")
@@ -120,7 +123,7 @@ def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
 
     def run(**kw):
-        llm = LLM(str(folder), dtype="float32", quantization=quantization, block_size=4, kv_cache_memory="2MiB",
+        llm = LLM(str(folder), dtype=dtype, quantization=quantization, block_size=4, kv_cache_memory="2MiB",
                   skip_tokenizer_init=True, **kw)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return llm, [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs]
