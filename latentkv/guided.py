@@ -17,7 +17,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import llguidance.hf
+import llguidance.torch as llt
 import torch
+from llguidance import LLMatcher
 
 # A JSON grammar without free whitespace: with it a weak model can pad with spaces or
 # newlines until max_tokens and never close the object.
@@ -65,8 +68,6 @@ class GuidedDecodingParams:
 
     def grammar_text(self) -> str:
         """The llguidance grammar (its JSON form) for this request."""
-        from llguidance import LLMatcher
-
         if self.json is not None or self.json_object:
             schema = {"type": "object"} if self.json_object else self.json
             try:
@@ -125,8 +126,6 @@ class Guides:
     @property
     def lltokenizer(self):
         if self._lltokenizer is None:
-            import llguidance.hf
-
             if self.tokenizer is None:
                 raise GuidedDecodingError("guided decoding needs a tokenizer (skip_tokenizer_init=True was given)")
             eos = self.eos_token_ids or None
@@ -135,8 +134,6 @@ class Guides:
 
     def compile(self, params: GuidedDecodingParams) -> str:
         """The checked grammar; raises GuidedDecodingError naming the field when it does not compile."""
-        from llguidance import LLMatcher
-
         key = params.cache_key()
         if key in self.grammars:
             return self.grammars[key]
@@ -156,8 +153,6 @@ class Guides:
 
     def matcher(self, params: GuidedDecodingParams):
         """A fresh matcher (one per sequence) for these params."""
-        from llguidance import LLMatcher
-
         grammar = self.compile(params)
         try:
             matcher = LLMatcher(self.lltokenizer, grammar)
@@ -175,8 +170,6 @@ def apply_guides(logits: torch.Tensor, matchers: list, eos_token_ids: list[int])
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return logits
-    import llguidance.torch as llt
-
     vocab = logits.shape[1]
     bitmask = llt.allocate_token_bitmask(len(rows), vocab)
     for j, i in enumerate(rows):
