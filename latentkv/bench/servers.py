@@ -57,8 +57,9 @@ def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
     threads = {"OMP_NUM_THREADS": str(args.threads)}
     vllm_env = {**threads, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
                 "TOKENIZERS_PARALLELISM": "false"}
-    vllm_flags = ["--kv-cache-memory-bytes", str(cache), "--enforce-eager",
-                  "--no-enable-prefix-caching", "--disable-log-stats"]
+    vllm_flags = ["--kv-cache-memory-bytes", str(cache), "--enforce-eager", "--no-enable-prefix-caching"]
+    if getattr(args, "scenario", "load") != "pressure":  # its stats feed /metrics' running gauge, which pressure reports
+        vllm_flags.append("--disable-log-stats")
     # vllm-cpu 0.32's `vllm` CLI dies looking up the version of a distribution named "vllm" (it is
     # installed as "vllm-cpu"); its OpenAI server module takes the same flags.
     vllm = [args.vllm, "-m", "vllm.entrypoints.openai.api_server", "--model"]

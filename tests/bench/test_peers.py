@@ -56,3 +56,8 @@ def test_bench_serve_passes_the_rule_to_vllm_and_the_dtype_to_every_server():
     elsewhere = {s.name: s for s in servers(bench_args(), 9000, flags=ZEN4)}
     stock = elsewhere["vllm serve (stock 576)"].cmd
     assert (flag_value(stock, "--dtype"), flag_value(stock, "--block-size")) == ("float32", "16")
+
+
+def test_vllm_keeps_its_stats_only_under_pressure_where_its_running_gauge_is_read():
+    assert "--disable-log-stats" in servers(bench_args(), 9000, flags=ZEN4)[1].cmd
+    assert "--disable-log-stats" not in servers(bench_args(scenario="pressure"), 9000, flags=ZEN4)[1].cmd

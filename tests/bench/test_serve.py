@@ -2,6 +2,7 @@
 recorded (row + reason from the log) and the bench goes on to the next concurrency and system.
 Also the parts of the memory-pressure scenario that need no real engine. No timing assertions."""
 import argparse
+import json
 import socket
 import sys
 from pathlib import Path
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from latentkv.bench.pressure import kv_bytes_per_token
-from latentkv.bench.serve import run_systems, show
+from latentkv.bench.serve import prepare, run_systems, show
 from latentkv.bench.servers import Server, running_requests
+from tiny_lm import save_tiny_lm
 
 FAKE = str(Path(__file__).with_name("fake_peer.py"))
 VOCAB = 100
@@ -75,3 +77,16 @@ def test_original_kv_cache_per_token_from_its_config():
 ])
 def test_running_requests_from_a_metrics_page(page, running):
     assert running_requests(page) == running
+
+
+def test_pressure_scenario_sizes_the_cache_from_the_originals_config(tmp_path):
+    save_tiny_lm(tmp_path / "lm")
+    config = json.loads((tmp_path / "lm" / "config.json").read_text())
+    args = argparse.Namespace(model=str(tmp_path / "lm"), source=str(tmp_path / "lm"), dtype="float32",
+                              systems=["latentkv"], no_baselines=False, scenario="pressure", concurrency=[1, 4],
+                              cache_memory="1GiB", min_prompt=8, max_prompt=64, min_output=4, max_output=12)
+    prepare(args)
+    assert int(args.cache_memory) == 8192 * kv_bytes_per_token(config, "float32")
+    assert (args.concurrency, args.max_concurrency, args.num_prompts, args.max_num_seqs) == ([32], 32, 64, 32)
+    assert (args.min_prompt, args.max_prompt, args.min_output, args.max_output) == (1024, 1024, 128, 128)
+    assert args.max_model_len >= 1024 + 128
