@@ -75,9 +75,9 @@ def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
                    "--kv-cache-memory", str(cache), "--no-enable-prefix-caching"]
             out.append(Server("latentkv serve", cmd, threads, settings=f"dtype {args.dtype}"))
         elif name == "vllm-original":
-            out.append(vllm_server("vllm serve (original)", args.original, vllm_settings(False, args.dtype, flags), []))
+            out.append(vllm_server("vllm serve (original)", args.original, vllm_settings(None, args.dtype, flags), []))
         elif name == "vllm-stock":
-            out.append(vllm_server("vllm serve (stock 576)", args.stock576, vllm_settings(True, args.dtype, flags),
+            out.append(vllm_server("vllm serve (stock 576)", args.stock576, vllm_settings(576, args.dtype, flags),
                                    ["--compilation-config", VLLM_MLA_FIX]))
         else:
             raise ValueError(f"unknown system {name!r} (latentkv, vllm-original, vllm-stock)")

@@ -10,20 +10,26 @@ ZEN4 = {"avx2", "avx512f", "avx512_bf16"}
 
 def test_mla_on_amx_runs_bf16_with_blocks_of_32_whatever_dtype_was_asked():
     for asked in ("float32", "bfloat16"):
-        s = vllm_settings(True, asked, AMX)
+        s = vllm_settings(576, asked, AMX)
         assert (s.dtype, s.block_size) == ("bfloat16", 32)
         assert s.flags() == ["--dtype", "bfloat16", "--block-size", "32"]
-    assert "asked float32" in vllm_settings(True, "float32", AMX).note
+    assert "asked float32" in vllm_settings(576, "float32", AMX).note
 
 
 def test_mla_without_amx_keeps_the_dtype_and_block_16():
     for flags in (ZEN4, {"amx_bf16"}, set()):  # amx_bf16 without amx_tile is no AMX
-        s = vllm_settings(True, "float32", flags)
+        s = vllm_settings(576, "float32", flags)
         assert (s.dtype, s.block_size) == ("float32", 16)
 
 
+def test_mla_widths_amx_mla_does_not_take_keep_the_reference_backends_settings_on_amx():
+    for width in (320, 512):
+        s = vllm_settings(width, "float32", AMX)
+        assert (s.dtype, s.block_size) == ("float32", 16) and "576 only" in s.note
+
+
 def test_models_without_mla_keep_vllms_block_size_and_the_dtype():
-    s = vllm_settings(False, "float32", AMX)
+    s = vllm_settings(None, "float32", AMX)
     assert (s.dtype, s.block_size) == ("float32", None) and s.flags() == ["--dtype", "float32"]
 
 
