@@ -145,11 +145,9 @@ def prepare(args) -> None:
     args.max_concurrency = None
     args.num_prompts = None
     if getattr(args, "scenario", "load") == "pressure":
-        if source is None:
-            raise SystemExit("latentkv bench serve --scenario pressure: needs --source (the original model's config sizes the cache)")
         for key, value in PRESSURE.items():
             setattr(args, key, value)
-        args.cache_memory = str(pressure_cache_bytes(source, args.dtype, PRESSURE["original_tokens"]))
+        args.cache_memory = str(pressure_cache_bytes(native, source, args.dtype, PRESSURE["original_tokens"]))
     args.max_model_len = args.max_prompt + args.max_output + 16
     args.max_num_seqs = args.max_concurrency or max(args.concurrency)
 

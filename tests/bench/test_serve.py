@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from latentkv.bench.pressure import kv_bytes_per_token
+from latentkv.bench.pressure import config_shape, kv_bytes_per_token, original_shape
 from latentkv.bench.serve import prepare, run_systems, show
 from latentkv.bench.servers import Server, running_requests
 from tiny_lm import save_tiny_lm
@@ -63,11 +63,12 @@ def test_at_most_max_concurrency_in_flight_and_every_prompt_sent(tmp_path):
 
 def test_original_kv_cache_per_token_from_its_config():
     smollm2_135m = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
-    assert kv_bytes_per_token(smollm2_135m, "bfloat16") == 2 * 30 * 3 * 64 * 2
-    assert 8192 * kv_bytes_per_token(smollm2_135m, "bfloat16") == 180 * 2**20  # the 180 MiB
-    assert kv_bytes_per_token({**smollm2_135m, "head_dim": 128}, "float32") == 2 * 30 * 3 * 128 * 4
-    mha = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
-    assert kv_bytes_per_token(mha, "float32") == 2 * 2 * 4 * 16 * 4
+    assert config_shape(smollm2_135m) == (30, 3, 64)
+    assert kv_bytes_per_token((30, 3, 64), "bfloat16") == 2 * 30 * 3 * 64 * 2
+    assert 8192 * kv_bytes_per_token((30, 3, 64), "bfloat16") == 180 * 2**20  # the 180 MiB
+    assert config_shape({**smollm2_135m, "head_dim": 128}) == (30, 3, 128)
+    assert config_shape({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}) == (2, 4, 16)  # MHA
+    assert kv_bytes_per_token((2, 4, 16), "float32") == 2 * 2 * 4 * 16 * 4
 
 
 @pytest.mark.parametrize("page, running", [
@@ -86,7 +87,17 @@ def test_pressure_scenario_sizes_the_cache_from_the_originals_config(tmp_path):
                               systems=["latentkv"], no_baselines=False, scenario="pressure", concurrency=[1, 4],
                               cache_memory="1GiB", min_prompt=8, max_prompt=64, min_output=4, max_output=12)
     prepare(args)
-    assert int(args.cache_memory) == 8192 * kv_bytes_per_token(config, "float32")
+    assert int(args.cache_memory) == 8192 * kv_bytes_per_token(config_shape(config), "float32")
     assert (args.concurrency, args.max_concurrency, args.num_prompts, args.max_num_seqs) == ([32], 32, 64, 32)
     assert (args.min_prompt, args.max_prompt, args.min_output, args.max_output) == (1024, 1024, 128, 128)
     assert args.max_model_len >= 1024 + 128
+
+
+def test_without_source_the_pressure_cache_comes_from_the_conversions_record(tmp_path):
+    save_tiny_lm(tmp_path / "lm")
+    (tmp_path / "lm" / "latentkv-source.json").write_text(json.dumps({"geometry": {"num_layers": 30, "num_kv_heads": 3,
+                                                                                 "head_dim": 64}}))
+    assert original_shape(tmp_path / "lm", None) == (30, 3, 64)
+    (tmp_path / "lm" / "latentkv-source.json").unlink()
+    with pytest.raises(SystemExit, match="pass --source"):
+        original_shape(tmp_path / "lm", None)
