@@ -190,8 +190,9 @@ def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeo
             except PeerFailed as e:
                 row["error"] = e.reason
                 print(f"{server.name}, {n} concurrent: FAILED: {e.reason}", flush=True)
-            except Exception as e:  # the warm-up refused: the server is up but does not serve
-                row["error"] = running.failure(f"warm-up: {type(e).__name__}: {e}").reason
+            except Exception as e:  # the warm-up refused (the server is up but does not serve), or no log file
+                what = f"warm-up: {type(e).__name__}: {e}"
+                row["error"] = running.failure(what).reason if running is not None else f"{server.name}: {what}"
                 print(f"{server.name}, {n} concurrent: FAILED: {row['error']}", flush=True)
             results.append(row)
             if "error" in row and not started:  # never came up: the other concurrencies say the same
