@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from latentkv import LLM, SamplingParams
 from latentkv.bench.peers import VllmSettings, cpuinfo_flags, vllm_settings
