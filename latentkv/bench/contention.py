@@ -20,6 +20,7 @@ import torch
 
 from ..cpu import allowed_cores
 from .report import median, new_figure, print_table, save_figure, write_json
+from .isolated import FAILED, attempt, close_all
 from .systems import LatentKVSystem, llama_cpp_baseline
 
 PHASES = ("quiet", "busy", "quiet again")
@@ -49,14 +50,14 @@ def engine_chooses_threads():
         os.environ.update(saved)
 
 
-def build_systems(args, length: int) -> list:
+def build_systems(args, length: int, failed: dict) -> list:
     kw = dict(max_model_len=length, kv_cache_memory="256MiB", quantization=args.weights)
     if args.weights == "none":
         kw.pop("quantization")
     with engine_chooses_threads():
         auto = LatentKVSystem("latentkv (threads: auto)", args.model, "int8", **kw)
     systems = [auto, LatentKVSystem(f"latentkv ({args.threads} threads)", args.model, "int8", threads=args.threads, **kw)]
-    return systems + llama_cpp_baseline(f"llama.cpp ({args.threads} threads)", args.source, n_ctx=length)
+    return systems + llama_cpp_baseline(f"llama.cpp ({args.threads} threads)", args.source, n_ctx=length, failed=failed)
 
 
 def run(args) -> dict:
@@ -64,23 +65,31 @@ def run(args) -> dict:
     if not 0 < args.busy_cores < cores:
         raise SystemExit(f"--busy-cores {args.busy_cores}: expected 1 .. {cores - 1} (this process may use {cores} cores)")
     prompt_len = args.contexts[0]
-    systems = build_systems(args, prompt_len + (args.repeats + 2) * args.tokens + 64)
+    failed: dict[str, str] = {}
+    systems = build_systems(args, prompt_len + (args.repeats + 2) * args.tokens + 64, failed)
     vocab = systems[0].engine.cfg.vocab_size
     prompt = torch.randint(3, vocab, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
-    for s in systems:
-        s.prepare(prompt)
-    results = {s.name: {} for s in systems}
+    live = [s for s in systems if attempt(s, failed, "prepare", prompt) is not FAILED]
+    results: dict[str, dict] = {}
     for phase in PHASES:
         with busy_cores(args.busy_cores if phase == "busy" else 0) as pinned:
             print(f"phase {phase}" + (f": busy loops on cores {pinned}" if pinned else ""), flush=True)
-            first = {s.name: s.decode(args.tokens) for s in systems}
-            times = {s.name: [] for s in systems}
+            first = {s.name: attempt(s, failed, "decode", args.tokens) for s in live}
+            live = [s for s in live if first[s.name] is not FAILED]
+            times = {s.name: [] for s in live}
             for _ in range(args.repeats):  # interleaved: A B C A B C ...
-                for s in systems:
-                    times[s.name].append(s.decode(args.tokens))
-            for s in systems:
-                results[s.name][phase] = {"first_tok_s": 1 / first[s.name], "tok_s": 1 / median(times[s.name]),
-                                          "threads_after": threads_of(s)}
+                for s in list(live):
+                    seconds = attempt(s, failed, "decode", args.tokens)
+                    if seconds is FAILED:
+                        live.remove(s)
+                        del times[s.name]
+                    else:
+                        times[s.name].append(seconds)
+            for s in live:
+                results.setdefault(s.name, {})[phase] = {"first_tok_s": 1 / first[s.name], "tok_s": 1 / median(times[s.name]),
+                                                         "threads_after": threads_of(s)}
+    close_all(systems)
+    results = {name: r for name, r in results.items() if name not in failed}  # a baseline that failed mid-way: its reason only
     rows = [{"system": name, **{f"{p} tok/s": r[p]["tok_s"] for p in PHASES},
              "busy first tok/s": r["busy"]["first_tok_s"], "quiet again first tok/s": r["quiet again"]["first_tok_s"],
              "busy / quiet": r["busy"]["tok_s"] / r["quiet"]["tok_s"], "threads when busy": r["busy"]["threads_after"]}
@@ -88,8 +97,10 @@ def run(args) -> dict:
     print_table(f"Batch-1 decode after a {prompt_len}-token prompt, {args.busy_cores} of {cores} cores busy in the "
                 f"middle phase (median tokens/s; 'first': the phase's first {args.tokens} tokens)", list(rows[0]), rows)
     plot(results, Path(args.out))
+    for name, reason in failed.items():
+        print(f"{name}: failed: {reason}\n", flush=True)
     payload = {"weights": args.weights, "prompt": prompt_len, "tokens": args.tokens, "repeats": args.repeats,
-               "busy_cores": args.busy_cores, "threads": args.threads, "results": results}
+               "busy_cores": args.busy_cores, "threads": args.threads, "results": results, "failed": failed}
     write_json(Path(args.out), "contention", payload)
     return payload
 

@@ -14,10 +14,12 @@ from ..cache.accounting import latent_bytes_per_token
 from ..facts import dtype_name
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
 from .report import median, new_figure, print_table, save_figure, write_json
-from .systems import LatentKVSystem, TransformersSystem, cache_budget, llama_cpp_baseline
+from .isolated import FAILED, attempt, close_all
+from .systems import LatentKVSystem, cache_budget, llama_cpp_baseline, transformers_baseline
 
 
-def build_systems(args) -> list:
+def build_systems(args, failed: dict) -> list:
+    """The latentkv rows, then the baselines (each in its own process; one that fails to start is in `failed`)."""
     length = max(args.contexts) + 2 * args.tokens
     budget = cache_budget(args.model, 3 * (length + 64))  # one context's cache (+ repeats), not a share of free memory
     weights = getattr(args, "weights", None) or ["none", "int4"]
@@ -52,16 +54,43 @@ def build_systems(args) -> list:
                                    batch_invariant=s.engine.args.batch_invariant, enforce_eager=True)
                     for s in list(systems) if isinstance(s, LatentKVSystem) and not s.engine.args.enforce_eager]
     if args.source:
-        systems.append(TransformersSystem("transformers original", args.source))
+        systems += transformers_baseline("transformers original", args.source, failed)
     if args.stock:
-        systems.append(TransformersSystem("transformers DeepseekV3 stock", args.stock))
-    systems += llama_cpp_baseline("llama.cpp", args.source, n_ctx=max(args.contexts) + 2 * args.tokens)
+        systems += transformers_baseline("transformers DeepseekV3 stock", args.stock, failed)
+    systems += llama_cpp_baseline("llama.cpp", args.source, n_ctx=max(args.contexts) + 2 * args.tokens, failed=failed)
     return systems
+
+
+def measure_context(live: list, prompt: list[int], args, failed: dict) -> tuple[dict, dict]:
+    """One context: each system's prefill (tokens/s) and decode times; a system that fails is
+    recorded in `failed` and removed from `live` (the bench goes on without it)."""
+    prefill, times = {}, {}
+    for s in list(live):
+        start = time.perf_counter()
+        if attempt(s, failed, "prepare", prompt) is FAILED:  # the context's prefill: the prompt is new to it
+            live.remove(s)
+            continue
+        prefill[s.name] = len(prompt) / (time.perf_counter() - start)
+        if attempt(s, failed, "decode", min(4, args.tokens)) is FAILED:  # warm-up: first-call costs are not decode speed
+            live.remove(s)
+            del prefill[s.name]
+            continue
+        times[s.name] = []
+    for _ in range(args.repeats):  # interleaved: A B C A B C ...
+        for s in list(live):
+            seconds = attempt(s, failed, "decode", args.tokens)
+            if seconds is FAILED:
+                live.remove(s)
+                del prefill[s.name], times[s.name]
+            else:
+                times[s.name].append(seconds)
+    return prefill, times
 
 
 def run(args) -> dict:
     out = Path(args.out)
-    systems = build_systems(args)
+    failed: dict[str, str] = {}
+    systems = build_systems(args, failed)
     vocab = systems[0].engine.cfg.vocab_size
     bandwidth = measure_bandwidth()
     ours = {s.name: s for s in systems if isinstance(s, LatentKVSystem)}
@@ -70,25 +99,20 @@ def run(args) -> dict:
     per_token = {name: latent_bytes_per_token(s.engine.cfg, s.engine.args.kv_cache_dtype, dtype_name(s.engine.runner.dtype))
                  for name, s in ours.items()}
     results = []
+    live = list(systems)
     for ctx in args.contexts:
         prompt = torch.randint(3, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx)).tolist()
-        prefill = {}
-        for s in systems:
-            start = time.perf_counter()
-            s.prepare(prompt)  # the context's prefill: each system sees this prompt for the first time
-            prefill[s.name] = ctx / (time.perf_counter() - start)
-            s.decode(min(4, args.tokens))  # warm-up: first-call costs are not decode speed
-        times = {s.name: [] for s in systems}
-        for _ in range(args.repeats):  # interleaved: A B C A B C ...
-            for s in systems:
-                times[s.name].append(s.decode(args.tokens))
+        prefill, times = measure_context(live, prompt, args, failed)
         results.append(summarize(ctx, times, list(ours), weights, per_token, bandwidth))
         results[-1]["prefill_tok_s"] = prefill
         print(f"context {ctx}: " + ", ".join(f"{n} {v:.2f} tok/s" for n, v in results[-1]["tok_s"].items()), flush=True)
+    close_all(systems)
     show(results, systems, list(ours), bandwidth, weights)
+    for name, reason in failed.items():
+        print(f"{name}: failed (not in the tables from then on): {reason}\n", flush=True)
     plot(results, [s.name for s in systems], out)
     payload = {"model_dtype": dtype_name(systems[0].engine.runner.dtype), "bandwidth_gbs": bandwidth / 1e9, "weight_bytes": weights, "tokens": args.tokens, "repeats": args.repeats,
-               "threads": torch.get_num_threads(), "results": results}
+               "threads": torch.get_num_threads(), "results": results, "failed": failed}
     write_json(out, "decode", payload)
     return payload
 
@@ -111,7 +135,7 @@ def summarize(ctx: int, times: dict, ours: list[str], weights: dict, per_token: 
 
 def show(results: list[dict], systems: list, ours: list[str], bandwidth: float, weights: dict) -> None:
     names = [s.name for s in systems]
-    rows = [{"context": r["context"], **{n: r["tok_s"][n] for n in names}} for r in results]
+    rows = [{"context": r["context"], **{n: r["tok_s"].get(n) for n in names}} for r in results]
     print(f"model dtype {systems[0].engine.runner.dtype} (dtype auto on this CPU); "
           f"memory bandwidth {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); weights read per step: "
           + ", ".join(f"{n} {w / 2**20:.0f} MiB" for n, w in weights.items()))
@@ -124,14 +148,15 @@ def show(results: list[dict], systems: list, ours: list[str], bandwidth: float, 
     print_table("Speed-up of each latentkv row over each baseline; share of its bandwidth floor",
                 list(ratio_rows[0].keys()), ratio_rows)
     # one prefill per system and context (the prompt is new to it), so a single sample, not a median
-    prefill_rows = [{"context": r["context"], **{n: r["prefill_tok_s"][n] for n in names}} for r in results]
+    prefill_rows = [{"context": r["context"], **{n: r["prefill_tok_s"].get(n) for n in names}} for r in results]
     print_table("Prefill of the context's prompt (tokens/s, one run each)", list(prefill_rows[0].keys()), prefill_rows)
     baselines = [n for n in names if n not in ours]
     if baselines:
         print_table("Prefill speed-up of each latentkv row over each baseline", ["context", "latentkv row"]
                     + [f"x vs {b}" for b in baselines],
                     [{"context": r["context"], "latentkv row": o,
-                      **{f"x vs {b}": r["prefill_tok_s"][o] / r["prefill_tok_s"][b] for b in baselines}}
+                      **{f"x vs {b}": r["prefill_tok_s"][o] / r["prefill_tok_s"][b]
+                         for b in baselines if b in r["prefill_tok_s"]}}
                      for r in results for o in ours])
 
 
@@ -139,5 +164,7 @@ def plot(results: list[dict], names: list[str], out: Path) -> Path:
     fig, ax = new_figure("Batch-1 decode speed", "context (tokens)", "tokens/s", log_x=True)
     ctx = [r["context"] for r in results]
     for name in names:
-        ax.plot(ctx, [r["tok_s"][name] for r in results], marker="o", label=name)
+        points = [(c, r["tok_s"][name]) for c, r in zip(ctx, results) if name in r["tok_s"]]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=name)
     return save_figure(fig, out, "decode")

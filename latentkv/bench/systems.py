@@ -5,6 +5,9 @@
 - transformers: any HF folder or GGUF through AutoModelForCausalLM, a manual greedy loop
   with its own KV cache (cropped back to the context between runs);
 - llama.cpp: llama-cpp-python on a GGUF, when installed.
+
+The benches run the baselines (transformers, llama.cpp) each in its own process (bench/isolated.py):
+one that crashes is recorded, and the bench goes on.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.config import ModelConfig
+from latentkv.bench.isolated import start
 from latentkv.facts import dtype_name
 from latentkv.llm import LLM
 from latentkv.model.loader import resolve_dtype
@@ -113,15 +117,20 @@ def llama_cpp_available() -> bool:
     return True
 
 
-def llama_cpp_baseline(name: str, source, n_ctx: int) -> list:
-    """[llama.cpp on `source`] when it is a GGUF and llama-cpp-python is installed, else [] (saying
-    so when it is not installed)."""
+def transformers_baseline(name: str, source, failed: dict) -> list:
+    """[transformers on `source`, in its own process] ([] with the reason in `failed` if it fails to load)."""
+    return start(failed, name, "latentkv.bench.systems:TransformersSystem", str(source))
+
+
+def llama_cpp_baseline(name: str, source, n_ctx: int, failed: dict) -> list:
+    """[llama.cpp on `source`, in its own process] when it is a GGUF and llama-cpp-python is installed,
+    else [] (saying so when it is not installed; recording why in `failed` when it does not start)."""
     if not (source and str(source).endswith(".gguf")):
         return []
     if not llama_cpp_available():
         print("llama.cpp: skipped (llama-cpp-python is not installed; `pip install latentkv[bench]`)")
         return []
-    return [LlamaCppSystem(name, str(source), n_ctx=n_ctx)]
+    return start(failed, name, "latentkv.bench.systems:LlamaCppSystem", str(source), n_ctx=n_ctx)
 
 
 class LlamaCppSystem:

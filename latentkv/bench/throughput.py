@@ -1,6 +1,7 @@
 """`latentkv bench throughput`: N concurrent requests of mixed, seeded prompt and output
 lengths; total output tokens/s, TTFT and inter-token latency percentiles; against
-transformers' batched `generate` on the original model at the same batch sizes."""
+transformers' batched `generate` on the original model at the same batch sizes (in its own
+process: if it crashes, the reason is recorded and the bench goes on without it)."""
 from __future__ import annotations
 
 import random
@@ -11,6 +12,7 @@ import torch
 
 from latentkv.sampling import SamplingParams
 
+from .isolated import FAILED, attempt, close_all, start
 from .report import median, new_figure, percentile, print_table, save_figure, write_json
 from .systems import LatentKVSystem, cache_budget, load_hf
 
@@ -63,6 +65,17 @@ def run_transformers(model, reqs, pad_id: int) -> dict:
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall}
 
 
+class TransformersGenerate:
+    """transformers' batched generate on the original model (built in its own process by bench/isolated.py)."""
+
+    def __init__(self, name: str, source: str):
+        self.name = name
+        self.model = load_hf(source)
+
+    def run(self, reqs) -> dict:
+        return run_transformers(self.model, reqs, pad_id=0)
+
+
 LOOSE = "latentkv not invariant"
 
 
@@ -76,7 +89,10 @@ def run(args) -> dict:
     loose = LatentKVSystem(LOOSE, args.model, "auto", batch_invariant=False, **opts) \
         if getattr(args, "not_invariant", False) else None
     vocab = system.engine.cfg.vocab_size
-    hf = load_hf(args.source) if args.source else None
+    failed: dict[str, str] = {}
+    baseline = start(failed, "transformers", "latentkv.bench.throughput:TransformersGenerate", str(args.source)) \
+        if args.source else []
+    hf = baseline[0] if baseline else None
     results = []
     for n in args.concurrency:
         reqs = make_requests(n, vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=n)
@@ -86,17 +102,24 @@ def run(args) -> dict:
             if loose is not None:
                 runs[LOOSE].append(run_latentkv(loose, reqs))
             if hf is not None:
-                runs["transformers"].append(run_transformers(hf, reqs, pad_id=0))
+                measured = attempt(hf, failed, "call", "run", reqs)
+                if measured is FAILED:  # recorded in `failed`: the later sizes run without it
+                    hf = None
+                else:
+                    runs["transformers"].append(measured)
         results.append(summarize(n, runs))
         done = results[-1]
         print(f"{n} concurrent: latentkv {done['latentkv']['tok_s']:.1f} tok/s"
               + (f", transformers {done['transformers']['tok_s']:.1f} tok/s" if "transformers" in done else ""), flush=True)
+    close_all(baseline)
     base = next(r for r in results if r["concurrency"] == min(args.concurrency))["latentkv"]["tok_s"]
     for r in results:
         r["x_vs_own_batch1"] = r["latentkv"]["tok_s"] / base
     show(results)
     plot(results, out)
-    payload = {"results": results, "repeats": args.repeats}
+    for name, reason in failed.items():
+        print(f"{name}: failed: {reason}\n", flush=True)
+    payload = {"results": results, "repeats": args.repeats, "failed": failed}
     write_json(out, "throughput", payload)
     return payload
 

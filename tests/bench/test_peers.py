@@ -1,0 +1,69 @@
+"""The peer-settings rule (bench/peers.py) on fake CPU flags, and the servers `bench serve` builds from it."""
+import argparse
+
+from latentkv.bench.peers import cpuinfo_flags, has_amx, vllm_settings
+from latentkv.bench.servers import servers
+
+AMX = {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
+ZEN4 = {"avx2", "avx512f", "avx512_bf16"}
+
+
+def test_mla_on_amx_runs_bf16_with_blocks_of_32_whatever_dtype_was_asked():
+    for asked in ("float32", "bfloat16"):
+        s = vllm_settings(576, asked, AMX)
+        assert (s.dtype, s.block_size) == ("bfloat16", 32)
+        assert s.flags() == ["--dtype", "bfloat16", "--block-size", "32"]
+    assert "asked float32" in vllm_settings(576, "float32", AMX).note
+
+
+def test_mla_without_amx_keeps_the_dtype_and_block_16():
+    for flags in (ZEN4, {"amx_bf16"}, set()):  # amx_bf16 without amx_tile is no AMX
+        s = vllm_settings(576, "float32", flags)
+        assert (s.dtype, s.block_size) == ("float32", 16)
+
+
+def test_mla_widths_amx_mla_does_not_take_keep_the_reference_backends_settings_on_amx():
+    for width in (320, 512):
+        s = vllm_settings(width, "float32", AMX)
+        assert (s.dtype, s.block_size) == ("float32", 16) and "576 only" in s.note
+
+
+def test_models_without_mla_keep_vllms_block_size_and_the_dtype():
+    s = vllm_settings(None, "float32", AMX)
+    assert (s.dtype, s.block_size) == ("float32", None) and s.flags() == ["--dtype", "float32"]
+
+
+def test_cpuinfo_flags_reads_the_flags_line(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Xeon\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n\n")
+    assert has_amx(cpuinfo_flags(info)) and cpuinfo_flags(info) >= {"fpu", "avx512f"}
+    assert cpuinfo_flags(tmp_path / "missing") == set()
+
+
+def bench_args(**kw):
+    base = dict(systems=["latentkv", "vllm-original", "vllm-stock"], cache_memory="64MiB", max_model_len=300,
+                max_num_seqs=4, threads=2, vllm="/venv/bin/python", model="/m", original="/orig", stock576="/s576",
+                dtype="float32")
+    return argparse.Namespace(**{**base, **kw})
+
+
+def flag_value(cmd, flag):
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_bench_serve_passes_the_rule_to_vllm_and_the_dtype_to_every_server():
+    on_amx = {s.name: s for s in servers(bench_args(), 9000, flags=AMX)}
+    stock = on_amx["vllm serve (stock 576)"].cmd
+    assert (flag_value(stock, "--dtype"), flag_value(stock, "--block-size")) == ("bfloat16", "32")
+    original = on_amx["vllm serve (original)"].cmd
+    assert (flag_value(original, "--dtype"), flag_value(original, "--block-size")) == ("float32", None)
+    assert flag_value(on_amx["latentkv serve"].cmd, "--dtype") == "float32"
+    assert stock.count("--dtype") == 1
+    elsewhere = {s.name: s for s in servers(bench_args(), 9000, flags=ZEN4)}
+    stock = elsewhere["vllm serve (stock 576)"].cmd
+    assert (flag_value(stock, "--dtype"), flag_value(stock, "--block-size")) == ("float32", "16")
+
+
+def test_vllm_keeps_its_stats_only_under_pressure_where_its_running_gauge_is_read():
+    assert "--disable-log-stats" in servers(bench_args(), 9000, flags=ZEN4)[1].cmd
+    assert "--disable-log-stats" not in servers(bench_args(scenario="pressure"), 9000, flags=ZEN4)[1].cmd
