@@ -75,7 +75,8 @@ struct Vec : isa_avx512::Vec {
   static inline T pair(const float* x) { return _mm512_set1_ps(*x); }
   static inline T dp(T w, T x, T acc) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
 };
-constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
+// 4 blocks x 6 rows: 24 accumulators of 32 registers (each weight vector feeds 6 rows, each x pair 4 panels)
+constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 4, TILE_P = 4, MB_TILE = 6;
 #include "qlinear_impl.h"
 }  // namespace isa_avx512bf16
 #pragma GCC pop_options
