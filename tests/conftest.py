@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from latentkv import chat_data
-from latentkv.attention import native
-from latentkv.model import fused
+from latentkv.kernels import attention as native, decode_ops
 from tiny import CONFIGS, save_hf_model
 
 torch.set_num_threads(1)  # tiny models: a second spinning thread only adds contention
@@ -20,7 +19,7 @@ def attention_backend(request, monkeypatch):
     if request.param == "native" and not native.available():
         pytest.skip(f"native backend not built: {native.unavailable_reason()}")
     if request.param == "torch":
-        monkeypatch.setattr(fused, "_state", {"module": None, "reason": "the reference path (tests)"})
+        monkeypatch.setattr(decode_ops.EXT, "state", {"module": None, "reason": "the reference path (tests)"})
     return request.param
 
 

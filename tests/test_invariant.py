@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from latentkv import invariant
-from latentkv.model import qlinear
+from latentkv.kernels import qlinear
 from latentkv.model.quant import FixedOrderLinear
 
 

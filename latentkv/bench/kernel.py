@@ -20,13 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import cpu
-from ..attention import native
 from ..attention.metadata import build_metadata
 from ..attention.torch_ref import TorchBackend
 from ..cache.accounting import latent_bytes
 from ..cache.latent_cache import LatentCache
 from ..config import ModelConfig
 from ..facts import dtype_name
+from ..kernels import attention as native
 from ..model.loader import resolve_dtype
 from .bandwidth import measure_bandwidth
 from .models import default_models

@@ -5,7 +5,7 @@
   the layout of ATen's CPU int4 kernel (the one gpt-fast and torchao use); a quarter of
   the bytes of bf16. Q4_1 GGUF weights (block 32, scale + min) fit it exactly, up to the
   bf16 rounding of scale and zero.
-On the CPU both run latentkv's kernel (model/qlinear.py: any K and N, batch-invariant), else
+On the CPU both run latentkv's kernel (kernels/qlinear.py: any K and N, batch-invariant), else
 ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`: K of 16).
 
 - w4a8 / w8a8: the same int4 / int8 weights times activations quantized to int8 on the fly (per row
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import qlinear
+from ..kernels import qlinear
 
 SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them exact
 INT4_GROUP = 32
@@ -45,7 +45,7 @@ class QuantLinear(nn.Module):
 
 
 def native(linear: nn.Linear) -> bool:
-    """Whether latentkv's kernel (model/qlinear.py) runs this linear: a CPU weight, the extension built."""
+    """Whether latentkv's kernel (kernels/qlinear.py) runs this linear: a CPU weight, the extension built."""
     return linear.weight.device.type == "cpu" and qlinear.available()
 
 
@@ -100,7 +100,7 @@ def int4_supported(linear: nn.Linear) -> bool:
 
 class Int4Linear(QuantLinear):
     """latentkv's kernel: K padded with zero weights to whole groups (the padded inputs count as 0),
-    rows packed in blocks (model/qlinear.py). ATen's: output rows padded with zero weights to a
+    rows packed in blocks (kernels/qlinear.py). ATen's: output rows padded with zero weights to a
     multiple of 16 (its N block) and cut off after the matmul (a view): MLA's packed q / kv_a
     projection (9 x 146 + 320 = 1634 rows for the bundled model) otherwise stayed unquantized."""
 
@@ -150,7 +150,7 @@ class W8A8Linear(QuantLinear):
 
 
 class FixedOrderLinear(QuantLinear):
-    """A float32 linear through latentkv's kernel (model/qlinear.py, the float32 record): each
+    """A float32 linear through latentkv's kernel (kernels/qlinear.py, the float32 record): each
     output element reduces over K in one fixed order whatever M, so a row's bits do not depend on
     the batch. Batch-invariant mode puts it in place of float32 nn.Linear layers (invariant.install):
     MKL's small-M sgemm, which the alternative (padding M to a multiple of 4) runs, is ~4x slower

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 
 from latentkv import LLM, SamplingParams, invariant
-from latentkv.attention import native
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
-from latentkv.model import decode_plan, fused, qlinear
+from latentkv.kernels import attention as native, qlinear
+from latentkv.model import decode_plan, fused
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears
 

@@ -1,6 +1,6 @@
 // latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
-// each one call instead of a chain of eager PyTorch ops. Python side: latentkv/model/fused.py
-// (build, switch, PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
+// each one call instead of a chain of eager PyTorch ops. Python side: latentkv/kernels/decode_ops.py
+// (build, switch: kernels/build.py), latentkv/model/fused.py (the PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
 //   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E] in x's dtype
 //       (w in x's dtype, or bf16 under float32 x):
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
@@ -12,10 +12,10 @@
 //   silu_mul(gate_up [T, 2I], isa) -> silu(gate) * up [T, I].
 //   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, isa) -> (x + residual, its RMSNorm).
 // Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
+#include "decode_ops.h"
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
-#include <ATen/ops/add.h>  // decode_step.h: the residual adds
 #include <c10/util/Float8_e4m3fn.h>
 
 #include "cpu_isa.h"
@@ -30,7 +30,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
 constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers hold a 4-row tile's accumulators
-#include "exp_poly.h"  // attention/csrc: one e^x for every kernel
+#include "exp_poly.h"  // common/: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
@@ -39,14 +39,14 @@ constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers ho
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
 constexpr int HEAD_W = 8, HEAD_NV4 = 2, HEAD_NV1 = 8;  // 8 of 16 registers: more would spill
-#include "exp_poly.h"  // attention/csrc: one e^x for every kernel
+#include "exp_poly.h"  // common/: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
 
 namespace isa_scalar {
 constexpr int HEAD_W = 4, HEAD_NV4 = 2, HEAD_NV1 = 4;  // SSE2-wide vectors (GCC lowers them on any target)
-#include "exp_poly.h"  // attention/csrc: one e^x for every kernel
+#include "exp_poly.h"  // common/: one e^x for every kernel
 #include "decode_ops_impl.h"
 }
 
@@ -332,7 +332,7 @@ at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   return out;
 }
 
-#include "decode_step.h"  // the whole decode step in one call, over the ops above
+#include "decode_step.h"  // the whole decode step in one call, over the ops above (decode_ops.h)
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_decode_plan(m);

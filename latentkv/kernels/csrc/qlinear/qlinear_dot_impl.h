@@ -8,7 +8,7 @@
 //
 // Activations (quantized by qlinear.cpp's quantize_rows, one row at a time): per row and group of
 // 32 inputs int8 codes q_x = round(x * 127 / max|x|), d_x = max|x| / 127 and s_x = d_x * sum(q_x).
-// Packed weights (model/qlinear.py pack_w4a8 / pack_w8a8): output rows in blocks of 16, one record
+// Packed weights (kernels/qlinear.py pack_w4a8 / pack_w8a8): output rows in blocks of 16, one record
 // per (block, group): the 16 rows' codes, then [16] scale d_w and (w4a8) [16] min m_w, float32.
 // Each output element reduces in this fixed order:
 //   for each group g: tot = fma(float(isum_g), d_w * d_x, tot); w4a8: tot = fma(m_w, s_x, tot)

@@ -1,5 +1,5 @@
 // Batch-invariant MLA prefill attention in float32 FMAs, one template for every vector width:
-// included by mla_decode.cpp inside each ISA's namespace (after exp_poly.h) and instantiated at
+// included by mla_attention.cpp inside each ISA's namespace (after exp_poly.h) and instantiated at
 // that ISA's width W: 16 lanes (avx512), 8 (avx2 + fma), 4 (the baseline: sse2 on x86-64). The
 // code is written with GCC vector types, so one source is every path (the avx512 one is the
 // avx2 one at twice the width, not separate hand-written code). No header includes here.

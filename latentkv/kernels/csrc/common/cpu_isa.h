@@ -1,5 +1,5 @@
 // Which instruction sets this CPU runs, for every native extension of latentkv (one place).
-// Codes as attention/native.py ISAS: 0 scalar, 1 avx2+fma, 2 avx512 (f/bw/vl/dq), 3 avx512 + bf16 + vnni.
+// Codes as kernels/build.py ISAS: 0 scalar, 1 avx2+fma, 2 avx512 (f/bw/vl/dq), 3 avx512 + bf16 + vnni.
 #pragma once
 #include <cstdint>
 #include <vector>

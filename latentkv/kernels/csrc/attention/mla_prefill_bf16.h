@@ -1,5 +1,5 @@
 // Batch-invariant MLA prefill attention (the naive form: per-head keys expanded from the latent)
-// with bf16 dot products (avx512_bf16: vdpbf16ps). Included by mla_decode.cpp inside
+// with bf16 dot products (avx512_bf16: vdpbf16ps). Included by mla_attention.cpp inside
 // `namespace isa_avx512bf16` after exp_poly.h (e^x) and mla_decode_bf16.h. No header includes here.
 //
 // One call attends rows of one sequence's prompt to one span of its keys and updates each row's

@@ -1,6 +1,6 @@
 // Paged MLA decode with bf16 dot products (avx512_bf16: vdpbf16ps), for bf16 queries. Included
-// once by mla_decode.cpp inside `namespace isa_avx512bf16` under a target pragma, after
-// exp_poly.h (e^x) and mla_decode_impl.h (the float32 fallback). Nothing here may include a header.
+// once by mla_attention.cpp inside `namespace isa_avx512bf16` under a target pragma, after
+// exp_poly.h (e^x) and mla_decode_impl.h (the float32 fallback). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
 //
 // Same work items, online softmax and merge as mla_decode_impl.h; what differs is the inner
 // arithmetic. Per tile of BT tokens:
@@ -18,7 +18,8 @@
 //           output lanes: two tokens per instruction, the probabilities rounded to bf16 (2^-9
 //           relative; the output is bf16 anyway). The pairing permutes output lanes within each
 //           32-wide chunk; `unpermute` restores the order at the end of the span.
-// Requires kv_rank % 32 == 0 (mla_decode.cpp falls back to the float32 path otherwise).
+// Requires kv_rank % 32 == 0 (mla_attention.cpp falls back to the float32 path otherwise).
+#include "mla_job.h"
 
 constexpr int BT = 32;  // tokens per tile: 32 rows of 576 bf16 (36 KB) + their pairs stay in L1/L2
 

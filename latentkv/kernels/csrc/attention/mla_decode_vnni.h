@@ -1,6 +1,6 @@
 // Paged MLA decode over an int8 latent with VNNI integer dot products (avx512_vnni vpdpbusd), for
-// bf16 queries. Included by mla_decode.cpp inside `namespace isa_avx512bf16` after
-// mla_decode_bf16.h (BT, reduce16, the scratch). Nothing here may include a header.
+// bf16 queries. Included by mla_attention.cpp inside `namespace isa_avx512bf16` after
+// mla_decode_bf16.h (BT, reduce16, the scratch). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
 //
 // The int8 codes are never widened: per tile of BT tokens
 //   scores: the query's latent part is quantized once per call to int8 with a scale per row, in
@@ -16,7 +16,8 @@
 //           The interleave permutes lanes within each 64-wide chunk; `unpermute4` undoes it.
 // Error: q rounded to ~16 bits per row and the weights to 8 bits per tile (2^-9 of the tile's
 // largest); tests/attention/test_native.py states the tolerance.
-// Requires kv_rank % 64 == 0 and a bf16 rope (mla_decode.cpp picks mla_decode_bf16.h otherwise).
+// Requires kv_rank % 64 == 0 and a bf16 rope (mla_attention.cpp picks mla_decode_bf16.h otherwise).
+#include "mla_job.h"
 
 // q [rows, D] bf16 -> q8 [rows, 2r]: the latent part in int8 twice, q / qs ~ hi + lo / 256 (hi, lo in
 // -127..127: ~2^-16 of the row's largest element, finer than q's own bf16 rounding), qs [rows] the

@@ -1,7 +1,7 @@
-// Paged MLA decode attention, one instruction set. Included once per ISA by mla_decode.cpp
+// Paged MLA decode attention, one instruction set. Included once per ISA by mla_attention.cpp
 // inside `namespace <isa>` under `#pragma GCC target(...)`: the loops below are written for
 // the auto-vectorizer (`#pragma omp simd`), so each inclusion compiles to that ISA's vectors.
-// Nothing here may include a header (we are inside a namespace); exp_poly.h (e^x) is included
+// Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here, inside the namespace; exp_poly.h (e^x) is included
 // before this file in each namespace.
 //
 // One work item = one sequence b and one span [t0, t1) of its cached tokens. The item reads
@@ -11,6 +11,7 @@
 // (running max and sum per row) and the value accumulation, in one pass. Items of one
 // sequence are merged by log-sum-exp in a fixed order (merge below), so the result does not
 // depend on the batch or on the number of threads.
+#include "mla_job.h"
 
 static inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   float s = 0.0f;

@@ -1,4 +1,4 @@
-"""Native weight-only int4 / int8 linears for the CPU (csrc/qlinear.cpp), and their packed layout.
+"""Native weight-only int4 / int8 linears for the CPU (csrc/qlinear/qlinear.cpp), and their packed layout.
 
 ATen's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` run 10-25x slower than a float32
 F.linear on an AVX2-only EPYC (1 thread, K=576 N=1536: 4.6 / 2.6 ms against 0.33 ms), so int4
@@ -9,50 +9,62 @@ same bits): batch-invariant by construction. M < 4 reads codes straight from the
 (decode); larger M (prefill) runs a GEMM-like blocked loop: rows in L2-sized blocks, K in blocks of
 8 groups whose dequantized float tile stays in L1 across the rows (float32 weights: read as packed).
 
-Built like the fused decode ops (model/fused.py: same cache folder, same ISA switch
-LATENTKV_CPU_ISA); `LATENTKV_QLINEAR=0` switches it off (ATen's kernels, on purpose), and a
-machine where it cannot be built falls back to them with one warning.
+Built, ISA-chosen and self-checked by kernels/build.py; `LATENTKV_QLINEAR=0` switches it off
+(ATen's kernels, on purpose: model/quant.py), and a machine where it cannot be built falls back to
+them with one warning.
 
-The integer-dot linears (`dot_linear`, csrc/qlinear_dot_impl.h) quantize the activations too: int8
+The integer-dot linears (`dot_linear`, csrc/qlinear/qlinear_dot_impl.h) quantize the activations too: int8
 per row and group of 32 (scale max|x| / 127), times int4 (w4a8) or int8 (w8a8) weights with AVX2's
 u8 x s8 byte products (32 multiply-adds an instruction against 8 float FMAs); the same fixed
 reduction order per output element on every path.
 """
 from __future__ import annotations
 
-import threading
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-from ..attention import native
-from .fused import build_optional
+from .build import Extension
 
-CSRC = Path(__file__).parent / "csrc"
 BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
 ACT8 = 100  # the kernel's kind for int8 activations: 100 + weight bits (104: w4a8, 108: w8a8)
-_state: dict = {}
-_lock = threading.Lock()
+
+
+def probe(module, isa: int) -> list:
+    """The self-check's inputs (kernels/build.py): every record kind at one and five rows (the
+    decode and the blocked paths). The paths are documented bit-identical; the check allows float
+    rounding."""
+    gen = torch.Generator().manual_seed(0)
+    n, k = 40, 96
+    codes4 = torch.randint(0, 16, (n, k), generator=gen)
+    scale_zero = torch.stack((torch.rand(k // GROUP, n, generator=gen) / 8, torch.randn(k // GROUP, n, generator=gen)), -1)
+    codes8 = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scales = torch.rand(n, generator=gen) / 64
+    packed = {4: pack_int4(codes4, scale_zero), 8: pack_int8(codes8, scales), 32: pack_f32(torch.randn(n, k, generator=gen)),
+              ACT8 + 4: pack_w4a8(codes4, scale_zero), ACT8 + 8: pack_w8a8(codes8, scales)}
+    out = []
+    for rows in (1, 5):
+        x = torch.randn(rows, k, generator=gen)
+        for kind, weights in packed.items():
+            out.append((f"linear kind {kind} rows={rows}", module.linear(x, weights, kind, n, isa), 1e-4))
+        out.append((f"linear bf16 rows={rows}", module.linear(x.bfloat16(), packed[8], 8, n, isa), 3e-2))
+    return out
+
+
+EXT = Extension("qlinear", "latentkv_qlinear", "qlinear.cpp", "LATENTKV_QLINEAR", "the native int4/int8 linears are",
+                "ATen's kernels", probe)
 
 
 def extension():
     """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
-    return native.lazy_build(_state, _lock, _build)
-
-
-def _build(state: dict) -> None:
-    build_optional(state, "LATENTKV_QLINEAR", "latentkv_qlinear", CSRC / "qlinear.cpp", "the native int4/int8 linears",
-                   "ATen's kernels")
+    return EXT.module()
 
 
 def available() -> bool:
-    return extension() is not None
+    return EXT.available()
 
 
 def unavailable_reason() -> str | None:
-    extension()
-    return _state["reason"]
+    return EXT.unavailable_reason()
 
 
 def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -141,14 +153,14 @@ def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """x [M, K] float32 / bf16, quantized to int8 per row and group of 32 inside, times a packed
     weight (bits 4: pack_w4a8, 8: pack_w8a8) -> [M, out_features] in x's dtype."""
-    return extension().linear(x, packed, ACT8 + bits, out_features, _state["isa"])
+    return extension().linear(x, packed, ACT8 + bits, out_features, EXT.state["isa"])
 
 
 def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups]."""
-    return tuple(extension().quantize_activations(x, groups, _state["isa"]))
+    return tuple(extension().quantize_activations(x, groups, EXT.state["isa"]))
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, or 32: float32) -> [M, out_features] in x's dtype."""
-    return extension().linear(x, packed, bits, out_features, _state["isa"])
+    return extension().linear(x, packed, bits, out_features, EXT.state["isa"])

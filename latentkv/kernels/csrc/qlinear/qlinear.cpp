@@ -1,6 +1,6 @@
 // latentkv weight-only quantized linears (CPU): y [M, N] = x [M, K] · Wᵀ with W stored as group-32
 // int4 (scale + zero per group), int8 (scale per row) or plain float32 (the batch-invariant float32
-// linear), packed by latentkv/model/qlinear.py (layout:
+// linear), packed by latentkv/kernels/qlinear.py (layout:
 // qlinear_impl.h). Activations float32 or bfloat16 (widened to float32 once), float32 accumulation
 // in a fixed order per output element: batch-invariant. Threads (at::parallel_for, torch's) split
 // the output rows, never K.
@@ -346,6 +346,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "int4 / int8 / float32 (kind 4, 8, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("quantize_activations", &quantize_activations, "x -> the dot linears' int8 codes, d_x and s_x");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
-  // for the decode plan (model/csrc/decode_step.h), which calls `linear` without Python between
+  // for the decode plan (decode_ops/decode_step.h), which calls `linear` without Python between
   m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
 }

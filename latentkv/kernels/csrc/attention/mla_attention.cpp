@@ -1,7 +1,7 @@
 // latentkv native CPU attention: paged MLA decode (absorbed MQA over the latent cache), and the
 // batch-invariant prefill kernel (naive form: float32 FMAs at each ISA's width, mla_prefill_f32.h;
 // bf16 dot products on avx512_bf16, mla_prefill_bf16.h).
-// Python side: latentkv/attention/native.py (build, ISA choice, fallback). Shapes:
+// Python side: latentkv/kernels/attention.py (build, ISA choice, self-check, fallback: kernels/build.py). Shapes:
 //   query [B, M, D] (M = Q*H absorbed query rows, D = kv_rank + rope_dim; bf16 or float32)
 //   cache: kv [blocks, bs, D] (bf16/float32) or latent [blocks, bs, r] int8|uint8(fp8 e4m3)
 //          + scale [blocks, bs] float32 + rope [blocks, bs, D - r] (bf16/float32)
@@ -12,46 +12,15 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include "bf16.h"
 #include "cpu_isa.h"
+#include "mla_job.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
-
-namespace {
-
-enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3 };
-constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
-constexpr int64_t SPAN = 64;    // fewest tokens per work item: a 128-token context is two items (both threads)
-constexpr int64_t MAX_SPANS = 64;
-
-// Software prefetch as volatile asm: GCC (12, -O1 and up) deletes _mm_prefetch / __builtin_prefetch
-// loops over the block table as code without effects, so the kernels' prefetches never ran.
-inline void prefetch_l1(const void* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht0 %0" : : "m"(*(const char*)p));
-#endif
-}
-inline void prefetch_l2(const void* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht1 %0" : : "m"(*(const char*)p));
-#endif
-}
-
-struct Job {
-  int M, D, r, bs, kind;
-  int64_t nb;
-  bool rope_bf16;
-  const void* kv;
-  const void* latent;
-  const float* scale;
-  const void* rope;
-  const int64_t* block_tables;
-};
-
-}  // namespace
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
@@ -100,21 +69,6 @@ SpanFn span_fn(int64_t isa) {
   if (isa == 2) return isa_avx512::attend_span;
   if (isa == 1) return isa_avx2::attend_span_fast;
   return isa_scalar::attend_span;
-}
-
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torch does
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
 }
 
 }  // namespace
@@ -349,8 +303,8 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_prefill", &mla_prefill, "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
-  m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_decode.cpp)");
-  // for the decode plan (model/csrc/decode_step.h), which calls the kernel without Python between
+  m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_attention.cpp)");
+  // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = py::capsule(reinterpret_cast<void*>(&mla_decode), "latentkv.mla_decode.mla_decode");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni");
 }

@@ -2,7 +2,7 @@
 // inside `namespace <isa>` under `#pragma GCC target(...)`, after that namespace's `struct Vec`
 // (W float lanes: zero, load, store, set1, fma, nibble, byte). Nothing here may include a header.
 //
-// Packed weights (built by model/qlinear.py): output rows in blocks of 16, one record per
+// Packed weights (built by kernels/qlinear.py): output rows in blocks of 16, one record per
 // (block, group of 32 inputs), int32 words:
 //   int4: [4 words][16 rows] codes q (0..15), 8 nibbles a word (nibble t of word j = input 8j + t),
 //         then [16] scale, [16] min (= zero - 8 * scale: w = q * scale + min) as float32 bits;

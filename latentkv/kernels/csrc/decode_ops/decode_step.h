@@ -1,14 +1,23 @@
 // A whole decode step's decoder layers in one call (model/decode_plan.py builds the plan): the
 // same kernels, with the same arguments, in the same order as the PyTorch modules call them
 // (model/deepseek.py DecoderLayer, model/mla.py MLAttention on the absorbed path, model/quant.py
-// linears, attention/native.py mla_decode), so the result is bit-identical to the module path;
+// linears, kernels/attention.py mla_decode), so the result is bit-identical to the module path;
 // what goes is the Python between them (~40% of a batch-1 step at short context on 2 threads:
-// module calls, views, checks). Included by decode_ops.cpp after its ops (rms_norm, rope,
-// write_latent, head_matmul, silu_mul); the weight linears and the attention kernel live in the
-// other two extensions and come in as function pointers (PyCapsules their modules export).
+// module calls, views, checks). Its ops (rms_norm, rope, write_latent, head_matmul, silu_mul) are
+// declared in decode_ops.h and defined in decode_ops.cpp; the weight linears and the attention kernel
+// live in the other two extensions and come in as function pointers (PyCapsules their modules export).
 //
 // Applies to steps whose rows are all single-token decodes of distinct sequences (row b =
 // sequence b), dense layers, linears that run latentkv's packed kernel; the Python side checks.
+#pragma once
+#include "decode_ops.h"
+#include "torch_lite.h"
+
+#include <ATen/ops/add.h>  // the residual adds
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
 
 using LinearFn = at::Tensor (*)(at::Tensor, at::Tensor, int64_t, int64_t, int64_t);
 using DecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,

@@ -1,6 +1,6 @@
-// Paged MLA decode for float32 queries with AVX2 + FMA intrinsics. Included once by mla_decode.cpp
+// Paged MLA decode for float32 queries with AVX2 + FMA intrinsics. Included once by mla_attention.cpp
 // inside `namespace isa_avx2` under its target pragma, after exp_poly.h (e^x) and mla_decode_impl.h
-// (Job, load_row). Nothing here may include a header.
+// (Job, load_row). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
 //
 // Same work items, tile (TILE tokens widened to float32 by load_row: a float32 / bf16 cache,
 // or int8 / fp8 codes times the token's scale), online softmax and merge as mla_decode_impl.h;
@@ -12,6 +12,7 @@
 // A row's arithmetic is the same whether it runs in a group of three or alone (the groups only
 // share loads): scores reduce over D in 8 lanes, chunk by chunk, then by one fixed tree
 // (reduce4); values accumulate token by token in order. So results do not depend on the batch.
+#include "mla_job.h"
 
 // Lanes 0..3 = the horizontal sums of a, b, c, d, each by the same tree:
 // ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)).
