@@ -12,7 +12,8 @@ it on the machine that runs the suite):
 - float32 (MKL sgemm) rounds differently when M is 1, 2, 3, 5, 6, 7, 9, 10 or 11 (its GEMV and
   small-M kernels) and agrees for every M that is a multiple of 4 or at least 12 (bmm: per
   batch entry, the same or better). So float32 linears run latentkv's fixed-order kernel
-  (quant.FixedOrderLinear) where it is built, and other float32 matmuls with such an M get zero
+  (model/quant.py FixedOrderLinear, put in by quant.use_fixed_order_linears) where it is
+  built, and other float32 matmuls with such an M get zero
   rows up to the next multiple of 4 (the padded rows' outputs are dropped). The kernel, not the
   padding, for the linears: on an AVX2-only EPYC MKL's small-M sgemm runs ~4x slower than its GEMV
   (batch-1 decode in float32 at 0.58x of the same engine without invariance, 2026-12-01);
@@ -27,8 +28,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from .model import quant
 
 SAFE_ROWS = 12  # float32 sgemm: every M >= this (and every multiple of 4) rounds like any other
 
@@ -90,19 +89,4 @@ def install(model: nn.Module) -> int:
             module.register_forward_hook(_cut_output)
             module._invariant_hooked = True
             count += 1
-    return count
-
-
-def use_fixed_order_linears(model: nn.Module) -> int:
-    """Put `quant.FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 CPU
-    linears of a model the caller owns for inference (the engine's own, as loaded), where the
-    kernel is built; not `quant.SKIP` (kv_b_proj: the absorbed path reads its weight). -> how many.
-    The modules are replaced (no autograd, packed weights), so never on a model being trained."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32 and name not in quant.SKIP \
-                    and quant.native(child):
-                setattr(parent, name, quant.FixedOrderLinear(child))
-                count += 1
     return count

@@ -4,8 +4,8 @@ import os
 import pytest
 import torch
 
-from latentkv import chat_data
 from latentkv.kernels import attention as native, decode_ops
+from latentkv.sources import chat_data
 from tiny import CONFIGS, save_hf_model
 
 torch.set_num_threads(1)  # tiny models: a second spinning thread only adds contention

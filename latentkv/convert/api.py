@@ -11,19 +11,19 @@ from tqdm.auto import tqdm
 
 from latentkv.convert import spill
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.corpus import default_documents, file_documents, heldout_text, marked_chat_windows, token_windows
 from latentkv.convert.export import export, write_card
 from latentkv.convert.layerwise import converted_perplexity, source_perplexity
 from latentkv.convert.options import ConvertOptions, calib_torch_dtype
 from latentkv.convert.pipeline import convert_parts, resolve_rope_dim
-from latentkv.convert.source_model import SourceModel
-from latentkv.convert.sources import read_source
 from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
 from latentkv.eval.perplexity import PROTOCOL, text_windows
 from latentkv.facts import MODEL_DTYPES
-from latentkv.memory import peak_rss
 from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
 from latentkv.kernels.build import FIRST_BUILD, build_in_background
+from latentkv.memory import peak_rss
+from latentkv.sources.corpus import default_documents, file_documents, heldout_text, marked_chat_windows, token_windows
+from latentkv.sources.readers import read_source
+from latentkv.sources.source_model import SourceModel
 
 DEFAULTS = ConvertOptions()
 # With no size option: rope 96 + rank 240 for SmolLM2 (336 of 384 elements), by issue 13's rule

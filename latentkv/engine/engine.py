@@ -34,7 +34,7 @@ from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
 from latentkv.engine.threads import ThreadGovernor
 from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears
+from latentkv.model.quant import quantize_linears, use_fixed_order_linears
 from latentkv.sampling import SamplingParams
 from latentkv.store.tier import open_tier
 from latentkv.store.warm import warm_up
@@ -129,7 +129,7 @@ class LLMEngine:
         if args.quantization:
             quantize_linears(model, args.quantization)
         if args.batch_invariant:  # the engine owns this model: its float32 linears take the fixed-order kernel
-            invariant.use_fixed_order_linears(model)
+            use_fixed_order_linears(model)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         engine = cls(args, model, tokenizer)
         # the engine owns this model: its weights stay as they are, so a plan may hold them

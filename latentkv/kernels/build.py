@@ -136,6 +136,11 @@ class Extension:
             if f"{self.switch}=0" not in state["reason"]:
                 warnings.warn(f"latentkv: {self.what} unavailable ({state['reason']}); using {self.fallback} "
                               "(correct, slower)", RuntimeWarning, stacklevel=4)
+            return
+        for code, why in state["disabled"].items():  # once the module is in place (an error filter cannot undo it)
+            below = max(c for c in state["isas"] if c < code)
+            warnings.warn(f"latentkv: {self.name}'s {isa_name(code)} path disagrees with its scalar path ({why}); "
+                          f"disabled, {isa_name(below)} serves", RuntimeWarning, stacklevel=4)
 
 def choose_isa(runs: list[int], isas: list[int]) -> str:
     """LATENTKV_CPU_ISA's path (or the best below it, where an extension lacks it or the self-check
@@ -151,10 +156,10 @@ def choose_isa(runs: list[int], isas: list[int]) -> str:
 
 def self_check(ext: Extension, module, runs: list[int]) -> dict[int, str]:
     """{code: why} for each of `runs`' paths above scalar whose probe outputs differ from the scalar
-    path's beyond tolerance; one warning per disabled path."""
+    path's beyond tolerance."""
     broken = os.environ.get("LATENTKV_SELFCHECK_BREAK", "")
     disabled: dict[int, str] = {}
-    with torch.no_grad():
+    with torch.no_grad(), torch.device("cpu"):  # the first load may happen while a model is built on "meta"
         reference = ext.probe(module, 0)
         for code in runs:
             if code == 0:
@@ -168,10 +173,6 @@ def self_check(ext: Extension, module, runs: list[int]) -> dict[int, str]:
                 if not error <= tol * max(1.0, ref.abs().max().item()):  # NaN fails too
                     disabled[code] = f"{label}: error {error:.3g} beyond {tol:g}"
                     break
-    for code, why in disabled.items():
-        below = [c for c in runs if c < code and c not in disabled]
-        warnings.warn(f"latentkv: {ext.name}'s {isa_name(code)} path disagrees with its scalar path ({why}); "
-                      f"disabled, {isa_name(below[-1])} serves", RuntimeWarning, stacklevel=5)
     return disabled
 
 

@@ -195,3 +195,18 @@ def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
         setattr(parent, name, cls(child))
         count += 1
     return count
+
+
+def use_fixed_order_linears(model: nn.Module) -> int:
+    """Put `FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 CPU
+    linears of a model the caller owns for inference (the engine's own, as loaded), where the
+    kernel is built; not `SKIP` (kv_b_proj: the absorbed path reads its weight). -> how many.
+    The modules are replaced (no autograd, packed weights), so never on a model being trained."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32 and name not in SKIP \
+                    and native(child):
+                setattr(parent, name, FixedOrderLinear(child))
+                count += 1
+    return count

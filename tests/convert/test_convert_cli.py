@@ -6,7 +6,7 @@ import json
 import pytest
 
 from latentkv.cli import main
-from latentkv.convert.corpus import pydoc_documents
+from latentkv.sources.corpus import pydoc_documents
 
 
 def test_convert_then_eval(tmp_path, capsys):

@@ -10,7 +10,7 @@ from latentkv.cache.latent_cache import allocate_caches
 from latentkv.kernels import attention as native, qlinear
 from latentkv.model import decode_plan, fused
 from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears
+from latentkv.model.quant import quantize_linears, use_fixed_order_linears
 
 BLOCK = 4
 
@@ -25,7 +25,7 @@ def need_extensions():
 def model_for(folder, dtype, weights, latent_norm=True, bias=False):
     model = load_model(str(folder), dtype, "cpu", "native")
     if weights == "float32-fixed-order":
-        invariant.use_fixed_order_linears(model)
+        use_fixed_order_linears(model)
     else:
         quantize_linears(model, weights)
     gen = torch.Generator().manual_seed(7)

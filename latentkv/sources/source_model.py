@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from latentkv.convert.tensor_store import TensorStore
+from latentkv.sources.tensor_store import TensorStore
 
 
 class SourceError(ValueError):

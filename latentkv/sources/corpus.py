@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from latentkv import chat_data  # the module, not its names: chat_data imports latentkv.convert (a cycle)
+from latentkv.sources import chat_data
 
 HELDOUT_EVERY = 8  # one document in eight (by name hash) is held out
 MIN_DOC_CHARS = 400

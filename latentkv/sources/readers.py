@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from latentkv.convert.gguf_reader import read_gguf
-from latentkv.convert.hf_reader import read_hf_folder
-from latentkv.convert.source_model import SourceError, SourceModel
+from latentkv.sources.gguf_reader import read_gguf
+from latentkv.sources.hf_reader import read_hf_folder
+from latentkv.sources.source_model import SourceError, SourceModel
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from latentkv.convert.source_model import SourceError, SourceModel, check_tensors
-from latentkv.convert.tensor_store import TensorStore, resident_default
 from latentkv.model.rope import default_inv_freq
+from latentkv.sources.source_model import SourceError, SourceModel, check_tensors
+from latentkv.sources.tensor_store import TensorStore, resident_default
 
 SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
 KNOWN_UNSUPPORTED = {

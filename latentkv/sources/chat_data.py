@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from latentkv.convert.sources import default_gguf_path, read_source
 from latentkv.engine.chat_template import render_chat
 from latentkv.facts import MLA_MODEL_TYPES
 from latentkv.llm import LLM
 from latentkv.sampling import SamplingParams
+from latentkv.sources.readers import default_gguf_path, read_source
 from latentkv.user_cache import cache_root, content_hash
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"  # latentkv/data
 PROMPTS_FILE = DATA / "chat_prompts.jsonl"
 BUNDLED_ANSWERS = DATA / "chat_answers-smollm2-135m.jsonl"  # the bundled SmolLM2's
 HELDOUT_EVERY = 4  # one prompt in four (by id hash) is held out

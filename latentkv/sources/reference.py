@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from latentkv.convert.source_model import SourceModel
 from latentkv.model.norm import rms_norm
 from latentkv.model.rope import cos_sin, rotate
+from latentkv.sources.source_model import SourceModel
 
 
 def project_qkv(src: SourceModel, layer: dict, x: torch.Tensor):

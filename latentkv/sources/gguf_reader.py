@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latentkv.convert.source_model import SourceError, SourceModel, check_tensors
-from latentkv.convert.tensor_store import TensorStore, resident_default
 from latentkv.model.rope import default_inv_freq
+from latentkv.sources.source_model import SourceError, SourceModel, check_tensors
+from latentkv.sources.tensor_store import TensorStore, resident_default
 
 # GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.")
 LAYER_NAMES = {
