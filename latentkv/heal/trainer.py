@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..bench.report import new_figure, save_figure
+from ..plots import new_figure, save_figure
 from ..cpu import native_bf16
 from ..eval.chat import format_table
 from ..sources.reference import source_logits

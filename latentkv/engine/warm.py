@@ -20,8 +20,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from latentkv.cache.block_pool import hash_full_blocks
-from latentkv.sampling import SamplingParams
 from latentkv.engine.chat_template import render_chat
+from latentkv.sampling import SamplingParams
 
 
 def read_templates(path: str | Path, tokenizer) -> list[list[int]]:
