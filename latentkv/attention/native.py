@@ -30,8 +30,29 @@ class NativeBackend(TorchBackend):
             raise RuntimeError(f"the native attention backend is not available here ({unavailable_reason()})")
         self.isa = chosen_isa()
 
+    @staticmethod
+    def native_prefill(dtype: torch.dtype, device: str) -> bool:
+        """Whether prompt rows of this dtype take the native prefill kernel (else the reference's)."""
+        return device == "cpu" and prefill_supported(dtype)
+
+    @staticmethod
+    def native_decode(dtype: torch.dtype, device: str) -> bool:
+        """Whether absorbed rows of this dtype take the native decode kernel (else the reference's)."""
+        return device == "cpu" and dtype in (torch.float32, torch.bfloat16)
+
+    def prefill_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
+        if not self.native_prefill(dtype, device):
+            return super().prefill_route(dtype, device, invariant)
+        spans = f"native spans ({self.isa})"
+        return spans if invariant else f"{spans} for one sequence's chunks, else naive or absorbed by cost"
+
+    def decode_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
+        if not self.native_decode(dtype, device):
+            return super().decode_route(dtype, device, invariant)
+        return f"native kernel ({self.isa})"
+
     def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
-        if q_nope.device.type == "cpu" and prefill_supported(q_nope.dtype):
+        if self.native_prefill(q_nope.dtype, q_nope.device.type):
             return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
         return super().prompt_attention(layer, q_nope, q_rope, cache, meta)
 
@@ -40,13 +61,12 @@ class NativeBackend(TorchBackend):
         # context) takes the prompt kernel: faster than SDPA's flash (bf16 on avx512_bf16 ~5x at
         # 4K, float32 on avx2 ~1.3-1.4x) and than the tiled latent path, and memory-bounded.
         if meta.path == "auto" and not meta.invariant and meta.num_seqs == 1 and meta.max_query_len > MAX_QUERY_LEN \
-                and q_nope.device.type == "cpu" and prefill_supported(q_nope.dtype):
+                and self.native_prefill(q_nope.dtype, q_nope.device.type):
             return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
         return super().attend(layer, q_nope, q_rope, cache, meta)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
-        if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16) \
-                or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
+        if not self.native_decode(query.dtype, query.device.type) or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
             return super().latent_attention(query, cache, meta)
         heads = query.shape[1] // meta.max_query_len
         if meta.max_query_len == 1:

@@ -29,6 +29,7 @@ from latentkv.engine.isolation import describe_failure, run_isolated
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.outputs import CompletionOutput, RequestOutput
 from latentkv.engine.prompt_errors import PromptError, check_token_ids
+from latentkv.engine.route import describe as describe_route
 from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
@@ -134,7 +135,8 @@ class LLMEngine:
         engine = cls(args, model, tokenizer)
         # the engine owns this model: its weights stay as they are, so a plan may hold them
         reason = "enforce_eager" if args.enforce_eager else engine.runner.use_decode_plan()
-        print(f"latentkv: decode plan: {'off (' + reason + ')' if reason else 'on'}", file=sys.stderr, flush=True)
+        print(f"latentkv: {describe_route(model, engine.runner.caches, args.batch_invariant, reason)}", file=sys.stderr,
+              flush=True)
         return engine
 
     # -- requests ------------------------------------------------------------------

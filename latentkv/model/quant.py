@@ -210,3 +210,16 @@ def use_fixed_order_linears(model: nn.Module) -> int:
                 setattr(parent, name, FixedOrderLinear(child))
                 count += 1
     return count
+
+
+def linear_kind(linear: nn.Module) -> str:
+    """How a linear computes (the start-up line names it): latentkv's packed kernel ("native"),
+    ATen's int kernels, or torch's matmul (with the invariance padding where installed)."""
+    if isinstance(linear, FixedOrderLinear):
+        return "float32 fixed-order (native)"
+    if isinstance(linear, (W4A8Linear, W8A8Linear)):
+        return f"{'w4a8' if isinstance(linear, W4A8Linear) else 'w8a8'} (native)"
+    if isinstance(linear, (Int4Linear, Int8Linear)):
+        return f"{'int4' if isinstance(linear, Int4Linear) else 'int8'} ({'native' if linear.native else 'ATen'})"
+    padded = " padded" if getattr(linear, "_invariant_hooked", False) else ""
+    return f"{str(linear.weight.dtype).removeprefix('torch.')} torch{padded}"
