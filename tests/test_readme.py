@@ -1,19 +1,21 @@
 """The README's demo question gets the README's answer from the default conversion of the real
 bundled model (greedy, float32 weights and latent cache).
 
-One conversion at most: the server's own path (`resolve_model(None)`), so a default conversion
-already in the user cache (`make serve` made it, keyed by the converter's defaults) is reused and
-one made here is what `make serve` then starts from."""
+One conversion, by the server's own path (`resolve_model(None)`), into the test session's cache
+(tests/conftest.py: never the user's); `make test-slow` runs it."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 from latentkv.llm import LLM
 from latentkv.resolve import resolve_model
 from latentkv.sampling import SamplingParams
 
 README = Path(__file__).parents[1] / "README.md"
+pytestmark = pytest.mark.slow  # the default conversion of the real bundled model (minutes, in a fresh cache)
 
 
 def readme_demo() -> tuple[str, str]:

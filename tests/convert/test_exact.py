@@ -46,6 +46,7 @@ def test_tiny_full_rank_matches_transformers(tmp_path, kind):
     assert sorted(exported) == sorted(stored) and all(torch.equal(exported[k], stored[k]) for k in stored)
 
 
+@pytest.mark.slow  # the real SmolLM2, converted
 def test_smollm2_full_rank_matches_transformers(tmp_path, smollm2, smollm2_tokenizer):
     from transformers import AutoModelForCausalLM
 

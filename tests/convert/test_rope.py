@@ -84,6 +84,7 @@ def test_the_window_option_parses_and_is_checked():
         ConvertOptions(rope_window=0).check()
 
 
+@pytest.mark.slow  # the real SmolLM2, converted
 def test_the_window_brings_short_chat_prompts_closer_to_the_original(smollm2, smollm2_tokenizer):
     """Rope 64 at the full latent: only the RoPE truncation differs from the source. Over the
     whole 512-token calibration windows the folded phases fit long contexts; over the default
