@@ -1,4 +1,4 @@
-"""Per-linear speed of latentkv's fixed-order linear (model/qlinear.py) against MKL's F.linear.
+"""Per-linear speed of latentkv's fixed-order linear (kernels/qlinear.py) against MKL's F.linear.
 
 For each shape (N, K) and row count M: the kernel (float32 weights, and int4 / int8 with --kinds)
 and F.linear on the same x, interleaved, `--repeats` rounds; prints median GFLOP/s and the ratio

@@ -35,7 +35,7 @@ def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dty
 
 @pytest.mark.parametrize("quantization", ["int4", "int8", "w4a8"])
 def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, quantization, attention_backend):
-    """The int4 / int8 linears (model/qlinear.py) get no padding from invariant.py: their rows must
+    """The int4 / int8 linears (kernels/qlinear.py) get no padding from invariant.py: their rows must
     not depend on the batch by themselves."""
     folder, _, _ = tiny_lm("v3_dense_qlora")
     check_identical(folder, "float32", attention_backend, quantization=quantization)

@@ -1,4 +1,4 @@
-"""The native int4 / int8 linear (model/qlinear.py, csrc/qlinear.cpp) against the float64 product of
+"""The native int4 / int8 linear (kernels/qlinear.py, kernels/csrc/qlinear/qlinear.cpp) against the float64 product of
 the dequantized weights, on every instruction set this CPU runs.
 
 Tolerance: float32 accumulation in another order than float64, so |error| <= 1e-5 times the sum of

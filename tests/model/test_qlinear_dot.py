@@ -1,4 +1,4 @@
-"""The integer-dot w4a8 / w8a8 linears (model/qlinear.py dot_linear, csrc/qlinear_dot_impl.h) against
+"""The integer-dot w4a8 / w8a8 linears (kernels/qlinear.py dot_linear, kernels/csrc/qlinear/qlinear_dot_impl.h) against
 a PyTorch reference of the same quantization math, on every instruction set this CPU runs.
 
 The activation codes, d_x and s_x must equal the reference exactly (one IEEE operation each). The
