@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: test install serve clean test-vllm install-vllm
+.PHONY: test test-slow install serve clean test-vllm install-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,8 +26,13 @@ $(STAMP): $(SERVE_STAMP)
 
 install: $(STAMP)
 
+# `make test` leaves out the tests marked slow (they convert the real bundled SmolLM2, minutes each);
+# `make test-slow` runs just those.
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
 
 # `make serve` on a fresh clone: set-up as above, then serve the bundled SmolLM2
 # (converted to MLA on the first run and cached). MODEL=path and ARGS="--port 9000 ..."

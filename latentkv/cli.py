@@ -6,10 +6,10 @@ import sys
 
 from latentkv.bench import command as bench_command
 from latentkv.commands import data, generate, serve
+from latentkv.commands import store as store_command
 from latentkv.convert import command as convert_command
 from latentkv.eval import command as eval_command
 from latentkv.heal import command as heal_command
-from latentkv.store import command as store_command
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func` on their parsers.
 COMMAND_MODULES = [generate, convert_command, eval_command, heal_command, bench_command, serve, store_command, data]

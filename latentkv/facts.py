@@ -18,6 +18,12 @@ SCALE_BYTES = 4
 # Tokens per cache block (powers of two: the block runs and prefix hashes assume it).
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
+# Attention: the backends ("auto": native where its kernels build, else the PyTorch reference;
+# the default everywhere) and the paths ("auto": decode absorbed, prefill by cost).
+ATTENTION_BACKENDS = ("auto", "native", "torch")
+ATTENTION_BACKEND_DEFAULT = "auto"
+ATTENTION_PATHS = ("auto", "naive", "absorbed")
+
 # config.json model_type of the models latentkv serves (MLA) and of the sources it converts.
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 SOURCE_MODEL_TYPES = ("llama", "qwen2", "mistral")

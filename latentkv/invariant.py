@@ -1,23 +1,24 @@
 """Batch invariance: a row's bits must not depend on how many rows share its matmul.
 
 Greedy output is the same alone, batched, chunked or prefix-cached only if every token row
-is computed the same way whatever else is in the step. Measured on this project's CPU
-(torch 2.13: MKL 2024.2 for float32, oneDNN 3.12 for bf16; tests/test_invariant.py re-checks
-it on the machine that runs the suite):
-- bf16 linears (oneDNN) give every row the same bits for every M >= 2, but M = 1 takes a GEMV
-  kernel that rounds differently in a few outputs per 10^5 (2-11 of 144,000 on K = 64 shapes such as
-  the test models' projections; none seen on the bundled model's K = 576 ones). Found 2026-12-01
-  as a preempted request's recompute moving its logprobs; so bf16 linears of one row get a
-  second, zero row (the cost: decode at batch 1 runs M = 2 GEMMs, memory-bound like M = 1);
+is computed the same way whatever else is in the step. What torch's CPU matmuls do (torch 2.13:
+MKL 2024.2 for float32, oneDNN 3.12 for bf16; tests/test_invariant.py re-checks it on the
+machine that runs the suite):
+- bf16 linears (oneDNN) pick their kernel by M and CPU: on an AVX-512 BF16 EPYC every M >= 2
+  agreed, but M = 1 takes a GEMV kernel that rounds a few outputs per 10^5 differently, and on an
+  AMX Xeon the lm_head's row 0 changed bits from M = 33. So the engine's bf16 linears run the
+  fixed-order kernel too (its bf16 record: vdpbf16ps on avx512_bf16, widened FMAs elsewhere), and
+  the bf16 matmuls left to oneDNN (kv_b_proj, the absorb/unabsorb bmm, a model the engine does not
+  own) get a second, zero row when they have one;
 - float32 (MKL sgemm) rounds differently when M is 1, 2, 3, 5, 6, 7, 9, 10 or 11 (its GEMV and
   small-M kernels) and agrees for every M that is a multiple of 4 or at least 12 (bmm: per
-  batch entry, the same or better). So float32 linears run latentkv's fixed-order kernel
-  (quant.FixedOrderLinear) where it is built, and other float32 matmuls with such an M get zero
-  rows up to the next multiple of 4 (the padded rows' outputs are dropped). The kernel, not the
-  padding, for the linears: on an AVX2-only EPYC MKL's small-M sgemm runs ~4x slower than its GEMV
-  (batch-1 decode in float32 at 0.58x of the same engine without invariance, 2026-12-01);
+  batch entry, the same or better). So float32 (and bf16) linears run latentkv's fixed-order kernel
+  (model/quant.py FixedOrderLinear, put in by quant.use_fixed_order_linears) where it is built,
+  and other float32 matmuls with such an M get zero rows up to the next multiple of 4 (the padded
+  rows' outputs are dropped). The kernel, not the padding, for the linears: MKL's small-M sgemm
+  runs ~4x slower than its GEMV on an AVX2-only EPYC;
 - RMSNorm, softmax, SiLU and argmax are row-invariant as they are, and so are the int8 / int4
-  linears (model/qlinear.py: a fixed reduction order per output element by construction, tested
+  linears (kernels/qlinear.py: a fixed reduction order per output element by construction, tested
   in tests/model/test_qlinear.py; ATen's kernels, used only where it cannot build, were measured so).
 Attention is made invariant by the backends (attention/torch_ref.py `tiled_latent_attention`,
 the native kernel's fixed spans).
@@ -27,8 +28,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from .model import quant
 
 SAFE_ROWS = 12  # float32 sgemm: every M >= this (and every multiple of 4) rounds like any other
 
@@ -90,19 +89,4 @@ def install(model: nn.Module) -> int:
             module.register_forward_hook(_cut_output)
             module._invariant_hooked = True
             count += 1
-    return count
-
-
-def use_fixed_order_linears(model: nn.Module) -> int:
-    """Put `quant.FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 and bf16
-    CPU linears of a model the caller owns for inference (the engine's own, as loaded), where the
-    kernel is built; not `quant.SKIP` (kv_b_proj: the absorbed path reads its weight). -> how many.
-    The modules are replaced (no autograd, packed weights), so never on a model being trained."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16) \
-                    and name not in quant.SKIP and quant.native(child):
-                setattr(parent, name, quant.FixedOrderLinear(child))
-                count += 1
     return count

@@ -23,8 +23,8 @@ from pathlib import Path
 import gguf
 
 from latentkv.convert.api import DEFAULTS, convert
-from latentkv.convert.sources import default_gguf_path
 from latentkv.facts import MLA_MODEL_TYPES, SOURCE_MODEL_TYPES
+from latentkv.sources.readers import default_gguf_path
 from latentkv.user_cache import cache_root, content_hash
 
 CACHE_FORMAT = 1  # bump when the cache layout or provenance file changes

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from latentkv.engine.args import (OPTION_CHECKS, STORE_MAX_SIZE, WARM_FRACTION, EngineArgs, boolean, check_option,
                                   non_negative_int, positive_int, text)
+from latentkv.facts import ATTENTION_BACKEND_DEFAULT
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,4 +1,4 @@
-"""Per-linear speed of latentkv's fixed-order linear (model/qlinear.py) against MKL's F.linear.
+"""Per-linear speed of latentkv's fixed-order linear (kernels/qlinear.py) against MKL's F.linear.
 
 For each shape (N, K) and row count M: the kernel (float32 weights, and int4 / int8 with --kinds)
 and F.linear on the same x, interleaved, `--repeats` rounds; prints median GFLOP/s and the ratio
@@ -22,8 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from latentkv.model import qlinear
-from latentkv.model.fused import pick_isa
+from latentkv.kernels import qlinear
+from latentkv.kernels.build import ISAS, choose_isa
 from latentkv.model.quant import quantize_int4, quantize_int8
 
 # SmolLM2-135M converted to MLA (hidden 576, intermediate 1536): (name, N, K)
@@ -36,7 +36,8 @@ def load_so(path: str) -> None:
     spec = importlib.util.spec_from_file_location("latentkv_qlinear", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    qlinear._state.update(module=module, reason=None, isa=pick_isa(module))  # the checkout's build never loads
+    runs = list(module.supported_isas())  # the checkout's build never loads: no self-check here
+    qlinear.EXT.state.update(module=module, reason=None, runs=runs, isas=runs, disabled={}, isa=ISAS[choose_isa(runs, runs)])
 
 
 def packed(bits: int, w: torch.Tensor) -> torch.Tensor:
@@ -87,7 +88,7 @@ def main() -> None:
         load_so(args.so)
     if args.prefill:
         return prefill(args.prefill, args.repeats, args.quantization)
-    print(f"threads {torch.get_num_threads()}, isa {qlinear._state['isa'] if qlinear.available() else None}")
+    print(f"threads {torch.get_num_threads()}, isa {qlinear.EXT.state['isa'] if qlinear.available() else None}")
     names = args.shapes.split(",")
     for name, n, k in SHAPES:
         if name not in names:

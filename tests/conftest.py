@@ -1,16 +1,27 @@
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
-from latentkv import chat_data
-from latentkv.attention import native
-from latentkv.model import fused
+from latentkv.kernels import attention as native, build, decode_ops
+from latentkv.sources import chat_data
 from tiny import CONFIGS, save_hf_model
 
 torch.set_num_threads(1)  # tiny models: a second spinning thread only adds contention
 os.environ.setdefault("LATENTKV_THREADS", "1")  # engines (default: all cores) follow the same rule
+# The suite never reads or writes the user's cache (conversions, chat answers, hashes): a fresh one per
+# run, inherited by the servers and CLIs it starts. The native builds stay where they were (keyed by
+# checkout and source), so a run does not recompile them.
+os.environ.setdefault("LATENTKV_BUILD_DIR", str(build.build_root()))
+SESSION_CACHE = tempfile.mkdtemp(prefix="latentkv-tests-")
+os.environ["LATENTKV_CACHE_DIR"] = SESSION_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(params=["native", "torch"])
@@ -20,7 +31,7 @@ def attention_backend(request, monkeypatch):
     if request.param == "native" and not native.available():
         pytest.skip(f"native backend not built: {native.unavailable_reason()}")
     if request.param == "torch":
-        monkeypatch.setattr(fused, "_state", {"module": None, "reason": "the reference path (tests)"})
+        monkeypatch.setattr(decode_ops.EXT, "state", {"module": None, "reason": "the reference path (tests)"})
     return request.param
 
 

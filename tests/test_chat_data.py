@@ -11,11 +11,11 @@ import torch
 from tiny_lm import build_tokenizer, save_tiny_llama, save_tiny_lm
 from transformers import LlamaForCausalLM
 
-from latentkv import chat_data
-from latentkv.chat_data import ChatExample, load_chat, load_prompts, render_chat_example, split_of
 from latentkv.cli import main
-from latentkv.convert.sources import default_gguf_path
 from latentkv.engine.chat_template import render_chat
+from latentkv.sources import chat_data
+from latentkv.sources.chat_data import ChatExample, load_chat, load_prompts, render_chat_example, split_of
+from latentkv.sources.readers import default_gguf_path
 from latentkv.user_cache import content_hash
 
 README = Path(__file__).parents[1] / "README.md"

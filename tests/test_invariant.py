@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from latentkv import invariant
-from latentkv.model import qlinear
-from latentkv.model.quant import FixedOrderLinear
+from latentkv.kernels import qlinear
+from latentkv.model.quant import FixedOrderLinear, use_fixed_order_linears
 
 
 def test_float32_linears_are_row_invariant_on_this_machine():
@@ -36,7 +36,7 @@ def test_the_engine_owns_its_model_so_its_float32_and_bf16_linears_take_the_fixe
     and batched, for every M (oneDNN's bf16 kernels change with M on some CPUs: not relied on)."""
     model = nn.ModuleDict({"o_proj": nn.Linear(64, 48), "kv_b_proj": nn.Linear(64, 32),
                            "head": nn.Linear(64, 40).bfloat16()})
-    replaced = invariant.use_fixed_order_linears(model)
+    replaced = use_fixed_order_linears(model)
     assert replaced == (2 if qlinear.available() else 0)
     for name in ("o_proj", "head"):
         assert isinstance(model[name], FixedOrderLinear if qlinear.available() else nn.Linear)

@@ -2,9 +2,8 @@
 bundled model (greedy), in float32 and, where the CPU has bf16 instructions, in bf16 — there the
 same answer through `LLM.chat` and the server (plain, streamed, from the prefix cache).
 
-One conversion at most: the server's own path (`resolve_model(None)`), so a default conversion
-already in the user cache (`make serve` made it, keyed by the converter's defaults) is reused and
-one made here is what `make serve` then starts from."""
+One conversion, by the server's own path (`resolve_model(None)`), into the test session's cache
+(tests/conftest.py: never the user's); `make test-slow` runs it."""
 from __future__ import annotations
 
 import re
@@ -21,6 +20,7 @@ from server.server_helpers import MODEL_NAME, start_server
 
 README = Path(__file__).parents[1] / "README.md"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
+pytestmark = pytest.mark.slow  # the default conversion of the real bundled model (minutes, in a fresh cache)
 
 
 def readme_demo() -> tuple[str, str, list[str]]:

@@ -100,5 +100,5 @@ def test_unusable_models_are_named(tmp_path):
 
 
 def test_bundled_gguf_geometry():
-    from latentkv.convert.sources import default_gguf_path
+    from latentkv.sources.readers import default_gguf_path
     assert resolve.source_geometry(default_gguf_path()) == SourceGeometry(num_layers=30, num_kv_heads=3, head_dim=64)

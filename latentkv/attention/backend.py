@@ -17,8 +17,6 @@ from .metadata import AttentionMetadata
 from .paged import write
 from .prefill import invariant_prefill
 
-PATHS = ("auto", "naive", "absorbed")
-
 
 def choose_path(layer, meta: AttentionMetadata) -> str:
     """The cheaper path by multiply-adds on the padded shapes (or the one meta forces).

@@ -16,6 +16,14 @@ QUERY_CHUNK = 256  # query tokens per pass: scores stay [B, QUERY_CHUNK * H, KEY
 class TorchBackend(AttentionBackend):
     name = "torch"
 
+    def prefill_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
+        """The kernel prompt rows take (the start-up line names it)."""
+        return "SDPA tiles at fixed positions" if invariant else "naive or absorbed by cost"
+
+    def decode_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
+        """The kernel decode rows take."""
+        return "latent tiles at fixed positions" if invariant else "absorbed matmuls"
+
     def read(self, cache, meta: AttentionMetadata) -> list[torch.Tensor]:
         """The context as [B, L_i, r + dr] pieces in order: for one sequence on a few runs of
         blocks, views of the cache (no gather copy); otherwise one gathered copy."""

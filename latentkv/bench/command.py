@@ -10,8 +10,8 @@ import torch
 from latentkv import cpu
 from latentkv.bench import contention, decode, kernel, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
-from latentkv.convert.sources import default_gguf_path
 from latentkv.facts import MODEL_DTYPES
+from latentkv.sources.readers import default_gguf_path
 
 BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
            "store_restart": store_restart, "serve": serve, "kernel": kernel, "contention": contention}

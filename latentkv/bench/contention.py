@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from ..cpu import allowed_cores
-from .report import median, new_figure, print_table, save_figure, write_json
+from ..plots import new_figure, save_figure
 from .isolated import FAILED, attempt, close_all
+from .report import median, print_table, write_json
 from .systems import LatentKVSystem, llama_cpp_baseline
 
 PHASES = ("quiet", "busy", "quiet again")

@@ -12,9 +12,10 @@ import torch
 
 from ..cache.accounting import latent_bytes_per_token
 from ..facts import dtype_name
+from ..plots import new_figure, save_figure
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
-from .report import median, new_figure, print_table, save_figure, write_json
 from .isolated import FAILED, attempt, close_all
+from .report import median, print_table, write_json
 from .systems import LatentKVSystem, cache_budget, llama_cpp_baseline, transformers_baseline
 
 

@@ -20,17 +20,18 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import cpu
-from ..attention import native
 from ..attention.metadata import build_metadata
 from ..attention.torch_ref import TorchBackend
 from ..cache.accounting import latent_bytes
 from ..cache.latent_cache import LatentCache
 from ..config import ModelConfig
 from ..facts import dtype_name
+from ..kernels import attention as native
 from ..model.loader import resolve_dtype
+from ..plots import new_figure, save_figure
 from .bandwidth import measure_bandwidth
 from .models import default_models
-from .report import median, new_figure, print_table, save_figure, write_json
+from .report import median, print_table, write_json
 
 BLOCK = 16
 MAX_LAYERS = 256  # tiny configurations (--quick) stop here: their "round MiB" column shows they sit in cache

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..cache.accounting import gqa_bytes_per_token, latent_bytes_per_token
 from ..config import ModelConfig
-from .report import new_figure, print_table, save_figure, write_json
+from ..plots import new_figure, save_figure
+from .report import print_table, write_json
 
 CONTEXTS = [1024 * 2**i for i in range(7)]  # 1K .. 64K
 MIB = 2**20

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from latentkv.bench.systems import load_hf
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
-from latentkv.convert.sources import default_gguf_path
 from latentkv.resolve import resolve_model
+from latentkv.sources.readers import default_gguf_path
 
 
 def default_models(need_stock: bool) -> tuple[str, str, str | None]:

@@ -9,7 +9,8 @@ import torch
 
 from latentkv.sampling import SamplingParams
 
-from .report import median, new_figure, print_table, save_figure, write_json
+from ..plots import new_figure, save_figure
+from .report import median, print_table, write_json
 from .systems import LatentKVSystem, cache_budget
 
 

@@ -31,11 +31,12 @@ import httpx
 
 from latentkv.bench.models import ensure_hf_source, ensure_stock
 from latentkv.bench.pressure import PRESSURE, pressure_cache_bytes
-from latentkv.bench.report import median, new_figure, percentile, print_table, save_figure, write_json
+from latentkv.bench.report import median, percentile, print_table, write_json
 from latentkv.bench.servers import PeerFailed, Running, Server, running_requests, servers
 from latentkv.bench.systems import auto_dtype
 from latentkv.bench.throughput import make_requests
 from latentkv.facts import dtype_name
+from latentkv.plots import new_figure, save_figure
 
 REQUEST_TIMEOUT_S = 600
 METRICS_POLL_S = 0.25

@@ -24,9 +24,10 @@ from latentkv.engine.engine import LLMEngine
 from latentkv.facts import dtype_name
 from latentkv.store.store import SUFFIX
 
+from ..plots import new_figure, save_figure
 from .memory import source_shape
 from .prefix import ttft
-from .report import median, new_figure, print_table, save_figure, write_json
+from .report import median, print_table, write_json
 from .systems import LatentKVSystem, cache_budget
 from .throughput import make_requests, run_latentkv
 

@@ -12,8 +12,9 @@ import torch
 
 from latentkv.sampling import SamplingParams
 
+from ..plots import new_figure, save_figure
 from .isolated import FAILED, attempt, close_all, start
-from .report import median, new_figure, percentile, print_table, save_figure, write_json
+from .report import median, percentile, print_table, write_json
 from .systems import LatentKVSystem, cache_budget, load_hf
 
 

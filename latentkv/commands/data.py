@@ -1,12 +1,12 @@
 """`latentkv data chat [SOURCE] [--out FILE] [--max-tokens N]`: the source model's own greedy
-answers to the chat prompts (chat_data.py), for calibration, `eval chat` and healing."""
+answers to the chat prompts (sources/chat_data.py), for calibration, `eval chat` and healing."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from latentkv import chat_data
-from latentkv.convert.sources import SourceError
+from latentkv.sources import chat_data
+from latentkv.sources.readers import SourceError
 
 
 def register(subparsers) -> None:

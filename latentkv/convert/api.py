@@ -9,21 +9,21 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from latentkv.attention import native
 from latentkv.convert import spill
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.corpus import default_documents, file_documents, heldout_text, marked_chat_windows, token_windows
 from latentkv.convert.export import export, write_card
 from latentkv.convert.layerwise import converted_perplexity, source_perplexity
 from latentkv.convert.options import ConvertOptions, calib_torch_dtype
 from latentkv.convert.pipeline import convert_parts, resolve_rope_dim
-from latentkv.convert.source_model import SourceModel
-from latentkv.convert.sources import read_source
 from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
 from latentkv.eval.perplexity import PROTOCOL, text_windows
 from latentkv.facts import MODEL_DTYPES
+from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
+from latentkv.kernels.build import FIRST_BUILD, build_in_background
 from latentkv.memory import peak_rss
-from latentkv.model import fused, qlinear
+from latentkv.sources.corpus import default_documents, file_documents, heldout_text, marked_chat_windows, token_windows
+from latentkv.sources.readers import read_source
+from latentkv.sources.source_model import SourceModel
 
 DEFAULTS = ConvertOptions()
 # With no size option: rope 96 + rank 240 for SmolLM2 (336 of 384 elements), by issue 13's rule
@@ -121,9 +121,9 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`."""
     options.check()
     started = time.perf_counter()
-    if options.eval_tokens:  # the check runs latentkv's model: its first build (~25 s each) overlaps calibration
+    if options.eval_tokens:  # the check runs latentkv's model: its first build (FIRST_BUILD each) overlaps calibration
         # (qlinear: the int4/int8 linears, and the float32 ones of batch-invariant serving)
-        native.build_in_background(native.extension, fused.extension, qlinear.extension)
+        build_in_background(attention_kernels.EXT, decode_ops.EXT, qlinear.EXT)
     step(1, f"reading {source if source is not None else 'the bundled SmolLM2'}", started)
     src = source if isinstance(source, SourceModel) else read_source(source)
     options = resolve_sizes(src, options)

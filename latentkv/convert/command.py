@@ -9,9 +9,9 @@ from latentkv.convert import sweep
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions, rope_dim_arg, rope_window_arg
 from latentkv.convert.refine import INPUTS
-from latentkv.convert.sources import SourceError
 from latentkv.convert.stock import TARGETS
 from latentkv.facts import MODEL_DTYPES
+from latentkv.sources.readers import SourceError
 
 D = ConvertOptions()  # the defaults
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from latentkv.convert.source_model import SourceModel
+from latentkv.sources.source_model import SourceModel
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"]

@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from latentkv.config import ModelConfig
-from latentkv.convert.reference import decoder_layer
-from latentkv.convert.source_model import SourceModel
 from latentkv.eval.perplexity import layerwise_perplexity
 from latentkv.model.deepseek import MLAForCausalLM
 from latentkv.model.loader import empty_model, load_weights, open_safetensors, read_checked, weight_files
 from latentkv.model.norm import rms_norm
 from latentkv.model.packed import PackedLinear
 from latentkv.model.rope import layer_inv_freq
+from latentkv.sources.reference import decoder_layer
+from latentkv.sources.source_model import SourceModel
 
 
 def source_perplexity(src: SourceModel, windows: torch.Tensor, desc: str = "perplexity (source)") -> dict:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from latentkv.config import ModelConfig
-from latentkv.convert.source_model import SourceModel
 from latentkv.model.deepseek import MLAForCausalLM
 from latentkv.model.loader import model_from_tensors
+from latentkv.sources.source_model import SourceModel
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

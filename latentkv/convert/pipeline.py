@@ -16,8 +16,8 @@ from latentkv.convert.calibrate import LayerStats
 from latentkv.convert.layout import deepseek_config
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.refine import Refiner
-from latentkv.convert.source_model import SourceModel
 from latentkv.model.rope import default_inv_freq
+from latentkv.sources.source_model import SourceModel
 
 THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stock rope schedule
 

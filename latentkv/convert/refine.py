@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from latentkv.convert import reference as ref
-from latentkv.convert.source_model import SourceModel
 from latentkv.model.norm import rms_norm
 from latentkv.model.rope import cos_sin, rotate
+from latentkv.sources import reference as ref
+from latentkv.sources.source_model import SourceModel
 
 TRAINED = ("q_aug", "kv_a_aug", "kv_b")  # what the conversion chose; o_proj is the source's W_o
 BATCH = 2  # windows per Adam step

@@ -17,17 +17,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from latentkv.cache.accounting import latent_bytes
-from latentkv.chat_data import load_chat
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions, calib_torch_dtype, rope_dim_arg, rope_window_arg
 from latentkv.convert.pipeline import build_model, plan_rope
-from latentkv.convert.reference import source_logits
-from latentkv.convert.sources import read_source
 from latentkv.eval.chat import ChatModel, chat_metrics, render_cases
 from latentkv.eval.domains import DOMAINS
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
+from latentkv.sources.chat_data import load_chat
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 DEFAULTS = ConvertOptions()
 # The default conversion: the smallest cache meeting both (issue 13; docs/conversion.md).

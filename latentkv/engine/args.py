@@ -10,12 +10,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from latentkv.facts import BLOCK_SIZES, CACHE_DTYPE_ALIASES, CACHE_DTYPES, MODEL_DTYPE_ALIASES, MODEL_DTYPES
+from latentkv.facts import (ATTENTION_BACKEND_DEFAULT, ATTENTION_BACKENDS, ATTENTION_PATHS, BLOCK_SIZES, CACHE_DTYPE_ALIASES,
+                            CACHE_DTYPES, MODEL_DTYPE_ALIASES, MODEL_DTYPES)
 from latentkv.memory import parse_memory
 from latentkv.model.quant import QUANTIZATIONS
 
-ATTENTION_PATHS = ("auto", "naive", "absorbed")
-ATTENTION_BACKENDS = ("auto", "native", "torch")  # latentkv.attention.BACKEND_CHOICES (not imported: it builds)
 STORE_MAX_SIZE = "10GiB"   # default bound of a --kv-store directory
 WARM_FRACTION = 0.05       # default share of the cache --warm templates may pin
 
@@ -149,7 +148,7 @@ class EngineArgs:
     enforce_eager: bool = False             # every step through the modules, no decode plan (vLLM's name: no CUDA graphs)
     attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
     quantization: str | None = None         # None | "int8" | "int4" (weight-only) | "w4a8" | "w8a8" (int8 activations too; CPU)
-    attention_backend: str = "auto"         # "auto" (native where it builds, else torch) | "native" | "torch"
+    attention_backend: str = ATTENTION_BACKEND_DEFAULT  # "auto" (native where it builds, else torch) | "native" | "torch"
     threads: int | None = None              # torch = OpenMP threads; None: cpu.default_threads() (all cores; engine/threads.py backs off)
     kv_store: str | None = None             # directory of the on-disk latent store (docs/store.md); None: off
     kv_store_max_size: int | str = STORE_MAX_SIZE  # the whole directory (read into bytes), LRU-evicted beyond

@@ -29,16 +29,17 @@ from latentkv.engine.isolation import describe_failure, run_isolated
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.outputs import CompletionOutput, RequestOutput
 from latentkv.engine.prompt_errors import PromptError, check_token_ids
+from latentkv.engine.route import describe as describe_route
 from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, report_capacity
 from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
 from latentkv.guided import Guides, advance
 from latentkv.engine.threads import ThreadGovernor
+from latentkv.engine.warm import warm_up
 from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears
+from latentkv.model.quant import quantize_linears, use_fixed_order_linears
 from latentkv.sampling import SamplingParams
 from latentkv.store.tier import open_tier
-from latentkv.store.warm import warm_up
 
 __all__ = ["EngineArgs", "LLMEngine"]
 
@@ -131,12 +132,13 @@ class LLMEngine:
         if args.quantization:
             quantize_linears(model, args.quantization)
         if args.batch_invariant:  # the engine owns this model: its float32 linears take the fixed-order kernel
-            invariant.use_fixed_order_linears(model)
+            use_fixed_order_linears(model)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         engine = cls(args, model, tokenizer)
         # the engine owns this model: its weights stay as they are, so a plan may hold them
         reason = "enforce_eager" if args.enforce_eager else engine.runner.use_decode_plan()
-        print(f"latentkv: decode plan: {'off (' + reason + ')' if reason else 'on'}", file=sys.stderr, flush=True)
+        print(f"latentkv: {describe_route(model, engine.runner.caches, args.batch_invariant, reason)}", file=sys.stderr,
+              flush=True)
         return engine
 
     # -- requests ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Behaviour against the original model on chat prompts (`latentkv eval chat`).
 
 Each example is a prompt rendered through the chat template with the ORIGINAL model's greedy
-answer as the assistant turn (latentkv.chat_data): ids [T], answer positions p in
+answer as the assistant turn (latentkv.sources.chat_data): ids [T], answer positions p in
 [answer_start, T) — the answer's tokens, end-of-turn token included as the template writes it.
 The model and the original each score the same ids once, teacher-forced; the logits at p-1
 predict token p. Over all answer positions of all examples pooled:
@@ -32,15 +32,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from latentkv.chat_data import load_chat, render_chat_example
-from latentkv.convert.reference import source_logits
-from latentkv.convert.sources import read_source
 from latentkv.engine.args import EngineArgs
 from latentkv.engine.engine import LLMEngine, load_tokenizer
 from latentkv.eval.ppl import is_mla_folder
 from latentkv.eval.repetition import RULE, distinct_ratio, is_degenerate
 from latentkv.model.loader import load_model
 from latentkv.sampling import SamplingParams
+from latentkv.sources.chat_data import load_chat, render_chat_example
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 EXTRA_TOKENS = 32  # greedy answers may run this far past the original's length (room to show a loop)
 

@@ -6,13 +6,13 @@ import json
 import sys
 from pathlib import Path
 
-from latentkv.convert.sources import SourceError
 from latentkv.eval.chat import EXTRA_TOKENS, evaluate_chat, format_table, print_degenerate
 from latentkv.eval.domains import DOMAINS, domain_perplexity, format_domain_table
 from latentkv.eval.ppl import evaluate
 from latentkv.eval.repetition import RULE
 from latentkv.facts import CACHE_DTYPES
 from latentkv.model.quant import QUANTIZATIONS
+from latentkv.sources.readers import SourceError
 
 MODEL_HELP = "a .gguf, a Llama-family HF folder, or an MLA (deepseek_v2/v3) folder; default: bundled SmolLM2"
 ERRORS = (SourceError, ValueError, FileNotFoundError, OSError)

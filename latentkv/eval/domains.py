@@ -16,9 +16,9 @@ import gc
 import sysconfig
 from pathlib import Path
 
-from latentkv.convert.corpus import SKIP_DIRS, heldout_text, is_heldout
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
 from latentkv.eval.ppl import model_scorer
+from latentkv.sources.corpus import SKIP_DIRS, heldout_text, is_heldout
 
 PROSE_FILE = Path(__file__).parent / "data" / "prose.txt"
 MAX_CODE_CHARS = 400_000  # plenty for the default 8K tokens per domain; keeps reading bounded

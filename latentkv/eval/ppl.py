@@ -7,13 +7,13 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from latentkv.convert.corpus import heldout_text
-from latentkv.convert.reference import source_logits
-from latentkv.convert.sources import read_source
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
 from latentkv.facts import MLA_MODEL_TYPES
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears
+from latentkv.sources.corpus import heldout_text
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 
 def is_mla_folder(path: Path) -> bool:

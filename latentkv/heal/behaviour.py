@@ -10,8 +10,8 @@ import json
 import time
 from pathlib import Path
 
-from ..bench.report import new_figure, save_figure
-from ..chat_data import load_chat
+from ..plots import new_figure, save_figure
+from ..sources.chat_data import load_chat
 from ..eval.chat import ChatModel, chat_metrics, format_table, render_cases
 
 

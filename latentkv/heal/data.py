@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..chat_data import load_chat, render_chat_example
-from ..convert.corpus import default_documents, file_documents, token_windows
+from ..sources.chat_data import load_chat, render_chat_example
+from ..sources.corpus import default_documents, file_documents, token_windows
 
 
 def expand_paths(paths: list[str | Path]) -> list[Path]:

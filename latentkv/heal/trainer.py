@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..bench.report import new_figure, save_figure
+from ..plots import new_figure, save_figure
 from ..cpu import native_bf16
 from ..eval.chat import format_table
-from ..convert.reference import source_logits
-from ..convert.sources import read_source
+from ..sources.reference import source_logits
+from ..sources.readers import read_source
 from ..model.loader import load_model
 from .checkpoint import input_dtype, load_state, save_model, save_state
 from .behaviour import ChatProbe, report

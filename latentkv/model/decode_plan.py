@@ -1,4 +1,4 @@
-"""The decoder layers of an all-decode step in one native call (model/csrc/decode_step.h).
+"""The decoder layers of an all-decode step in one native call (kernels/csrc/decode_ops/decode_step.h).
 
 The CPU counterpart of nano-vllm capturing its decode step in a CUDA graph: the runner builds a
 plan once over its model and caches and replays it for every step whose rows are all
@@ -9,7 +9,7 @@ between the kernels — module calls, views, checks — which at short context w
 batch-1 step on two threads.
 
 It applies where every piece runs latentkv's own kernels: CPU, float32 / bf16, the native
-attention backend, dense layers, and linears packed for model/qlinear.py (int4, int8, w4a8, w8a8,
+attention backend, dense layers, and linears packed for kernels/qlinear.py (int4, int8, w4a8, w8a8,
 or float32 in batch-invariant mode). Elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's
 name for running without CUDA graphs) turns it off.
 """
@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import native
 from ..attention.backend import choose_path
 from ..attention.metadata import AttentionMetadata
-from . import fused, qlinear
+from ..attention.native import NativeBackend
+from ..kernels import attention as attention_kernels, decode_ops, qlinear
 from .deepseek import MLP, rope_tables
 from .mla import LATENT_NORM_EPS
 from .quant import FixedOrderLinear, Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
 
-# the qlinear record kinds (model/qlinear.py): float activations (4, 8, and FixedOrderLinear's 16 or
+# the qlinear record kinds (kernels/qlinear.py): float activations (4, 8, and FixedOrderLinear's 16 or
 # 32) or int8 ones (104, 108)
 KINDS = ((Int4Linear, 4), (Int8Linear, 8), (W4A8Linear, qlinear.ACT8 + 4), (W8A8Linear, qlinear.ACT8 + 8))
 
@@ -64,9 +64,9 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
     with torch.no_grad():
         layers = [layer_entry(layer, cache) for layer, cache in zip(model.model.layers, caches)]
     norm = model.model.norm
-    native_plan = fused.extension().DecodePlan(layers, norm.weight, norm.eps, qlinear.extension().linear_capsule,
-                                               native.extension().mla_decode_capsule, fused._state["isa"],
-                                               qlinear._state["isa"], native.ISAS[native.chosen_isa()])
+    native_plan = decode_ops.extension().DecodePlan(
+        layers, norm.weight, norm.eps, qlinear.extension().linear_capsule, attention_kernels.extension().mla_decode_capsule,
+        decode_ops.EXT.isa(), qlinear.EXT.isa(), attention_kernels.EXT.isa())
     return DecodePlan(model, native_plan), None
 
 
@@ -74,12 +74,12 @@ def unsupported(model, caches) -> str | None:
     """Why the plan cannot run this model (None: it can)."""
     if model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16):
         return f"runs on CPU float32 / bf16 only (model: {model.device.type}, {model.dtype})"
-    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", native)):
+    for name, module in (("fused ops", decode_ops), ("qlinear", qlinear), ("attention kernel", attention_kernels)):
         if not module.available():
             return f"the {name} extension is unavailable ({module.unavailable_reason()})"
     for i, (layer, cache) in enumerate(zip(model.model.layers, caches)):
         attn = layer.self_attn
-        if not isinstance(attn.backend, native.NativeBackend):
+        if not isinstance(attn.backend, NativeBackend):
             return f"layer {i}: attention backend {attn.backend.name!r}, not native"
         if not isinstance(layer.mlp, MLP):
             return f"layer {i}: MoE"

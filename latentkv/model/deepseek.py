@@ -15,6 +15,7 @@ from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata, build_metadata
 from ..cache.latent_cache import LatentCache, allocate_caches
 from ..config import ModelConfig
+from ..facts import ATTENTION_BACKEND_DEFAULT
 from . import fused
 from .mla import MLAttention
 from .norm import RMSNorm

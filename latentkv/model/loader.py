@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from ..config import ModelConfig
 from ..cpu import native_bf16
-from ..facts import MODEL_DTYPES
+from ..facts import ATTENTION_BACKEND_DEFAULT, MODEL_DTYPES
 from .deepseek import MLAForCausalLM
 from .packed import PackedLinear
 from .rope import layer_inv_freq
@@ -90,7 +90,8 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype
     return model.eval()
 
 
-def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, attention_backend: str = "auto") -> MLAForCausalLM:
+def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                attention_backend: str = ATTENTION_BACKEND_DEFAULT) -> MLAForCausalLM:
     """Allocated, not initialized: load_weights fills every parameter (packed ones in place)."""
     with torch.device("meta"):
         model = MLAForCausalLM(cfg, attention_backend)

@@ -5,7 +5,7 @@
   the layout of ATen's CPU int4 kernel (the one gpt-fast and torchao use); a quarter of
   the bytes of bf16. Q4_1 GGUF weights (block 32, scale + min) fit it exactly, up to the
   bf16 rounding of scale and zero.
-On the CPU both run latentkv's kernel (model/qlinear.py: any K and N, batch-invariant), else
+On the CPU both run latentkv's kernel (kernels/qlinear.py: any K and N, batch-invariant), else
 ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`: K of 16).
 
 - w4a8 / w8a8: the same int4 / int8 weights times activations quantized to int8 on the fly (per row
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import qlinear
+from ..kernels import qlinear
 
 SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them exact
 INT4_GROUP = 32
@@ -45,7 +45,7 @@ class QuantLinear(nn.Module):
 
 
 def native(linear: nn.Linear) -> bool:
-    """Whether latentkv's kernel (model/qlinear.py) runs this linear: a CPU weight, the extension built."""
+    """Whether latentkv's kernel (kernels/qlinear.py) runs this linear: a CPU weight, the extension built."""
     return linear.weight.device.type == "cpu" and qlinear.available()
 
 
@@ -100,7 +100,7 @@ def int4_supported(linear: nn.Linear) -> bool:
 
 class Int4Linear(QuantLinear):
     """latentkv's kernel: K padded with zero weights to whole groups (the padded inputs count as 0),
-    rows packed in blocks (model/qlinear.py). ATen's: output rows padded with zero weights to a
+    rows packed in blocks (kernels/qlinear.py). ATen's: output rows padded with zero weights to a
     multiple of 16 (its N block) and cut off after the matmul (a view): MLA's packed q / kv_a
     projection (9 x 146 + 320 = 1634 rows for the bundled model) otherwise stayed unquantized."""
 
@@ -150,10 +150,10 @@ class W8A8Linear(QuantLinear):
 
 
 class FixedOrderLinear(QuantLinear):
-    """A float32 or bf16 linear through latentkv's kernel (model/qlinear.py, the float32 / bf16
+    """A float32 or bf16 linear through latentkv's kernel (kernels/qlinear.py, the float32 / bf16
     record, kept in the weight's dtype): each output element reduces over K in one fixed order
     (float32 accumulation) whatever M, so a row's bits do not depend on the batch. Batch-invariant
-    mode puts it in place of the model's CPU linears (invariant.use_fixed_order_linears): MKL's
+    mode puts it in place of the model's CPU linears (use_fixed_order_linears): MKL's
     small-M sgemm rounds by M and runs ~4x slower than its GEMV on an AVX2 EPYC, and oneDNN picks
     its bf16 kernels by M and CPU (on an AMX Xeon the lm_head's row 0 changed bits from M = 33)."""
 
@@ -198,3 +198,31 @@ def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
         setattr(parent, name, cls(child))
         count += 1
     return count
+
+
+def use_fixed_order_linears(model: nn.Module) -> int:
+    """Put `FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 and bf16 CPU
+    linears of a model the caller owns for inference (the engine's own, as loaded), where the
+    kernel is built; not `SKIP` (kv_b_proj: the absorbed path reads its weight). -> how many.
+    The modules are replaced (no autograd, packed weights), so never on a model being trained."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16) \
+                    and name not in SKIP and native(child):
+                setattr(parent, name, FixedOrderLinear(child))
+                count += 1
+    return count
+
+
+def linear_kind(linear: nn.Module) -> str:
+    """How a linear computes (the start-up line names it): latentkv's packed kernel ("native"),
+    ATen's int kernels, or torch's matmul (with the invariance padding where installed)."""
+    if isinstance(linear, FixedOrderLinear):
+        return f"{'bf16' if linear.bits == 16 else 'float32'} fixed-order (native)"
+    if isinstance(linear, (W4A8Linear, W8A8Linear)):
+        return f"{'w4a8' if isinstance(linear, W4A8Linear) else 'w8a8'} (native)"
+    if isinstance(linear, (Int4Linear, Int8Linear)):
+        return f"{'int4' if isinstance(linear, Int4Linear) else 'int8'} ({'native' if linear.native else 'ATen'})"
+    padded = " padded" if getattr(linear, "_invariant_hooked", False) else ""
+    return f"{str(linear.weight.dtype).removeprefix('torch.')} torch{padded}"

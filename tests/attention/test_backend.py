@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from latentkv import attention
-from latentkv.attention import native
+from latentkv.kernels import attention as native, build
 from latentkv.attention.torch_ref import TorchBackend
 from latentkv.model.loader import load_model
 
@@ -43,19 +43,20 @@ def test_a_registered_backend_serves_both_paths(tiny_checkpoints, monkeypatch):
 
 @torch.inference_mode()
 def test_without_the_native_build_auto_falls_back_with_one_warning(tiny_checkpoints, monkeypatch):
-    """LATENTKV_NATIVE=0 makes the build 'unavailable', as a machine with no compiler would."""
-    monkeypatch.setenv("LATENTKV_NATIVE", "0")
-    monkeypatch.setattr(native, "_state", {})  # forget this process's build
-    monkeypatch.setattr(attention, "_warned", [])
-    assert not native.available() and "LATENTKV_NATIVE=0" in native.unavailable_reason()
-    with pytest.warns(RuntimeWarning, match="native CPU attention kernel is unavailable .*LATENTKV_NATIVE=0.*"
+    """A machine with no compiler (here: the compiler "fails"): one warning, the reference backend."""
+    def fail(*args, **kwargs):
+        raise OSError("no compiler\ng++: not found")
+
+    monkeypatch.setattr(native.EXT, "state", {})  # forget this process's build
+    monkeypatch.setattr(build, "compile_extension", fail)
+    with pytest.warns(RuntimeWarning, match="native CPU attention kernel is unavailable .*g\\+\\+: not found.*"
                                             "using the PyTorch reference backend") as caught:
         folder, _ = tiny_checkpoints("v3_dense_qlora")
         model = load_model(folder)  # "auto"
         load_model(folder)
     assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
     assert isinstance(model.model.layers[0].self_attn.backend, TorchBackend)
-    with pytest.raises(RuntimeError, match=r"native attention backend is not available here \(.*LATENTKV_NATIVE=0"):
+    with pytest.raises(RuntimeError, match=r"native attention backend is not available here \(.*g\+\+: not found"):
         attention.get_backend("native")
 
 

@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-from latentkv.attention import native, prefill as prefill_module
+from latentkv.attention import prefill as prefill_module
 from latentkv.attention.metadata import build_metadata
 from latentkv.attention.paged import write
 from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, span_prefill, tiles
 from latentkv.cache.latent_cache import LatentCache
+from latentkv.kernels import attention as native
 from latentkv.model.mla import MLAttention
 
 BLOCK = 16

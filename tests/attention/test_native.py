@@ -15,11 +15,12 @@ the same bf16 rows, the same int8 / fp8 codes and scales):
 """
 import random
 import time
+import types
 
 import pytest
 import torch
 
-from latentkv.attention import native
+from latentkv.kernels import attention as native, build
 from latentkv.attention.metadata import build_metadata
 from latentkv.attention.torch_ref import TorchBackend
 from latentkv.cache.latent_cache import LatentCache
@@ -162,21 +163,26 @@ def test_a_build_started_in_the_background_is_waited_for_not_skipped(monkeypatch
     """extension() called while build_in_background's thread is still compiling must wait for
     that build (and not compile twice, nor report the backend unavailable meanwhile)."""
     calls = []
+    module = types.SimpleNamespace(supported_isas=lambda: [0])
 
-    def slow_compile(name, source, directory, extra_include=None):
+    def slow_compile(name, source, directory):
         calls.append(name)
         time.sleep(0.3)
-        return "module"
+        return module
 
-    monkeypatch.setattr(native, "_state", {})
-    monkeypatch.setattr(native, "compile_extension", slow_compile)
-    threads = native.build_in_background(native.extension)
+    monkeypatch.setattr(native.EXT, "state", {})
+    monkeypatch.setattr(build, "compile_extension", slow_compile)
+    monkeypatch.setattr(build, "self_check", lambda ext, module, runs: {})
+    threads = build.build_in_background(native.EXT)
     time.sleep(0.05)  # the thread holds the build now
-    assert native.extension() == "module" and native.available()
+    assert native.extension() is module and native.available()
     threads[0].join()
-    assert calls == ["latentkv_mla_decode"]
+    assert calls == ["latentkv_mla_attention"]
 
 
 def test_the_build_lives_in_the_user_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("LATENTKV_CACHE_DIR", str(tmp_path))
-    assert native.build_dir().parent == tmp_path / "torch_extensions"
+    monkeypatch.delenv("LATENTKV_BUILD_DIR", raising=False)
+    assert build.build_dir().parent == tmp_path / "torch_extensions"
+    monkeypatch.setenv("LATENTKV_BUILD_DIR", str(tmp_path / "builds"))
+    assert build.build_dir().parent == tmp_path / "builds"

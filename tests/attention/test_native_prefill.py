@@ -12,7 +12,7 @@ rounded to bf16 (2^-9 relative) before the values, and the result once more to b
 import pytest
 import torch
 
-from latentkv.attention import native
+from latentkv.kernels import attention as native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native build is not available here")
 ISAS = native.supported_isas()

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 @pytest.fixture(scope="session")
 def smollm2():
     """The bundled SmolLM2 GGUF read once per run."""
-    from latentkv.convert.sources import read_source
+    from latentkv.sources.readers import read_source
 
     return read_source()
 

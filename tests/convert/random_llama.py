@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from latentkv.convert.sources import default_gguf_path
+from latentkv.sources.readers import default_gguf_path
 
 TOKENIZER_VOCAB = 49152  # SmolLM2's
 SHAPES = {

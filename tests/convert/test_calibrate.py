@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latentkv.convert import reference as ref
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.sources import read_source
 from latentkv.model.norm import rms_norm
 from latentkv.model.rope import cos_sin, rotate
+from latentkv.sources import reference as ref
+from latentkv.sources.readers import read_source
 
 import llama_tiny
 

@@ -6,9 +6,10 @@ import json
 import pytest
 
 from latentkv.cli import main
-from latentkv.convert.corpus import pydoc_documents
+from latentkv.sources.corpus import pydoc_documents
 
 
+@pytest.mark.slow  # converts the real bundled SmolLM2 (no source given)
 def test_convert_then_eval(tmp_path, capsys):
     text = tmp_path / "calib.txt"
     text.write_text("\n\n".join(t for _, t in pydoc_documents()[:6]))

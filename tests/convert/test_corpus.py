@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from tiny_lm import build_tokenizer
 
-from latentkv.chat_data import calibration_examples, load_prompts, render_chat_example
 from latentkv.convert.api import calibration_windows
-from latentkv.convert.corpus import chat_windows, default_documents, marked_chat_windows, token_windows
-from latentkv.convert.sources import read_source
+from latentkv.sources.chat_data import calibration_examples, load_prompts, render_chat_example
+from latentkv.sources.corpus import chat_windows, default_documents, marked_chat_windows, token_windows
+from latentkv.sources.readers import read_source
 
 
 def test_chat_windows_are_calibration_conversations_with_control_tokens():

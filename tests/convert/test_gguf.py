@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latentkv.convert.reference import source_logits
-from latentkv.convert.sources import SourceError, read_source
+from latentkv.sources.readers import SourceError, read_source
+from latentkv.sources.reference import source_logits
 
 import llama_tiny
 

@@ -9,10 +9,10 @@ from latentkv.convert.export import export
 from latentkv.convert.layerwise import converted_perplexity, source_perplexity
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import convert_parts
-from latentkv.convert.reference import source_logits
-from latentkv.convert.sources import read_source
 from latentkv.eval.perplexity import perplexity
 from latentkv.model.loader import load_model
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 from random_llama import SHAPES, write_random_llama
 

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.corpus import is_heldout, pydoc_documents, token_windows
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model, plan_rope
-from latentkv.convert.reference import source_logits
 from latentkv.eval.perplexity import perplexity
+from latentkv.sources.corpus import is_heldout, pydoc_documents, token_windows
+from latentkv.sources.reference import source_logits
+
+pytestmark = pytest.mark.slow  # the real SmolLM2, converted at several ranks
 
 
 def split_docs():

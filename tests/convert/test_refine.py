@@ -11,9 +11,9 @@ from latentkv.convert import refine
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model
-from latentkv.convert.reference import attention, embed
-from latentkv.convert.sources import read_source
 from latentkv.model.norm import rms_norm
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import attention, embed
 
 import llama_tiny
 

@@ -6,7 +6,6 @@ import cmath
 import pytest
 import torch
 
-from latentkv.chat_data import load_chat
 from latentkv.convert import rope
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats
@@ -14,9 +13,10 @@ from latentkv.convert.command import register
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model, layer_energy, plan_rope
-from latentkv.convert.reference import source_logits
-from latentkv.convert.sources import read_source
 from latentkv.eval.chat import ChatModel, render_cases, score_case
+from latentkv.sources.chat_data import load_chat
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 import llama_tiny
 
@@ -84,6 +84,7 @@ def test_the_window_option_parses_and_is_checked():
         ConvertOptions(rope_window=0).check()
 
 
+@pytest.mark.slow  # the real SmolLM2, converted
 def test_the_window_brings_short_chat_prompts_closer_to_the_original(smollm2, smollm2_tokenizer):
     """Rope 64 at the full latent: only the RoPE truncation differs from the source. Over the
     whole 512-token calibration windows the folded phases fit long contexts; over the default

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from latentkv.convert.sources import SourceError, read_source
-from latentkv.convert.gguf_reader import unpermute
+from latentkv.sources.gguf_reader import unpermute
+from latentkv.sources.readers import SourceError, read_source
 
 import llama_tiny
 

@@ -6,7 +6,7 @@ import torch
 from latentkv.convert import spill
 from latentkv.convert.calibrate import collect_stats
 
-from latentkv.convert.sources import read_source
+from latentkv.sources.readers import read_source
 
 import llama_tiny
 

@@ -10,8 +10,8 @@ from latentkv.convert.export import export
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model
-from latentkv.convert.sources import read_source
 from latentkv.model.loader import load_model
+from latentkv.sources.readers import read_source
 
 import llama_tiny
 

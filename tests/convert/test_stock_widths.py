@@ -12,9 +12,9 @@ from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.export import export
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model
-from latentkv.convert.sources import read_source
 from latentkv.convert.stock import TARGETS, snap_width, stock_size
 from latentkv.model.loader import load_model
+from latentkv.sources.readers import read_source
 
 import llama_tiny
 

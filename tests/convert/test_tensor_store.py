@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from latentkv.convert.sources import read_source
+from latentkv.sources.readers import read_source
 
 import llama_tiny
 from random_llama import SHAPES, byte_tokenizer, write_random_llama
@@ -65,9 +65,9 @@ import json, sys, torch
 from pathlib import Path
 from latentkv.convert import export, spill
 from latentkv.convert.api import convert
-from latentkv.convert.corpus import heldout_text
 from latentkv.convert.options import ConvertOptions
-from latentkv.convert.sources import read_source
+from latentkv.sources.corpus import heldout_text
+from latentkv.sources.readers import read_source
 
 folder, calib, out = map(Path, sys.argv[1:4])
 eval_tokens = int(sys.argv[4])

@@ -37,7 +37,7 @@ def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dty
                                                 ("w4a8", "bfloat16")])
 def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, quantization, dtype,
                                                                                attention_backend):
-    """The int4 / int8 linears (model/qlinear.py) get no padding from invariant.py: their rows must
+    """The int4 / int8 linears (kernels/qlinear.py) get no padding from invariant.py: their rows must
     not depend on the batch by themselves (bf16: `dtype="auto"` on a bf16 CPU with --quantization)."""
     folder, _, _ = tiny_lm("v3_dense_qlora")
     check_identical(folder, dtype, attention_backend, quantization=quantization)
@@ -121,13 +121,14 @@ def test_preempted_and_recomputed_requests_keep_their_tokens_and_logprobs(tiny_l
 def test_without_invariance_a_prefill_chunk_takes_the_native_prompt_kernel_too(tiny_lm, monkeypatch, dtype):
     """batch_invariant=False: a one-sequence prefill chunk (also over cached context) goes to the
     native prompt kernel (float32 and bf16, every ISA) and agrees with the reference backend."""
-    from latentkv.attention import native
+    from latentkv.attention import native as backend
+    from latentkv.kernels import attention as native
 
     if not native.available() or not native.prefill_supported(getattr(torch, dtype)):
         pytest.skip(f"the native prefill kernel does not take {dtype}")
     calls = []
     kernel = native.mla_prefill
-    monkeypatch.setattr(native, "mla_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(backend, "mla_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k))  # what NativeBackend calls
     folder, _, _ = tiny_lm()
     prompts = [list(range(2, 90)), list(range(5, 40))]
     params = SamplingParams(temperature=0, max_tokens=1, logprobs=0, ignore_eos=True)

@@ -7,8 +7,8 @@ import pytest
 from tiny_lm import save_tiny_lm
 
 from latentkv import cli
-from latentkv.convert.corpus import is_heldout
 from latentkv.eval.domains import DOMAINS, PROSE_FILE, code_documents, domain_perplexity, format_domain_table
+from latentkv.sources.corpus import is_heldout
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ def heldout_kl(tiny_pair, model_dir) -> float:
     import torch.nn.functional as F
     from transformers import AutoTokenizer
 
-    from latentkv.convert.reference import source_logits
-    from latentkv.convert.sources import read_source
+    from latentkv.sources.reference import source_logits
+    from latentkv.sources.readers import read_source
     from latentkv.heal.data import training_windows
     from latentkv.model.loader import load_model
 

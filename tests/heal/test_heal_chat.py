@@ -7,8 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from latentkv.chat_data import ChatExample, load_chat, render_chat_example, split_of
 from latentkv.heal import HealConfig, behaviour, data, heal
+from latentkv.sources.chat_data import ChatExample, load_chat, render_chat_example, split_of
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
 CALIB = [ChatExample(id=f"calib-{i}", category="list", prompt=f"count from {w}", answer=f"{w} {WORDS[(i + 1) % 8]} the fox.")

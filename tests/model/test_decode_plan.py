@@ -5,12 +5,12 @@ import torch
 from torch import nn
 
 from latentkv import LLM, SamplingParams, invariant
-from latentkv.attention import native
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
-from latentkv.model import decode_plan, fused, qlinear
+from latentkv.kernels import attention as native, qlinear
+from latentkv.model import decode_plan, fused
 from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears
+from latentkv.model.quant import quantize_linears, use_fixed_order_linears
 
 BLOCK = 4
 
@@ -25,7 +25,7 @@ def need_extensions():
 def model_for(folder, dtype, weights, latent_norm=True, bias=False):
     model = load_model(str(folder), dtype, "cpu", "native")
     if weights == "fixed-order":
-        invariant.use_fixed_order_linears(model)
+        use_fixed_order_linears(model)
     else:
         quantize_linears(model, weights)
     gen = torch.Generator().manual_seed(7)

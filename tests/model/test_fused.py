@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from latentkv.attention import native
+from latentkv.kernels.build import ISAS
 from latentkv.attention.paged import write
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.model import fused
 from latentkv.model.rope import apply_rope, cos_sin, default_inv_freq
 
-pytestmark = pytest.mark.skipif(not fused.available(), reason=f"fused ops not built: {fused.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not fused.available(), reason=f"fused ops not built: {fused.EXT.unavailable_reason()}")
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}
 DTYPES = [torch.float32, torch.bfloat16]
@@ -30,17 +30,16 @@ def close(out, ref, dtype):
 
 def reference(fn, *args):
     """Run a fused.* op on its PyTorch path (as with LATENTKV_FUSED=0)."""
-    module = fused._state["module"]
-    fused._state["module"] = None
+    module = fused.EXT.state["module"]
+    fused.EXT.state["module"] = None
     try:
         return fn(*args)
     finally:
-        fused._state["module"] = module
+        fused.EXT.state["module"] = module
 
 
 def isas():
-    codes = set(fused.extension().supported_isas())
-    return [name for name, code in native.ISAS.items() if code in codes]
+    return fused.EXT.supported_isas()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -50,7 +49,7 @@ def isas():
 def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
-    monkeypatch.setitem(fused._state, "isa", native.ISAS[isa])
+    monkeypatch.setitem(fused.EXT.state, "isa", ISAS[isa])
     gen = torch.Generator().manual_seed(n)
     q = torch.randn(n, heads, k + extra + 5, generator=gen).to(dtype)  # strided views, as project() gives
     x, e = q[..., :k], (q[..., k:k + extra] if extra else None)
@@ -70,7 +69,7 @@ def test_head_matmul_takes_bf16_weights_under_float32_rows(isa, monkeypatch):
     kernel, exactly the float32 product with the same values."""
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
-    monkeypatch.setitem(fused._state, "isa", native.ISAS[isa])
+    monkeypatch.setitem(fused.EXT.state, "isa", ISAS[isa])
     gen = torch.Generator().manual_seed(2)
     x, e = torch.randn(5, 9, 50, generator=gen), torch.randn(5, 9, 96, generator=gen)
     w = torch.randn(9, 50, 248, generator=gen).to(torch.bfloat16)
@@ -149,9 +148,9 @@ def test_rms_norm_and_silu_mul(dtype):
 
 def test_the_switch_turns_the_native_ops_off(monkeypatch):
     """LATENTKV_FUSED=0: no extension, and every op runs its reference (same numbers)."""
-    monkeypatch.setattr(fused, "_state", {})
+    monkeypatch.setattr(fused.EXT, "state", {})
     monkeypatch.setenv("LATENTKV_FUSED", "0")
-    assert not fused.available() and "LATENTKV_FUSED=0" in fused.unavailable_reason()
+    assert not fused.available() and "LATENTKV_FUSED=0" in fused.EXT.unavailable_reason()
     gate_up = torch.randn(3, 8)
     gate, up = gate_up.chunk(2, dim=-1)
     with torch.no_grad():
@@ -172,14 +171,14 @@ def test_silu_mul_every_isa_any_width_and_rows_alone(monkeypatch, dtype):
     """The vectorized silu (a polynomial exp) on every instruction set this CPU runs, widths that
     are not a multiple of the vector, large and tiny gates; a row alone gives the same bits."""
     if not fused.available():
-        pytest.skip(f"fused ops not built: {fused.unavailable_reason()}")
+        pytest.skip(f"fused ops not built: {fused.EXT.unavailable_reason()}")
     gen = torch.Generator().manual_seed(5)
     gate_up = torch.randn(300, 2 * 37, generator=gen) * 6
     gate_up[0, :8] = torch.tensor([-200.0, -88.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 90.0])
     gate_up = gate_up.to(dtype)
     gate, up = gate_up.float().chunk(2, dim=-1)
-    for isa in fused.extension().supported_isas():
-        monkeypatch.setitem(fused._state, "isa", isa)
+    for isa in (ISAS[name] for name in fused.EXT.supported_isas()):
+        monkeypatch.setitem(fused.EXT.state, "isa", isa)
         out = fused.silu_mul(gate_up)
         close(out, F.silu(gate) * up, dtype)
         assert all(torch.equal(fused.silu_mul(gate_up[t:t + 1]), out[t:t + 1]) for t in (0, 1, 150, 299)), isa
@@ -191,12 +190,12 @@ def test_rms_norm_every_isa_with_and_without_residual_rows_alone(monkeypatch, dt
     """The vectorized RMSNorm on every instruction set this CPU runs, a width that is not a
     multiple of the vector; a row alone gives the same bits as in a batch."""
     if not fused.available():
-        pytest.skip(f"fused ops not built: {fused.unavailable_reason()}")
+        pytest.skip(f"fused ops not built: {fused.EXT.unavailable_reason()}")
     gen = torch.Generator().manual_seed(6)
     x, h = (torch.randn(70, 93, generator=gen).to(dtype) * 3 for _ in range(2))
     w = torch.randn(93, generator=gen).to(dtype)
-    for isa in fused.extension().supported_isas():
-        monkeypatch.setitem(fused._state, "isa", isa)
+    for isa in (ISAS[name] for name in fused.EXT.supported_isas()):
+        monkeypatch.setitem(fused.EXT.state, "isa", isa)
         total, normed = fused.rms_norm(x, w, 1e-5, h)
         assert torch.equal(total, x + h)
         close(normed, F.rms_norm((x + h).float(), (93,), w.float(), 1e-5), dtype)

@@ -1,4 +1,4 @@
-"""The native int4 / int8 linear (model/qlinear.py, csrc/qlinear.cpp) against the float64 product of
+"""The native int4 / int8 linear (kernels/qlinear.py, kernels/csrc/qlinear/qlinear.cpp) against the float64 product of
 the dequantized weights, on every instruction set this CPU runs.
 
 Tolerance: float32 accumulation in another order than float64, so |error| <= 1e-5 times the sum of
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentkv.attention import native
-from latentkv.model import qlinear
+from latentkv.kernels.build import ISAS
+from latentkv.kernels import build, qlinear
 from latentkv.model.quant import FixedOrderLinear, Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
 from threads import torch_threads
 
@@ -20,8 +20,7 @@ KINDS = (4, 8, 16, 32)  # int4, int8, bf16 and float32 weights (the batch-invari
 
 
 def isas():
-    codes = set(qlinear.extension().supported_isas())
-    return [name for name, code in native.ISAS.items() if code in codes]
+    return qlinear.EXT.supported_isas()
 
 
 def quantized(bits: int, n: int, k: int, seed: int = 0):
@@ -39,7 +38,7 @@ def quantized(bits: int, n: int, k: int, seed: int = 0):
 
 
 def run(x, packed, bits, n, isa, monkeypatch):
-    monkeypatch.setitem(qlinear._state, "isa", native.ISAS[isa])
+    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
     return qlinear.linear(x, packed, bits, n)
 
 
@@ -142,8 +141,8 @@ def test_linears_run_the_kernel_for_any_shape(cls, dtype):
 
 @torch.no_grad()
 def test_without_the_extension_the_aten_kernels_run(monkeypatch):
-    monkeypatch.setitem(qlinear._state, "module", None)
-    monkeypatch.setitem(qlinear._state, "reason", "test")
+    monkeypatch.setitem(qlinear.EXT.state, "module", None)
+    monkeypatch.setitem(qlinear.EXT.state, "reason", "test")
     linear = nn.Linear(64, 48)
     q4, q8 = Int4Linear(linear), Int8Linear(linear)
     assert not q4.native and not q8.native and hasattr(q4, "weight_int4") and hasattr(q8, "weight_int8")
@@ -194,8 +193,8 @@ def test_a_failed_build_warns_once_and_names_the_fallback(monkeypatch):
     def fail(*args, **kwargs):
         raise OSError("no compiler\ng++: not found")
 
-    monkeypatch.setattr(qlinear, "_state", {})
-    monkeypatch.setattr(native, "compile_extension", fail)
+    monkeypatch.setattr(qlinear.EXT, "state", {})
+    monkeypatch.setattr(build, "compile_extension", fail)
     with pytest.warns(RuntimeWarning, match="native int4/int8 linears are unavailable .*g\\+\\+: not found.*ATen's kernels"):
         assert not qlinear.available()
     assert qlinear.unavailable_reason() == "OSError: g++: not found"

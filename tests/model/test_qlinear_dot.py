@@ -1,4 +1,4 @@
-"""The integer-dot w4a8 / w8a8 linears (model/qlinear.py dot_linear, csrc/qlinear_dot_impl.h) against
+"""The integer-dot w4a8 / w8a8 linears (kernels/qlinear.py dot_linear, kernels/csrc/qlinear/qlinear_dot_impl.h) against
 a PyTorch reference of the same quantization math, on every instruction set this CPU runs.
 
 The activation codes, d_x and s_x must equal the reference exactly (one IEEE operation each). The
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentkv.attention import native
-from latentkv.model import qlinear
+from latentkv.kernels.build import ISAS
+from latentkv.kernels import build, qlinear
 from latentkv.model.quant import (Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8,
                                   quantize_linears)
 from threads import torch_threads
@@ -21,8 +21,7 @@ pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not bu
 
 
 def isas():
-    codes = set(qlinear.extension().supported_isas())
-    return [name for name, code in native.ISAS.items() if code in codes]
+    return qlinear.EXT.supported_isas()
 
 
 def reference_activations(x: torch.Tensor, groups: int):
@@ -63,7 +62,7 @@ def reference(x, codes, d_w, m_w):
 
 
 def run(x, packed, bits, n, isa, monkeypatch):
-    monkeypatch.setitem(qlinear._state, "isa", native.ISAS[isa])
+    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
     return qlinear.dot_linear(x, packed, bits, n)
 
 
@@ -72,7 +71,7 @@ def run(x, packed, bits, n, isa, monkeypatch):
 def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
-    monkeypatch.setitem(qlinear._state, "isa", native.ISAS[isa])
+    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
     x = torch.randn(6, 203, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 6)[:, None]
     x[2, 33:65] = 0  # an all-zero group (the second, after the shift below): d_x = 0, codes 0
     x[3, 5] = 1e4    # one outlier: the rest of its group rounds to few levels
@@ -145,8 +144,8 @@ def test_linears_are_the_weight_only_ones_up_to_the_activation_rounding(cls, bas
 
 @torch.no_grad()
 def test_without_the_extension_w4a8_runs_int4_with_one_warning(monkeypatch):
-    monkeypatch.setitem(qlinear._state, "module", None)
-    monkeypatch.setitem(qlinear._state, "reason", "test")
+    monkeypatch.setitem(qlinear.EXT.state, "module", None)
+    monkeypatch.setitem(qlinear.EXT.state, "reason", "test")
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
     with pytest.warns(RuntimeWarning, match="w4a8 needs the native linears .*using int4") as caught:
         assert quantize_linears(model, "w4a8") == 2

@@ -1,0 +1,108 @@
+"""The native attention kernels (csrc/attention/mla_attention.cpp): paged MLA decode and the
+batch-invariant prefill span. attention/native.py's NativeBackend decides when they run.
+
+- `mla_decode`: absorbed queries [B, M, r+dr] over one layer's paged latent -> o_lat [B, M, r].
+  Paths: avx512_bf16 (bf16 queries: vdpbf16ps, csrc/attention/mla_decode_bf16.h; an int8 latent:
+  vpdpbusd, mla_decode_vnni.h), avx512 and scalar (float32 FMAs, mla_decode_impl.h), avx2
+  (intrinsics, mla_decode_avx2.h). A sequence's keys are cut into work items of DECODE_SPAN tokens
+  at fixed positions for contexts up to DECODE_SPAN x DECODE_MAX_SPANS tokens (longer ones: at most
+  DECODE_MAX_SPANS items), merged in order: the same bits alone, batched, on any thread count.
+- `mla_prefill`: one span of attention/prefill.py's span_prefill, for PREFILL_DTYPES on every ISA:
+  float32 FMAs at the ISA's width (mla_prefill_f32.h; bf16 tensors widened), bf16 dot products for
+  bf16 on avx512_bf16 (mla_prefill_bf16.h).
+LATENTKV_NATIVE=0 switches the extension off (the PyTorch reference backend then serves).
+"""
+from __future__ import annotations
+
+import torch
+
+from .build import ISAS, Extension
+
+PREFILL_DTYPES = (torch.float32, torch.bfloat16)
+DECODE_SPAN, DECODE_MAX_SPANS = 64, 64  # csrc/attention/mla_job.h SPAN, MAX_SPANS (tests/test_docs_facts.py)
+
+
+def probe(module, isa: int) -> list:
+    """The self-check's inputs (kernels/build.py): decode over float32, bf16 and int8 caches with
+    float32 and bf16 queries (one and two query tokens), and a prefill span in both dtypes."""
+    gen = torch.Generator().manual_seed(0)
+    heads, rank, dr, bs = 4, 64, 16, 16
+    tables = torch.tensor([[0, 2, 4], [1, 3, 5]])
+    lens = torch.tensor([40, 17])
+    kv = torch.randn(6, bs, rank + dr, generator=gen)
+    latent = torch.randint(-127, 128, (6, bs, rank), generator=gen, dtype=torch.int8)
+    scale = torch.rand(6, bs, generator=gen) / 64
+    rope = torch.randn(6, bs, dr, generator=gen).bfloat16()
+    empty = torch.empty(0)
+    out = []
+    for q_len in (1, 2):
+        query = torch.randn(2, q_len * heads, rank + dr, generator=gen)
+        pos = torch.tensor([[39, 38], [16, 15]])[:, :q_len] if q_len > 1 else torch.empty(0, dtype=torch.long)
+        for qdt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            q = query.to(qdt)
+            for name, caches in (("kv", (kv.to(qdt), empty, empty, empty)), ("int8", (empty, latent, scale, rope))):
+                got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, isa, 1)
+                out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
+    n, dn, dv, span = 5, 16, 16, 64
+    for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        q = torch.randn(n, heads, dn + dr, generator=gen).to(dt)
+        keys = torch.randn(span, heads, dn + dv, generator=gen).to(dt)
+        k_r = torch.randn(span, dr, generator=gen).to(dt)
+        m, l, acc = torch.full((n, heads), float("-inf")), torch.zeros(n, heads), torch.zeros(n, heads, 16)
+        module.mla_prefill(q, keys, k_r, dn, 50, 0, m, l, acc, 0.2, isa, 1)
+        out.append((f"mla_prefill {dt}", acc / l[..., None], tol))
+    return out
+
+
+EXT = Extension("attention", "latentkv_mla_attention", "mla_attention.cpp", "LATENTKV_NATIVE",
+                "the native CPU attention kernel is", "the PyTorch reference backend", probe)
+
+
+def extension():
+    """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
+    return EXT.module()
+
+
+def available() -> bool:
+    return EXT.available()
+
+
+def unavailable_reason() -> str | None:
+    return EXT.unavailable_reason()
+
+
+def supported_isas() -> list[str]:
+    return EXT.supported_isas()
+
+
+def chosen_isa() -> str:
+    """The instruction set the kernels run: LATENTKV_CPU_ISA if set (must be one this CPU runs), else the best."""
+    return EXT.choose()
+
+
+def prefill_supported(dtype: torch.dtype) -> bool:
+    """Whether the native prefill kernel takes these prompt rows (else the SDPA tiles do)."""
+    return dtype in PREFILL_DTYPES
+
+
+def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: int = 1, isa: str | None = None,
+               threads: int | None = None) -> torch.Tensor:
+    """query [B, M, r+dr] (M = Q*heads rows, absorbed and scaled) over one layer's LatentCache ->
+    o_lat [B, M, r] in the query dtype. Rows of query token q see keys j <= query_pos[b, q]
+    (None: the whole context)."""
+    empty = query.new_empty(0)
+    if cache.quantized:
+        kv, latent, scale, rope = empty, cache.latent, cache.scale, cache.rope
+    else:
+        kv, latent, scale, rope = cache.kv, empty, empty, empty
+    pos = query_pos if query_pos is not None else context_lens.new_empty(0)
+    return extension().mla_decode(query, kv, latent, scale, rope, block_tables, context_lens, pos, heads,
+                                  cache.kv_rank, cache.block_size, ISAS[isa or chosen_isa()],
+                                  threads or torch.get_num_threads())
+
+
+def mla_prefill(q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float,
+                isa: str | None = None) -> None:
+    """One span of the invariant prefill (attention/prefill.py span_prefill has the contract)."""
+    extension().mla_prefill(q, kv, k_r, dn, first, key_start, m, l, acc, scale, ISAS[isa or chosen_isa()],
+                            torch.get_num_threads())

@@ -1,0 +1,305 @@
+// Paged MLA decode with bf16 dot products (avx512_bf16: vdpbf16ps), for bf16 queries. Included
+// once by mla_attention.cpp inside `namespace isa_avx512bf16` under a target pragma, after
+// exp_poly.h (e^x) and mla_decode_impl.h (the float32 fallback). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
+//
+// Same work items, online softmax and merge as mla_decode_impl.h; what differs is the inner
+// arithmetic. Per tile of BT tokens:
+//   rows:   each token's [c ; k_r] as bf16. A bf16 cache is read in place (pointers into the
+//           cache); int8 / fp8 codes are widened in registers to bf16 *codes* (exact: an int8
+//           or an e4m3 value fits bf16's 8-bit significand), into an L1 tile; the token's
+//           scale multiplies its latent score and its value weight instead.
+//   scores: q (bf16, as the model computed it) . row with vdpbf16ps: bf16 x bf16 products are
+//           exact in float32 and summed in float32, so scores are as exact as the float32 path.
+//           Three query rows (heads) at a time share each row load, eight tokens per pass share
+//           each q load (24 accumulators); a 16-way transpose-add gives 16 scores. (One row at a
+//           time loaded every latent chunk once per head: 1.7x slower at 8K, in cache.)
+//   values: the tile's rows are interleaved in pairs (token 2p, 2p+1) once, for all heads; then
+//           for three query rows at a time, acc += (p_2p, p_2p+1) . (c_2p, c_2p+1) with one vdpbf16ps per 16
+//           output lanes: two tokens per instruction, the probabilities rounded to bf16 (2^-9
+//           relative; the output is bf16 anyway). The pairing permutes output lanes within each
+//           32-wide chunk; `unpermute` restores the order at the end of the span.
+// Requires kv_rank % 32 == 0 (mla_attention.cpp falls back to the float32 path otherwise).
+#include "mla_job.h"
+
+constexpr int BT = 32;  // tokens per tile: 32 rows of 576 bf16 (36 KB) + their pairs stay in L1/L2
+
+struct Bf16Scratch {
+  uint16_t* tile;   // [BT, Dp] widened rows (quantized caches)
+  uint16_t* pairs;  // [BT/2, 2r] interleaved pairs
+  const uint16_t* zero;  // [Dp] zeros: the rows past the span
+};
+
+static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// 16 vectors -> one vector of their 16 horizontal sums (lane j = sum of v[j]).
+static inline __m512 reduce16(__m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // lanes: (v2i, v2i+1) interleaved partial sums
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // each 128-bit lane: v4i .. v4i+3
+    __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i)  // 128-bit lanes: (v8i..+3, v8i+4..+7) x two partials
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// One row's online-softmax step over a tile: scores sc[0..nv) -> running max/sum updated,
+// value weights wt[0..BT) = p_t x tscale_t (0 past nv) in float32; returns alpha (the rescale of
+// the row's earlier sums) and sets *wmax to the largest weight.
+static inline float softmax_tile(float* sc, int nv, const float* tscale, float* mx, float* sum, float* wt,
+                                 float* wmax) {
+  const __mmask16 m0 = (__mmask16)(nv >= 16 ? 0xFFFF : (1u << nv) - 1);
+  const __mmask16 m1 = (__mmask16)(nv >= 32 ? 0xFFFF : nv > 16 ? (1u << (nv - 16)) - 1 : 0);
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  __m512 s0 = _mm512_mask_loadu_ps(ninf, m0, sc), s1 = _mm512_mask_loadu_ps(ninf, m1, sc + 16);
+  float tmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+  float old = *mx, now = tmax > old ? tmax : old;
+  float alpha = exp_poly(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+  *mx = now;
+  const __m512 nw = _mm512_set1_ps(now);
+  __m512 p0 = _mm512_maskz_mov_ps(m0, exp_poly(_mm512_sub_ps(s0, nw)));
+  __m512 p1 = _mm512_maskz_mov_ps(m1, exp_poly(_mm512_sub_ps(s1, nw)));
+  *sum = *sum * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+  p0 = _mm512_mul_ps(p0, _mm512_loadu_ps(tscale)), p1 = _mm512_mul_ps(p1, _mm512_loadu_ps(tscale + 16));
+  *wmax = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));
+  _mm512_storeu_ps(wt, p0), _mm512_storeu_ps(wt + 16, p1);
+  return alpha;
+}
+
+// Rows of tokens [j0, j0 + n) as bf16 pointers (in place for a bf16 cache, else widened into
+// the scratch tile); rows n..BT-1 point at zeros.
+static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, int Dp, const Bf16Scratch& s,
+                      const uint16_t** rows, float* tscale) {
+  const int D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
+  for (int t = 0; t < BT; ++t) {
+    tscale[t] = 1.0f;
+    if (t >= n) {
+      rows[t] = s.zero;
+      continue;
+    }
+    int64_t j = j0 + t, slot = table[j / bs] * bs + j % bs;
+    if (job.kind == KIND_I8 || job.kind == KIND_FP8) tscale[t] = job.scale[slot];
+    if (job.kind == KIND_BF16) {
+      rows[t] = (const uint16_t*)job.kv + slot * D;
+      continue;
+    }
+    uint16_t* dst = s.tile + (int64_t)t * Dp;
+    rows[t] = dst;
+    if (job.kind == KIND_F32) {
+      const float* src = (const float*)job.kv + slot * D;
+      for (int i = 0; i < D; ++i) dst[i] = to_bf16(src[i]);
+      continue;
+    }
+    for (int i = 0; i < r; i += 32) {
+      __m512 lo, hi;
+      if (job.kind == KIND_I8) {
+        const int8_t* src = (const int8_t*)job.latent + slot * r + i;
+        lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)src)));
+        hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + 16))));
+      } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
+        const uint8_t* src = (const uint8_t*)job.latent + slot * r + i;
+        __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
+        __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(src + 16)));
+        const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
+        const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
+        lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
+                                                                     _mm512_slli_epi32(_mm512_and_si512(b0, mag), 20))));
+        hi = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b1, sign), 24),
+                                                                     _mm512_slli_epi32(_mm512_and_si512(b1, mag), 20))));
+      }
+      __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);  // exact: codes
+      _mm512_storeu_si512((void*)(dst + i), (__m512i)v);
+    }
+    if (job.rope_bf16) __builtin_memcpy(dst + r, (const uint16_t*)job.rope + slot * dr, sizeof(uint16_t) * dr);
+    else
+      for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(((const float*)job.rope)[slot * dr + i]);
+  }
+}
+
+// Prefetch part `part` of `parts` of the rows of tokens [j0, j1) (the next tile) while this one is
+// computed, spread over the tile's query rows so that few requests are in flight at once: a span
+// jumps to another block every block_size tokens, where the hardware prefetcher stalls (the first
+// touch of each row was the kernel's hottest instruction without this).
+static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j0, int64_t j1, int part, int parts) {
+  const int bs = job.bs;
+  const bool quant = job.kind == KIND_I8 || job.kind == KIND_FP8;
+  const int64_t row = quant ? job.r : (int64_t)job.D * (job.kind == KIND_F32 ? 4 : 2);
+  const int64_t rope_row = quant ? (int64_t)(job.D - job.r) * (job.rope_bf16 ? 2 : 4) : 0;
+  const int64_t n = j1 - j0;
+  for (int64_t j = j0 + n * part / parts; j < j0 + n * (part + 1) / parts; ++j) {
+    int64_t slot = table[j / bs] * bs + j % bs;
+    const char* p = quant ? (const char*)job.latent + slot * row : (const char*)job.kv + slot * row;
+    for (int64_t o = 0; o < row; o += 64) prefetch_l2(p + o);
+    if (rope_row) {
+      const char* pr = (const char*)job.rope + slot * rope_row;
+      for (int64_t o = 0; o < rope_row; o += 64) prefetch_l2(pr + o);
+    }
+  }
+}
+
+// The BT rows' first r values, interleaved by token pair: pairs[p][64k + 0..31] = unpacklo /
+// unpackhi of rows 2p and 2p+1 over values 32k..32k+31.
+static inline void pair_rows(const uint16_t* const* rows, int r, uint16_t* pairs) {
+  for (int p = 0; p < BT / 2; ++p) {
+    const uint16_t *a = rows[2 * p], *b = rows[2 * p + 1];
+    uint16_t* dst = pairs + (int64_t)p * 2 * r;
+    for (int i = 0; i < r; i += 32) {
+      __m512i x = _mm512_loadu_si512((const void*)(a + i)), y = _mm512_loadu_si512((const void*)(b + i));
+      _mm512_storeu_si512((void*)(dst + 2 * i), _mm512_unpacklo_epi16(x, y));
+      _mm512_storeu_si512((void*)(dst + 2 * i + 32), _mm512_unpackhi_epi16(x, y));
+    }
+  }
+}
+
+// sc[g][0..n) = tscale[t] * (q_g . row[t]) over the first r values + q_g . row[t] over the rest
+// (n <= BT) for G query rows q_g = q + g * D at once: each row chunk is loaded once for the G rows
+// (G x 8 accumulators), eight tokens per pass. A row's lanes and sums are the same whatever G
+// (batch-invariant). r % 32 == 0: the latent ends on a chunk.
+template <int G>
+static inline void scores_bf16(const uint16_t* q, const uint16_t* const* rows, int n, int D, int r, bool scaled,
+                               const float* tscale, float* sc) {
+  const int full = D / 32, lat = r / 32;
+  const __mmask32 tail = (__mmask32)((1ull << (D % 32)) - 1);
+  __m512 acc[G][BT];
+  const int groups = (n + 7) / 8;
+  for (int g = 0; g < groups; ++g) {
+    const uint16_t* const* rw = rows + g * 8;
+    __m512 a[G][8];
+    for (int k = 0; k < G; ++k)
+      for (int i = 0; i < 8; ++i) a[k][i] = _mm512_setzero_ps();
+    for (int c = 0; c < full; ++c) {
+      if (scaled && c == lat)
+        for (int k = 0; k < G; ++k)
+          for (int i = 0; i < 8; ++i) a[k][i] = _mm512_mul_ps(a[k][i], _mm512_set1_ps(tscale[g * 8 + i]));
+      __m512bh qc[G];
+      for (int k = 0; k < G; ++k) qc[k] = as_bh(_mm512_loadu_si512((const void*)(q + k * D + 32 * c)));
+      for (int i = 0; i < 8; ++i) {
+        __m512bh x = as_bh(_mm512_loadu_si512((const void*)(rw[i] + 32 * c)));
+        for (int k = 0; k < G; ++k) a[k][i] = _mm512_dpbf16_ps(a[k][i], x, qc[k]);
+      }
+    }
+    if (scaled && full == lat)
+      for (int k = 0; k < G; ++k)
+        for (int i = 0; i < 8; ++i) a[k][i] = _mm512_mul_ps(a[k][i], _mm512_set1_ps(tscale[g * 8 + i]));
+    if (tail) {
+      __m512bh qc[G];
+      for (int k = 0; k < G; ++k) qc[k] = as_bh(_mm512_maskz_loadu_epi16(tail, q + k * D + 32 * full));
+      for (int i = 0; i < 8; ++i) {
+        __m512bh x = as_bh(_mm512_maskz_loadu_epi16(tail, rw[i] + 32 * full));
+        for (int k = 0; k < G; ++k) a[k][i] = _mm512_dpbf16_ps(a[k][i], x, qc[k]);
+      }
+    }
+    for (int k = 0; k < G; ++k)
+      for (int i = 0; i < 8; ++i) acc[k][g * 8 + i] = a[k][i];
+  }
+  for (int k = 0; k < G; ++k) {
+    for (int g = groups; g < (groups + 1) / 2 * 2; ++g)
+      for (int i = 0; i < 8; ++i) acc[k][g * 8 + i] = _mm512_setzero_ps();
+    for (int h = 0; h < groups; h += 2) _mm512_storeu_ps(sc + k * BT + h * 8, reduce16(acc[k] + h * 8));
+  }
+}
+
+// acc_g [NZ x 16 lanes] = acc_g * alpha_g + sum over the tile's pairs of (w_g pair) . (row pair),
+// for G query rows at once: each pair vector is loaded once for the G rows.
+template <int G, int NZ>
+static inline void values_block(float* const* acc, int off, const uint16_t* pairs, int r, const uint32_t* w,
+                                const float* alpha) {
+  __m512 a[G][NZ];
+  for (int k = 0; k < G; ++k)
+    for (int z = 0; z < NZ; ++z) a[k][z] = _mm512_mul_ps(_mm512_loadu_ps(acc[k] + off + 16 * z), _mm512_set1_ps(alpha[k]));
+  for (int p = 0; p < BT / 2; ++p) {
+    __m512bh wp[G];
+    for (int k = 0; k < G; ++k) wp[k] = as_bh(_mm512_set1_epi32((int)w[k * (BT / 2) + p]));
+    const uint16_t* src = pairs + (int64_t)p * 2 * r + 2 * off;
+    for (int z = 0; z < NZ; ++z) {
+      __m512bh v = as_bh(_mm512_loadu_si512((const void*)(src + 32 * z)));
+      for (int k = 0; k < G; ++k) a[k][z] = _mm512_dpbf16_ps(a[k][z], v, wp[k]);
+    }
+  }
+  for (int k = 0; k < G; ++k)
+    for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(acc[k] + off + 16 * z, a[k][z]);
+}
+
+// G query rows m0 .. m0+G-1 over one tile of n tokens (rows, pairs ready): scores, online softmax
+// and values. A row with no visible token here keeps its state exactly (alpha 1, weights 0).
+template <int G>
+static inline void attend_tile_rows(const Job& job, int m0, int64_t j0, int n, const uint16_t* q, const int64_t* lim,
+                                    const uint16_t* const* rows, const float* tscale, const uint16_t* pairs, bool scaled,
+                                    float* acc, float* mx, float* sum) {
+  const int D = job.D, r = job.r;
+  int nv[G], most = 0;
+  for (int k = 0; k < G; ++k) {
+    int64_t visible = lim[m0 + k] - j0;
+    nv[k] = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
+    most = nv[k] > most ? nv[k] : most;
+  }
+  if (most == 0) return;
+  alignas(64) float sc[G * BT];
+  scores_bf16<G>(q + (int64_t)m0 * D, rows, most, D, r, scaled, tscale, sc);
+  alignas(64) uint16_t w16[G * BT];
+  float alpha[G];
+  float* am[G];
+  for (int k = 0; k < G; ++k) {
+    am[k] = acc + (int64_t)(m0 + k) * r;
+    if (nv[k] == 0) {
+      alpha[k] = 1.0f;
+      for (int t = 0; t < BT; ++t) w16[k * BT + t] = 0;
+      continue;
+    }
+    float wmax, wt[BT];
+    alpha[k] = softmax_tile(sc + k * BT, nv[k], tscale, mx + m0 + k, sum + m0 + k, wt, &wmax);
+    _mm256_storeu_si256((__m256i*)(w16 + k * BT), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(wt)));
+    _mm256_storeu_si256((__m256i*)(w16 + k * BT + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(wt + 16)));
+  }
+  const uint32_t* w = (const uint32_t*)w16;
+  int z = 0;
+  const int nz = r / 16;
+  for (; z + 4 <= nz; z += 4) values_block<G, 4>(am, 16 * z, pairs, r, w, alpha);
+  for (; z < nz; z += 2) values_block<G, 2>(am, 16 * z, pairs, r, w, alpha);
+}
+
+// Lane q of a 32-wide chunk holds value 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4 of it.
+static inline void unpermute(float* acc, int r, float* tmp) {
+  for (int i = 0; i < r; i += 32)
+    for (int q = 0; q < 32; ++q) tmp[i + 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4] = acc[i + q];
+  __builtin_memcpy(acc, tmp, sizeof(float) * r);
+}
+
+// One item as attend_span (mla_decode_impl.h) with q bf16 [M, D]; writes acc [M, r] (in order), mx, sum.
+static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, const uint16_t* q,
+                             const int64_t* lim, float* acc, float* mx, float* sum, const Bf16Scratch& s, float* sc) {
+  const int M = job.M, D = job.D, r = job.r, Dp = (D + 31) / 32 * 32;
+  const int64_t* table = job.block_tables + b * job.nb;
+  for (int m = 0; m < M; ++m) mx[m] = -__builtin_inff(), sum[m] = 0.0f;
+  for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
+  const uint16_t* rows[BT];
+  float tscale[BT];
+  const bool scaled = job.kind == KIND_I8 || job.kind == KIND_FP8;
+  for (int64_t j0 = t0; j0 < t1; j0 += BT) {
+    int n = (int)(t1 - j0 < BT ? t1 - j0 : BT);
+    const int64_t p0 = j0 + BT, p1 = j0 + 2 * BT < t1 ? j0 + 2 * BT : t1;  // the next tile
+    tile_rows(job, table, j0, n, Dp, s, rows, tscale);
+    pair_rows(rows, r, s.pairs);
+    // query rows three at a time (the bundled model's 9 heads: three groups), the rest one by one
+    const int groups = M / 3;
+    for (int g = 0; g < groups; ++g) {
+      prefetch_rows(job, table, p0, p1, g, groups + M % 3);
+      attend_tile_rows<3>(job, 3 * g, j0, n, q, lim, rows, tscale, s.pairs, scaled, acc, mx, sum);
+    }
+    for (int m = 3 * groups; m < M; ++m) {
+      prefetch_rows(job, table, p0, p1, groups + m - 3 * groups, groups + M % 3);
+      attend_tile_rows<1>(job, m, j0, n, q, lim, rows, tscale, s.pairs, scaled, acc, mx, sum);
+    }
+  }
+  for (int m = 0; m < M; ++m) unpermute(acc + (int64_t)m * r, r, sc + BT);
+}

@@ -1,0 +1,149 @@
+// Paged MLA decode attention, one instruction set. Included once per ISA by mla_attention.cpp
+// inside `namespace <isa>` under `#pragma GCC target(...)`: the loops below are written for
+// the auto-vectorizer (`#pragma omp simd`), so each inclusion compiles to that ISA's vectors.
+// Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here, inside the namespace; exp_poly.h (e^x) is included
+// before this file in each namespace.
+//
+// One work item = one sequence b and one span [t0, t1) of its cached tokens. The item reads
+// each token's latent row once (through the block table, in place), widens it to float32 in
+// an L1 tile (bf16: a shift; int8: times the token's scale; fp8 e4m3: a bit move, times
+// 2^120 and the scale), and uses the tile for all M = Q*H query rows: scores, online softmax
+// (running max and sum per row) and the value accumulation, in one pass. Items of one
+// sequence are merged by log-sum-exp in a fixed order (merge below), so the result does not
+// depend on the batch or on the number of threads.
+#include "mla_job.h"
+
+static inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+static inline void widen_bf16(const uint16_t* __restrict src, float* __restrict dst, int n, float mul) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) {
+    uint32_t u = (uint32_t)src[i] << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    dst[i] = f * mul;
+  }
+}
+
+static inline void widen_f32(const float* __restrict src, float* __restrict dst, int n, float mul) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = src[i] * mul;
+}
+
+static inline void widen_i8(const int8_t* __restrict src, float* __restrict dst, int n, float mul) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = (float)src[i] * mul;
+}
+
+static inline void widen_fp8(const uint8_t* __restrict src, float* __restrict dst, int n, float mul) {
+  // e4m3fn bits s eeee mmm placed at f32 bits 31 and 26..20: the f32 exponent is the e4m3 one
+  // (bias 127 instead of 7), so times 2^120 gives the value, subnormals included (no NaN codes:
+  // the writer clamps to +-448).
+  const float k = mul * 1.329227995784916e36f;  // 2^120
+#pragma omp simd
+  for (int i = 0; i < n; ++i) {
+    uint32_t b = src[i];
+    uint32_t u = ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20);
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    dst[i] = f * k;
+  }
+}
+
+// Widen token j of sequence `table` into dst [D] float32. Not through memmove: GCC turns the
+// float32 rope's copy into a libc call per token (~10% of the AVX2 kernel at 8K), where the
+// vector loop is a dozen loads and stores.
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) static inline void load_row(const Job& job,
+                                                                                          const int64_t* table,
+                                                                                          int64_t j, float* dst) {
+  const int D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
+  const int64_t slot = table[j / bs] * bs + j % bs;
+  switch (job.kind) {
+    case KIND_F32: widen_f32((const float*)job.kv + slot * D, dst, D, 1.0f); break;
+    case KIND_BF16: widen_bf16((const uint16_t*)job.kv + slot * D, dst, D, 1.0f); break;
+    default: {
+      float sc = job.scale[slot];
+      if (job.kind == KIND_I8) widen_i8((const int8_t*)job.latent + slot * r, dst, r, sc);
+      else widen_fp8((const uint8_t*)job.latent + slot * r, dst, r, sc);
+      if (job.rope_bf16) widen_bf16((const uint16_t*)job.rope + slot * dr, dst + r, dr, 1.0f);
+      else widen_f32((const float*)job.rope + slot * dr, dst + r, dr, 1.0f);
+    }
+  }
+}
+
+// Widen token rows [j0, j0 + n) of sequence `table` into tile [n, D] float32.
+static inline void load_tile(const Job& job, const int64_t* table, int64_t j0, int n, float* tile) {
+  for (int t = 0; t < n; ++t) load_row(job, table, j0 + t, tile + (int64_t)t * job.D);
+}
+
+// Scores of one query row against n tokens of the tile, four tokens per pass: four independent
+// accumulators (one would make the FMA latency, not the loads, the limit) sharing each q load.
+static inline void scores(const float* __restrict q, const float* __restrict tile, int n, int D, float* __restrict sc) {
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = tile + (int64_t)t * D;
+    const float *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int d = 0; d < D; ++d) {
+      float qd = q[d];
+      s0 += qd * k0[d];
+      s1 += qd * k1[d];
+      s2 += qd * k2[d];
+      s3 += qd * k3[d];
+    }
+    sc[t] = s0, sc[t + 1] = s1, sc[t + 2] = s2, sc[t + 3] = s3;
+  }
+  for (; t < n; ++t) sc[t] = dot(q, tile + (int64_t)t * D, D);
+}
+
+// One item: rows' running (max, sum, acc) over tokens [t0, t1) of sequence b.
+// q [M, D] float32, lim [M] visible keys per row; writes acc [M, r], mx [M], sum [M].
+static void attend_span(const Job& job, int64_t b, int64_t t0, int64_t t1, const float* q, const int64_t* lim,
+                        float* acc, float* mx, float* sum, float* tile, float* sc) {
+  const int M = job.M, D = job.D, r = job.r;
+  const int64_t* table = job.block_tables + b * job.nb;
+  for (int m = 0; m < M; ++m) {
+    mx[m] = -__builtin_inff();
+    sum[m] = 0.0f;
+  }
+  for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
+  for (int64_t j0 = t0; j0 < t1; j0 += TILE) {
+    int n = (int)(t1 - j0 < TILE ? t1 - j0 : TILE);
+    load_tile(job, table, j0, n, tile);
+    for (int64_t i = (int64_t)n * D; i < (int64_t)TILE * D; ++i) tile[i] = 0.0f;  // rows past the span: weight 0
+    for (int m = 0; m < M; ++m) {
+      int64_t visible = lim[m] - j0;  // rows see keys j < lim[m]
+      int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
+      if (nv == 0) continue;
+      scores(q + (int64_t)m * D, tile, nv, D, sc);
+      float tmax = -__builtin_inff();
+      for (int t = 0; t < nv; ++t) tmax = sc[t] > tmax ? sc[t] : tmax;
+      float old = mx[m], now = tmax > old ? tmax : old;
+      float alpha = exp_poly(old - now);  // 1 when the max holds; ~0 from -inf (acc and sum are 0 then)
+      mx[m] = now;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int t = 0; t < nv; ++t) {
+        sc[t] = exp_poly(sc[t] - now);
+        s += sc[t];
+      }
+      sum[m] = sum[m] * alpha + s;
+      // values: each acc element once per tile (not once per token), the tile's tokens summed in order
+      float* am = acc + (int64_t)m * r;
+      for (int t = nv; t < TILE; ++t) sc[t] = 0.0f;  // a fixed trip count below: the i loop vectorizes
+#pragma omp simd
+      for (int i = 0; i < r; ++i) {
+        float a = am[i] * alpha;
+#pragma GCC unroll 16
+        for (int t = 0; t < TILE; ++t) a += sc[t] * tile[(int64_t)t * D + i];
+        am[i] = a;
+      }
+    }
+  }
+}

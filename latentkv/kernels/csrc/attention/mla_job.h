@@ -1,0 +1,35 @@
+// What every paged-decode loop of mla_attention.cpp shares: the job, the tile and span sizes, the
+// cache kinds and the software prefetch. Included at file scope by mla_attention.cpp before the ISA
+// namespaces; each kernel header includes it too (guarded, so there a no-op) to say what it uses.
+#pragma once
+#include <cstdint>
+
+enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3 };
+constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
+constexpr int64_t SPAN = 64;    // fewest tokens per work item: a 128-token context is two items (both threads)
+constexpr int64_t MAX_SPANS = 64;  // spans sit at fixed positions (SPAN apart) for contexts up to SPAN x MAX_SPANS
+
+// Software prefetch as volatile asm: GCC (12, -O1 and up) deletes _mm_prefetch / __builtin_prefetch
+// loops over the block table as code without effects, so the kernels' prefetches never ran.
+inline void prefetch_l1(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*(const char*)p));
+#endif
+}
+inline void prefetch_l2(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*(const char*)p));
+#endif
+}
+
+struct Job {
+  int M, D, r, bs, kind;
+  int64_t nb;
+  bool rope_bf16;
+  const void* kv;
+  const void* latent;
+  const float* scale;
+  const void* rope;
+  const int64_t* block_tables;
+};
+

@@ -1,0 +1,345 @@
+// latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
+// each one call instead of a chain of eager PyTorch ops. Python side: latentkv/kernels/decode_ops.py
+// (build, switch: kernels/build.py), latentkv/model/fused.py (the PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
+//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E] in x's dtype
+//       (w in x's dtype, or bf16 under float32 x):
+//       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
+//       with `extra` (the rotated q_rope) times scale beside it.
+//   rope(x [N, G, d], cos [N, d/2], sin, interleaved) -> rotated [N, G, d].
+//   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
+//       scale, rope): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
+//       at their flat cache slots, in one pass.
+//   silu_mul(gate_up [T, 2I], isa) -> silu(gate) * up [T, I].
+//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, isa) -> (x + residual, its RMSNorm).
+// Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
+#include "decode_ops.h"
+#include "torch_lite.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+
+#include "cpu_isa.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
+namespace isa_avx512 {
+constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers hold a 4-row tile's accumulators
+#include "exp_poly.h"  // common/: one e^x for every kernel
+#include "decode_ops_impl.h"
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_avx2 {
+constexpr int HEAD_W = 8, HEAD_NV4 = 2, HEAD_NV1 = 8;  // 8 of 16 registers: more would spill
+#include "exp_poly.h"  // common/: one e^x for every kernel
+#include "decode_ops_impl.h"
+}
+#pragma GCC pop_options
+
+namespace isa_scalar {
+constexpr int HEAD_W = 4, HEAD_NV4 = 2, HEAD_NV1 = 4;  // SSE2-wide vectors (GCC lowers them on any target)
+#include "exp_poly.h"  // common/: one e^x for every kernel
+#include "decode_ops_impl.h"
+}
+
+namespace {
+
+using RowsF32 = void (*)(const float*, int, int, const float*, int, float*);
+using RowsBF16 = void (*)(const float*, int, int, const uint16_t*, int, float*);
+
+template <typename T>
+inline float load(const T* p, int64_t i) { return (float)p[i]; }
+
+template <typename T>
+inline T cast(float v) { return (T)v; }  // c10::BFloat16(float) rounds to nearest even, as torch does
+
+void check_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+}
+
+bool is_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+}  // namespace
+
+std::vector<int64_t> supported_isas() { return isas_up_to(2); }
+
+at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa) {
+  check_cpu(x, "head_matmul: x");
+  TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
+  TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
+              "head_matmul: x must be [N, H, K] and w [H, K, C]");
+  TORCH_CHECK(is_float(x) && is_float(w) && (w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kBFloat16),
+              "head_matmul: x and w must be float32 or bfloat16 (w bfloat16 under float32 x: widened, exact)");
+  w = w.contiguous();
+  const int64_t N = x.size(0), H = x.size(1), K = x.size(2), C = w.size(2);
+  const int64_t E = extra.numel() > 0 ? extra.size(2) : 0;
+  if (E > 0)
+    TORCH_CHECK(extra.dim() == 3 && extra.size(0) == N && extra.size(1) == H && extra.scalar_type() == x.scalar_type(),
+                "head_matmul: extra must be [N, H, E] in x's dtype");
+  auto out = at::empty({N, H, C + E}, x.options());
+  if (N == 0) return out;
+  constexpr int64_t CHUNK = 64;  // rows per work item
+  const int64_t chunks = (N + CHUNK - 1) / CHUNK;
+  const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
+  RowsF32 rows_f32 = isa >= 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
+  RowsBF16 rows_bf16 = isa >= 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
+  const float s = (float)scale;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "head_matmul", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* ep = E > 0 ? extra.data_ptr<scalar_t>() : nullptr;
+    const int64_t sxn = x.stride(0), sxh = x.stride(1), sxk = x.stride(2);
+    const int64_t sen = E > 0 ? extra.stride(0) : 0, seh = E > 0 ? extra.stride(1) : 0, sek = E > 0 ? extra.stride(2) : 0;
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const void* wp = w.data_ptr();
+    const int64_t cap = std::min(CHUNK, N);  // a decode step has a row or a few: 64 rows' buffers were ~155 KB zeroed per layer
+    at::parallel_for(0, H * chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> xs(cap * K), acc(cap * C);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t h = item / chunks, n0 = (item % chunks) * CHUNK;
+        const int64_t rows = std::min(CHUNK, N - n0);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t k = 0; k < K; ++k) xs[i * K + k] = load(xp, (n0 + i) * sxn + h * sxh + k * sxk);
+        if (bf16)
+          rows_bf16(xs.data(), (int)rows, (int)K, (const uint16_t*)wp + h * K * C, (int)C, acc.data());
+        else
+          rows_f32(xs.data(), (int)rows, (int)K, (const float*)wp + h * K * C, (int)C, acc.data());
+        for (int64_t i = 0; i < rows; ++i) {
+          scalar_t* o = op + ((n0 + i) * H + h) * (C + E);
+          for (int64_t c = 0; c < C; ++c) o[c] = cast<scalar_t>(acc[i * C + c] * s);
+          for (int64_t e = 0; e < E; ++e) o[C + e] = cast<scalar_t>(load(ep, (n0 + i) * sen + h * seh + e * sek) * s);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+namespace {
+
+// out[j] (pairs of x rotated by cos/sin), computed in float32 as model/rope.py does.
+template <typename T>
+inline void rotate_row(const T* x, int64_t stride, int64_t d, const float* cs, const float* sn, bool interleaved, float* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    const float a = load(x, ia * stride), b = load(x, ib * stride);
+    out[ia] = a * cs[i] - b * sn[i];
+    out[ib] = b * cs[i] + a * sn[i];
+  }
+}
+
+}  // namespace
+
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved) {
+  check_cpu(x, "rope: x");
+  TORCH_CHECK(x.dim() == 3 && is_float(x), "rope: x must be [N, G, d] float32 or bfloat16");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rope: cos/sin must be float32");
+  cos = cos.contiguous(), sin = sin.contiguous();
+  const int64_t N = x.size(0), G = x.size(1), d = x.size(2);
+  TORCH_CHECK(d % 2 == 0 && cos.numel() == N * (d / 2) && sin.numel() == N * (d / 2), "rope: cos/sin must be [N, d/2]");
+  auto out = at::empty({N, G, d}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rope", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+    const int64_t sn = x.stride(0), sg = x.stride(1), sd = x.stride(2);
+    at::parallel_for(0, N * G, 64, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(d);
+      for (int64_t ng = begin; ng < end; ++ng) {
+        const int64_t n = ng / G, g = ng % G;
+        rotate_row(xp + n * sn + g * sg, sd, d, cp + n * (d / 2), sp + n * (d / 2), interleaved, row.data());
+        for (int64_t i = 0; i < d; ++i) op[ng * d + i] = cast<scalar_t>(row[i]);
+      }
+    });
+  });
+  return out;
+}
+
+void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
+                  at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,
+                  double qmax) {
+  check_cpu(c, "write_latent: c");
+  TORCH_CHECK(c.dim() == 2 && k_r.dim() == 2 && c.size(0) == k_r.size(0) && is_float(c) && k_r.scalar_type() == c.scalar_type(),
+              "write_latent: c [T, r] and k_r [T, dr] must share a float dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == c.size(0), "write_latent: slots must be int64 [T]");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "write_latent: cos/sin must be float32");
+  slots = slots.contiguous(), cos = cos.contiguous(), sin = sin.contiguous();
+  const int64_t T = c.size(0), r = c.size(1), dr = k_r.size(1);
+  TORCH_CHECK(dr % 2 == 0 && cos.numel() == T * (dr / 2), "write_latent: cos/sin must be [T, dr/2]");
+  const bool quantized = kv.numel() == 0;
+  int64_t slot_count;
+  if (quantized) {
+    TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope_cache.is_contiguous() && latent.size(-1) == r &&
+                    scale.scalar_type() == at::kFloat &&
+                    (rope_cache.scalar_type() == c.scalar_type() || rope_cache.scalar_type() == at::kBFloat16) &&
+                    (latent.scalar_type() == at::kChar || latent.scalar_type() == at::kByte),
+                "write_latent: latent [.., r] int8|uint8, scale float32, rope in c's dtype or bf16, all contiguous");
+    slot_count = scale.numel();
+  } else {
+    TORCH_CHECK(kv.is_contiguous() && kv.size(-1) == r + dr && kv.scalar_type() == c.scalar_type(),
+                "write_latent: kv must be contiguous [.., r + dr] in c's dtype");
+    slot_count = kv.numel() / (r + dr);
+  }
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < slot_count, "write_latent: slot ", sp[t], " outside the cache");
+  const bool fp8 = quantized && latent.scalar_type() == at::kByte;
+  const bool rope16 = quantized && rope_cache.scalar_type() == at::kBFloat16 && c.scalar_type() != at::kBFloat16;
+  const float q = (float)qmax;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, c.scalar_type(), "write_latent", [&] {
+    const scalar_t *cp = c.data_ptr<scalar_t>(), *kp = k_r.data_ptr<scalar_t>();
+    const int64_t scn = c.stride(0), sck = c.stride(1), skn = k_r.stride(0), skk = k_r.stride(1);
+    const float *cosp = cos.data_ptr<float>(), *sinp = sin.data_ptr<float>();
+    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(dr);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t slot = sp[t];
+        const scalar_t* ct = cp + t * scn;
+        rotate_row(kp + t * skn, skk, dr, cosp + t * (dr / 2), sinp + t * (dr / 2), interleaved, row.data());
+        if (rope16) {  // a float32 model's quantized cache (cache/latent_cache.py rope_dtype)
+          at::BFloat16* rope_out = rope_cache.data_ptr<at::BFloat16>() + slot * dr;
+          for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<at::BFloat16>(row[i]);
+        } else {
+          scalar_t* rope_out = quantized ? rope_cache.data_ptr<scalar_t>() + slot * dr : kv.data_ptr<scalar_t>() + slot * (r + dr) + r;
+          for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<scalar_t>(row[i]);
+        }
+        if (!quantized) {
+          scalar_t* out = kv.data_ptr<scalar_t>() + slot * (r + dr);
+          for (int64_t i = 0; i < r; ++i) out[i] = ct[i * sck];
+          continue;
+        }
+        // as cache/latent_cache.py quantize_latent: scale = max|c| / qmax; codes = c / scale
+        float top = 0.0f;
+        for (int64_t i = 0; i < r; ++i) top = std::max(top, std::fabs(load(ct, i * sck)));
+        const float s = std::max(top, 1e-12f) / q;
+        scale.data_ptr<float>()[slot] = s;
+        if (fp8) {
+          uint8_t* out = latent.data_ptr<uint8_t>() + slot * r;
+          for (int64_t i = 0; i < r; ++i) out[i] = c10::Float8_e4m3fn(load(ct, i * sck) / s).x;
+        } else {
+          int8_t* out = latent.data_ptr<int8_t>() + slot * r;
+          for (int64_t i = 0; i < r; ++i) out[i] = (int8_t)std::min(127.0f, std::max(-127.0f, std::nearbyint(load(ct, i * sck) / s)));
+        }
+      }
+    });
+  });
+}
+
+std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t isa) {
+  check_cpu(x, "rms_norm: x");
+  TORCH_CHECK(x.dim() == 2 && is_float(x) && weight.dim() == 1 && weight.size(0) == x.size(1),
+              "rms_norm: x must be [T, d] float32 or bfloat16, weight [d]");
+  const bool add = residual.numel() > 0;
+  if (add)
+    TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+                "rms_norm: residual must match x");
+  x = x.contiguous(), weight = weight.contiguous(), residual = residual.contiguous();
+  const int64_t T = x.size(0), d = x.size(1);
+  auto out = at::empty_like(x);
+  auto sum = add ? at::empty_like(x) : x;
+  const auto st = x.scalar_type();
+  if (weight.scalar_type() == st && (st == at::kBFloat16 || st == at::kFloat) && isa_supported(isa)) {
+    // the vectorized rows (decode_ops_impl.h), one instruction set
+    const float e = (float)eps;
+    if (st == at::kBFloat16) {
+      using Rows = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const uint16_t*, float, uint16_t*, int64_t, int64_t,
+                            int64_t, float*);
+      Rows rows = isa >= 2 ? isa_avx512::rms_norm_rows_bf16 : isa == 1 ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
+      const uint16_t *xp = (const uint16_t*)x.data_ptr(), *rp = add ? (const uint16_t*)residual.data_ptr() : nullptr,
+                     *wp = (const uint16_t*)weight.data_ptr();
+      uint16_t *sp = add ? (uint16_t*)sum.data_ptr() : nullptr, *op = (uint16_t*)out.data_ptr();
+      at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(d);
+        rows(xp, rp, sp, wp, e, op, begin, end, d, row.data());
+      });
+    } else {
+      using Rows = void (*)(const float*, const float*, float*, const float*, float, float*, int64_t, int64_t, int64_t, float*);
+      Rows rows = isa >= 2 ? isa_avx512::rms_norm_rows_f32 : isa == 1 ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
+      const float *xp = x.data_ptr<float>(), *rp = add ? residual.data_ptr<float>() : nullptr, *wp = weight.data_ptr<float>();
+      float *sp = add ? sum.data_ptr<float>() : nullptr, *op = out.data_ptr<float>();
+      at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(d);
+        rows(xp, rp, sp, wp, e, op, begin, end, d, row.data());
+      });
+    }
+    return {sum, out};
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, weight.scalar_type(), "rms_norm_weight", [&] {
+      using w_t = scalar_t;
+      const w_t* wp = weight.data_ptr<w_t>();
+      AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rms_norm_x", [&] {
+        const scalar_t* xp = x.data_ptr<scalar_t>();
+        const scalar_t* rp = add ? residual.data_ptr<scalar_t>() : nullptr;
+        scalar_t* sp = sum.data_ptr<scalar_t>();
+        scalar_t* op = out.data_ptr<scalar_t>();
+        at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+          std::vector<float> row(d);
+          for (int64_t t = begin; t < end; ++t) {
+            float ss = 0.0f;
+            for (int64_t i = 0; i < d; ++i) {
+              float v = load(xp, t * d + i);
+              if (add) {  // the residual stream is rounded to the activation dtype, as x + h is
+                scalar_t s = cast<scalar_t>(v + load(rp, t * d + i));
+                sp[t * d + i] = s;
+                v = (float)s;
+              }
+              row[i] = v;
+              ss += v * v;
+            }
+            // as aten's rms_norm: float32 statistics, x * rsqrt(mean(x^2) + eps) * weight, one rounding
+            const float rs = 1.0f / std::sqrt(ss / (float)d + (float)eps);
+            for (int64_t i = 0; i < d; ++i) op[t * d + i] = cast<scalar_t>(row[i] * rs * load(wp, i));
+          }
+        });
+      });
+  });
+  return {sum, out};
+}
+
+at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
+  check_cpu(gate_up, "silu_mul: gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && is_float(gate_up), "silu_mul: gate_up must be [T, 2I] float");
+  TORCH_CHECK(isa_supported(isa), "silu_mul: this CPU does not support instruction set ", isa);
+  gate_up = gate_up.contiguous();
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  auto out = at::empty({T, I}, gate_up.options());
+  const int64_t grain = std::max<int64_t>(1, 16384 / I);  // rows per task: ~16K elements
+  if (gate_up.scalar_type() == at::kBFloat16) {
+    using Rows = void (*)(const uint16_t*, uint16_t*, int64_t, int64_t, int64_t);
+    Rows rows = isa >= 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
+    const uint16_t* gp = (const uint16_t*)gate_up.data_ptr();
+    uint16_t* op = (uint16_t*)out.data_ptr();
+    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
+  } else {
+    using Rows = void (*)(const float*, float*, int64_t, int64_t, int64_t);
+    Rows rows = isa >= 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
+              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
+    const float* gp = gate_up.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
+  }
+  return out;
+}
+
+#include "decode_step.h"  // the whole decode step in one call, over the ops above (decode_ops.h)
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_decode_plan(m);
+  m.def("head_matmul", &head_matmul, "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
+  m.def("rope", &rope, "rotate [N, G, d] by cos/sin [N, d/2]");
+  m.def("write_latent", &write_latent, "rope on k_r + quantization + write into the paged cache");
+  m.def("rms_norm", &rms_norm, "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+}

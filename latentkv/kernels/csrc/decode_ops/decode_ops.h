@@ -1,0 +1,15 @@
+// The fused decode-step ops of decode_ops.cpp (shapes and meaning there), declared for
+// decode_step.h, which calls them between the weight linears. isa: 0 scalar, 1 avx2+fma, 2 avx512.
+#pragma once
+#include "torch_lite.h"
+
+#include <cstdint>
+#include <vector>
+
+at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa);
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved);
+void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
+                  at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,
+                  double qmax);
+std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t isa);
+at::Tensor silu_mul(at::Tensor gate_up, int64_t isa);

@@ -1,0 +1,178 @@
+// The per-head matmul of the absorbed decode and the SwiGLU elementwise op, one instruction set. Included once per ISA by
+// decode_ops.cpp inside `namespace <isa>` under `#pragma GCC target(...)`, after that namespace's
+// HEAD_W (float lanes) and HEAD_NV4 (vectors per 4-row tile); the other loops are written for the
+// auto-vectorizer. Nothing here may include a header (we are inside a namespace); exp_poly.h
+// is included before this file in each namespace.
+//
+// acc[n, 0:C] = sum_k x[n, k] * w[k, 0:C] for rows n of one head, float32 accumulation in k order.
+// Accumulators live in registers: tiles of 4 rows x NV4 vectors (then single rows x 4 vectors) of
+// HEAD_W lanes (set by the includer per ISA; GCC vector types), so each weight vector loaded is
+// used by every row of the tile and no accumulator spills (AVX2 has 16 registers: 4 x 2 there).
+// Every output element is acc = x[0] w[0] + x[1] w[1] + ... in k order with the same instruction
+// (contracted to an FMA where the ISA has one) in every tile and in the scalar column tail, so a
+// row's bits depend only on its own x and w: never on how many rows share the call or which tile
+// took it (batch invariance).
+
+typedef float HVec __attribute__((vector_size(HEAD_W * 4)));
+typedef uint16_t HVec16 __attribute__((vector_size(HEAD_W * 2)));
+typedef uint32_t HVecU __attribute__((vector_size(HEAD_W * 4)));
+
+static inline HVec hload(const float* p) {
+  HVec v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline HVec hload(const uint16_t* p) {  // bf16 bits widened: exact
+  HVec16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return (HVec)(__builtin_convertvector(h, HVecU) << 16);
+}
+static inline float hwiden(float v) { return v; }
+static inline float hwiden(uint16_t v) { return __builtin_bit_cast(float, (uint32_t)v << 16); }
+
+// RT rows of x [*, K] times NV vectors of columns from c0 of w [K, C] -> acc [RT rows, stride C].
+template <int RT, int NV, typename W>
+static inline void head_tile(const float* __restrict x, int K, const W* __restrict w, int C, int c0,
+                             float* __restrict acc) {
+  HVec a[RT][NV] = {};
+  for (int k = 0; k < K; ++k) {
+    const W* wk = w + (int64_t)k * C + c0;
+    HVec wv[NV];
+    for (int j = 0; j < NV; ++j) wv[j] = hload(wk + j * HEAD_W);
+    for (int r = 0; r < RT; ++r) {
+      const float xv = x[(int64_t)r * K + k];
+      for (int j = 0; j < NV; ++j) a[r][j] += xv * wv[j];
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int j = 0; j < NV; ++j) __builtin_memcpy(acc + (int64_t)r * C + c0 + j * HEAD_W, &a[r][j], sizeof(HVec));
+}
+
+// RT rows over all columns: NV-vector tiles, then tiles of NV/2, NV/4 ... 1 vectors, then the last
+// C % HEAD_W columns in a zero-padded vector. Wide tiles matter for single rows: each k reads NV contiguous vectors of w (a row of
+// w is C apart) and keeps NV independent FMA chains in flight.
+template <int RT, int NV, typename W>
+static inline void head_row_tile(const float* __restrict x, int K, const W* __restrict w, int C, float* __restrict acc) {
+  const int full = C / HEAD_W * HEAD_W;
+  int c0 = 0;
+  for (; c0 + NV * HEAD_W <= full; c0 += NV * HEAD_W) head_tile<RT, NV>(x, K, w, C, c0, acc);
+  if constexpr (NV >= 8) if (c0 + 4 * HEAD_W <= full) head_tile<RT, 4>(x, K, w, C, c0, acc), c0 += 4 * HEAD_W;
+  if constexpr (NV >= 4) if (c0 + 2 * HEAD_W <= full) head_tile<RT, 2>(x, K, w, C, c0, acc), c0 += 2 * HEAD_W;
+  for (; c0 < full; c0 += HEAD_W) head_tile<RT, 1>(x, K, w, C, c0, acc);
+  const int tail = C - full;
+  if (tail == 0) return;
+  // The last C % HEAD_W columns in one zero-padded vector, so they take the same vector FMA as
+  // every other column: a scalar loop here is the compiler's to contract or not, and GCC did so
+  // differently for float and bf16 weights on AVX-512.
+  HVec a[RT] = {};
+  for (int k = 0; k < K; ++k) {
+    HVec wv = {};
+    for (int l = 0; l < tail; ++l) wv[l] = hwiden(w[(int64_t)k * C + full + l]);
+    for (int r = 0; r < RT; ++r) a[r] += x[(int64_t)r * K + k] * wv;
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int l = 0; l < tail; ++l) acc[(int64_t)r * C + full + l] = a[r][l];
+}
+
+// x [R, K] float32, w [K, C] -> acc [R, C] float32.
+template <typename W>
+static void head_rows(const float* __restrict x, int R, int K, const W* __restrict w, int C, float* __restrict acc) {
+  int r0 = 0;
+  for (; r0 + 4 <= R; r0 += 4) head_row_tile<4, HEAD_NV4>(x + (int64_t)r0 * K, K, w, C, acc + (int64_t)r0 * C);
+  for (; r0 < R; ++r0) head_row_tile<1, HEAD_NV1>(x + (int64_t)r0 * K, K, w, C, acc + (int64_t)r0 * C);
+}
+
+static void head_rows_f32(const float* x, int R, int K, const float* w, int C, float* acc) {
+  head_rows<float>(x, R, K, w, C, acc);
+}
+
+static void head_rows_bf16(const float* x, int R, int K, const uint16_t* w, int C, float* acc) {
+  head_rows<uint16_t>(x, R, K, w, C, acc);
+}
+
+// SwiGLU's silu(gate) * up on rows [t0, t1) of gate_up [T, 2I] (float or bf16 bits), rounded to
+// the activation dtype between the two ops as F.silu(gate) * up is. e^x by exp_poly
+// (common/exp_poly.h, the attention kernels' polynomial, ~2 ulp) so the loop vectorizes: a prefill
+// chunk's [2048, 2I] took ~6 ns per element through libm's exp. Elementwise: a row's bits never
+// depend on the batch.
+
+// __builtin_bit_cast, not memcpy: the vectorizer sees through it
+static inline float bf16_bits_to_float(uint16_t v) { return __builtin_bit_cast(float, (uint32_t)v << 16); }
+static inline uint32_t float_to_bf16_bits(float f) {  // nearest even (finite values)
+  const uint32_t u = __builtin_bit_cast(uint32_t, f);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+static inline float silu(float x) { return x / (1.0f + exp_poly(-x)); }
+
+static void silu_mul_rows(const float* __restrict gate_up, float* __restrict out, int64_t t0, int64_t t1, int64_t I) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const float *g = gate_up + t * 2 * I, *u = g + I;
+    float* o = out + t * I;
+#pragma omp simd
+    for (int64_t i = 0; i < I; ++i) o[i] = silu(g[i]) * u[i];
+  }
+}
+
+static void silu_mul_rows(const uint16_t* __restrict gate_up, uint16_t* __restrict out, int64_t t0, int64_t t1,
+                          int64_t I) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint16_t *g = gate_up + t * 2 * I, *u = g + I;
+    uint16_t* o = out + t * I;
+#pragma omp simd
+    for (int64_t i = 0; i < I; ++i) {
+      const float act = bf16_bits_to_float((uint16_t)float_to_bf16_bits(silu(bf16_bits_to_float(g[i]))));
+      o[i] = (uint16_t)float_to_bf16_bits(act * bf16_bits_to_float(u[i]));
+    }
+  }
+}
+
+// RMSNorm of rows [t0, t1) of x [T, d] (float or bf16 bits, the weight the same type), with the
+// residual added first when res is given (sum = x + res, rounded to the activation dtype as
+// x + h is): float32 statistics, x * rsqrt(mean(x^2) + eps) * weight, one rounding. The loops
+// vectorize (a row's sum of squares in a fixed lane order: the same for every row and batch).
+static inline float widen_any(float v) { return v; }
+static inline float widen_any(uint16_t v) { return bf16_bits_to_float(v); }
+static inline float round_any(float f, const float*) { return f; }
+static inline uint16_t round_any(float f, const uint16_t*) { return (uint16_t)float_to_bf16_bits(f); }
+
+template <typename T>
+static void rms_norm_rows(const T* __restrict x, const T* __restrict res, T* __restrict sum, const T* __restrict w,
+                          float eps, T* __restrict out, int64_t t0, int64_t t1, int64_t d, float* __restrict row) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* xr = x + t * d;
+    float ss = 0.0f;
+    if (res) {
+      const T* rr = res + t * d;
+      T* sr = sum + t * d;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < d; ++i) {
+        const T s = round_any(widen_any(xr[i]) + widen_any(rr[i]), xr);
+        sr[i] = s;
+        const float v = widen_any(s);
+        row[i] = v;
+        ss += v * v;
+      }
+    } else {
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < d; ++i) {
+        const float v = widen_any(xr[i]);
+        row[i] = v;
+        ss += v * v;
+      }
+    }
+    const float rs = 1.0f / __builtin_sqrtf(ss / (float)d + eps);
+    T* o = out + t * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) o[i] = round_any(row[i] * rs * widen_any(w[i]), o);
+  }
+}
+
+static void rms_norm_rows_f32(const float* x, const float* res, float* sum, const float* w, float eps, float* out,
+                              int64_t t0, int64_t t1, int64_t d, float* row) {
+  rms_norm_rows<float>(x, res, sum, w, eps, out, t0, t1, d, row);
+}
+
+static void rms_norm_rows_bf16(const uint16_t* x, const uint16_t* res, uint16_t* sum, const uint16_t* w, float eps,
+                               uint16_t* out, int64_t t0, int64_t t1, int64_t d, float* row) {
+  rms_norm_rows<uint16_t>(x, res, sum, w, eps, out, t0, t1, d, row);
+}

@@ -1,0 +1,410 @@
+// latentkv weight-only quantized linears (CPU): y [M, N] = x [M, K] · Wᵀ with W stored as group-32
+// int4 (scale + zero per group), int8 (scale per row) or plain bf16 / float32 (the batch-invariant
+// linears), packed by latentkv/kernels/qlinear.py (layout:
+// qlinear_impl.h). Activations float32 or bfloat16 (widened to float32 once), float32 accumulation
+// in a fixed order per output element: batch-invariant. Threads (at::parallel_for, torch's) split
+// the output rows, never K.
+//   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|16|32, N, isa) -> y [M, N] in x's dtype.
+// And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
+// group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX2 maddubs / scalar,
+// through the same entry (so the decode plan's capsule runs them too).
+#include "torch_lite.h"
+
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include "cpu_isa.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <cstdint>
+#include <vector>
+
+// quantize_group's answer (every ISA) for a group holding a NaN: codes 0, sum 0, max|v| NaN, so
+// d_x and s_x are NaN and the NaN reaches every output of the row, as in a float linear.
+static inline float nan_group(int8_t* q, int32_t* sum) {
+  for (int j = 0; j < 32; ++j) q[j] = 0;
+  *sum = 0;
+  return __builtin_nanf("");
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace isa_avx512 {
+struct Vec {
+  static constexpr int W = 16;
+  using T = __m512;
+  static inline T zero() { return _mm512_setzero_ps(); }
+  static inline T load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static inline T set1(float v) { return _mm512_set1_ps(v); }
+  static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static inline T add(T a, T b) { return _mm512_add_ps(a, b); }
+  // nibble t (bits 4t..4t+3) of each lane's word in place, q * 16^t (t = 7: shifted down, q)
+  static inline T nibble(const int32_t* words, int t) {
+    const __m512i v = _mm512_loadu_si512(words);
+    return _mm512_cvtepi32_ps(t == 7 ? _mm512_srli_epi32(v, 28) : _mm512_and_si512(v, _mm512_set1_epi32(15 << 4 * t)));
+  }
+  static inline T byte(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // words of two bf16 (input k in the low half, k + 1 in the high), one of them widened: exact
+  static inline T bf16_lo(const int32_t* w) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(w), 16)); }
+  static inline T bf16_hi(const int32_t* w) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(w), _mm512_set1_epi32((int)0xffff0000u)));
+  }
+  static constexpr bool DPBF16 = false;
+};
+constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
+#include "qlinear_impl.h"
+}  // namespace isa_avx512
+#pragma GCC pop_options
+
+// AVX-512 with bf16 dot products: the avx512 loops, but bf16 weights times bf16 activations by
+// vdpbf16ps (a pair of inputs per instruction: twice the FMA path's multiply-adds) in its own
+// fixed order (pairs in input order): qlinear_impl.h's group_sums branches on Vec::DPBF16.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace isa_avx512bf16 {
+struct Vec : isa_avx512::Vec {
+  static constexpr bool DPBF16 = true;
+  static inline T words(const int32_t* w) { return _mm512_loadu_ps(reinterpret_cast<const float*>(w)); }
+  // one word of x's pairs (two bf16 inputs) in every lane
+  static inline T pair(const float* x) { return _mm512_set1_ps(*x); }
+  static inline T dp(T w, T x, T acc) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
+};
+// 4 blocks x 6 rows: 24 accumulators of 32 registers (each weight vector feeds 6 rows, each x pair 4 panels)
+constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 4, TILE_P = 4, MB_TILE = 6;
+#include "qlinear_impl.h"
+}  // namespace isa_avx512bf16
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_avx2 {
+struct Vec {
+  static constexpr int W = 8;
+  using T = __m256;
+  static inline T zero() { return _mm256_setzero_ps(); }
+  static inline T load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static inline T set1(float v) { return _mm256_set1_ps(v); }
+  static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static inline T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static inline T nibble(const int32_t* words, int t) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));
+    return _mm256_cvtepi32_ps(t == 7 ? _mm256_srli_epi32(v, 28) : _mm256_and_si256(v, _mm256_set1_epi32(15 << 4 * t)));
+  }
+  static inline T byte(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static inline T bf16_lo(const int32_t* w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), 16));
+  }
+  static inline T bf16_hi(const int32_t* w) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
+                                                _mm256_set1_epi32((int)0xffff0000u)));
+  }
+  static constexpr bool DPBF16 = false;
+};
+constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE = 4;
+#include "qlinear_impl.h"
+
+// Integer-dot formats (qlinear_dot_impl.h). w4a8: rows p and p + 4 of each 8-row half share 32 bytes
+// (slots 2p, 2p + 1; qlinear.py W4A8_SLOTS), so three hadds leave the 8 rows' sums in lane order;
+// byte j of a row holds input j (low nibble) and input j + 16 (high). maddubs (u8 codes x s8
+// activations, pairs to i16: at most 2 * 15 * 127) then madd (-> i32): exact.
+struct W4 {
+  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 4, SCALE = BLOCK * 16;
+  static constexpr bool MIN = true;
+  static inline __m256 isum(const uint8_t* rec, int lane, const int8_t* x) {
+    const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16)));
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256i s[4];
+    for (int p = 0; p < 4; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + lane * 16 + 32 * p));
+      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      s[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
+    }
+    return _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3])));
+  }
+};
+
+// w8a8: a row's 32 int8 codes in input order; |w| x sign(x, w) for maddubs (codes in -127..127:
+// pairs at most 2 * 127 * 127 < 2^15), then six hadds and a lane swap put row r in lane r.
+struct W8 {
+  static constexpr int REC = BLOCK * 32 + BLOCK * 4, SCALE = BLOCK * 32;
+  static constexpr bool MIN = false;
+  static inline __m256 isum(const uint8_t* rec, int lane, const int8_t* x) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), ones = _mm256_set1_epi16(1);
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + (lane + r) * 32));
+      s[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
+    }
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31)));
+  }
+};
+
+// One group of 32 float activations -> int8 codes round(v * 127 / max|v|) (nearest even: the
+// MXCSR default), returns max|v|: NaN when an input is NaN (nan_group; max_ps alone would drop it).
+static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 mx = _mm256_and_ps(_mm256_loadu_ps(v), mag);
+  __m256 nan = _mm256_cmp_ps(mx, mx, _CMP_UNORD_Q);
+  for (int i = 8; i < 32; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(v + i), mag);
+    mx = _mm256_max_ps(mx, a), nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  float amax = 0.0f;
+  for (float l : lanes) amax = l > amax ? l : amax;
+  if (_mm256_movemask_ps(nan)) return nan_group(q, sum);
+  const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  alignas(32) int32_t c[32];
+  for (int i = 0; i < 32; i += 8)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(c + i), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), id)));
+  int32_t s = 0;
+  for (int j = 0; j < 32; ++j) q[j] = (int8_t)c[j], s += c[j];
+  *sum = s;
+  return amax;
+}
+#include "qlinear_dot_impl.h"
+}  // namespace isa_avx2
+#pragma GCC pop_options
+
+namespace isa_scalar {
+struct Vec {  // one lane: the same operations, so the same bits as the SIMD paths
+  static constexpr int W = 1;
+  using T = float;
+  static inline T zero() { return 0.0f; }
+  static inline T load(const float* p) { return *p; }
+  static inline void store(float* p, T v) { *p = v; }
+  static inline T set1(float v) { return v; }
+  static inline T fma(T a, T b, T c) { return __builtin_fmaf(a, b, c); }
+  static inline T mul(T a, T b) { return a * b; }
+  static inline T add(T a, T b) { return a + b; }
+  static inline T nibble(const int32_t* words, int t) {
+    const uint32_t v = (uint32_t)*words;
+    return (float)(int32_t)(t == 7 ? v >> 28 : v & (15u << 4 * t));
+  }
+  static inline T byte(const int8_t* p) { return (float)*p; }
+  static inline T bf16_lo(const int32_t* w) { return __builtin_bit_cast(float, (uint32_t)*w << 16); }
+  static inline T bf16_hi(const int32_t* w) { return __builtin_bit_cast(float, (uint32_t)*w & 0xffff0000u); }
+  static constexpr bool DPBF16 = false;
+};
+constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE = 6;
+#include "qlinear_impl.h"
+
+struct W4 {  // the AVX2 layout (slot 2p / 2p + 1 of rows p, p + 4 in each half), one row at a time
+  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 4, SCALE = BLOCK * 16;
+  static constexpr bool MIN = true;
+  static inline float isum(const uint8_t* rec, int lane, const int8_t* x) {
+    const int r = lane & 7;
+    const uint8_t* c = rec + ((lane & 8) + 2 * (r & 3) + (r >> 2)) * 16;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += (c[j] & 15) * x[j] + (c[j] >> 4) * x[j + 16];
+    return (float)s;
+  }
+};
+
+struct W8 {
+  static constexpr int REC = BLOCK * 32 + BLOCK * 4, SCALE = BLOCK * 32;
+  static constexpr bool MIN = false;
+  static inline float isum(const uint8_t* rec, int lane, const int8_t* x) {
+    const int8_t* w = reinterpret_cast<const int8_t*>(rec) + lane * 32;
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += w[j] * x[j];
+    return (float)s;
+  }
+};
+
+static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int j = 0; j < 32; ++j) amax = std::fabs(v[j]) > amax ? std::fabs(v[j]) : amax, nan |= std::isnan(v[j]);
+  if (nan) return nan_group(q, sum);
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t s = 0;
+  for (int j = 0; j < 32; ++j) {
+    const float y = v[j] * id;  // one rounding, as the SIMD paths' mul
+    q[j] = (int8_t)std::nearbyint(y);
+    s += q[j];
+  }
+  *sum = s;
+  return amax;
+}
+#include "qlinear_dot_impl.h"
+}  // namespace isa_scalar
+
+namespace {
+
+constexpr float kInvPow16[7] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f};
+
+using Linear = void (*)(const int32_t*, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t,
+                        int64_t);
+
+// kind: 4 (int4), 8 (int8), 16 (bf16 weights), 32 (float32 weights)
+Linear pick_kind(int64_t kind, Linear i4, Linear i8, Linear b16, Linear f32) {
+  return kind == 4 ? i4 : kind == 8 ? i8 : kind == 16 ? b16 : f32;
+}
+
+// bf16_x: the activations are bf16 (vdpbf16ps takes them as they are; float32 ones take the FMA path)
+Linear pick(int64_t isa, int64_t kind, bool bf16_x) {
+  if (isa >= 3 && kind == 16 && bf16_x) return isa_avx512bf16::linear<isa_avx512bf16::BF16>;
+  if (isa >= 2)
+    return pick_kind(kind, isa_avx512::linear<isa_avx512::Int4>, isa_avx512::linear<isa_avx512::Int8>,
+                     isa_avx512::linear<isa_avx512::BF16>, isa_avx512::linear<isa_avx512::F32>);
+  if (isa == 1)
+    return pick_kind(kind, isa_avx2::linear<isa_avx2::Int4>, isa_avx2::linear<isa_avx2::Int8>,
+                     isa_avx2::linear<isa_avx2::BF16>, isa_avx2::linear<isa_avx2::F32>);
+  return pick_kind(kind, isa_scalar::linear<isa_scalar::Int4>, isa_scalar::linear<isa_scalar::Int8>,
+                   isa_scalar::linear<isa_scalar::BF16>, isa_scalar::linear<isa_scalar::F32>);
+}
+
+// x [M, K] float32 / bf16 as float32 rows of Kp (zeros past K), x itself where it already is one.
+at::Tensor float_rows(const at::Tensor& x, int64_t Kp) {
+  const int64_t M = x.size(0), K = x.size(1);
+  if (x.scalar_type() == at::kFloat && K == Kp && x.stride(1) == 1 && x.stride(0) >= Kp) return x;
+  at::Tensor xf = at::empty({M, Kp}, x.options().dtype(at::kFloat));
+  float* dst = xf.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "qlinear_x", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    const int64_t s0 = x.stride(0), s1 = x.stride(1);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < Kp; ++k) dst[m * Kp + k] = k < K ? (float)src[m * s0 + k * s1] : 0.0f;
+  });
+  return xf;
+}
+
+// x [M, K] bf16 -> int32 [M, Kp / 2]: word j holds inputs 2j (low half) and 2j + 1 (zeros past K),
+// the vdpbf16ps operand pick(isa 3, kind 16, bf16 x) reads.
+at::Tensor pair_rows(const at::Tensor& x, int64_t Kp) {
+  const int64_t M = x.size(0), K = x.size(1), s0 = x.stride(0), s1 = x.stride(1);
+  at::Tensor out = at::empty({M, Kp / 2}, x.options().dtype(at::kInt));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < Kp / 2; ++j) {
+      const uint32_t lo = 2 * j < K ? src[m * s0 + 2 * j * s1] : 0, hi = 2 * j + 1 < K ? src[m * s0 + (2 * j + 1) * s1] : 0;
+      dst[m * (Kp / 2) + j] = lo | hi << 16;
+    }
+  return out;
+}
+
+using DotLinear = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, int64_t, int64_t, const float*,
+                           const float*, float*, int64_t);
+using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*);
+
+// kind: 4 (w4a8), 8 (w8a8). AVX-512 CPUs run the AVX2 path (no 512-bit variant yet: none to test it on).
+DotLinear pick_dot(int64_t isa, int64_t kind) {
+  if (isa >= 1) return kind == 4 ? isa_avx2::dot_linear<isa_avx2::W4> : isa_avx2::dot_linear<isa_avx2::W8>;
+  return kind == 4 ? isa_scalar::dot_linear<isa_scalar::W4> : isa_scalar::dot_linear<isa_scalar::W8>;
+}
+
+Quantize pick_quantize(int64_t isa) { return isa >= 1 ? isa_avx2::quantize_rows : isa_scalar::quantize_rows; }
+
+}  // namespace
+
+void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "qlinear: CPU tensors only");
+  TORCH_CHECK(isa_supported(isa), "qlinear: this CPU does not support instruction set ", isa);
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "qlinear: x must be [M, K] float32 or bfloat16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous(),
+              "qlinear: packed must be contiguous int32 [NB, G, REC]");
+}
+
+std::vector<int64_t> supported_isas() { return isas_up_to(3); }
+
+// The packed weight [NB, G, rec] fits x [M, K] and N outputs (both entries' shape rule).
+static void check_fit(const at::Tensor& x, const at::Tensor& packed, int64_t rec, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
+  TORCH_CHECK(packed.size(2) == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32,
+              "qlinear: packed weight [", NB, ", ", G, ", ", packed.size(2), "] does not fit x [", M, ", ", K, "], N ", N);
+}
+
+at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa);
+
+at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
+  if (kind == 104 || kind == 108) return dot_linear(x, packed, kind - 100, N, isa);  // one entry for callers
+  check_x(x, packed, isa);
+  TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32, "qlinear: kind must be 4, 8, 16, 32, 104 or 108");
+  const int64_t M = x.size(0), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
+  const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC
+                      : kind == 16 ? isa_scalar::BF16::REC : isa_scalar::F32::REC;
+  check_fit(x, packed, rec, N);
+  const bool f32 = x.scalar_type() == at::kFloat;
+  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());
+  const bool pairs = isa >= 3 && kind == 16 && !f32;  // vdpbf16ps: x as words of two bf16
+  const at::Tensor xf = pairs ? pair_rows(x, Kp) : float_rows(x, Kp);
+  const float* xp = pairs ? reinterpret_cast<const float*>(xf.data_ptr<int32_t>()) : xf.data_ptr<float>();
+  int64_t ldx = xf.stride(0);
+  // int4: each row's sum per group (in input order: a fixed order per row) for the min term, and
+  // x' = x * 16^-(k % 8) (k % 8 < 7) for the in-place nibbles (qlinear_impl.h)
+  std::vector<float> xsum(kind == 4 ? M * G : 1), xs(kind == 4 ? M * Kp : 0);
+  if (kind == 4) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < 32; ++k) {
+          const float v = xp[m * ldx + g * 32 + k];
+          s += v;
+          xs[m * Kp + g * 32 + k] = (k & 7) == 7 ? v : v * kInvPow16[k & 7];
+        }
+        xsum[m * G + g] = s;
+      }
+    xp = xs.data(), ldx = Kp;
+  }
+  pick(isa, kind, !f32)(packed.data_ptr<int32_t>(), NB, G, xp, M, ldx, xsum.data(), out.data_ptr<float>(), N, N);
+  return f32 ? out : out.to(x.scalar_type());
+}
+
+// x [M, K] -> int8 codes [M, Kp], d_x [M, G], s_x [M, G] as the integer-dot linears quantize it
+// (qlinear_dot_impl.h; exposed for the tests' reference).
+std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t isa) {
+  check_x(x, at::empty({1, 1, 1}, at::kInt), isa);
+  TORCH_CHECK(x.size(1) <= G * 32, "qlinear: x has more than G * 32 inputs");
+  const int64_t M = x.size(0);
+  const at::Tensor xf = float_rows(x, G * 32);
+  auto q = at::empty({M, G * 32}, x.options().dtype(at::kChar));
+  auto d = at::empty({M, G}, x.options().dtype(at::kFloat)), s = at::empty({M, G}, x.options().dtype(at::kFloat));
+  pick_quantize(isa)(xf.data_ptr<float>(), xf.stride(0), M, G, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+  return {q, d, s};
+}
+
+// y [M, N] = x [M, K] · Wᵀ with x quantized to int8 per row and group of 32 and W packed by
+// qlinear.py (pack_w4a8: kind 4, pack_w8a8: kind 8) -> y in x's dtype.
+at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
+  check_x(x, packed, isa);
+  TORCH_CHECK(kind == 4 || kind == 8, "qlinear: dot_linear kind must be 4 (w4a8) or 8 (w8a8)");
+  const int64_t M = x.size(0), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
+  const int64_t rec = (kind == 4 ? isa_scalar::W4::REC : isa_scalar::W8::REC) / 4;
+  check_fit(x, packed, rec, N);
+  const bool f32 = x.scalar_type() == at::kFloat;
+  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());
+  const at::Tensor xf = float_rows(x, Kp);
+  std::vector<int8_t> q(M * Kp);
+  std::vector<float> d(M * G), s(M * G);
+  pick_quantize(isa)(xf.data_ptr<float>(), xf.stride(0), M, G, q.data(), d.data(), s.data());
+  pick_dot(isa, kind)(reinterpret_cast<const uint8_t*>(packed.data_ptr<int32_t>()), NB, G, q.data(), M, Kp, d.data(),
+                      s.data(), out.data_ptr<float>(), N);
+  return f32 ? out : out.to(x.scalar_type());
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
+  m.def("quantize_activations", &quantize_activations, "x -> the dot linears' int8 codes, d_x and s_x");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps)");
+  // for the decode plan (decode_ops/decode_step.h), which calls `linear` without Python between
+  m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
+}

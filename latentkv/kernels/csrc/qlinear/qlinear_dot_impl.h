@@ -1,0 +1,107 @@
+// Integer-dot linears y = x · Wᵀ with int8 activations (w4a8: int4 weights; w8a8: int8 weights),
+// one instruction set. Included by qlinear.cpp inside `namespace <isa>` after qlinear_impl.h (BLOCK,
+// GROUP, AHEAD, Vec with mul) and that namespace's weight formats W4 / W8, each giving
+//   REC (bytes per record), SCALE (byte offset of the 16 scales), MIN (a min term follows the scales),
+//   isum(rec, lane, xq) -> Vec::T: for the W rows lane.. of the record, the exact integer dot product
+//                                  of their 32 codes with the group's 32 int8 activations, as floats.
+// Nothing here may include a header.
+//
+// Activations (quantized by qlinear.cpp's quantize_rows, one row at a time): per row and group of
+// 32 inputs int8 codes q_x = round(x * 127 / max|x|), d_x = max|x| / 127 and s_x = d_x * sum(q_x).
+// Packed weights (kernels/qlinear.py pack_w4a8 / pack_w8a8): output rows in blocks of 16, one record
+// per (block, group): the 16 rows' codes, then [16] scale d_w and (w4a8) [16] min m_w, float32.
+// Each output element reduces in this fixed order:
+//   for each group g: tot = fma(float(isum_g), d_w * d_x, tot); w4a8: tot = fma(m_w, s_x, tot)
+// isum_g is an integer (exact, whatever order the SIMD lanes add it in) and every float step is one
+// IEEE operation per output element, the same whatever M, the thread split or the ISA (the scalar
+// path gives the same bits): batch-invariant by construction.
+
+constexpr int DOT_MB = 4;  // activation rows per pass
+
+// P panels (W rows each: panel i is packed panel first + i, output columns (first + i) * W ...)
+// times MB activation rows over all G groups. xq [MB rows, stride ldq] int8, xd / xs [MB rows][G].
+template <class D, int P, int MB>
+static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64_t first, const int8_t* __restrict xq,
+                              int64_t ldq, const float* __restrict xd, const float* __restrict xs,
+                              float* __restrict out, int64_t ldo, int64_t N) {
+  constexpr int W = Vec::W, PB = BLOCK / W;
+  const uint8_t* base[P];
+  int lane[P];
+  for (int p = 0; p < P; ++p) {
+    base[p] = packed + (first + p) / PB * G * D::REC;
+    lane[p] = (int)((first + p) % PB) * W;
+  }
+  typename Vec::T tot[P][MB];
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MB; ++m) tot[p][m] = Vec::zero();
+  for (int64_t g = 0; g < G; ++g) {
+    if (g + AHEAD < G)
+      for (int p = 0; p < P; ++p)
+        if (lane[p] == 0)
+          for (int line = 0; line < D::REC; line += 64) __builtin_prefetch(base[p] + (g + AHEAD) * D::REC + line);
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) {  // unrolled: the totals stay in registers
+      const uint8_t* rec = base[p] + g * D::REC;
+      const float* sc = reinterpret_cast<const float*>(rec + D::SCALE) + lane[p];
+      const typename Vec::T scale = Vec::load(sc);
+#pragma GCC unroll 4
+      for (int m = 0; m < MB; ++m) {
+        const typename Vec::T isum = D::isum(rec, lane[p], xq + m * ldq + g * GROUP);
+        tot[p][m] = Vec::fma(isum, Vec::mul(scale, Vec::set1(xd[m * G + g])), tot[p][m]);
+        if constexpr (D::MIN) tot[p][m] = Vec::fma(Vec::load(sc + BLOCK), Vec::set1(xs[m * G + g]), tot[p][m]);
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MB; ++m) store_lanes(out + m * ldo, (first + p) * W, N, tot[p][m]);  // qlinear_impl.h
+}
+
+// One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB rows (the rest: 3, 2,
+// 1) over one block at a time: its records stream in order, and the totals fit the registers.
+template <class D, int U>
+static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8_t* xq, int64_t M, int64_t ldq,
+                     const float* xd, const float* xs, float* out, int64_t ldo, int64_t N) {
+  constexpr int PB = BLOCK / Vec::W;
+  const int64_t first = block * PB;
+  int64_t m = 0;
+  for (; m + DOT_MB <= M; m += DOT_MB)
+    for (int u = 0; u < U; ++u)
+      dot_panels<D, PB, DOT_MB>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G, out + m * ldo,
+                                ldo, N);
+  const auto at = [&](auto rows) {
+    for (int u = 0; u < U; ++u)
+      dot_panels<D, PB, decltype(rows)::value>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G,
+                                               out + m * ldo, ldo, N);
+  };
+  switch (M - m) {
+    case 3: at(std::integral_constant<int, 3>{}); break;
+    case 2: at(std::integral_constant<int, 2>{}); break;
+    case 1: at(std::integral_constant<int, 1>{}); break;
+    default: break;
+  }
+}
+
+// y [M, N] (stride ldo) from the quantized activations and NB packed blocks; threads split the
+// output rows in units of 2 blocks (the packed rows are a multiple of 64: a unit never runs past them).
+template <class D>
+static void dot_linear(const uint8_t* packed, int64_t NB, int64_t G, const int8_t* xq, int64_t M, int64_t ldq,
+                       const float* xd, const float* xs, float* out, int64_t N) {
+  constexpr int U = 2;
+  const int64_t units = ((N + BLOCK - 1) / BLOCK + U - 1) / U;
+  (void)NB;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) dot_unit<D, U>(packed, G, u * U, xq, M, ldq, xd, xs, out, N, N);
+  });
+}
+
+// x [M rows, stride ldx] float32 (zeros past K, G groups a row) -> codes q [M, 32 G], d_x and s_x [M, G].
+static void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t G, int8_t* q, float* d, float* s) {
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        int32_t sum;
+        const float dx = quantize_group(x + m * ldx + g * GROUP, q + (m * G + g) * GROUP, &sum) / 127.0f;
+        d[m * G + g] = dx, s[m * G + g] = dx * (float)sum;
+      }
+  });
+}

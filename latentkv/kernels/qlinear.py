@@ -1,0 +1,183 @@
+"""Native weight-only int4 / int8 linears for the CPU (csrc/qlinear/qlinear.cpp), and their packed layout.
+
+ATen's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` run 10-25x slower than a float32
+F.linear on an AVX2-only EPYC (1 thread, K=576 N=1536: 4.6 / 2.6 ms against 0.33 ms), so int4
+weights bought nothing there. This kernel reads the packed weight once per call, keeps the rows of
+a 16-row block in the SIMD lanes (AVX2: 8, AVX-512: 16, scalar: 1, one template) and reduces each
+output element over K in one fixed order, whatever M, the threads or the ISA (all paths give the
+same bits): batch-invariant by construction. M < 4 reads codes straight from the packed weight
+(decode); larger M (prefill) runs a GEMM-like blocked loop: rows in L2-sized blocks, K in blocks of
+8 groups whose dequantized float tile stays in L1 across the rows (float32 weights: read as packed).
+
+Built, ISA-chosen and self-checked by kernels/build.py; `LATENTKV_QLINEAR=0` switches it off
+(ATen's kernels, on purpose: model/quant.py), and a machine where it cannot be built falls back to
+them with one warning.
+
+The integer-dot linears (`dot_linear`, csrc/qlinear/qlinear_dot_impl.h) quantize the activations too: int8
+per row and group of 32 (scale max|x| / 127), times int4 (w4a8) or int8 (w8a8) weights with AVX2's
+u8 x s8 byte products (32 multiply-adds an instruction against 8 float FMAs); the same fixed
+reduction order per output element on every path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .build import Extension
+
+BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
+ACT8 = 100  # the kernel's kind for int8 activations: 100 + weight bits (104: w4a8, 108: w8a8)
+
+
+def probe(module, isa: int) -> list:
+    """The self-check's inputs (kernels/build.py): every record kind at one and five rows (the
+    decode and the blocked paths). The FMA paths are documented bit-identical, vdpbf16ps (bf16
+    records times bf16 rows on avx512_bf16) reduces in its own order; the check allows float
+    rounding."""
+    gen = torch.Generator().manual_seed(0)
+    n, k = 40, 96
+    codes4 = torch.randint(0, 16, (n, k), generator=gen)
+    scale_zero = torch.stack((torch.rand(k // GROUP, n, generator=gen) / 8, torch.randn(k // GROUP, n, generator=gen)), -1)
+    codes8 = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scales = torch.rand(n, generator=gen) / 64
+    packed = {4: pack_int4(codes4, scale_zero), 8: pack_int8(codes8, scales), 32: pack_f32(torch.randn(n, k, generator=gen)),
+              ACT8 + 4: pack_w4a8(codes4, scale_zero), ACT8 + 8: pack_w8a8(codes8, scales)}
+    bf16_weights = pack_bf16(torch.randn(n, k, generator=gen))
+    out = []
+    for rows in (1, 5):
+        x = torch.randn(rows, k, generator=gen)
+        for kind, weights in packed.items():
+            out.append((f"linear kind {kind} rows={rows}", module.linear(x, weights, kind, n, isa), 1e-4))
+        out.append((f"linear bf16 rows={rows}", module.linear(x.bfloat16(), packed[8], 8, n, isa), 3e-2))
+        # bf16 weights times bf16 rows: vdpbf16ps on avx512_bf16, its own order (bf16 output rounding)
+        out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), bf16_weights, 16, n, isa), 3e-2))
+    return out
+
+
+EXT = Extension("qlinear", "latentkv_qlinear", "qlinear.cpp", "LATENTKV_QLINEAR", "the native int4/int8 linears are",
+                "ATen's kernels", probe)
+
+
+def extension():
+    """The compiled module, or None (the reason in `unavailable_reason()`); built once per process."""
+    return EXT.module()
+
+
+def available() -> bool:
+    return EXT.available()
+
+
+def unavailable_reason() -> str | None:
+    return EXT.unavailable_reason()
+
+
+def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """t [N, K] -> [N + rows, K + cols] with zeros appended."""
+    return F.pad(t, (0, cols, 0, rows))
+
+
+def _to_int32(words: torch.Tensor) -> torch.Tensor:
+    """int64 holding 32-bit patterns -> int32 with the same bits."""
+    return (words - ((words >> 31) & 1) * (1 << 32)).to(torch.int32)
+
+
+def pack_int4(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """quant.quantize_int4's codes [N, Kp] (0..15) and scale_zero [Kp/32, N, 2] -> packed int32
+    [NB, G, 96] (NB = N rounded up to 64, over 16): per (block, group) the codes of 16 rows as 4
+    words of 8 nibbles, then 16 scales and 16 minimums (zero - 8 * scale; float32 bits)."""
+    n, kp = codes.shape
+    g, pad = kp // GROUP, -n % ROW_PAD
+    nb = (n + pad) // BLOCK
+    nib = _pad(codes, pad, 0).to(torch.int64).view(nb, BLOCK, g, 4, 8)
+    words = (nib << (4 * torch.arange(8))).sum(-1)                    # [NB, 16, G, 4]
+    words = _to_int32(words).permute(0, 2, 3, 1).reshape(nb, g, 4 * BLOCK)
+    scale, zero = scale_zero.float().unbind(-1)
+    sz = F.pad(torch.stack((scale, zero - 8 * scale), -1), (0, 0, 0, pad)).view(g, nb, BLOCK, 2)  # padded rows: 0
+    sz = sz.permute(1, 0, 3, 2).reshape(nb, g, 2 * BLOCK).contiguous().view(torch.int32)
+    return torch.cat((words, sz), dim=-1).contiguous()
+
+
+def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Codes q [N, K] int8 and scales [N] -> packed int32 [NB, G, 144]: per (block, group of 32
+    inputs) the codes as [32 inputs][16 rows] int8, then the 16 rows' scales (float32 bits)."""
+    n, k = q.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    codes = _pad(q, pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
+    codes = codes.contiguous().view(torch.int32)                        # [NB, G, 128]
+    s = F.pad(scales.float(), (0, pad)).view(nb, 1, BLOCK).expand(nb, g, BLOCK).contiguous().view(torch.int32)
+    return torch.cat((codes, s), dim=-1).contiguous()
+
+
+def pack_f32(w: torch.Tensor) -> torch.Tensor:
+    """Float32 weights w [N, K] -> packed int32 [NB, G, 528]: per (block, group of 32 inputs) the
+    weights as [32 inputs][16 rows] float32, then 16 scales of 1.0 (the int8 record's layout)."""
+    n, k = w.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    rows = _pad(w.detach().float(), pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
+    ones = torch.ones(nb, g, BLOCK)
+    return torch.cat((rows, ones), dim=-1).contiguous().view(torch.int32)
+
+
+def pack_bf16(w: torch.Tensor) -> torch.Tensor:
+    """bf16 weights w [N, K] -> packed int32 [NB, G, 272]: per (block, group of 32 inputs) 16 words
+    for each pair of inputs (2j, 2j + 1), [16 pairs][16 rows], a word holding the row's two bf16
+    (input 2j in the low half: vdpbf16ps's operand), then 16 scales of 1.0."""
+    n, k = w.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    rows = _pad(w.detach().to(torch.bfloat16), pad, kpad).view(nb, BLOCK, g, GROUP // 2, 2).permute(0, 2, 3, 1, 4)
+    rows = rows.reshape(nb, g, GROUP * BLOCK).contiguous().view(torch.int32)
+    ones = torch.ones(nb, g, BLOCK).view(torch.int32)
+    return torch.cat((rows, ones), dim=-1).contiguous()
+
+
+# w4a8: storage slot s of each 8-row half holds row W4A8_SLOTS[s], so that rows p and p + 4 share 32
+# bytes and the AVX2 kernel's three hadds leave the 8 rows' sums in lane order (qlinear.cpp W4)
+W4A8_SLOTS = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def pack_w4a8(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
+    """quant.quantize_int4's codes [N, Kp] (0..15) and scale_zero [Kp/32, N, 2] -> packed int32
+    [NB, G, 96] for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in 16
+    bytes (byte j: input j in the low nibble, input j + 16 in the high; rows in W4A8_SLOTS order),
+    then 16 scales and 16 minimums (zero - 8 * scale, as pack_int4: the same weights), float32."""
+    n, kp = codes.shape
+    g, pad = kp // GROUP, -n % ROW_PAD
+    nb = (n + pad) // BLOCK
+    c = _pad(codes, pad, 0).to(torch.uint8).view(nb, BLOCK, g, 2, 16)
+    rows = torch.tensor(W4A8_SLOTS + tuple(8 + s for s in W4A8_SLOTS))
+    nib = (c[..., 0, :] | (c[..., 1, :] << 4))[:, rows].permute(0, 2, 1, 3).reshape(nb, g, BLOCK * 16)
+    scale, zero = scale_zero.float().unbind(-1)                        # [G, N] each
+    sm = F.pad(torch.stack((scale, zero - 8 * scale)), (0, pad)).view(2, g, nb, BLOCK).permute(2, 1, 0, 3)
+    return torch.cat((nib.contiguous().view(torch.int32), sm.reshape(nb, g, 2 * BLOCK).contiguous().view(torch.int32)),
+                     dim=-1).contiguous()
+
+
+def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """quant.quantize_int8's codes q [N, K] (-127..127) and scales [N] -> packed int32 [NB, G, 144]
+    for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in input order,
+    then the 16 rows' scales (repeated per group), float32."""
+    n, k = q.shape
+    pad, kpad = -n % ROW_PAD, -k % GROUP
+    nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
+    codes = _pad(q, pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 1, 3).reshape(nb, g, BLOCK * GROUP)
+    s = F.pad(scales.float(), (0, pad)).view(nb, 1, BLOCK).expand(nb, g, BLOCK).contiguous()
+    return torch.cat((codes.contiguous().view(torch.int32), s.view(torch.int32)), dim=-1).contiguous()
+
+
+def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """x [M, K] float32 / bf16, quantized to int8 per row and group of 32 inside, times a packed
+    weight (bits 4: pack_w4a8, 8: pack_w8a8) -> [M, out_features] in x's dtype."""
+    return extension().linear(x, packed, ACT8 + bits, out_features, EXT.state["isa"])
+
+
+def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups]."""
+    return tuple(extension().quantize_activations(x, groups, EXT.state["isa"]))
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, 16: bf16, or 32: float32) -> [M, out_features] in x's dtype."""
+    return extension().linear(x, packed, bits, out_features, EXT.state["isa"])

@@ -1,0 +1,29 @@
+"""The start-up line (engine/route.py) names each part of a step's route, as the code decides it."""
+import pytest
+
+from latentkv.engine.args import EngineArgs
+from latentkv.engine.engine import LLMEngine
+from latentkv.kernels import attention, decode_ops, qlinear
+
+
+@pytest.mark.parametrize("options", [{}, {"quantization": "w4a8", "kv_cache_dtype": "int8"},
+                                     {"batch_invariant": False, "attention_backend": "torch", "enforce_eager": True}],
+                         ids=["default", "w4a8-int8", "torch-eager"])
+def test_the_route_line_names_dtype_cache_isas_backend_linears_plan_and_invariance(tiny_lm, capfd, options):
+    folder, _, _ = tiny_lm()
+    LLMEngine.from_args(EngineArgs(model=str(folder), dtype="float32", kv_cache_blocks=64, **options))
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("latentkv: route:")]
+    assert len(lines) == 1
+    line = lines[0]
+    assert "dtype float32" in line
+    assert f"cache {options.get('kv_cache_dtype', 'float32')}" in line
+    for family in (attention, decode_ops, qlinear):
+        isa = family.EXT.choose() if family.available() else "unavailable"
+        assert f"{family.EXT.family} {isa}" in line
+    backend = options.get("attention_backend", "native" if attention.available() else "torch")
+    assert f"attention {backend} (prefill " in line and ", decode " in line
+    if options.get("quantization") == "w4a8" and qlinear.available():
+        assert "w4a8 (native)" in line
+    assert "; linears layers " in line and "lm_head " in line
+    assert "decode plan off (enforce_eager)" in line if options.get("enforce_eager") else "decode plan o" in line
+    assert f"batch invariance {'off' if options.get('batch_invariant') is False else 'on'}" in line
