@@ -9,7 +9,7 @@
 // HEAD_W lanes (set by the includer per ISA; GCC vector types), so each weight vector loaded is
 // used by every row of the tile and no accumulator spills (AVX2 has 16 registers: 4 x 2 there).
 // Every output element is acc = x[0] w[0] + x[1] w[1] + ... in k order with the same instruction
-// (contracted to an FMA where the ISA has one) in every tile and in the scalar column tail, so a
+// (contracted to an FMA where the ISA has one) in every tile and in the padded last vector, so a
 // row's bits depend only on its own x and w: never on how many rows share the call or which tile
 // took it (batch invariance).
 
@@ -49,8 +49,8 @@ static inline void head_tile(const float* __restrict x, int K, const W* __restri
 }
 
 // RT rows over all columns: NV-vector tiles, then tiles of NV/2, NV/4 ... 1 vectors, then the last
-// C % HEAD_W columns in a zero-padded vector. Wide tiles matter for single rows: each k reads NV contiguous vectors of w (a row of
-// w is C apart) and keeps NV independent FMA chains in flight.
+// C % HEAD_W columns in a zero-padded vector. Wide tiles matter for single rows: each k reads NV
+// contiguous vectors of w (a row of w is C apart) and keeps NV independent FMA chains in flight.
 template <int RT, int NV, typename W>
 static inline void head_row_tile(const float* __restrict x, int K, const W* __restrict w, int C, float* __restrict acc) {
   const int full = C / HEAD_W * HEAD_W;
@@ -62,8 +62,8 @@ static inline void head_row_tile(const float* __restrict x, int K, const W* __re
   const int tail = C - full;
   if (tail == 0) return;
   // The last C % HEAD_W columns in one zero-padded vector, so they take the same vector FMA as
-  // every other column: a scalar loop here is the compiler's to contract or not, and GCC did so
-  // differently for float and bf16 weights on AVX-512.
+  // every other column: whether a scalar loop is contracted is the compiler's choice, and GCC
+  // chose differently for float and bf16 weights.
   HVec a[RT] = {};
   for (int k = 0; k < K; ++k) {
     HVec wv = {};
