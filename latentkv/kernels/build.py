@@ -34,7 +34,8 @@ import torch
 from ..user_cache import cache_root
 
 CSRC = Path(__file__).parent / "csrc"
-ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}  # avx512_bf16: with avx512_vnni, bf16 and int8 dot products
+# avx512_bf16: with avx512_vnni, bf16 and int8 dot products; amx: with AMX bf16 tiles (qlinear's bf16 linears)
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3, "amx": 4}
 FIRST_BUILD = "30-150 s"  # g++ time of one extension's first build on a 2-core machine (qlinear the longest)
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
 

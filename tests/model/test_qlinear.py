@@ -43,7 +43,7 @@ def run(x, packed, bits, n, isa, monkeypatch):
 
 
 @pytest.mark.parametrize("bits", KINDS)
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512_bf16", "amx"])
 @pytest.mark.parametrize("n,k", [(16, 32), (53, 96), (130, 50), (70, 200)])  # N, K off the 16/64 blocks and 32 groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_the_dequantized_weights(bits, isa, n, k, dtype, monkeypatch):
@@ -152,10 +152,11 @@ def test_without_the_extension_the_aten_kernels_run(monkeypatch):
         assert (q(x) - ref).abs().max() <= 0.1 * ref.abs().max()
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512_bf16"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512_bf16", "amx"])
 def test_bf16_weights_times_bf16_rows_on_every_path(isa, monkeypatch):
     """The bf16 record with bf16 activations, as a bf16 model's FixedOrderLinear runs it: avx512_bf16
-    takes vdpbf16ps (pairs of inputs, its own fixed order), the others the FMA chain. On each path:
+    takes vdpbf16ps (pairs of inputs, its own fixed order), amx the tile unit (one TDPBF16PS per
+    group, rows padded to 16-row tiles), the others the FMA chain. On each path:
     near the float64 product, and a row's bits the same alone, in 1..33 rows (direct and tile
     passes), in 300 or 2100 rows (M blocks) and on 1 or 2 threads."""
     if isa not in isas():

@@ -1,12 +1,30 @@
 // Which instruction sets this CPU runs, for every native extension of latentkv (one place).
-// Codes as kernels/build.py ISAS: 0 scalar, 1 avx2+fma, 2 avx512 (f/bw/vl/dq), 3 avx512 + bf16 + vnni.
+// Codes as kernels/build.py ISAS: 0 scalar, 1 avx2+fma, 2 avx512 (f/bw/vl/dq), 3 avx512 + bf16 + vnni,
+// 4 amx (3 with AMX tiles and bf16 tile products, and the kernel's leave to use the tile state).
 #pragma once
 #include <cstdint>
 #include <vector>
+#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+// Linux hands a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA, kernel 5.16+); without it the first tile instruction faults. Asked once.
+inline bool amx_permitted() {
+#if defined(__linux__) && defined(__x86_64__)
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
 
 inline bool isa_supported(int64_t isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  if (isa == 4)
+    return isa_supported(3) && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && amx_permitted();
   if (isa == 3)
     return isa_supported(2) && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
   if (isa == 2)

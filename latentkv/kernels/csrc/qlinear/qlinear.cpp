@@ -81,6 +81,129 @@ constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 4, TILE_P = 4, MB_TILE =
 }  // namespace isa_avx512bf16
 #pragma GCC pop_options
 
+// AMX: bf16 weights times bf16 activations on the tile unit. A pack_bf16 record's [16 pairs][16 rows]
+// words are one B tile of TDPBF16PS as they lie (64-byte rows), and a bf16 row's 32 inputs of a group
+// one A tile row, so the kernel reads both without repacking. Each output element accumulates in its
+// C tile group after group (one TDPBF16PS per group: 16 pairs in the unit's own fixed order), rows
+// are independent lanes of the unit and always padded to whole 16-row tiles, and threads split the
+// output columns: a row's bits are the same whatever M, its place in a tile or the threads, so the
+// decode rows (M = 1) and a prompt's rows run one product. Not the avx512_bf16 path's bits (its own
+// order): a process serves one ISA, and the self-check holds it to the scalar path's rounding.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+namespace isa_amx {
+constexpr int BLOCK = 16, GROUP = 32, REC = GROUP * BLOCK / 2 + BLOCK;  // pack_bf16's record (qlinear_impl.h BF16)
+constexpr int64_t X_BLOCK_BYTES = 1 << 20;  // activation rows per M chunk: about this many bytes (L2)
+constexpr int64_t KC = 8;  // groups per k block
+
+template <class T>
+static inline T* align64(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
+struct TileConfig {  // ldtilecfg's 64-byte operand, palette 1
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-3: C (rows 16·i, columns 16·j at tile 2i + j), 4-5: A (two 16-row blocks), 6-7: B (two
+// 16-column blocks): every tile 16 rows of 64 bytes.
+static inline void configure() {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// C tiles for two 16-row tiles (a0, and a1 when TWO: pair words, rows stride lda words, zeros past
+// K) times blocks b, b + 1 over groups g0 .. g1: started from zero (first k block) or from y (their
+// running totals, float32: exact), stored back to y [32 rows, ldy]. Loads interleaved with the products that need them.
+template <bool TWO>
+static inline void tile_pair(const int32_t* packed, int64_t G, int64_t b, int64_t g0, int64_t g1, const int32_t* a0,
+                             int64_t lda0, const int32_t* a1, int64_t lda1, float* y, int64_t ldy) {
+  const int64_t sy = ldy * 4;
+  if (g0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (TWO) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, y, sy);
+    _tile_loadd(1, y + 16, sy);
+    if constexpr (TWO) {
+      _tile_loadd(2, y + 16 * ldy, sy);
+      _tile_loadd(3, y + 16 * ldy + 16, sy);
+    }
+  }
+  const int32_t* w0 = packed + b * G * REC;
+  const int32_t* w1 = w0 + G * REC;
+  for (int64_t g = g0; g < g1; ++g) {
+    _tile_loadd(4, a0 + g * 16, lda0 * 4);
+    _tile_loadd(6, w0 + g * REC, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, w1 + g * REC, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (TWO) {
+      _tile_loadd(5, a1 + g * 16, lda1 * 4);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, y, sy);
+  _tile_stored(1, y + 16, sy);
+  if constexpr (TWO) {
+    _tile_stored(2, y + 16 * ldy, sy);
+    _tile_stored(3, y + 16 * ldy + 16, sy);
+  }
+}
+
+// out [M, N] bf16 = x [M, G*16 pair words] times the packed bf16 weight: rows below M16 (whole
+// 16-row tiles) read from x (stride ldx words), the others from tail [16, G*16] (stride ldt, zero rows
+// past M); pairs of blocks split over at::parallel_for's threads. Blocked so that the operands of
+// the tile products come from near caches: the rows in chunks of MC (their activations stay in
+// L2); per pair of blocks, K in blocks of KC groups whose weights (2 x KC KB) stay in L1 across the
+// chunk's rows, the chunk's running totals (MC x 32 floats) in L2 between k blocks, then rounded
+// to bf16 once (nearest even, as torch's .to(bfloat16)).
+static void linear(const int32_t* packed, int64_t NB, int64_t G, const int32_t* x, int64_t M, int64_t ldx, int64_t M16,
+                   const int32_t* tail, int64_t ldt, uint16_t* out, int64_t N) {
+  const int64_t Mp = (M + 15) / 16 * 16, units = NB / 2;  // NB: a multiple of 4 (pack_bf16 pads rows to 64)
+  const int64_t MC = std::max<int64_t>(32, X_BLOCK_BYTES / (G * GROUP * 2) / 32 * 32);
+  const auto rows = [&](int64_t m) { return m < M16 ? x + m * ldx : tail + (m - M16) * ldt; };
+  const auto stride = [&](int64_t m) { return m < M16 ? ldx : ldt; };
+  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> buffer(std::min(MC, Mp) * 32 + 16);
+    float* c = align64(buffer.data());
+    configure();
+    for (int64_t m0 = 0; m0 < Mp; m0 += MC) {
+      const int64_t m1 = std::min(Mp, m0 + MC);
+      for (int64_t u = u0; u < u1 && u * 32 < N; ++u) {
+        for (int64_t g0 = 0; g0 < G; g0 += KC)
+          for (int64_t m = m0; m < m1; m += 32) {
+            const int64_t g1 = std::min(G, g0 + KC);
+            float* cm = c + (m - m0) * 32;
+            if (m + 16 < Mp)
+              tile_pair<true>(packed, G, 2 * u, g0, g1, rows(m), stride(m), rows(m + 16), stride(m + 16), cm, 32);
+            else
+              tile_pair<false>(packed, G, 2 * u, g0, g1, rows(m), stride(m), nullptr, 0, cm, 32);
+          }
+        for (int64_t m = m0; m < std::min(M, m1); ++m)
+          for (int j = 0; j < 2; ++j) {
+            const int64_t n = u * 32 + 16 * j, cols = std::min<int64_t>(16, N - n);
+            if (cols <= 0) break;
+            const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + (m - m0) * 32 + 16 * j));
+            _mm256_mask_storeu_epi16(out + m * N + n, (__mmask16)((1u << cols) - 1), v);
+          }
+      }
+    }
+    _tile_release();
+  });
+}
+}  // namespace isa_amx
+#pragma GCC pop_options
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
@@ -286,11 +409,18 @@ at::Tensor float_rows(const at::Tensor& x, int64_t Kp) {
 
 // x [M, K] bf16 -> int32 [M, Kp / 2]: word j holds inputs 2j (low half) and 2j + 1 (zeros past K),
 // the vdpbf16ps operand pick(isa 3, kind 16, bf16 x) reads.
-at::Tensor pair_rows(const at::Tensor& x, int64_t Kp) {
+// Mp >= M rows (the AMX path's whole 16-row tiles: rows past M are zeros).
+at::Tensor pair_rows(const at::Tensor& x, int64_t Kp, int64_t Mp = -1) {
   const int64_t M = x.size(0), K = x.size(1), s0 = x.stride(0), s1 = x.stride(1);
-  at::Tensor out = at::empty({M, Kp / 2}, x.options().dtype(at::kInt));
+  Mp = std::max(Mp, M);
+  at::Tensor out = at::empty({Mp, Kp / 2}, x.options().dtype(at::kInt));
   const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  std::fill(dst + M * (Kp / 2), dst + Mp * (Kp / 2), 0u);
+  if (K == Kp && s1 == 1) {  // a row's bf16 pairs are its words already (little-endian)
+    for (int64_t m = 0; m < M; ++m) std::copy(src + m * s0, src + m * s0 + K, reinterpret_cast<uint16_t*>(dst + m * (Kp / 2)));
+    return out;
+  }
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < Kp / 2; ++j) {
       const uint32_t lo = 2 * j < K ? src[m * s0 + 2 * j * s1] : 0, hi = 2 * j + 1 < K ? src[m * s0 + (2 * j + 1) * s1] : 0;
@@ -322,7 +452,7 @@ void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
               "qlinear: packed must be contiguous int32 [NB, G, REC]");
 }
 
-std::vector<int64_t> supported_isas() { return isas_up_to(3); }
+std::vector<int64_t> supported_isas() { return isas_up_to(4); }
 
 // The packed weight [NB, G, rec] fits x [M, K] and N outputs (both entries' shape rule).
 static void check_fit(const at::Tensor& x, const at::Tensor& packed, int64_t rec, int64_t N) {
@@ -342,6 +472,18 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
                       : kind == 16 ? isa_scalar::BF16::REC : isa_scalar::F32::REC;
   check_fit(x, packed, rec, N);
   const bool f32 = x.scalar_type() == at::kFloat;
+  if (isa >= 4 && kind == 16 && !f32 && M > 0 && N > 0) {  // AMX tiles: x as words of two bf16, whole 16-row tiles
+    // rows whose 32-bit words are already the pairs (contiguous inputs, whole groups) are read in
+    // place in whole tiles; the rest (or all, otherwise) copied as pair words with zero rows to 16
+    const bool in_place = x.size(1) == Kp && x.stride(1) == 1 && x.stride(0) % 2 == 0 &&
+                          reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
+    const int64_t M16 = in_place ? M / 16 * 16 : 0;
+    const at::Tensor rest = pair_rows(x.narrow(0, M16, M - M16), Kp, (M - M16 + 15) / 16 * 16);
+    at::Tensor y = at::empty({M, N}, x.options());
+    isa_amx::linear(packed.data_ptr<int32_t>(), NB, G, reinterpret_cast<const int32_t*>(x.data_ptr()), M, x.stride(0) / 2,
+                    M16, rest.data_ptr<int32_t>(), rest.stride(0), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N);
+    return y;
+  }
   auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());
   const bool pairs = isa >= 3 && kind == 16 && !f32;  // vdpbf16ps: x as words of two bf16
@@ -404,7 +546,7 @@ at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("quantize_activations", &quantize_activations, "x -> the dot linears' int8 codes, d_x and s_x");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps)");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
   // for the decode plan (decode_ops/decode_step.h), which calls `linear` without Python between
   m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
 }
