@@ -1,6 +1,6 @@
 """The native prefill kernels against float64 attention, on every instruction set this CPU runs:
 float32 FMAs at the ISA's vector width (csrc/mla_prefill_f32.h: 4 lanes scalar/sse2, 8 avx2, 16
-avx512; bf16 tensors widened) and bf16 dot products (csrc/mla_prefill_bf16.h, bf16 on avx512_bf16).
+avx512; bf16 tensors widened) and bf16 dot products (csrc/mla_prefill_bf16.h, bf16 on avx512_bf16; on AMX tiles, mla_prefill_amx.h).
 Also their batch invariance: a row's bits do not depend on the span cuts, the rows beside it or
 the threads (through the engine's span_prefill: tests/attention/test_invariant_prefill.py).
 
@@ -20,7 +20,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def tolerance(isa, dtype):
-    return 1e-2 if isa == "avx512_bf16" and dtype == torch.bfloat16 else 1e-5
+    return 1e-2 if isa in ("avx512_bf16", "amx") and dtype == torch.bfloat16 else 1e-5
 
 
 def exact(q, kv, k_r, dn, first, scale):

@@ -42,13 +42,16 @@ namespace isa_avx2 {  // float32 queries: intrinsics, three heads per pass (mla_
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx2,fma,f16c,prefer-vector-width=512")
-namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd
+// amx-tile / amx-bf16: for mla_prefill_amx.h alone, whose functions run only on isa 4 (the
+// compiler never emits tile instructions of its own)
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,amx-tile,amx-bf16,avx2,fma,f16c,prefer-vector-width=512")
+namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd (AMX prefill)
 #include "exp_poly.h"
 #include "mla_decode_impl.h"
 #include "mla_decode_bf16.h"
 #include "mla_decode_vnni.h"
 #include "mla_prefill_bf16.h"
+#include "mla_prefill_amx.h"
 }
 #pragma GCC pop_options
 
@@ -65,7 +68,7 @@ using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, con
 
 // 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq), 3 avx512 + avx512_bf16 + avx512_vnni
 SpanFn span_fn(int64_t isa) {
-  if (isa == 3) return isa_avx512bf16::attend_span;
+  if (isa >= 3) return isa_avx512bf16::attend_span;
   if (isa == 2) return isa_avx512::attend_span;
   if (isa == 1) return isa_avx2::attend_span_fast;
   return isa_scalar::attend_span;
@@ -73,7 +76,7 @@ SpanFn span_fn(int64_t isa) {
 
 }  // namespace
 
-std::vector<int64_t> supported_isas() { return isas_up_to(3); }
+std::vector<int64_t> supported_isas() { return isas_up_to(4); }
 
 at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Tensor scale,
                          at::Tensor rope, at::Tensor block_tables, at::Tensor context_lens,
@@ -154,7 +157,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
 
   // bf16 queries on an avx512_bf16 CPU: bf16 dot products straight from the query; otherwise
   // the query rows of each sequence widened once to float32.
-  const bool dp_bf16 = isa == 3 && query.scalar_type() == at::kBFloat16 && r % 32 == 0;
+  const bool dp_bf16 = isa >= 3 && query.scalar_type() == at::kBFloat16 && r % 32 == 0;
   std::vector<float> qf(dp_bf16 ? 0 : B * M * D);
   if (dp_bf16) {
   } else if (query.scalar_type() == at::kFloat) {
@@ -265,7 +268,7 @@ void prefill_f32_isa(int64_t isa, const at::Tensor& q, const at::Tensor& kv, con
 }
 
 // One prefill span (mla_prefill_bf16.h / mla_prefill_f32.h have the shapes); updates m, l, acc in
-// place. bf16 tensors on avx512_bf16 (dr even): vdpbf16ps; everything else: the float32 kernel at
+// place. bf16 tensors on avx512_bf16 (dr even): vdpbf16ps, on AMX (isa 4): tiles; everything else: the float32 kernel at
 // the ISA's width (bf16 tensors widened when packed).
 void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_t first, int64_t key_start,
                  at::Tensor m, at::Tensor l, at::Tensor acc, double scale, int64_t isa, int64_t threads) {
@@ -293,12 +296,14 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   isa_avx512bf16::PrefillJob job;
   job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
   job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
+  if (isa >= 4) job.P = (job.P + 15) / 16 * 16;  // AMX: whole tiles of pairs (zero pairs past dn + dr)
   job.first = first, job.key_start = key_start, job.scale = (float)scale;
   job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();
   std::vector<uint16_t> kp((size_t)H * S * job.P * 2), vp((size_t)H * S * dvp);
   job.kp = kp.data(), job.vp = vp.data();
   job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
-  isa_avx512bf16::prefill_run(job, nthreads);
+  if (isa >= 4) isa_avx512bf16::prefill_run_amx(job, nthreads);
+  else isa_avx512bf16::prefill_run(job, nthreads);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -306,5 +311,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = py::capsule(reinterpret_cast<void*>(&mla_decode), "latentkv.mla_decode.mla_decode");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni, 4 amx (bf16 prefill on AMX tiles; decode as 3)");
 }

@@ -34,9 +34,10 @@ struct PrefillJob {
 };
 
 // Element e of head h's key at span row t (the nope part padded to an even width).
+// Past the rope part (P padded to whole AMX tiles: mla_prefill_amx.h): zero pairs.
 static inline uint16_t key_elem(const PrefillJob& j, int64_t t, int h, int e) {
   if (e < 2 * j.pn) return e < j.dn ? j.kv[(t * j.H + h) * (j.dn + j.dv) + e] : 0;
-  return j.kr[t * j.dr + e - 2 * j.pn];
+  return e - 2 * j.pn < j.dr ? j.kr[t * j.dr + e - 2 * j.pn] : 0;
 }
 
 static void prefill_pack(const PrefillJob& j, int h, int kb) {

@@ -1,0 +1,165 @@
+// The bf16 prefill span (mla_prefill_bf16.h's contract, packing and online softmax) with its two
+// products on AMX tiles: scores of 16 query rows x 16 keys per C tile (A: the rows' query pairs,
+// B: the packed key pairs as they lie: [16 pairs][16 keys] at a stride of KB keys), then the
+// values (A: the rows' probability pairs, B: the packed value pairs: [16 key pairs][16 dims]).
+// Included by mla_attention.cpp inside `namespace isa_avx512bf16` (its target includes amx-tile
+// and amx-bf16; these functions run only where cpu_isa.h's code 4 holds) after mla_prefill_bf16.h.
+//
+// The job's P (query / key pairs) is padded to a multiple of 16 with zero pairs (a tile's depth).
+// A row's bits: its scores are one tile lane's products in the unit's order over the pairs, its
+// softmax the bf16 kernel's, its output acc * alpha (float32) plus one tile lane's products over
+// the block's keys: nothing depends on the other rows in its tile, the item, the thread or the
+// span's position in the prompt (batch-invariant as the vdpbf16ps kernel, in another order).
+
+constexpr int AMX_ROWS = 16;  // query rows per tile
+
+struct AmxTileConfig {  // ldtilecfg's 64-byte operand, palette 1
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+static inline void amx_configure() {  // 8 tiles of 16 rows x 64 bytes
+  AmxTileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// sc [16 rows][KB] = q pairs qp [16 rows][P] . key block kp ([P][KB][2] bf16), unscaled: C tiles 0-3
+// (keys 0-15 .. 48-63), A tile 4, B tiles 5-7.
+static inline void amx_scores(const uint32_t* qp, int P, const uint16_t* kp, float* sc) {
+  static_assert(KB == 64, "four 16-key C tiles per block");
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int p = 0; p < P; p += 16) {
+    const uint16_t* k = kp + (int64_t)p * KB * 2;
+    _tile_loadd(4, qp + p, P * 4);
+    _tile_loadd(5, k, KB * 4);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, k + 32, KB * 4);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(7, k + 64, KB * 4);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, k + 96, KB * 4);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, sc, KB * 4);
+  _tile_stored(1, sc + 16, KB * 4);
+  _tile_stored(2, sc + 32, KB * 4);
+  _tile_stored(3, sc + 48, KB * 4);
+}
+
+// o [16 rows][dvp] (running outputs, already scaled by alpha) += pp [16 rows][KB/2 pairs] . vp
+// ([KB/2][dvp][2] bf16), for value dims [d0, d0 + 16 nd), nd <= 4: C tiles 0..nd-1, A tile 4, B 5-7.
+static inline void amx_values(float* o, int dvp, const uint32_t* pp, const uint16_t* vp, int d0, int nd) {
+  const int so = dvp * 4;
+  _tile_loadd(0, o + d0, so);
+  if (nd > 1) _tile_loadd(1, o + d0 + 16, so);
+  if (nd > 2) _tile_loadd(2, o + d0 + 32, so);
+  if (nd > 3) _tile_loadd(3, o + d0 + 48, so);
+  for (int half = 0; half < KB / 32; ++half) {  // 16 key pairs per A tile
+    const uint16_t* v = vp + ((int64_t)half * 16 * dvp + d0) * 2;
+    _tile_loadd(4, pp + half * 16, (KB / 2) * 4);
+    _tile_loadd(5, v, so);
+    _tile_dpbf16ps(0, 4, 5);
+    if (nd > 1) {
+      _tile_loadd(6, v + 32, so);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if (nd > 2) {
+      _tile_loadd(7, v + 64, so);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if (nd > 3) {
+      _tile_loadd(5, v + 96, so);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, o + d0, so);
+  if (nd > 1) _tile_stored(1, o + d0 + 16, so);
+  if (nd > 2) _tile_stored(2, o + d0 + 32, so);
+  if (nd > 3) _tile_stored(3, o + d0 + 48, so);
+}
+
+// Per-thread scratch: the item's rows padded to whole tiles (zero queries past the item).
+struct AmxScratch {
+  std::vector<uint32_t> qp;  // [RB][P]
+  std::vector<float> o, m, l, sc;  // o [RB][dvp], m / l [RB], sc [16][KB]
+  std::vector<uint32_t> pp;  // [16][KB/2]
+  AmxScratch(const PrefillJob& j)
+      : qp((size_t)RB * j.P), o((size_t)RB * j.dvp), m(RB), l(RB), sc(AMX_ROWS * KB), pp(AMX_ROWS * (KB / 2)) {}
+};
+
+// Rows [i0, i1) (<= RB) of head h against every key block of the span they see.
+static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScratch& s) {
+  const int rows = i1 - i0, padded = (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS, P = j.P, dvp = j.dvp;
+  const int64_t last = j.first + i1 - 1;
+  if (last < j.key_start) return;
+  for (int r = 0; r < padded; ++r) {
+    const int64_t st = (int64_t)(i0 + r) * j.H + h;
+    for (int p = 0; p < P; ++p) {
+      uint32_t lo = 0, hi = 0;
+      if (r < rows) {
+        const uint16_t* q = j.q + st * (j.dn + j.dr);
+        const int e = 2 * p;
+        if (e < 2 * j.pn) lo = e < j.dn ? q[e] : 0, hi = e + 1 < j.dn ? q[e + 1] : 0;
+        else if (e - 2 * j.pn < j.dr) lo = q[j.dn + e - 2 * j.pn], hi = q[j.dn + e + 1 - 2 * j.pn];
+      }
+      s.qp[r * P + p] = lo | (hi << 16);
+    }
+    for (int d = 0; d < dvp; ++d) s.o[r * dvp + d] = r < rows ? j.acc[st * dvp + d] : 0.0f;
+    s.m[r] = r < rows ? j.m[st] : -__builtin_inff();
+    s.l[r] = r < rows ? j.l[st] : 0.0f;
+  }
+  const int kb_end = (int)std::min<int64_t>(j.nkb, (last - j.key_start) / KB + 1);
+  for (int kb = 0; kb < kb_end; ++kb) {
+    const int64_t k0 = j.key_start + (int64_t)kb * KB;
+    const uint16_t* kp = j.kp + ((int64_t)h * j.nkb + kb) * P * KB * 2;
+    const uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * dvp * 2;
+    for (int g = 0; g < padded; g += AMX_ROWS) {
+      if (j.first + i0 + std::min(g + AMX_ROWS, rows) - 1 < k0) continue;  // the whole tile sits before the block
+      amx_scores(s.qp.data() + g * P, P, kp, s.sc.data());
+      for (int r = 0; r < AMX_ROWS; ++r) {
+        const int row = g + r;
+        const int64_t pos = j.first + i0 + row;
+        uint32_t* pr = s.pp.data() + r * (KB / 2);
+        if (row >= rows || pos < k0) {  // not a row, or no key of this block visible: unchanged
+          for (int k = 0; k < KB / 2; ++k) pr[k] = 0;
+          continue;
+        }
+        const int nv = (int)std::min<int64_t>(KB, pos - k0 + 1);
+        const float alpha = prefill_softmax(s.sc.data() + r * KB, nv, j.scale, &s.m[row], &s.l[row], pr);
+        const __m512 a = _mm512_set1_ps(alpha);
+        float* o = s.o.data() + row * dvp;
+        for (int d = 0; d < dvp; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), a));
+      }
+      for (int d0 = 0; d0 < dvp; d0 += 64)
+        amx_values(s.o.data() + g * dvp, dvp, s.pp.data(), vp, d0, std::min(4, (dvp - d0) / 16));
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int64_t st = (int64_t)(i0 + r) * j.H + h;
+    for (int d = 0; d < dvp; ++d) j.acc[st * dvp + d] = s.o[r * dvp + d];
+    j.m[st] = s.m[r], j.l[st] = s.l[r];
+  }
+}
+
+static void prefill_run_amx(PrefillJob& j, int nthreads) {
+  const int items_per_head = (j.n + RB - 1) / RB;
+#pragma omp parallel num_threads(nthreads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) prefill_pack(j, (int)(it / j.nkb), (int)(it % j.nkb));
+    AmxScratch scratch(j);
+    amx_configure();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < (int64_t)j.H * items_per_head; ++it) {
+      const int b = items_per_head - 1 - (int)(it / j.H), h = (int)(it % j.H);
+      prefill_item_amx(j, h, b * RB, std::min(j.n, (b + 1) * RB), scratch);
+    }
+    _tile_release();
+  }
+}
