@@ -11,7 +11,7 @@
 // the block's keys: nothing depends on the other rows in its tile, the item, the thread or the
 // span's position in the prompt (batch-invariant as the vdpbf16ps kernel, in another order).
 
-constexpr int AMX_ROWS = 16;  // query rows per tile
+constexpr int AMX_ROWS = 32;  // query rows per pass: two 16-row tiles
 
 struct AmxTileConfig {  // ldtilecfg's 64-byte operand, palette 1
   uint8_t palette, start_row, reserved[14];
@@ -26,30 +26,33 @@ static inline void amx_configure() {  // 8 tiles of 16 rows x 64 bytes
   _tile_loadconfig(&cfg);
 }
 
-// sc [16 rows][KB] = q pairs qp [16 rows][P] . key block kp ([P][KB][2] bf16), unscaled: C tiles 0-3
-// (keys 0-15 .. 48-63), A tile 4, B tiles 5-7.
+// sc [32 rows][KB] = q pairs qp [32 rows][P] . key block kp ([P][KB][2] bf16), unscaled, in two
+// halves of 32 keys: C tiles 0-3 (rows 0-15 / 16-31 x keys 0-15 / 16-31 of the half), A tiles 4-5,
+// B tiles 6-7, each loaded once per 16 pairs (no tile waits for a product still reading it).
 static inline void amx_scores(const uint32_t* qp, int P, const uint16_t* kp, float* sc) {
-  static_assert(KB == 64, "four 16-key C tiles per block");
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int p = 0; p < P; p += 16) {
-    const uint16_t* k = kp + (int64_t)p * KB * 2;
-    _tile_loadd(4, qp + p, P * 4);
-    _tile_loadd(5, k, KB * 4);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, k + 32, KB * 4);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(7, k + 64, KB * 4);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_loadd(5, k + 96, KB * 4);
-    _tile_dpbf16ps(3, 4, 5);
+  static_assert(KB == 64, "two halves of 32 keys per block");
+  for (int half = 0; half < 2; ++half) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int p = 0; p < P; p += 16) {
+      const uint16_t* k = kp + ((int64_t)p * KB + 32 * half) * 2;
+      _tile_loadd(4, qp + p, P * 4);
+      _tile_loadd(6, k, KB * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, k + 32, KB * 4);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, qp + 16 * P + p, P * 4);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    float* out = sc + 32 * half;
+    _tile_stored(0, out, KB * 4);
+    _tile_stored(1, out + 16, KB * 4);
+    _tile_stored(2, out + 16 * KB, KB * 4);
+    _tile_stored(3, out + 16 * KB + 16, KB * 4);
   }
-  _tile_stored(0, sc, KB * 4);
-  _tile_stored(1, sc + 16, KB * 4);
-  _tile_stored(2, sc + 32, KB * 4);
-  _tile_stored(3, sc + 48, KB * 4);
 }
 
 // o [16 rows][dvp] (running outputs, already scaled by alpha) += pp [16 rows][KB/2 pairs] . vp
@@ -136,8 +139,9 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
         float* o = s.o.data() + row * dvp;
         for (int d = 0; d < dvp; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), a));
       }
-      for (int d0 = 0; d0 < dvp; d0 += 64)
-        amx_values(s.o.data() + g * dvp, dvp, s.pp.data(), vp, d0, std::min(4, (dvp - d0) / 16));
+      for (int t = 0; t < AMX_ROWS; t += 16)
+        for (int d0 = 0; d0 < dvp; d0 += 64)
+          amx_values(s.o.data() + (g + t) * dvp, dvp, s.pp.data() + t * (KB / 2), vp, d0, std::min(4, (dvp - d0) / 16));
     }
   }
   for (int r = 0; r < rows; ++r) {
