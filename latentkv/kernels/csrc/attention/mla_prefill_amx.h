@@ -7,8 +7,8 @@
 //
 // The job's P (query / key pairs) is padded to a multiple of 16 with zero pairs (a tile's depth).
 // A row's bits: its scores are one tile lane's products in the unit's order over the pairs, its
-// softmax the bf16 kernel's, its output acc * alpha (float32) plus one tile lane's products over
-// the block's keys: nothing depends on the other rows in its tile, the item, the thread or the
+// softmax the bf16 kernel's, its output fma(acc, alpha, one tile lane's products over the block's
+// keys): nothing depends on the other rows in its tile, the item, the thread or the
 // span's position in the prompt (batch-invariant as the vdpbf16ps kernel, in another order).
 
 constexpr int AMX_ROWS = 32;  // query rows per pass: two 16-row tiles
@@ -55,14 +55,15 @@ static inline void amx_scores(const uint32_t* qp, int P, const uint16_t* kp, flo
   }
 }
 
-// o [16 rows][dvp] (running outputs, already scaled by alpha) += pp [16 rows][KB/2 pairs] . vp
-// ([KB/2][dvp][2] bf16), for value dims [d0, d0 + 16 nd), nd <= 4: C tiles 0..nd-1, A tile 4, B 5-7.
-static inline void amx_values(float* o, int dvp, const uint32_t* pp, const uint16_t* vp, int d0, int nd) {
+// pv [16 rows][dvp] = pp [16 rows][KB/2 pairs] . vp ([KB/2][dvp][2] bf16), for value dims
+// [d0, d0 + 16 nd), nd <= 4: C tiles 0..nd-1 from zero, A tile 4, B tiles 5-7. (The running
+// outputs are not loaded into the tiles: vector stores just before would stall the tile loads.)
+static inline void amx_values(float* pv, int dvp, const uint32_t* pp, const uint16_t* vp, int d0, int nd) {
   const int so = dvp * 4;
-  _tile_loadd(0, o + d0, so);
-  if (nd > 1) _tile_loadd(1, o + d0 + 16, so);
-  if (nd > 2) _tile_loadd(2, o + d0 + 32, so);
-  if (nd > 3) _tile_loadd(3, o + d0 + 48, so);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
   for (int half = 0; half < KB / 32; ++half) {  // 16 key pairs per A tile
     const uint16_t* v = vp + ((int64_t)half * 16 * dvp + d0) * 2;
     _tile_loadd(4, pp + half * 16, (KB / 2) * 4);
@@ -81,19 +82,20 @@ static inline void amx_values(float* o, int dvp, const uint32_t* pp, const uint1
       _tile_dpbf16ps(3, 4, 5);
     }
   }
-  _tile_stored(0, o + d0, so);
-  if (nd > 1) _tile_stored(1, o + d0 + 16, so);
-  if (nd > 2) _tile_stored(2, o + d0 + 32, so);
-  if (nd > 3) _tile_stored(3, o + d0 + 48, so);
+  _tile_stored(0, pv + d0, so);
+  if (nd > 1) _tile_stored(1, pv + d0 + 16, so);
+  if (nd > 2) _tile_stored(2, pv + d0 + 32, so);
+  if (nd > 3) _tile_stored(3, pv + d0 + 48, so);
 }
 
 // Per-thread scratch: the item's rows padded to whole tiles (zero queries past the item).
 struct AmxScratch {
   std::vector<uint32_t> qp;  // [RB][P]
-  std::vector<float> o, m, l, sc;  // o [RB][dvp], m / l [RB], sc [16][KB]
-  std::vector<uint32_t> pp;  // [16][KB/2]
+  std::vector<float> o, m, l, sc, pv, alpha;  // o [RB][dvp], m / l [RB], sc [32][KB], pv [32][dvp], alpha [32]
+  std::vector<uint32_t> pp;  // [32][KB/2]
   AmxScratch(const PrefillJob& j)
-      : qp((size_t)RB * j.P), o((size_t)RB * j.dvp), m(RB), l(RB), sc(AMX_ROWS * KB), pp(AMX_ROWS * (KB / 2)) {}
+      : qp((size_t)RB * j.P), o((size_t)RB * j.dvp), m(RB), l(RB), sc(AMX_ROWS * KB), pv((size_t)AMX_ROWS * j.dvp),
+        alpha(AMX_ROWS), pp(AMX_ROWS * (KB / 2)) {}
 };
 
 // Rows [i0, i1) (<= RB) of head h against every key block of the span they see.
@@ -101,19 +103,27 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
   const int rows = i1 - i0, padded = (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS, P = j.P, dvp = j.dvp;
   const int64_t last = j.first + i1 - 1;
   if (last < j.key_start) return;
+  const bool words = j.dn % 2 == 0;  // a query row's bf16 pairs are its 32-bit words as they lie
   for (int r = 0; r < padded; ++r) {
     const int64_t st = (int64_t)(i0 + r) * j.H + h;
-    for (int p = 0; p < P; ++p) {
-      uint32_t lo = 0, hi = 0;
-      if (r < rows) {
-        const uint16_t* q = j.q + st * (j.dn + j.dr);
-        const int e = 2 * p;
-        if (e < 2 * j.pn) lo = e < j.dn ? q[e] : 0, hi = e + 1 < j.dn ? q[e + 1] : 0;
-        else if (e - 2 * j.pn < j.dr) lo = q[j.dn + e - 2 * j.pn], hi = q[j.dn + e + 1 - 2 * j.pn];
+    uint32_t* qr = s.qp.data() + (int64_t)r * P;
+    const uint16_t* q = j.q + st * (j.dn + j.dr);
+    if (r < rows && words) {
+      std::memcpy(qr, q, (size_t)(j.dn + j.dr) * 2);
+      std::fill(qr + (j.dn + j.dr) / 2, qr + P, 0u);
+    } else {
+      for (int p = 0; p < P; ++p) {
+        uint32_t lo = 0, hi = 0;
+        if (r < rows) {
+          const int e = 2 * p;
+          if (e < 2 * j.pn) lo = e < j.dn ? q[e] : 0, hi = e + 1 < j.dn ? q[e + 1] : 0;
+          else if (e - 2 * j.pn < j.dr) lo = q[j.dn + e - 2 * j.pn], hi = q[j.dn + e + 1 - 2 * j.pn];
+        }
+        qr[p] = lo | (hi << 16);
       }
-      s.qp[r * P + p] = lo | (hi << 16);
     }
-    for (int d = 0; d < dvp; ++d) s.o[r * dvp + d] = r < rows ? j.acc[st * dvp + d] : 0.0f;
+    if (r < rows) std::memcpy(s.o.data() + (int64_t)r * dvp, j.acc + st * dvp, (size_t)dvp * 4);
+    else std::fill(s.o.data() + (int64_t)r * dvp, s.o.data() + (int64_t)(r + 1) * dvp, 0.0f);
     s.m[r] = r < rows ? j.m[st] : -__builtin_inff();
     s.l[r] = r < rows ? j.l[st] : 0.0f;
   }
@@ -131,22 +141,27 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
         uint32_t* pr = s.pp.data() + r * (KB / 2);
         if (row >= rows || pos < k0) {  // not a row, or no key of this block visible: unchanged
           for (int k = 0; k < KB / 2; ++k) pr[k] = 0;
+          s.alpha[r] = 1.0f;
           continue;
         }
         const int nv = (int)std::min<int64_t>(KB, pos - k0 + 1);
-        const float alpha = prefill_softmax(s.sc.data() + r * KB, nv, j.scale, &s.m[row], &s.l[row], pr);
-        const __m512 a = _mm512_set1_ps(alpha);
-        float* o = s.o.data() + row * dvp;
-        for (int d = 0; d < dvp; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), a));
+        s.alpha[r] = prefill_softmax(s.sc.data() + r * KB, nv, j.scale, &s.m[row], &s.l[row], pr);
       }
       for (int t = 0; t < AMX_ROWS; t += 16)
         for (int d0 = 0; d0 < dvp; d0 += 64)
-          amx_values(s.o.data() + (g + t) * dvp, dvp, s.pp.data() + t * (KB / 2), vp, d0, std::min(4, (dvp - d0) / 16));
+          amx_values(s.pv.data() + t * dvp, dvp, s.pp.data() + t * (KB / 2), vp, d0, std::min(4, (dvp - d0) / 16));
+      for (int r = 0; r < AMX_ROWS && g + r < padded; ++r) {  // o = o * alpha + pv (one rounding)
+        const __m512 a = _mm512_set1_ps(s.alpha[r]);
+        float* o = s.o.data() + (g + r) * dvp;
+        const float* pv = s.pv.data() + r * dvp;
+        for (int d = 0; d < dvp; d += 16)
+          _mm512_storeu_ps(o + d, _mm512_fmadd_ps(_mm512_loadu_ps(o + d), a, _mm512_loadu_ps(pv + d)));
+      }
     }
   }
   for (int r = 0; r < rows; ++r) {
     const int64_t st = (int64_t)(i0 + r) * j.H + h;
-    for (int d = 0; d < dvp; ++d) j.acc[st * dvp + d] = s.o[r * dvp + d];
+    std::memcpy(j.acc + st * dvp, s.o.data() + (int64_t)r * dvp, (size_t)dvp * 4);
     j.m[st] = s.m[r], j.l[st] = s.l[r];
   }
 }

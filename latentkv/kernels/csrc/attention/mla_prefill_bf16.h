@@ -40,7 +40,32 @@ static inline uint16_t key_elem(const PrefillJob& j, int64_t t, int h, int e) {
   return e - 2 * j.pn < j.dr ? j.kr[t * j.dr + e - 2 * j.pn] : 0;
 }
 
+// As prefill_pack where dn is even: a key's pairs are its 32-bit words as they lie (the nope part,
+// then the rope key), so the keys move word by word; values two keys at a time.
+static void prefill_pack_words(const PrefillJob& j, int h, int kb) {
+  uint32_t* kp = reinterpret_cast<uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2);
+  uint32_t* vp = reinterpret_cast<uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2);
+  const int nope = j.dn / 2, rope = j.dr / 2;
+  for (int k = 0; k < KB; ++k) {
+    const int64_t t = (int64_t)kb * KB + k;
+    const uint16_t* kv = j.kv + (t * j.H + h) * (j.dn + j.dv);
+    const uint16_t* kr = j.kr + t * j.dr;
+    for (int p = 0; p < nope; ++p) kp[p * KB + k] = (uint32_t)kv[2 * p] | (uint32_t)kv[2 * p + 1] << 16;
+    for (int p = 0; p < rope; ++p) kp[(nope + p) * KB + k] = (uint32_t)kr[2 * p] | (uint32_t)kr[2 * p + 1] << 16;
+    for (int p = nope + rope; p < j.P; ++p) kp[p * KB + k] = 0;
+  }
+  for (int k = 0; k < KB; k += 2) {
+    const int64_t t = (int64_t)kb * KB + k;
+    const uint16_t* v0 = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn;
+    const uint16_t* v1 = v0 + j.H * (j.dn + j.dv);
+    uint32_t* dst = vp + (k / 2) * j.dvp;
+    for (int d = 0; d < j.dv; ++d) dst[d] = (uint32_t)v0[d] | (uint32_t)v1[d] << 16;
+    for (int d = j.dv; d < j.dvp; ++d) dst[d] = 0;
+  }
+}
+
 static void prefill_pack(const PrefillJob& j, int h, int kb) {
+  if (j.dn % 2 == 0) return prefill_pack_words(j, h, kb);
   uint16_t* kp = j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2;
   uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2;
   for (int k = 0; k < KB; ++k) {
