@@ -91,11 +91,11 @@ static inline void amx_values(float* pv, int dvp, const uint32_t* pp, const uint
 // Per-thread scratch: the item's rows padded to whole tiles (zero queries past the item).
 struct AmxScratch {
   std::vector<uint32_t> qp;  // [RB][P]
-  std::vector<float> o, m, l, sc, pv, alpha;  // o [RB][dvp], m / l [RB], sc [32][KB], pv [32][dvp], alpha [32]
-  std::vector<uint32_t> pp;  // [32][KB/2]
+  std::vector<float> o, m, l, sc, pv, alpha;  // o [RB][dvp], m / l [RB], sc [32][KB], pv [32][dvp], alpha [RB]
+  std::vector<uint32_t> pp;  // [RB][KB/2]
   AmxScratch(const PrefillJob& j)
       : qp((size_t)RB * j.P), o((size_t)RB * j.dvp), m(RB), l(RB), sc(AMX_ROWS * KB), pv((size_t)AMX_ROWS * j.dvp),
-        alpha(AMX_ROWS), pp(AMX_ROWS * (KB / 2)) {}
+        alpha(RB), pp(RB * (KB / 2)) {}
 };
 
 // Rows [i0, i1) (<= RB) of head h against every key block of the span they see.
@@ -132,30 +132,37 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
     const int64_t k0 = j.key_start + (int64_t)kb * KB;
     const uint16_t* kp = j.kp + ((int64_t)h * j.nkb + kb) * P * KB * 2;
     const uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * dvp * 2;
+    // every pass's scores and softmax first, then the value sums: the probabilities' vector
+    // stores then retire before the value tiles load them (a tile load right after stalls)
+    int active[RB / AMX_ROWS], na = 0;
     for (int g = 0; g < padded; g += AMX_ROWS) {
-      if (j.first + i0 + std::min(g + AMX_ROWS, rows) - 1 < k0) continue;  // the whole tile sits before the block
+      if (j.first + i0 + std::min(g + AMX_ROWS, rows) - 1 < k0) continue;  // the whole pass sits before the block
+      active[na++] = g;
       amx_scores(s.qp.data() + g * P, P, kp, s.sc.data());
       for (int r = 0; r < AMX_ROWS; ++r) {
         const int row = g + r;
         const int64_t pos = j.first + i0 + row;
-        uint32_t* pr = s.pp.data() + r * (KB / 2);
+        uint32_t* pr = s.pp.data() + row * (KB / 2);
         if (row >= rows || pos < k0) {  // not a row, or no key of this block visible: unchanged
           for (int k = 0; k < KB / 2; ++k) pr[k] = 0;
-          s.alpha[r] = 1.0f;
+          s.alpha[row] = 1.0f;
           continue;
         }
         const int nv = (int)std::min<int64_t>(KB, pos - k0 + 1);
-        s.alpha[r] = prefill_softmax(s.sc.data() + r * KB, nv, j.scale, &s.m[row], &s.l[row], pr);
+        s.alpha[row] = prefill_softmax(s.sc.data() + r * KB, nv, j.scale, &s.m[row], &s.l[row], pr);
       }
+    }
+    for (int a = 0; a < na; ++a) {
+      const int g = active[a];
       for (int t = 0; t < AMX_ROWS; t += 16)
         for (int d0 = 0; d0 < dvp; d0 += 64)
-          amx_values(s.pv.data() + t * dvp, dvp, s.pp.data() + t * (KB / 2), vp, d0, std::min(4, (dvp - d0) / 16));
-      for (int r = 0; r < AMX_ROWS && g + r < padded; ++r) {  // o = o * alpha + pv (one rounding)
-        const __m512 a = _mm512_set1_ps(s.alpha[r]);
+          amx_values(s.pv.data() + t * dvp, dvp, s.pp.data() + (g + t) * (KB / 2), vp, d0, std::min(4, (dvp - d0) / 16));
+      for (int r = 0; r < AMX_ROWS; ++r) {  // o = o * alpha + pv (one rounding)
+        const __m512 al = _mm512_set1_ps(s.alpha[g + r]);
         float* o = s.o.data() + (g + r) * dvp;
         const float* pv = s.pv.data() + r * dvp;
         for (int d = 0; d < dvp; d += 16)
-          _mm512_storeu_ps(o + d, _mm512_fmadd_ps(_mm512_loadu_ps(o + d), a, _mm512_loadu_ps(pv + d)));
+          _mm512_storeu_ps(o + d, _mm512_fmadd_ps(_mm512_loadu_ps(o + d), al, _mm512_loadu_ps(pv + d)));
       }
     }
   }
