@@ -6,7 +6,9 @@ the same bf16 rows, the same int8 / fp8 codes and scales):
 - native, bfloat16 query: 8e-3 (its output is rounded to bf16 once: 2^-8 relative). On the
   avx512_bf16 path the scores are bf16 x bf16 dot products (exact products, float32 sums) and the
   value weights p (x the token's scale for int8 / fp8) are rounded to bf16 (2^-9 relative):
-  measured <= 2.7e-3 over a bf16 latent, <= 4.7e-3 over fp8, against 2.7e-3 on float32 FMAs.
+  measured <= 2.7e-3 over a bf16 latent, <= 4.7e-3 over fp8, against 2.7e-3 on float32 FMAs
+  (rank % 32 == 16, e.g. 240: the chunk the latent ends in is taken in two masked halves, the
+  token's scale between them);
   An int8 latent there (rank % 64 == 0, bf16 rope) takes integer dot products (VNNI): the query's
   latent part as two int8 parts hi + lo/256 per row (one part alone measured 3-5e-2), the value
   weights as uint8 per tile: measured <= 3.3e-3;
@@ -108,7 +110,7 @@ def test_batch_of_lengths_ending_mid_block_every_isa(isa, dtype, cache_dtype):
 
 
 @pytest.mark.parametrize("heads,rank,rope", [(1, 32, 0), (16, 512, 64), (128, 128, 16), (3, 256, 64), (2, 48, 8),
-                                             (9, 248, 96), (5, 44, 6), (4, 37, 3)])  # widths off the vector lanes
+                                             (9, 248, 96), (9, 240, 96), (5, 44, 6), (4, 37, 3)])  # widths off the vector lanes
 @pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3"])
 def test_heads_ranks_and_rope_widths(heads, rank, rope, cache_dtype):
     run_case([33, 130], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype=cache_dtype, seed=heads)
@@ -131,13 +133,14 @@ def test_several_query_tokens_are_causal(dtype):
 @pytest.mark.parametrize("isa", native.supported_isas())
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.bfloat16, "int8"),
                                                (torch.bfloat16, "fp8_e4m3"), (torch.float32, "int8")])
-def test_result_does_not_depend_on_the_batch_or_threads(isa, dtype, cache_dtype):
+@pytest.mark.parametrize("rank,rope", [(64, 16), (240, 96)])  # 240: the latent ends mid-chunk (the default conversion)
+def test_result_does_not_depend_on_the_batch_or_threads(isa, dtype, cache_dtype, rank, rope):
     """Batch invariance: a sequence's output is bit-identical alone, in a batch of mixed lengths
     (short, mid-block, several spans long), and on 1 or 2 threads (the split into spans depends
     only on the sequence's own length; the merge runs in span order)."""
     lengths = [700, 20, 3001, 1]
-    cache, tables, _ = filled_cache(lengths, 8, 64, 16, dtype, cache_dtype, 16, seed=3)
-    query = torch.randn(len(lengths), 8, 80, generator=torch.Generator().manual_seed(4)).to(dtype)
+    cache, tables, _ = filled_cache(lengths, 8, rank, rope, dtype, cache_dtype, 16, seed=3)
+    query = torch.randn(len(lengths), 8, rank + rope, generator=torch.Generator().manual_seed(4)).to(dtype)
     meta, _ = build_metadata([1] * len(lengths), lengths, tables, 16)
     batched = {t: native.mla_decode(query, cache, meta.block_tables, meta.context_lens, heads=8, isa=isa, threads=t)
                for t in (1, 2)}

@@ -157,7 +157,8 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
 
   // bf16 queries on an avx512_bf16 CPU: bf16 dot products straight from the query; otherwise
   // the query rows of each sequence widened once to float32.
-  const bool dp_bf16 = isa >= 3 && query.scalar_type() == at::kBFloat16 && r % 32 == 0;
+  // (r % 32 == 16, the default conversion's 240: the latent ends mid-chunk, in a full chunk)
+  const bool dp_bf16 = isa >= 3 && query.scalar_type() == at::kBFloat16 && (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
   std::vector<float> qf(dp_bf16 ? 0 : B * M * D);
   if (dp_bf16) {
   } else if (query.scalar_type() == at::kFloat) {

@@ -18,7 +18,8 @@
 //           output lanes: two tokens per instruction, the probabilities rounded to bf16 (2^-9
 //           relative; the output is bf16 anyway). The pairing permutes output lanes within each
 //           32-wide chunk; `unpermute` restores the order at the end of the span.
-// Requires kv_rank % 32 == 0 (mla_attention.cpp falls back to the float32 path otherwise).
+// Requires kv_rank % 32 == 0, or % 16 == 0 with the latent ending inside a full 32-value chunk
+// (mla_attention.cpp falls back to the float32 path otherwise).
 #include "mla_job.h"
 
 constexpr int BT = 32;  // tokens per tile: 32 rows of 576 bf16 (36 KB) + their pairs stay in L1/L2
@@ -102,14 +103,16 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
     }
     for (int i = 0; i < r; i += 32) {
       __m512 lo, hi;
+      // a last chunk of 16 codes: the other 16 bytes not read (past the slot's latent)
+      const __mmask16 mhi = r - i >= 32 ? (__mmask16)0xFFFF : (__mmask16)0;
       if (job.kind == KIND_I8) {
         const int8_t* src = (const int8_t*)job.latent + slot * r + i;
         lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)src)));
-        hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + 16))));
+        hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mhi, src + 16)));
       } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
         const uint8_t* src = (const uint8_t*)job.latent + slot * r + i;
         __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
-        __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(src + 16)));
+        __m512i b1 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mhi, src + 16));
         const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
         const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
         lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
@@ -147,16 +150,22 @@ static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j
   }
 }
 
-// The BT rows' first r values, interleaved by token pair: pairs[p][64k + 0..31] = unpacklo /
-// unpackhi of rows 2p and 2p+1 over values 32k..32k+31.
+// The BT rows' first r values (r % 16 == 0), interleaved by token pair: pairs[p][64k + 0..31] =
+// unpacklo / unpackhi of rows 2p and 2p+1 over values 32k..32k+31 (a last 16: the 256-bit ones).
 static inline void pair_rows(const uint16_t* const* rows, int r, uint16_t* pairs) {
   for (int p = 0; p < BT / 2; ++p) {
     const uint16_t *a = rows[2 * p], *b = rows[2 * p + 1];
     uint16_t* dst = pairs + (int64_t)p * 2 * r;
-    for (int i = 0; i < r; i += 32) {
+    int i = 0;
+    for (; i + 32 <= r; i += 32) {
       __m512i x = _mm512_loadu_si512((const void*)(a + i)), y = _mm512_loadu_si512((const void*)(b + i));
       _mm512_storeu_si512((void*)(dst + 2 * i), _mm512_unpacklo_epi16(x, y));
       _mm512_storeu_si512((void*)(dst + 2 * i + 32), _mm512_unpackhi_epi16(x, y));
+    }
+    if (i < r) {  // r % 32 == 16: a last chunk of 16 values (unpermute's tail order)
+      __m256i x = _mm256_loadu_si256((const __m256i*)(a + i)), y = _mm256_loadu_si256((const __m256i*)(b + i));
+      _mm256_storeu_si256((__m256i*)(dst + 2 * i), _mm256_unpacklo_epi16(x, y));
+      _mm256_storeu_si256((__m256i*)(dst + 2 * i + 16), _mm256_unpackhi_epi16(x, y));
     }
   }
 }
@@ -164,11 +173,12 @@ static inline void pair_rows(const uint16_t* const* rows, int r, uint16_t* pairs
 // sc[g][0..n) = tscale[t] * (q_g . row[t]) over the first r values + q_g . row[t] over the rest
 // (n <= BT) for G query rows q_g = q + g * D at once: each row chunk is loaded once for the G rows
 // (G x 8 accumulators), eight tokens per pass. A row's lanes and sums are the same whatever G
-// (batch-invariant). r % 32 == 0: the latent ends on a chunk.
+// (batch-invariant). r % 16 == 0; where r % 32 == 16 the chunk the latent ends in is a full one (mla_decode's rule).
 template <int G>
 static inline void scores_bf16(const uint16_t* q, const uint16_t* const* rows, int n, int D, int r, bool scaled,
                                const float* tscale, float* sc) {
   const int full = D / 32, lat = r / 32;
+  const bool mixed = r % 32 != 0;  // chunk lat holds the latent's last 16 values and 16 of the rope (a full chunk)
   const __mmask32 tail = (__mmask32)((1ull << (D % 32)) - 1);
   __m512 acc[G][BT];
   const int groups = (n + 7) / 8;
@@ -178,6 +188,21 @@ static inline void scores_bf16(const uint16_t* q, const uint16_t* const* rows, i
     for (int k = 0; k < G; ++k)
       for (int i = 0; i < 8; ++i) a[k][i] = _mm512_setzero_ps();
     for (int c = 0; c < full; ++c) {
+      if (scaled && c == lat && mixed) {  // latent values 0..15 of the chunk, the scale, then the rope's 16
+        for (int part = 0; part < 2; ++part) {
+          const __mmask32 lanes = part ? 0xFFFF0000u : 0x0000FFFFu;
+          __m512bh qc[G];
+          for (int k = 0; k < G; ++k) qc[k] = as_bh(_mm512_maskz_loadu_epi16(lanes, q + k * D + 32 * c));
+          for (int i = 0; i < 8; ++i) {
+            __m512bh x = as_bh(_mm512_loadu_si512((const void*)(rw[i] + 32 * c)));
+            for (int k = 0; k < G; ++k) a[k][i] = _mm512_dpbf16_ps(a[k][i], x, qc[k]);
+          }
+          if (!part)
+            for (int k = 0; k < G; ++k)
+              for (int i = 0; i < 8; ++i) a[k][i] = _mm512_mul_ps(a[k][i], _mm512_set1_ps(tscale[g * 8 + i]));
+        }
+        continue;
+      }
       if (scaled && c == lat)
         for (int k = 0; k < G; ++k)
           for (int i = 0; i < 8; ++i) a[k][i] = _mm512_mul_ps(a[k][i], _mm512_set1_ps(tscale[g * 8 + i]));
@@ -265,13 +290,20 @@ static inline void attend_tile_rows(const Job& job, int m0, int64_t j0, int n, c
   int z = 0;
   const int nz = r / 16;
   for (; z + 4 <= nz; z += 4) values_block<G, 4>(am, 16 * z, pairs, r, w, alpha);
-  for (; z < nz; z += 2) values_block<G, 2>(am, 16 * z, pairs, r, w, alpha);
+  for (; z + 2 <= nz; z += 2) values_block<G, 2>(am, 16 * z, pairs, r, w, alpha);
+  if (z < nz) values_block<G, 1>(am, 16 * z, pairs, r, w, alpha);
 }
 
-// Lane q of a 32-wide chunk holds value 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4 of it.
+// Lane q of a 32-wide chunk holds value 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4 of it; of a last
+// 16-wide one (256-bit unpacks), value 4 * {0, 2, 1, 3}[q / 4] + q % 4.
 static inline void unpermute(float* acc, int r, float* tmp) {
-  for (int i = 0; i < r; i += 32)
+  int i = 0;
+  for (; i + 32 <= r; i += 32)
     for (int q = 0; q < 32; ++q) tmp[i + 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4] = acc[i + q];
+  if (i < r) {
+    static constexpr int quarter[4] = {0, 2, 1, 3};
+    for (int q = 0; q < 16; ++q) tmp[i + 4 * quarter[q / 4] + q % 4] = acc[i + q];
+  }
   __builtin_memcpy(acc, tmp, sizeof(float) * r);
 }
 
