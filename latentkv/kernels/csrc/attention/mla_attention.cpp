@@ -308,8 +308,9 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("mla_prefill", &mla_prefill, "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
-  m.def("mla_decode", &mla_decode, "paged MLA decode attention (see mla_attention.cpp)");
+  // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
+  m.def("mla_prefill", &mla_prefill, py::call_guard<py::gil_scoped_release>(), "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
+  m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = py::capsule(reinterpret_cast<void*>(&mla_decode), "latentkv.mla_decode.mla_decode");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni, 4 amx (bf16 prefill on AMX tiles; decode as 3)");

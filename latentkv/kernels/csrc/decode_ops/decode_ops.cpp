@@ -336,10 +336,11 @@ at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_decode_plan(m);
-  m.def("head_matmul", &head_matmul, "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
-  m.def("rope", &rope, "rotate [N, G, d] by cos/sin [N, d/2]");
-  m.def("write_latent", &write_latent, "rope on k_r + quantization + write into the paged cache");
-  m.def("rms_norm", &rms_norm, "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
+  m.def("head_matmul", &head_matmul, py::call_guard<py::gil_scoped_release>(), "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
+  m.def("rope", &rope, py::call_guard<py::gil_scoped_release>(), "rotate [N, G, d] by cos/sin [N, d/2]");
+  m.def("write_latent", &write_latent, py::call_guard<py::gil_scoped_release>(), "rope on k_r + quantization + write into the paged cache");
+  m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
+  m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
 }

@@ -544,8 +544,9 @@ at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
-  m.def("quantize_activations", &quantize_activations, "x -> the dot linears' int8 codes, d_x and s_x");
+  // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
+  m.def("linear", &linear, py::call_guard<py::gil_scoped_release>(), "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
+  m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x and s_x");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
   // for the decode plan (decode_ops/decode_step.h), which calls `linear` without Python between
   m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
