@@ -2,7 +2,7 @@
 import sys, time, torch
 from latentkv import LLM, SamplingParams
 from latentkv.user_cache import cache_root
-path = str(next((cache_root() / "converted").glob("*/")))
+path = str(sorted((cache_root() / "converted").glob("*/"))[0])  # the default conversion (its -stock576 / -original-hf twins sort after it)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 llm = LLM(path, max_model_len=n + 64)
 g = torch.Generator().manual_seed(0)
