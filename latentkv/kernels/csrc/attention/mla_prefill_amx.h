@@ -107,7 +107,7 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
   for (int r = 0; r < padded; ++r) {
     const int64_t st = (int64_t)(i0 + r) * j.H + h;
     uint32_t* qr = s.qp.data() + (int64_t)r * P;
-    const uint16_t* q = j.q + st * (j.dn + j.dr);
+    const uint16_t* q = r < rows ? j.q + st * (j.dn + j.dr) : nullptr;  // past the item: zero queries
     if (r < rows && words) {
       std::memcpy(qr, q, (size_t)(j.dn + j.dr) * 2);
       std::fill(qr + (j.dn + j.dr) / 2, qr + P, 0u);
