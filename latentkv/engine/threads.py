@@ -146,7 +146,7 @@ class ThreadGovernor:
         torch.set_num_threads(threads)
 
 
-def release_openmp_pools() -> bool:
+def release_openmp_pool() -> bool:
     """Free the calling thread's OpenMP thread pool (libgomp's omp_pause_resource_all, hard: it
     frees the pool of the thread that calls it). Call it in the thread that built an engine before
     another thread steps it (the server's engine thread): that thread's kernels are then the

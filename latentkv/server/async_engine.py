@@ -20,7 +20,7 @@ from typing import Callable
 
 from latentkv.engine.outputs import RequestOutput
 from latentkv.engine.prompt_errors import PromptError
-from latentkv.engine.threads import release_openmp_pools
+from latentkv.engine.threads import release_openmp_pool
 from latentkv.sampling import SamplingParams
 
 
@@ -67,8 +67,8 @@ class AsyncEngine:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         # this thread's OpenMP pool (it built the model) would make every step of the engine
-        # thread's kernels sleep at their barriers (engine/threads.py release_openmp_pools)
-        release_openmp_pools()
+        # thread's kernels sleep at their barriers (engine/threads.py release_openmp_pool)
+        release_openmp_pool()
         self.thread.start()
 
     def stop(self) -> None:

@@ -146,14 +146,14 @@ def test_a_thread_lost_again_soon_after_doubles_the_wait(monkeypatch):
 
 
 def test_release_frees_the_calling_threads_openmp_pool():
-    """release_openmp_pools (what the server's engine start calls in the thread that built the
+    """release_openmp_pool (what the server's engine start calls in the thread that built the
     model): the calling thread's OpenMP workers are gone after it, and the next parallel region
     makes a new pool with the same results."""
     x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(0))
     with torch_threads(2):
         total = x.sum()  # a parallel region: this thread's pool has a worker
         before = len(os.listdir("/proc/self/task"))
-        if not threads.release_openmp_pools():
+        if not threads.release_openmp_pool():
             pytest.skip("the OpenMP runtime here is not libgomp")
         deadline = time.monotonic() + 5
         while len(os.listdir("/proc/self/task")) >= before and time.monotonic() < deadline:
