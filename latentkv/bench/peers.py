@@ -41,18 +41,14 @@ class VllmSettings:
         return ["--dtype", self.dtype] + (["--block-size", str(self.block_size)] if self.block_size else [])
 
 
-AMX_MLA_WIDTHS = (576,)
-
-
 def vllm_settings(mla_width: int | None, dtype: str, flags: set[str]) -> VllmSettings:
     """dtype and block size for vLLM-CPU serving a model; `mla_width`: kv_lora_rank + rope dims of an
-    MLA model, None for a model without MLA."""
+    MLA model, None for a model without MLA. On AMX CPUs vLLM-CPU 0.32 refuses float32 MLA weights
+    of every width (576, 512 and 320 measured) and in bf16 picks its AMX_MLA backend, which takes
+    blocks that are a multiple of 32 only."""
     if mla_width is None:
         return VllmSettings(dtype, None, "vLLM's default block size")
-    if has_amx(flags) and mla_width in AMX_MLA_WIDTHS:
-        note = "AMX CPU: vLLM's AMX_MLA backend needs bf16 weights and blocks of 32"
-        if dtype != "bfloat16":
-            note += f" (asked {dtype})"
-        return VllmSettings("bfloat16", 32, note)
-    why = "no AMX" if not has_amx(flags) else f"width {mla_width} (AMX_MLA takes 576 only)"
-    return VllmSettings(dtype, 16, f"{why}: vLLM's reference CPU MLA backend, block 16")
+    if has_amx(flags):
+        note = f"AMX CPU: vLLM's AMX_MLA backend needs bf16 weights and blocks of 32 (width {mla_width})"
+        return VllmSettings("bfloat16", 32, note + (f" (asked {dtype})" if dtype != "bfloat16" else ""))
+    return VllmSettings(dtype, 16, "no AMX: vLLM's reference CPU MLA backend, block 16")

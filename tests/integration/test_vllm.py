@@ -6,8 +6,13 @@ LATENTKV_VLLM_PYTHON names a python that is not there). vLLM runs in a subproces
 (vllm_greedy.py beside this file) under that venv's python; latentkv runs here.
 
 Both engines run the dtype vLLM's backend for this CPU needs (latentkv.bench.peers.vllm_settings):
-on AMX CPUs the 576 export goes to vLLM's AMX_MLA backend, which takes bf16 and blocks of 32 only,
-so there the greedy tokens are compared in bf16; elsewhere in float32 with block 16.
+on AMX CPUs every export goes to vLLM's AMX_MLA backend, which takes bf16 and blocks of 32 only
+(vLLM refuses float32 MLA weights there), so there the greedy tokens are
+compared in bf16; elsewhere in float32 with block 16, where they must be equal. In bf16 two engines
+round differently, so a greedy path may part at a near tie: the tokens must be equal up to where
+they part, and there vLLM's token must be within BF16_TIE nats of latentkv's own choice by
+latentkv's logprobs on the shared prefix (bf16 logits of this model's magnitude, 8-32, are
+spaced 2^-4 to 2^-3 apart: a gap below ~2 of those steps is rounding, not a wrong model).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("vllm_greedy.py")
 TOKENS = 12
+BF16_TIE = 0.25  # nats (module docstring)
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Here is a short list of fruits: apple, banana,",
            "Water boils at a temperature of"]
 
@@ -70,6 +76,25 @@ def latentkv_greedy(folder: Path, prompts: list[list[int]], n: int, dtype: str) 
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def assert_same_greedy(theirs: list[list[int]], ours: list[list[int]], folder: Path, prompts: list[list[int]],
+                       settings: VllmSettings) -> None:
+    """float32: equal. bf16: equal up to where they part, and there a near tie (module docstring)."""
+    if settings.dtype != "bfloat16" or theirs == ours:
+        assert theirs == ours, f"greedy tokens differ in {settings.dtype} ({settings.note})"
+        return
+    llm = LLM(model=str(folder), dtype=settings.dtype, enable_prefix_caching=False)
+    for prompt, a, b in zip(prompts, theirs, ours):
+        d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if d is None:
+            continue
+        out = llm.generate([{"prompt_token_ids": prompt + b[:d]}], SamplingParams(temperature=0, max_tokens=1, logprobs=20),
+                           use_tqdm=False)[0].outputs[0]
+        top = {tok: lp.logprob for tok, lp in out.logprobs[0].items()}
+        assert out.token_ids[0] == b[d] and a[d] in top, (d, a, b)
+        gap = top[b[d]] - top[a[d]]
+        assert gap <= BF16_TIE, f"vLLM's token at {d} is {gap:.3f} nats below latentkv's ({settings.note}): {a} vs {b}"
+
+
 def vllm_greedy(python: str, folder: Path, prompts: list[list[int]], n: int, tmp: Path, settings: VllmSettings,
                 prefill_only=False) -> list[list[int]]:
     (tmp / "prompts.json").write_text(json.dumps(prompts))
@@ -94,7 +119,7 @@ def test_vllm_cpu_serves_576_export_with_latentkv_tokens(vllm_python, exports, t
     theirs = vllm_greedy(vllm_python, folder, prompts, TOKENS, tmp_path, settings)
     ours = latentkv_greedy(folder, prompts, TOKENS, settings.dtype)
     assert [len(t) for t in theirs] == [TOKENS] * len(PROMPTS)
-    assert theirs == ours, f"greedy tokens differ in {settings.dtype} ({settings.note})"
+    assert_same_greedy(theirs, ours, folder, prompts, settings)
 
 
 @pytest.mark.parametrize("width", [320, 512])
@@ -106,4 +131,4 @@ def test_320_and_512_exports_run_in_vllm_model_code(vllm_python, exports, tmp_pa
     prompts = prompt_ids(folder)
     settings = settings_for(width)
     theirs = vllm_greedy(vllm_python, folder, prompts, 1, tmp_path, settings, prefill_only=True)
-    assert theirs == latentkv_greedy(folder, prompts, 1, settings.dtype)
+    assert_same_greedy(theirs, latentkv_greedy(folder, prompts, 1, settings.dtype), folder, prompts, settings)
