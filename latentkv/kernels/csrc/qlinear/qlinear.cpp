@@ -93,7 +93,7 @@ constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 4, TILE_P = 4, MB_TILE =
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 namespace isa_amx {
 constexpr int BLOCK = 16, GROUP = 32, REC = GROUP * BLOCK / 2 + BLOCK;  // pack_bf16's record (qlinear_impl.h BF16)
-constexpr int64_t X_BLOCK_BYTES = 1 << 20;  // activation rows per M chunk: about this many bytes (L2)
+constexpr int64_t X_BLOCK_BYTES = 1 << 19;  // activation rows per M chunk: about this many bytes (of 2 MB L2: 256 KB-512 KB measured best)
 constexpr int64_t KC = 8;  // groups per k block
 
 template <class T>
