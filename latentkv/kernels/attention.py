@@ -24,7 +24,8 @@ DECODE_SPAN, DECODE_MAX_SPANS = 64, 64  # csrc/attention/mla_job.h SPAN, MAX_SPA
 
 def probe(module, isa: int) -> list:
     """The self-check's inputs (kernels/build.py): decode over float32, bf16 and int8 caches with
-    float32 and bf16 queries (one and two query tokens), and a prefill span in both dtypes."""
+    float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
+    prefill span in both dtypes."""
     gen = torch.Generator().manual_seed(0)
     heads, rank, dr, bs = 4, 64, 16, 16
     tables = torch.tensor([[0, 2, 4], [1, 3, 5]])
@@ -43,6 +44,16 @@ def probe(module, isa: int) -> list:
             for name, caches in (("kv", (kv.to(qdt), empty, empty, empty)), ("int8", (empty, latent, scale, rope))):
                 got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, isa, 1)
                 out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
+    # a latent that ends mid-chunk (rank % 32 == 16, as the default conversion's 240): bf16 queries
+    # over a bf16 and an int8 cache take the chunk in two halves (mla_decode_bf16.h)
+    rank16, dr16 = 48, 16
+    kv16 = torch.randn(6, bs, rank16 + dr16, generator=gen)
+    latent16 = torch.randint(-127, 128, (6, bs, rank16), generator=gen, dtype=torch.int8)
+    rope16 = torch.randn(6, bs, dr16, generator=gen).bfloat16()
+    q16 = torch.randn(2, heads, rank16 + dr16, generator=gen).bfloat16()
+    for name, caches in (("kv", (kv16.bfloat16(), empty, empty, empty)), ("int8", (empty, latent16, scale, rope16))):
+        got = module.mla_decode(q16, *caches, tables, lens, empty.long(), heads, rank16, bs, isa, 1)
+        out.append((f"mla_decode rank {rank16} {name}", got, 3e-2))
     n, dn, dv, span = 5, 16, 16, 64
     for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
         q = torch.randn(n, heads, dn + dr, generator=gen).to(dt)
