@@ -13,18 +13,7 @@
 
 constexpr int AMX_ROWS = 32;  // query rows per pass: two 16-row tiles
 
-struct AmxTileConfig {  // ldtilecfg's 64-byte operand, palette 1
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-static inline void amx_configure() {  // 8 tiles of 16 rows x 64 bytes
-  AmxTileConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
-}
+#include "amx_tiles.h"
 
 // sc [32 rows][KB] = q pairs qp [32 rows][P] . key block kp ([P][KB][2] bf16), unscaled, in two
 // halves of 32 keys: C tiles 0-3 (rows 0-15 / 16-31 x keys 0-15 / 16-31 of the half), A tiles 4-5,
@@ -103,25 +92,9 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
   const int rows = i1 - i0, padded = (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS, P = j.P, dvp = j.dvp;
   const int64_t last = j.first + i1 - 1;
   if (last < j.key_start) return;
-  const bool words = j.dn % 2 == 0;  // a query row's bf16 pairs are its 32-bit words as they lie
   for (int r = 0; r < padded; ++r) {
     const int64_t st = (int64_t)(i0 + r) * j.H + h;
-    uint32_t* qr = s.qp.data() + (int64_t)r * P;
-    const uint16_t* q = r < rows ? j.q + st * (j.dn + j.dr) : nullptr;  // past the item: zero queries
-    if (r < rows && words) {
-      std::memcpy(qr, q, (size_t)(j.dn + j.dr) * 2);
-      std::fill(qr + (j.dn + j.dr) / 2, qr + P, 0u);
-    } else {
-      for (int p = 0; p < P; ++p) {
-        uint32_t lo = 0, hi = 0;
-        if (r < rows) {
-          const int e = 2 * p;
-          if (e < 2 * j.pn) lo = e < j.dn ? q[e] : 0, hi = e + 1 < j.dn ? q[e + 1] : 0;
-          else if (e - 2 * j.pn < j.dr) lo = q[j.dn + e - 2 * j.pn], hi = q[j.dn + e + 1 - 2 * j.pn];
-        }
-        qr[p] = lo | (hi << 16);
-      }
-    }
+    query_pairs(j, r < rows ? j.q + st * (j.dn + j.dr) : nullptr, s.qp.data() + (int64_t)r * P);
     if (r < rows) std::memcpy(s.o.data() + (int64_t)r * dvp, j.acc + st * dvp, (size_t)dvp * 4);
     else std::fill(s.o.data() + (int64_t)r * dvp, s.o.data() + (int64_t)(r + 1) * dvp, 0.0f);
     s.m[r] = r < rows ? j.m[st] : -__builtin_inff();

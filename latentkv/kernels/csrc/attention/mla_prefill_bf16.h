@@ -64,6 +64,25 @@ static void prefill_pack_words(const PrefillJob& j, int h, int kb) {
   }
 }
 
+// One query row q [dn + dr] (nullptr: a zero row) as the P pair words both prefill kernels read:
+// the nope part padded to an even width, then the rope part, zeros past it (P padded to AMX tiles).
+static inline void query_pairs(const PrefillJob& j, const uint16_t* q, uint32_t* qr) {
+  if (q && j.dn % 2 == 0) {  // the row's 32-bit words are its pairs as they lie
+    std::memcpy(qr, q, (size_t)(j.dn + j.dr) * 2);
+    std::fill(qr + (j.dn + j.dr) / 2, qr + j.P, 0u);
+    return;
+  }
+  for (int p = 0; p < j.P; ++p) {
+    uint32_t lo = 0, hi = 0;
+    if (q) {
+      const int e = 2 * p;
+      if (e < 2 * j.pn) lo = e < j.dn ? q[e] : 0, hi = e + 1 < j.dn ? q[e + 1] : 0;
+      else if (e - 2 * j.pn < j.dr) lo = q[j.dn + e - 2 * j.pn], hi = q[j.dn + e + 1 - 2 * j.pn];
+    }
+    qr[p] = lo | (hi << 16);
+  }
+}
+
 static void prefill_pack(const PrefillJob& j, int h, int kb) {
   if (j.dn % 2 == 0) return prefill_pack_words(j, h, kb);
   uint16_t* kp = j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2;
@@ -162,16 +181,7 @@ static void prefill_item(const PrefillJob& j, int h, int i0, int i1, uint32_t* q
   const int64_t last = j.first + i1 - 1;  // the position of the item's last row
   if (last < j.key_start) return;
   for (int r = 0; r < padded; ++r)
-    for (int p = 0; p < P; ++p) {
-      uint32_t lo = 0, hi = 0;
-      if (r < rows) {
-        const uint16_t* q = j.q + ((int64_t)(i0 + r) * j.H + h) * (j.dn + j.dr);
-        int e = 2 * p;
-        if (e < 2 * j.pn) lo = e < j.dn ? q[e] : 0, hi = e + 1 < j.dn ? q[e + 1] : 0;
-        else lo = q[j.dn + e - 2 * j.pn], hi = q[j.dn + e + 1 - 2 * j.pn];
-      }
-      qp[r * P + p] = lo | (hi << 16);
-    }
+    query_pairs(j, r < rows ? j.q + ((int64_t)(i0 + r) * j.H + h) * (j.dn + j.dr) : nullptr, qp + r * P);
   const int kb_end = (int)std::min<int64_t>(j.nkb, (last - j.key_start) / KB + 1);
   float sc[RG * KB];
   uint32_t pp[RG * (KB / 2)];

@@ -92,29 +92,15 @@ constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 4, TILE_P = 4, MB_TILE =
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 namespace isa_amx {
-constexpr int BLOCK = 16, GROUP = 32, REC = GROUP * BLOCK / 2 + BLOCK;  // pack_bf16's record (qlinear_impl.h BF16)
+#include "amx_tiles.h"
+// pack_bf16's record and the padded-row helper: qlinear_impl.h's, as the avx512 namespace has them
+using isa_avx512::BLOCK, isa_avx512::GROUP, isa_avx512::align64;
+constexpr int REC = isa_avx512::BF16::REC;
 constexpr int64_t X_BLOCK_BYTES = 1 << 19;  // activation rows per M chunk: about this many bytes (of 2 MB L2: 256 KB-512 KB measured best)
 constexpr int64_t KC = 8;  // groups per k block
 
-template <class T>
-static inline T* align64(T* p) {
-  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
-}
-
-struct TileConfig {  // ldtilecfg's 64-byte operand, palette 1
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Tiles 0-3: C (rows 16·i, columns 16·j at tile 2i + j), 4-5: A (two 16-row blocks), 6-7: B (two
-// 16-column blocks): every tile 16 rows of 64 bytes.
-static inline void configure() {
-  TileConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
-}
+// Tiles (amx_configure): 0-3 C (rows 16·i, columns 16·j at tile 2i + j), 4-5 A (two 16-row
+// blocks), 6-7 B (two 16-column blocks).
 
 // C tiles for two 16-row tiles (a0, and a1 when TWO: pair words, rows stride lda words, zeros past
 // K) times blocks b, b + 1 over groups g0 .. g1: started from zero (first k block) or from y (their
@@ -176,7 +162,7 @@ static void linear(const int32_t* packed, int64_t NB, int64_t G, const int32_t* 
   at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> buffer(std::min(MC, Mp) * 32 + 16);
     float* c = align64(buffer.data());
-    configure();
+    amx_configure();
     for (int64_t m0 = 0; m0 < Mp; m0 += MC) {
       const int64_t m1 = std::min(Mp, m0 + MC);
       for (int64_t u = u0; u < u1 && u * 32 < N; ++u) {
