@@ -41,7 +41,10 @@ class StoredBlock:
 
 
 def checksum(tensors: dict[str, torch.Tensor], block_hash: bytes, parent_hash: bytes) -> str:
-    digest = hashlib.blake2b(block_hash + parent_hash, digest_size=16)
+    """SHA-256 over the hashes and every tensor's name, dtype, shape and bytes: CPUs with SHA
+    instructions (x86 sha_ni, Arm) hash ~3x faster than blake2b, and a restore hashes every
+    byte it reads."""
+    digest = hashlib.sha256(block_hash + parent_hash)
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())

@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from latentkv.store.files import CorruptBlock, StoredBlock, decode, encode, remo
 
 SUFFIX = ".safetensors"
 LOW_WATER = 0.9   # eviction deletes down to this fraction of max_size, so it runs rarely
+READERS = 4       # block files read and verified at once by read_chain
 
 
 @dataclass
@@ -88,6 +90,7 @@ class LatentStore:
         if describe is not None and not (self.dir / "model.json").exists():
             write_atomic(self.dir / "model.json", json.dumps(describe, indent=1).encode(), self.tmp_dir)
         self.counters = StoreCounters()
+        self._pool: ThreadPoolExecutor | None = None   # read_chain's readers, started on first use
         self.size = 0
         self.add_size(0)
 
@@ -104,28 +107,65 @@ class LatentStore:
     def read(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple) -> StoredBlock | None:
         """The block stored for `block_hash` if it is whole and holds exactly `token_ids`
         after `parent_hash`; else None (a miss). Corrupt files are counted and removed."""
+        return self.read_chain([(block_hash, parent_hash, tuple(token_ids))])[0]
+
+    def read_chain(self, wanted: list[tuple[bytes, bytes, tuple]]) -> list[StoredBlock | None]:
+        """`read` for each (block hash, parent hash, token ids) of a prefix chain, READERS files at
+        once (file reads and hashing release the GIL), in order; after the first miss the rest
+        are None (a chain is served up to its first gap) and are not counted."""
+        if len(wanted) <= 1:
+            loaded = [self.load(*w) for w in wanted]
+        else:
+            loaded = []
+            futures = [self.pool().submit(self.load, *w) for w in wanted]
+            for i, future in enumerate(futures):
+                loaded.append(future.result())
+                if loaded[-1][0] is None:
+                    for rest in futures[i + 1:]:
+                        rest.cancel()
+                    break
+        out: list[StoredBlock | None] = []
+        for block, status, nbytes in loaded:
+            if status == "corrupt":
+                self.counters.corrupt_blocks += 1
+            if block is None:
+                self.counters.misses += 1
+                break
+            self.counters.hits += 1
+            self.counters.bytes_read += nbytes
+            out.append(block)
+        return out + [None] * (len(wanted) - len(out))
+
+    def load(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple) -> tuple[StoredBlock | None, str, int]:
+        """One file read and verified, no counters touched (runs on the reader threads) ->
+        (block or None, "hit" / "absent" / "corrupt" / "collision", bytes read). A corrupt file
+        is removed; a hit's file is touched (LRU)."""
         path = self.path(block_hash)
         try:
             data = path.read_bytes()
         except OSError:
-            self.counters.misses += 1
-            return None
+            return None, "absent", 0
         try:
             block = decode(data)
             if block.block_hash != block_hash:
                 raise CorruptBlock(f"{path.name} holds block {block.block_hash.hex()}")
         except CorruptBlock:
-            self.counters.corrupt_blocks += 1
             self.remove(path)
-            self.counters.misses += 1
-            return None
+            return None, "corrupt", 0
         if block.parent_hash != parent_hash or block.token_ids != tuple(token_ids):
-            self.counters.misses += 1   # a hash collision: never served on the hash alone
-            return None
+            return None, "collision", 0   # a hash collision: never served on the hash alone
         self.touch(path)
-        self.counters.hits += 1
-        self.counters.bytes_read += len(data)
-        return block
+        return block, "hit", len(data)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="latentkv-store-reader")
+        return self._pool
 
     def write(self, block: StoredBlock) -> int:
         """Store `block` (atomically) unless it is there already; -> bytes written.

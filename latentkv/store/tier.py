@@ -58,12 +58,10 @@ class StoreTier:
         Reads only as many blocks as the pool has free; stops at the first miss."""
         bs = self.block_size
         room = self.pool.num_free - self.pool.count_revived(hits)
+        wanted = [(block_hashes[i], block_hashes[i - 1] if i else NO_HASH, tuple(token_ids[i * bs:(i + 1) * bs]))
+                  for i in range(len(hits), min(len(block_hashes), len(hits) + max(room, 0)))]
         found: list[StoredBlock] = []
-        for i in range(len(hits), len(block_hashes)):
-            if len(found) >= room:
-                break
-            parent = block_hashes[i - 1] if i else NO_HASH
-            block = self.store.read(block_hashes[i], parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+        for block in self.store.read_chain(wanted):
             if block is None or not self.fits(block):
                 break
             found.append(block)
@@ -100,6 +98,7 @@ class StoreTier:
 
     def close(self) -> None:
         self.writer.close()
+        self.store.close()
 
     def describe(self) -> str:
         return (f"KV store {self.store.root} ({self.store.size / 2**20:.1f} MiB of "

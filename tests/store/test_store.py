@@ -50,6 +50,35 @@ def test_round_trip_keeps_every_tensor_bit_exact(ranks, quantized):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def chain(n: int) -> list[StoredBlock]:
+    blocks, parent = [], NO_HASH
+    for i in range(n):
+        blocks.append(make_block(i, parent))
+        parent = blocks[-1].block_hash
+    return blocks
+
+
+def test_read_chain_serves_in_order_up_to_the_first_gap(tmp_path):
+    store = open_store(tmp_path)
+    blocks = chain(9)
+    for i, block in enumerate(blocks):
+        if i != 6:   # a gap: block 6 was never written
+            store.write(block)
+    wanted = [(b.block_hash, b.parent_hash, b.token_ids) for b in blocks]
+    got = store.read_chain(wanted)   # the readers run several files at once
+    assert [g.block_hash if g else None for g in got] == [b.block_hash for b in blocks[:6]] + [None] * 3
+    assert all(torch.equal(g.tensors[1][0], b.tensors[1][0]) for g, b in zip(got[:6], blocks))
+    # blocks 7 and 8 may have been read ahead, but only what was served is counted
+    assert (store.counters.hits, store.counters.misses) == (6, 1)
+    assert store.counters.bytes_read == sum(store.path(b.block_hash).stat().st_size for b in blocks[:6])
+    # a corrupt file in the chain: counted, removed, the chain cut there
+    store.path(blocks[2].block_hash).write_bytes(b"torn")
+    got = store.read_chain(wanted[:5])
+    assert [g is not None for g in got] == [True, True, False, False, False]
+    assert store.counters.corrupt_blocks == 1 and not store.path(blocks[2].block_hash).exists()
+    store.close()
+
+
 def test_read_verifies_tokens_and_parent(tmp_path):
     store = open_store(tmp_path)
     block = make_block(0)
