@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from latentkv.engine.chat_template import render_chat
 from latentkv.facts import MLA_MODEL_TYPES
 from latentkv.llm import LLM
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 from latentkv.sources.readers import default_gguf_path, read_source
 from latentkv.user_cache import cache_root, content_hash
 
