@@ -17,7 +17,7 @@ import sysconfig
 from pathlib import Path
 
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
-from latentkv.eval.ppl import model_scorer
+from latentkv.eval.scorer import model_scorer
 from latentkv.sources.corpus import SKIP_DIRS, heldout_text, is_heldout
 
 PROSE_FILE = Path(__file__).parent / "data" / "prose.txt"
