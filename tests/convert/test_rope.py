@@ -9,7 +9,6 @@ import torch
 from latentkv.convert import rope
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.command import register
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model, layer_energy, plan_rope
@@ -70,18 +69,6 @@ def test_stock_plans_ignore_the_window(tmp_path):
     a = plan_rope(src, stats, ConvertOptions(rope_dim=8, stock=True, rope_window=4))[0]
     b = plan_rope(src, stats, ConvertOptions(rope_dim=8, stock=True, rope_window=None))[0]
     assert all(torch.equal(x.rope_phase, y.rope_phase) and torch.equal(x.kept, y.kept) for x, y in zip(a, b))
-
-
-def test_the_window_option_parses_and_is_checked():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    assert parser.parse_args(["convert", "--out", "x", "--rope-window", "all"]).rope_window is None
-    assert parser.parse_args(["convert", "--out", "x", "--rope-window", "32"]).rope_window == 32
-    assert parser.parse_args(["convert", "--out", "x"]).rope_window == ConvertOptions().rope_window
-    with pytest.raises(ValueError, match="rope_window"):
-        ConvertOptions(rope_window=0).check()
 
 
 @pytest.mark.slow  # the real SmolLM2, converted
