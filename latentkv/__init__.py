@@ -4,6 +4,6 @@ from __future__ import annotations
 from latentkv.engine.outputs import RequestOutput
 from latentkv.guided import GuidedDecodingParams
 from latentkv.llm import LLM
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "GuidedDecodingParams"]

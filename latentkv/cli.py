@@ -1,18 +1,16 @@
-"""`latentkv` command line: one subcommand per job, each registered by its own module."""
+"""`latentkv` command line: one subcommand per job, each registered by its own module of
+latentkv/commands/ (the only place that parses arguments; it imports the packages, never the reverse)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from latentkv.bench import command as bench_command
-from latentkv.commands import data, generate, serve
-from latentkv.commands import store as store_command
-from latentkv.convert import command as convert_command
-from latentkv.eval import command as eval_command
-from latentkv.heal import command as heal_command
+from latentkv.commands import bench, convert, data, generate, heal, serve, store
+from latentkv.commands import eval as evaluate
 
-# Each module's `register(subparsers)` adds its subcommands and sets `func` on their parsers.
-COMMAND_MODULES = [generate, convert_command, eval_command, heal_command, bench_command, serve, store_command, data]
+# One module per subcommand in latentkv/commands/ (`generate` also adds `chat`, `convert` adds
+# `convert-sweep`); each one's `register(subparsers)` adds its parsers and sets their `func`.
+COMMAND_MODULES = [generate, convert, evaluate, heal, bench, serve, store, data]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from latentkv.engine.args import EngineArgs
 from latentkv.engine.chat_template import render_chat
 from latentkv.engine.engine import LLMEngine
 from latentkv.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 

@@ -9,6 +9,15 @@ import latentkv
 ROOT = Path(latentkv.__file__).parent
 # kernels/ builds and runs the native code; all above it import it, it imports only these
 KERNELS_MAY_IMPORT = {"latentkv.kernels", "latentkv.user_cache"}
+# The command line: cli.py (the entry point) and commands/ (one module per subcommand). It imports the
+# packages, never the reverse, and nothing else parses arguments but settings.py, which turns each
+# engine option into its flag (one name per option).
+COMMAND_LINE = {"latentkv.cli", "latentkv.commands"}
+PARSES_ARGUMENTS = COMMAND_LINE | {"latentkv.settings"}
+
+
+def within(module: str, names: set[str]) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in names)
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -106,6 +115,23 @@ def test_kernels_import_nothing_above_them():
         if module.startswith("latentkv.kernels"):
             above = {t for t in targets if not any(t == ok or t.startswith(ok + ".") for ok in KERNELS_MAY_IMPORT)}
             assert not above, f"{module} imports {sorted(above)}"
+
+
+def test_nothing_below_the_command_line_imports_it():
+    for module, targets in import_graph().items():
+        if not within(module, COMMAND_LINE):
+            up = {t for t in targets if within(t, COMMAND_LINE)}
+            assert not up, f"{module} imports {sorted(up)}"
+
+
+def test_only_the_command_line_parses_arguments():
+    for module, (path, _) in modules().items():
+        if within(module, PARSES_ARGUMENTS):
+            continue
+        tree = ast.parse(path.read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert "argparse" not in imported, f"{module} parses arguments: that belongs in latentkv/commands/"
 
 
 def test_the_cycle_finder_finds_one():

@@ -15,7 +15,7 @@ from openai import OpenAI
 from latentkv.cpu import native_bf16
 from latentkv.llm import LLM
 from latentkv.resolve import resolve_model
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 from server.server_helpers import MODEL_NAME, start_server
 
 README = Path(__file__).parents[1] / "README.md"

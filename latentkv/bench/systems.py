@@ -25,7 +25,7 @@ from latentkv.bench.isolated import start
 from latentkv.facts import dtype_name
 from latentkv.llm import LLM
 from latentkv.model.loader import resolve_dtype
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 _ids = itertools.count()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 from ..plots import new_figure, save_figure
 from .isolated import FAILED, attempt, close_all, start

@@ -7,7 +7,7 @@ import sys
 
 from latentkv.commands.startup import start_engine
 from latentkv.engine.chat_template import render_chat
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 from latentkv.settings import add_engine_arguments, settings_from_args
 
 CHAT_HELP = "commands: /exit (or Ctrl-D) to leave, /reset to forget the conversation"

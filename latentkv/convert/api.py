@@ -20,7 +20,7 @@ from latentkv.eval.perplexity import PROTOCOL, text_windows
 from latentkv.facts import MODEL_DTYPES
 from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
 from latentkv.kernels.build import FIRST_BUILD, build_in_background
-from latentkv.memory import peak_rss
+from latentkv.sizes import peak_rss
 from latentkv.sources.corpus import default_documents, file_documents, heldout_text, marked_chat_windows, token_windows
 from latentkv.sources.readers import read_source
 from latentkv.sources.source_model import SourceModel

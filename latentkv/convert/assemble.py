@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from latentkv.convert.rope import RopePlan
+from latentkv.convert.rope_plan import RopePlan
 
 
 def mixed_keys(plan: RopePlan, wk: torch.Tensor, num_kv: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ class ConvertOptions:
     phase window: docs/conversion.md, "The phase window");
     rope_window: the query–key distances (tokens) over which a dropped RoPE pair's mean phase φ
     (folded into the query) is measured (None: every distance of the calibration window; the
-    kept pairs are ranked over every distance; native format only: rope.plan_layer);
+    kept pairs are ranked over every distance; native format only: rope_plan.plan_layer);
     refine_steps: Adam steps per layer fitting the converted attention output to the source's on
     the calibration windows after the closed form (0: off; refine.py), refine_lr its step relative
     to each tensor's scale, refine_inputs each layer's inputs: "converted" (the refined layers

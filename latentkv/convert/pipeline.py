@@ -1,6 +1,6 @@
 """Source + calibration statistics + options -> converted model (config dict, tensors).
 
-The steps, each in its own module: RoPE plans (rope.py), the latent of each layer
+The steps, each in its own module: RoPE plans (rope_plan.py), the latent of each layer
 (latent.py), the layer weights (assemble.py), the DeepSeek-V3 config (layout.py).
 Statistics are collected once (calibrate.py) so several settings can share them.
 """
@@ -10,7 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from latentkv.convert import latent as lat
-from latentkv.convert import rope
+from latentkv.convert import rope_plan
 from latentkv.convert.assemble import build_layer, key_features, key_maps, nope_queries
 from latentkv.convert.calibrate import LayerStats
 from latentkv.convert.layout import deepseek_config
@@ -25,8 +25,8 @@ THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stoc
 def augmented_weights(src: SourceModel, i: int):
     """(wq, wk, wv) [out, D+1] with biases as last column, and wo [D, H*d] (float64)."""
     layer = src.layer(i)
-    return (rope.augment(layer["q"], layer["q_bias"]), rope.augment(layer["k"], layer["k_bias"]),
-            rope.augment(layer["v"], layer["v_bias"]), layer["o"].double())
+    return (rope_plan.augment(layer["q"], layer["q_bias"]), rope_plan.augment(layer["k"], layer["k_bias"]),
+            rope_plan.augment(layer["v"], layer["v_bias"]), layer["o"].double())
 
 
 def resolve_rope_dim(src: SourceModel, rope_dim: int | str, stock: bool) -> int:
@@ -53,7 +53,7 @@ def choose_theta(src: SourceModel, stats: list[LayerStats], rope_dim: int) -> fl
     energies = [layer_energy(src, i, st) for i, st in enumerate(stats)]  # independent of theta: once
     for theta in tqdm(THETA_GRID + [src.rope_theta], desc="choosing stock rope_theta", leave=False):
         slots = stock_slots(theta, rope_dim)
-        gain = sum(rope.stock_gain(e, phi, st.dist, src.inv_freq, slots) for (e, phi), st in zip(energies, stats))
+        gain = sum(rope_plan.stock_gain(e, phi, st.dist, src.inv_freq, slots) for (e, phi), st in zip(energies, stats))
         if gain > best_gain:
             best, best_gain = theta, gain
     return best
@@ -63,10 +63,10 @@ def layer_energy(src, i, st) -> tuple[torch.Tensor, torch.Tensor]:
     """(e [H, Hkv, P], φ [H, P]) of layer i: score energy per head and (component, frequency), mean phases."""
     wq, wk, _, _ = augmented_weights(src, i)
     H, Hkv = src.num_heads, src.num_kv_heads
-    qe = rope.query_energy(wq, st.xx, H)
+    qe = rope_plan.query_energy(wq, st.xx, H)
     weight = qe.view(Hkv, H // Hkv, -1).sum(1)
-    _, unmix, lam = rope.weighted_pca(rope.key_covariance(wk, st.xx, Hkv), weight)
-    return rope.head_energy(unmix, lam, qe, H // Hkv), rope.phase_means(st.dist, src.inv_freq)
+    _, unmix, lam = rope_plan.weighted_pca(rope_plan.key_covariance(wk, st.xx, Hkv), weight)
+    return rope_plan.head_energy(unmix, lam, qe, H // Hkv), rope_plan.phase_means(st.dist, src.inv_freq)
 
 
 def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions):
@@ -79,7 +79,7 @@ def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOption
     for i, st in enumerate(stats):
         wq, wk, _, _ = augmented_weights(src, i)
         slots = stock_slots(theta, dr) if settings.stock else None
-        plans.append(rope.plan_layer(wq, wk, st.xx, st.dist, src.inv_freq, src.num_heads, src.num_kv_heads, dr, slots,
+        plans.append(rope_plan.plan_layer(wq, wk, st.xx, st.dist, src.inv_freq, src.num_heads, src.num_kv_heads, dr, slots,
                                      settings.rope_window))
     dn = max(2, 2 * max(len(p.nope_freqs) for p in plans))
     return plans, dr, theta, dn

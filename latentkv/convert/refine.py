@@ -1,6 +1,6 @@
 """Local refinement: after the closed form, fit each MLA layer's attention output to the source's.
 
-The closed form (latent.py, rope.py) minimizes a first-order proxy — linear reconstruction error
+The closed form (latent.py, rope_plan.py) minimizes a first-order proxy — linear reconstruction error
 weighted by second moments. Here each layer's converted weights (q_proj with its folded phases,
 kv_a_proj_with_mqa: the latent and the rope key, kv_b_proj) are moved by Adam to minimize the
 error of the layer's true attention output (causal softmax, RoPE at the real positions, o_proj

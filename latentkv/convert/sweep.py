@@ -10,7 +10,6 @@ was chosen (`pick_default`). Writes a markdown table, JSON and a PNG plot.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import replace
@@ -20,7 +19,7 @@ from latentkv.cache.accounting import latent_bytes
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats, load_stats, save_stats
 from latentkv.convert.layout import converted_model
-from latentkv.convert.options import ConvertOptions, calib_torch_dtype, rope_dim_arg, rope_window_arg
+from latentkv.convert.options import ConvertOptions, calib_torch_dtype
 from latentkv.convert.pipeline import build_model, plan_rope
 from latentkv.eval.chat import ChatModel, chat_metrics, render_cases
 from latentkv.eval.domains import DOMAINS
@@ -260,48 +259,3 @@ def merge_sweeps(parts, out_dir) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"source": first["source"], **{k: first.get(k, UNRECORDED.get(k)) for k in SAME_PROTOCOL}}
     return write_outputs(out_dir, meta, rows, merged_from=[name for name, _ in runs])
-
-
-def register(subparsers) -> None:
-    """Add `convert-sweep` (bench/ has its own command module, so the sweep lives here)."""
-    p = subparsers.add_parser("convert-sweep", help="KV bytes per token vs behaviour and perplexity of converted models (table + PNG)")
-    p.add_argument("source", nargs="?", default=None, help="source model (default: bundled SmolLM2)")
-    p.add_argument("--out", default="sweep", help="folder for sweep.md, sweep.json, sweep.png")
-    p.add_argument("--rope-dims", type=rope_dim_arg, nargs="+", default=[64, 32], help="even ints or 'all'")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--ranks", type=int, nargs="+", default=None, help="latent ranks for every rope dim")
-    size.add_argument("--sizes", type=float, nargs="+", default=None,
-                      help=f"cache sizes as fractions of the source's elements; each rope dim gets the rank that "
-                      f"makes them (default {' '.join(map(str, SIZES))}; 1: the full rank)")
-    p.add_argument("--formats", nargs="+", default=["native", "stock"], choices=["native", "stock"])
-    p.add_argument("--calib-tokens", type=int, default=DEFAULTS.calib_tokens)
-    p.add_argument("--calib-chat", type=float, default=DEFAULTS.calib_chat, help="share of calibration tokens from chat")
-    p.add_argument("--calib-weight", type=float, default=DEFAULTS.calib_weight,
-                   help="weight of the chat answers' and control tokens' positions in the calibration statistics")
-    p.add_argument("--rope-window", type=rope_window_arg, default=DEFAULTS.rope_window,
-                   help=f"distances over which dropped rope pairs' mean phases are measured (default {DEFAULTS.rope_window}; 'all')")
-    p.add_argument("--refine-steps", type=int, nargs="+", default=[0],
-                   help="measure each point refined with each of these step counts (default 0: the closed form)")
-    p.add_argument("--refine-lr", type=float, default=DEFAULTS.refine_lr, help="refinement step, relative to each tensor's scale")
-    p.add_argument("--eval-tokens", type=int, default=4096, help="tokens per perplexity domain")
-    p.add_argument("--chat-examples", type=int, default=None, help="held-out chat prompts to judge on (default all; 0: none)")
-    p.add_argument("--ctx", type=int, default=512)
-    p.add_argument("--int8-formats", nargs="*", default=["native", "stock"], choices=["native", "stock"],
-                   help="formats also measured with an int8 latent")
-    p.add_argument("--stats-cache", default=None, help="safetensors file: reuse calibration statistics (written if absent)")
-    p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
-                   help="measure nothing: merge these runs' sweep.json (same protocol and source) into --out")
-    p.set_defaults(func=lambda args: run_cli(args))
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    if args.merge:
-        result = merge_sweeps(args.merge, args.out)
-        print(markdown_table(result["rows"], result["source_ppl"], result["source_bytes_bf16"]))
-        print(f"default by the bar: {result['default'] or 'no point meets it'}")
-        return 0
-    run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
-              args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
-              chat_examples=args.chat_examples, sizes=args.sizes, calib_weight=args.calib_weight,
-              rope_window=args.rope_window, refine_steps=args.refine_steps, refine_lr=args.refine_lr)
-    return 0

@@ -12,8 +12,8 @@ import torch
 
 from latentkv.facts import (ATTENTION_BACKEND_DEFAULT, ATTENTION_BACKENDS, ATTENTION_PATHS, BLOCK_SIZES, CACHE_DTYPE_ALIASES,
                             CACHE_DTYPES, MODEL_DTYPE_ALIASES, MODEL_DTYPES)
-from latentkv.memory import parse_memory
 from latentkv.model.quant import QUANTIZATIONS
+from latentkv.sizes import parse_memory
 
 STORE_MAX_SIZE = "10GiB"   # default bound of a --kv-store directory
 WARM_FRACTION = 0.05       # default share of the cache --warm templates may pin

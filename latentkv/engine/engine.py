@@ -38,7 +38,7 @@ from latentkv.engine.threads import ThreadGovernor
 from latentkv.engine.warm import warm_up
 from latentkv.model.loader import load_model
 from latentkv.model.quant import quantize_linears, use_fixed_order_linears
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 from latentkv.store.tier import open_tier
 
 __all__ = ["EngineArgs", "LLMEngine"]

@@ -19,8 +19,8 @@ from latentkv.engine.outputs import PositionLogprobs
 from latentkv.engine.sampler import gather_logprobs, sample
 from latentkv.engine.scheduler import SchedulerOutput
 from latentkv.facts import dtype_name
-from latentkv.memory import available_memory
 from latentkv.model import decode_plan
+from latentkv.sizes import available_memory
 
 
 def bytes_per_block(cfg, block_size: int, dtype: torch.dtype, cache_dtype: str) -> int:

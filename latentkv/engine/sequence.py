@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 
 class Status(enum.Enum):

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from latentkv.cache.block_pool import hash_full_blocks
 from latentkv.engine.chat_template import render_chat
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 
 def read_templates(path: str | Path, tokenizer) -> list[list[int]]:

@@ -34,10 +34,10 @@ from tqdm.auto import tqdm
 
 from latentkv.engine.args import EngineArgs
 from latentkv.engine.engine import LLMEngine, load_tokenizer
-from latentkv.eval.ppl import is_mla_folder
+from latentkv.eval.scorer import is_mla_folder
 from latentkv.eval.repetition import RULE, distinct_ratio, is_degenerate
 from latentkv.model.loader import load_model
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 from latentkv.sources.chat_data import load_chat, render_chat_example
 from latentkv.sources.readers import read_source
 from latentkv.sources.reference import source_logits

@@ -3,7 +3,7 @@ converted side by side, so a conversion cannot look good on the calibration's ki
 
 Domains (all offline, the same on every machine):
 - docs:  the default corpus's held-out Python documentation (what `eval ppl` scores by default);
-- prose: licence texts stored in the repository (latentkv/eval/data/prose.txt: GPL-3 and
+- prose: licence texts stored in the repository (latentkv/assets/prose.txt: GPL-3 and
          Apache-2.0) — legal prose, unlike the calibration's documentation and chat;
 - code:  Python source of the standard-library modules whose docstrings are in the held-out
          split (so no calibration docstring is scored again as part of its code).
@@ -17,10 +17,10 @@ import sysconfig
 from pathlib import Path
 
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
-from latentkv.eval.ppl import model_scorer
+from latentkv.eval.scorer import model_scorer
 from latentkv.sources.corpus import SKIP_DIRS, heldout_text, is_heldout
 
-PROSE_FILE = Path(__file__).parent / "data" / "prose.txt"
+PROSE_FILE = Path(__file__).parents[1] / "assets" / "prose.txt"
 MAX_CODE_CHARS = 400_000  # plenty for the default 8K tokens per domain; keeps reading bounded
 
 

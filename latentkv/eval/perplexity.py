@@ -2,7 +2,7 @@
 its own start (no context carried across windows), and the first token of a window is
 not predicted. PPL = exp(mean negative log-likelihood over the predicted tokens).
 
-The protocol alone (no model loading): `latentkv eval ppl` (ppl.py) and the converter
+The protocol alone (no model loading): `latentkv eval ppl` (scorer.py) and the converter
 both score with it, so their numbers are the same numbers.
 """
 from __future__ import annotations

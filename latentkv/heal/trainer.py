@@ -22,7 +22,7 @@ from ..sources.readers import read_source
 from ..model.loader import load_model
 from .checkpoint import input_dtype, load_state, save_model, save_state
 from .behaviour import ChatProbe, report
-from .data import batch_indices, calib_chat, training_windows
+from .windows import batch_indices, calib_chat, training_windows
 
 ATTENTION_PARAMS = (".self_attn.",)
 STATE_DIR = "training_state"  # beside the model files: what --resume needs

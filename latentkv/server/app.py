@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from latentkv.server.async_engine import AsyncEngine
-from latentkv.server.chat import create_chat_completion
+from latentkv.server.chat_completions import create_chat_completion
 from latentkv.server.completions import create_completion
 from latentkv.server.errors import install_error_handlers
 from latentkv.server.guard import ApiKeyGuard, BodyGuard

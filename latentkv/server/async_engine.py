@@ -21,7 +21,7 @@ from typing import Callable
 from latentkv.engine.outputs import RequestOutput
 from latentkv.engine.prompt_errors import PromptError
 from latentkv.engine.threads import release_openmp_pool
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 
 class EngineDeadError(RuntimeError):

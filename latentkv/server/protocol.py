@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from latentkv.guided import GuidedDecodingError, GuidedDecodingParams
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20

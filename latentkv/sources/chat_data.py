@@ -1,11 +1,11 @@
 """Chat data: instructions written into the repo and the original model's own greedy answers.
 
-`data/chat_prompts.jsonl` holds a few hundred instructions (facts, arithmetic, writing, code,
+`assets/chat_prompts.jsonl` holds a few hundred instructions (facts, arithmetic, writing, code,
 translation, lists, how-to, definitions, reasoning), each in a fixed split by a hash of its id:
 "heldout" (one in HELDOUT_EVERY; conversion and healing never see it, `eval chat` measures on
 it) or "calib". The answers are the *source model's* (self-distillation): greedy, float32, at
 most MAX_NEW_TOKENS, stored as JSONL whose header names the source's content hash. An answer
-file is used only for the source it was made from: the bundled files under `data/` first, then
+file is used only for the source it was made from: the bundled files under `assets/` first, then
 the user cache (`~/.cache/latentkv/chat/`); otherwise the answers are generated (minutes) and
 cached — never another model's answers.
 """
@@ -25,13 +25,13 @@ from tqdm.auto import tqdm
 from latentkv.engine.chat_template import render_chat
 from latentkv.facts import MLA_MODEL_TYPES
 from latentkv.llm import LLM
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 from latentkv.sources.readers import default_gguf_path, read_source
 from latentkv.user_cache import cache_root, content_hash
 
-DATA = Path(__file__).parent.parent / "data"  # latentkv/data
-PROMPTS_FILE = DATA / "chat_prompts.jsonl"
-BUNDLED_ANSWERS = DATA / "chat_answers-smollm2-135m.jsonl"  # the bundled SmolLM2's
+ASSETS = Path(__file__).parent.parent / "assets"  # latentkv/assets: the package's data files
+PROMPTS_FILE = ASSETS / "chat_prompts.jsonl"
+BUNDLED_ANSWERS = ASSETS / "chat_answers-smollm2-135m.jsonl"  # the bundled SmolLM2's
 HELDOUT_EVERY = 4  # one prompt in four (by id hash) is held out
 MAX_NEW_TOKENS = 128
 FORMAT = "latentkv chat answers v1"
@@ -117,7 +117,7 @@ def answers_file(source=None, max_new_tokens: int = MAX_NEW_TOKENS, log=None) ->
     path = source_path(source)
     fingerprint = content_hash(path)
     cached = cache_root() / "chat" / f"answers-{fingerprint[:24]}-{max_new_tokens}.jsonl"
-    for candidate in [*sorted(DATA.glob("chat_answers-*.jsonl")), cached]:
+    for candidate in [*sorted(ASSETS.glob("chat_answers-*.jsonl")), cached]:
         if candidate.is_file() and matches(read_answers(candidate)[0], fingerprint, max_new_tokens):
             return candidate
     (log or (lambda m: print(m, file=sys.stderr, flush=True)))(

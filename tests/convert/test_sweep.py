@@ -1,7 +1,6 @@
 """`convert-sweep` with behaviour columns: the table's flags, the default rule, and a tiny run end to end."""
 from __future__ import annotations
 
-import argparse
 import json
 from types import SimpleNamespace
 
@@ -55,13 +54,6 @@ def test_sizes_give_each_rope_dim_the_rank_that_makes_the_cache():
     smol = SimpleNamespace(kv_elements=lambda: 384)   # 3 KV heads x 64: 384 elements per token per layer
     assert ranks_at(smol, 64, [1.0, 0.833, 0.5]) == ["full", 256, 128]
     assert ranks_at(smol, 192, [1.0, 0.833, 0.5]) == ["full", 128]   # rope all at half the cache: no room, left out
-
-
-def test_the_sweep_command_takes_rope_all_and_sizes():
-    parser = argparse.ArgumentParser()
-    sweep.register(parser.add_subparsers())
-    args = parser.parse_args(["convert-sweep", "--rope-dims", "all", "64", "--sizes", "0.833", "0.5"])
-    assert args.rope_dims == ["all", 64] and args.sizes == [0.833, 0.5] and args.ranks is None
 
 
 def sweep_run(folder, rows, **changes):

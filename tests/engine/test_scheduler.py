@@ -3,7 +3,7 @@ from latentkv.cache.block_pool import BlockPool
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.scheduler import Scheduler
 from latentkv.engine.sequence import Sequence, Status
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 
 def make(num_blocks, block_size=4, max_num_seqs=8, max_tokens_per_step=32, caching=True):

@@ -24,7 +24,7 @@ def heldout_kl(tiny_pair, model_dir) -> float:
 
     from latentkv.sources.reference import source_logits
     from latentkv.sources.readers import read_source
-    from latentkv.heal.data import training_windows
+    from latentkv.heal.windows import training_windows
     from latentkv.model.loader import load_model
 
     teacher = read_source(tiny_pair[0])

@@ -7,7 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from latentkv.heal import HealConfig, behaviour, data, heal
+from latentkv.heal import HealConfig, behaviour, heal
+from latentkv.heal import windows as heal_windows
 from latentkv.sources.chat_data import ChatExample, load_chat, render_chat_example, split_of
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
@@ -28,7 +29,7 @@ def fake_chat(monkeypatch):
         calls.append(split)
         return {"calib": CALIB, "heldout": HELDOUT}[split]
 
-    monkeypatch.setattr(data, "load_chat", load_chat)
+    monkeypatch.setattr(heal_windows, "load_chat", load_chat)
     monkeypatch.setattr(behaviour, "load_chat", load_chat)
     return calls
 
@@ -40,7 +41,7 @@ def contains(stream: list[int], part: list[int]) -> bool:
 def test_chat_mix_has_calib_conversations_and_never_heldout(tiny_pair, fake_chat):
     teacher, native, _, text = tiny_pair
     tok = AutoTokenizer.from_pretrained(native)
-    windows = data.training_windows(tok, [str(text)], 32, 32 * 40, 0, data.calib_chat(str(teacher)), 0.5)
+    windows = heal_windows.training_windows(tok, [str(text)], 32, 32 * 40, 0, heal_windows.calib_chat(str(teacher)), 0.5)
     assert fake_chat == ["calib"] and windows.shape == (40, 32)
     stream = windows[:20].flatten().tolist()  # the chat half: packed conversations, back to back
     calib = [render_chat_example(tok, ex)[0] for ex in CALIB]
@@ -48,7 +49,7 @@ def test_chat_mix_has_calib_conversations_and_never_heldout(tiny_pair, fake_chat
     for ex in HELDOUT:
         ids, start = render_chat_example(tok, ex)
         assert not contains(windows.flatten().tolist(), ids[start - 4:])
-    docs_only = data.training_windows(tok, [str(text)], 32, 32 * 40, 0)
+    docs_only = heal_windows.training_windows(tok, [str(text)], 32, 32 * 40, 0)
     assert docs_only.shape == (40, 32) and not any(contains(docs_only.flatten().tolist(), c) for c in calib)
 
 
@@ -69,7 +70,7 @@ def test_heal_reports_eval_chat_before_during_after(tiny_pair, fake_chat, tmp_pa
 
 def test_default_chat_mix_is_the_calib_split_of_the_bundled_data():
     """The bundled model's chat mix: calib prompts only, none of the held-out ones (by id or text)."""
-    calib, heldout = data.calib_chat(None), load_chat(None, "heldout")
+    calib, heldout = heal_windows.calib_chat(None), load_chat(None, "heldout")
     assert calib and heldout
     assert not {e.id for e in calib} & {e.id for e in heldout}
     assert not {e.prompt for e in calib} & {e.prompt for e in heldout}

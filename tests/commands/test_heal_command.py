@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from latentkv.heal import command
+from latentkv.commands import heal as command
 from latentkv.heal.trainer import HealConfig
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from latentkv.memory import parse_memory
+from latentkv.sizes import parse_memory
 
 
 def test_memory_sizes():

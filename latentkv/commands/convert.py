@@ -1,15 +1,16 @@
-"""`latentkv convert [SOURCE] --out DIR ...` (and `latentkv convert-sweep`, see sweep.py)."""
+"""`latentkv convert [SOURCE] --out DIR ...` and `latentkv convert-sweep` (convert/sweep.py: KV bytes per
+token against behaviour and perplexity)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from dataclasses import fields
 
-from latentkv.convert import sweep
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions, rope_dim_arg, rope_window_arg
 from latentkv.convert.refine import INPUTS
 from latentkv.convert.stock import TARGETS
+from latentkv.convert.sweep import SIZES, markdown_table, merge_sweeps, run_sweep
 from latentkv.facts import MODEL_DTYPES
 from latentkv.sources.readers import SourceError
 
@@ -65,7 +66,7 @@ def register(subparsers) -> None:
                    help=f"each refined layer's inputs: the converted layers below it or the source's "
                    f"(default {D.refine_inputs})")
     p.set_defaults(func=run)
-    sweep.register(subparsers)
+    register_sweep(subparsers)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,4 +83,49 @@ def run(args: argparse.Namespace) -> int:
     card = (out / "README.md").read_text()
     if "## Measured" in card:
         print(card[card.index("## Measured"):])
+    return 0
+
+
+def register_sweep(subparsers) -> None:
+    """Add `convert-sweep`."""
+    p = subparsers.add_parser("convert-sweep", help="KV bytes per token vs behaviour and perplexity of converted models (table + PNG)")
+    p.add_argument("source", nargs="?", default=None, help="source model (default: bundled SmolLM2)")
+    p.add_argument("--out", default="sweep", help="folder for sweep.md, sweep.json, sweep.png")
+    p.add_argument("--rope-dims", type=rope_dim_arg, nargs="+", default=[64, 32], help="even ints or 'all'")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--ranks", type=int, nargs="+", default=None, help="latent ranks for every rope dim")
+    size.add_argument("--sizes", type=float, nargs="+", default=None,
+                      help=f"cache sizes as fractions of the source's elements; each rope dim gets the rank that "
+                      f"makes them (default {' '.join(map(str, SIZES))}; 1: the full rank)")
+    p.add_argument("--formats", nargs="+", default=["native", "stock"], choices=["native", "stock"])
+    p.add_argument("--calib-tokens", type=int, default=D.calib_tokens)
+    p.add_argument("--calib-chat", type=float, default=D.calib_chat, help="share of calibration tokens from chat")
+    p.add_argument("--calib-weight", type=float, default=D.calib_weight,
+                   help="weight of the chat answers' and control tokens' positions in the calibration statistics")
+    p.add_argument("--rope-window", type=rope_window_arg, default=D.rope_window,
+                   help=f"distances over which dropped rope pairs' mean phases are measured (default {D.rope_window}; 'all')")
+    p.add_argument("--refine-steps", type=int, nargs="+", default=[0],
+                   help="measure each point refined with each of these step counts (default 0: the closed form)")
+    p.add_argument("--refine-lr", type=float, default=D.refine_lr, help="refinement step, relative to each tensor's scale")
+    p.add_argument("--eval-tokens", type=int, default=4096, help="tokens per perplexity domain")
+    p.add_argument("--chat-examples", type=int, default=None, help="held-out chat prompts to judge on (default all; 0: none)")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--int8-formats", nargs="*", default=["native", "stock"], choices=["native", "stock"],
+                   help="formats also measured with an int8 latent")
+    p.add_argument("--stats-cache", default=None, help="safetensors file: reuse calibration statistics (written if absent)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                   help="measure nothing: merge these runs' sweep.json (same protocol and source) into --out")
+    p.set_defaults(func=run_sweep_command)
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    if args.merge:
+        result = merge_sweeps(args.merge, args.out)
+        print(markdown_table(result["rows"], result["source_ppl"], result["source_bytes_bf16"]))
+        print(f"default by the bar: {result['default'] or 'no point meets it'}")
+        return 0
+    run_sweep(args.source, args.out, args.rope_dims, args.formats, args.ranks, args.calib_tokens, args.eval_tokens,
+              args.ctx, int8_formats=args.int8_formats, stats_cache=args.stats_cache, calib_chat=args.calib_chat,
+              chat_examples=args.chat_examples, sizes=args.sizes, calib_weight=args.calib_weight,
+              rope_window=args.rope_window, refine_steps=args.refine_steps, refine_lr=args.refine_lr)
     return 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .trainer import HealConfig, heal
+from latentkv.heal.trainer import HealConfig, heal
 
 
 def register(subparsers) -> None:

@@ -18,8 +18,8 @@ from latentkv.sources.chat_data import ChatExample, load_chat, load_prompts, ren
 from latentkv.sources.readers import default_gguf_path
 from latentkv.user_cache import content_hash
 
-README = Path(__file__).parents[1] / "README.md"
-BUNDLED = chat_data.DATA / "chat_answers-smollm2-135m.jsonl"
+README = Path(__file__).parents[2] / "README.md"
+BUNDLED = chat_data.ASSETS / "chat_answers-smollm2-135m.jsonl"
 
 
 def readme_question() -> str:

@@ -1,3 +1,4 @@
+"""The batched sampler (engine/sampler.py): greedy, seeded rows, truncation, penalties, logprobs."""
 import math
 
 import pytest
@@ -5,7 +6,7 @@ import torch
 
 from latentkv.engine.sampler import sample, truncate
 from latentkv.engine.sequence import Sequence
-from latentkv.sampling import SamplingParams
+from latentkv.sampling_params import SamplingParams
 
 
 def seq(params, prompt=(1, 2, 3), outputs=()):
@@ -13,21 +14,6 @@ def seq(params, prompt=(1, 2, 3), outputs=()):
     for t in outputs:
         s.append_token(t)
     return s
-
-
-@pytest.mark.parametrize("kwargs", [
-    dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2), dict(min_p=2),
-    dict(max_tokens=0), dict(min_tokens=5, max_tokens=2), dict(n=0), dict(repetition_penalty=0),
-    dict(presence_penalty=3), dict(logprobs=-1), dict(stop=[""]),
-])
-def test_invalid_params_rejected(kwargs):
-    with pytest.raises(ValueError):
-        SamplingParams(**kwargs)
-
-
-def test_stop_normalised():
-    assert SamplingParams(stop="x").stop == ["x"]
-    assert SamplingParams(top_k=-1).top_k == 0
 
 
 def test_greedy_and_top_k_1_agree():

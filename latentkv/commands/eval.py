@@ -8,8 +8,8 @@ from pathlib import Path
 
 from latentkv.eval.chat import EXTRA_TOKENS, evaluate_chat, format_table, print_degenerate
 from latentkv.eval.domains import DOMAINS, domain_perplexity, format_domain_table
-from latentkv.eval.ppl import evaluate
 from latentkv.eval.repetition import RULE
+from latentkv.eval.scorer import evaluate
 from latentkv.facts import CACHE_DTYPES
 from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sources.readers import SourceError

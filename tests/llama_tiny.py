@@ -1,13 +1,49 @@
-"""The GGUF reader on a tiny Llama written with the gguf package the way llama.cpp lays it out."""
+"""Tiny random Llama-family source folders built with transformers (the conversion's reference), and
+the same models as GGUF files written the way llama.cpp lays them out."""
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
+
 import torch
 
-from latentkv.sources.readers import SourceError, read_source
-from latentkv.sources.reference import source_logits
+VOCAB = 96
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+            head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+            tie_word_embeddings=False)
+KINDS = {
+    "llama_gqa": ("llama", dict(num_key_value_heads=2, rope_theta=10000.0)),
+    "llama_mha": ("llama", dict(num_key_value_heads=4, rope_theta=500.0, tie_word_embeddings=True)),
+    "qwen2_bias": ("qwen2", dict(num_key_value_heads=2, rope_theta=10000.0)),
+    "mistral": ("mistral", dict(num_key_value_heads=1, sliding_window=None, rope_theta=10000.0)),
+}
 
-import llama_tiny
+
+def build(kind: str, **overrides):
+    """A random transformers model of this kind (norm weights and biases perturbed)."""
+    import transformers
+
+    family, extra = KINDS[kind]
+    cls_cfg = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+               "mistral": transformers.MistralConfig}[family]
+    cls_model = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+                 "mistral": transformers.MistralForCausalLM}[family]
+    torch.manual_seed(0)
+    model = cls_model(cls_cfg(**{**BASE, **extra, **overrides})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+    return model
+
+
+def save(kind: str, folder: Path, **overrides):
+    """Save a tiny model of this kind as safetensors; returns the transformers model."""
+    model = build(kind, **overrides)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return model
+
 
 NAMES = {"self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
          "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
@@ -52,20 +88,3 @@ def write_gguf(path, model, skip: str | None = None) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-
-
-def test_tiny_gguf_matches_transformers(tmp_path):
-    model = llama_tiny.build("llama_gqa")
-    write_gguf(tmp_path / "tiny.gguf", model)
-    src = read_source(tmp_path / "tiny.gguf")
-    assert (src.num_heads, src.num_kv_heads, src.head_dim) == (4, 2, 16) and not src.tie_word_embeddings
-    ids = torch.randint(0, llama_tiny.VOCAB, (1, 30), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = model(ids).logits
-    assert (source_logits(src, ids) - expected).abs().max() <= 1e-4
-
-
-def test_gguf_missing_tensor_is_named(tmp_path):
-    write_gguf(tmp_path / "cut.gguf", llama_tiny.build("llama_gqa"), skip="blk.1.attn_v.weight")
-    with pytest.raises(SourceError, match=r"cut\.gguf: missing tensor model\.layers\.1\.self_attn\.v_proj\.weight"):
-        read_source(tmp_path / "cut.gguf")

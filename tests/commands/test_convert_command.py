@@ -1,11 +1,15 @@
-"""`latentkv convert` and `latentkv eval ppl` end to end on the bundled model (tiny budget)."""
+"""`latentkv convert` and `convert-sweep`'s command lines, and `latentkv convert` then `latentkv eval ppl`
+end to end on the bundled model (tiny budget)."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 from latentkv.cli import main
+from latentkv.commands.convert import register
+from latentkv.convert.options import ConvertOptions
 from latentkv.sources.corpus import pydoc_documents
 
 
@@ -53,3 +57,20 @@ def test_convert_refuses_bad_options(tmp_path, capsys):
     assert "calib_weight must be positive" in capsys.readouterr().err
     assert main(["convert", "--out", str(tmp_path / "w"), "--refine-steps", "-1"]) == 2
     assert "refine_steps must be 0 (off) or a positive number" in capsys.readouterr().err
+
+
+def test_the_window_option_parses_and_is_checked():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["convert", "--out", "x", "--rope-window", "all"]).rope_window is None
+    assert parser.parse_args(["convert", "--out", "x", "--rope-window", "32"]).rope_window == 32
+    assert parser.parse_args(["convert", "--out", "x"]).rope_window == ConvertOptions().rope_window
+    with pytest.raises(ValueError, match="rope_window"):
+        ConvertOptions(rope_window=0).check()
+
+
+def test_the_sweep_command_takes_rope_all_and_sizes():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["convert-sweep", "--rope-dims", "all", "64", "--sizes", "0.833", "0.5"])
+    assert args.rope_dims == ["all", 64] and args.sizes == [0.833, 0.5] and args.ranks is None

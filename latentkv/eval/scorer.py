@@ -1,4 +1,5 @@
-"""`latentkv eval ppl`: the perplexity protocol (perplexity.py) on a source or an MLA folder."""
+"""A model as a scorer: a source (GGUF, Llama-family HF folder) or an MLA folder as a logits function,
+and its perplexity on text by the protocol of perplexity.py (what `latentkv eval ppl` prints)."""
 from __future__ import annotations
 
 import json

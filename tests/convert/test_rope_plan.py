@@ -1,4 +1,4 @@
-"""RoPE planning's phase window (rope.near, ConvertOptions.rope_window) against its definition,
+"""RoPE planning's phase window (rope_plan.near, ConvertOptions.rope_window) against its definition,
 and what it is for: short chat prompts scored closer to the original."""
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import cmath
 import pytest
 import torch
 
-from latentkv.convert import rope
+from latentkv.convert import rope_plan
 from latentkv.convert.api import calibration_windows
 from latentkv.convert.calibrate import collect_stats
-from latentkv.convert.command import register
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model, layer_energy, plan_rope
@@ -35,9 +34,9 @@ def test_the_phase_over_a_window_is_the_mean_phase_of_its_distances():
     dist = torch.rand(3, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     freqs = torch.tensor([1.0, 0.3, 0.05, 0.001], dtype=torch.float64)
     for window in (1, 7, 25):
-        assert torch.allclose(rope.phase_means(rope.near(dist, window), freqs), naive_phase(dist, freqs, window), atol=1e-12)
-    assert rope.near(dist, None) is dist and rope.near(dist, 40) is dist  # every distance: unchanged
-    assert torch.equal(rope.near(dist, 7)[:, :7], dist[:, :7]) and not rope.near(dist, 7)[:, 7:].any()
+        assert torch.allclose(rope_plan.phase_means(rope_plan.near(dist, window), freqs), naive_phase(dist, freqs, window), atol=1e-12)
+    assert rope_plan.near(dist, None) is dist and rope_plan.near(dist, 40) is dist  # every distance: unchanged
+    assert torch.equal(rope_plan.near(dist, 7)[:, :7], dist[:, :7]) and not rope_plan.near(dist, 7)[:, 7:].any()
 
 
 def test_native_plans_fold_the_windowed_phase_and_rank_over_every_distance(tmp_path):
@@ -70,18 +69,6 @@ def test_stock_plans_ignore_the_window(tmp_path):
     a = plan_rope(src, stats, ConvertOptions(rope_dim=8, stock=True, rope_window=4))[0]
     b = plan_rope(src, stats, ConvertOptions(rope_dim=8, stock=True, rope_window=None))[0]
     assert all(torch.equal(x.rope_phase, y.rope_phase) and torch.equal(x.kept, y.kept) for x, y in zip(a, b))
-
-
-def test_the_window_option_parses_and_is_checked():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    assert parser.parse_args(["convert", "--out", "x", "--rope-window", "all"]).rope_window is None
-    assert parser.parse_args(["convert", "--out", "x", "--rope-window", "32"]).rope_window == 32
-    assert parser.parse_args(["convert", "--out", "x"]).rope_window == ConvertOptions().rope_window
-    with pytest.raises(ValueError, match="rope_window"):
-        ConvertOptions(rope_window=0).check()
 
 
 @pytest.mark.slow  # the real SmolLM2, converted

@@ -1,8 +1,8 @@
 """A random-weight Llama Hugging Face folder of any shape, written one layer per shard (so an 8B
 shape never sits in memory). Speed and memory of a conversion need the shape, not real weights.
 
-    python tests/convert/random_llama.py OUT --shape 1b      # 16 layers, hidden 2048, 32/8 heads
-    python tests/convert/random_llama.py OUT --shape 8b      # 32 layers, hidden 4096, ~15 GB bf16
+    python tests/random_llama.py OUT --shape 1b      # 16 layers, hidden 2048, 32/8 heads
+    python tests/random_llama.py OUT --shape 8b      # 32 layers, hidden 4096, ~15 GB bf16
 
 The tokenizer is the bundled SmolLM2's (the only one available offline), so the vocabulary is
 at least its 49152 tokens (calibration text must not index past the embedding).
