@@ -22,7 +22,6 @@ from ..attention.metadata import AttentionMetadata
 from ..attention.native import NativeBackend
 from ..kernels import attention as attention_kernels, decode_ops, qlinear
 from .deepseek import MLP, rope_tables
-from .mla import LATENT_NORM_EPS
 from .quant import FixedOrderLinear, Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
 
 # the qlinear record kinds (kernels/qlinear.py): float activations (4, 8, and FixedOrderLinear's 16 or
@@ -35,10 +34,12 @@ class DecodePlan:
         self.model = model
         self.native_plan = native_plan
         layers = model.model.layers
-        self.shapes = list({(a.n_heads, a.kv_rank, a.dn, a.dr, a.dv): a for a in (l.self_attn for l in layers)}.values())
+        self.specs = [layer.spec for layer in layers]  # what the modules were built from
+        # one per distinct shape: what choose_path reads (heads, ranks, head dims)
+        self.shapes = list({(s.n_heads, s.kv_rank, s.dn, s.dr, s.dv): s for s in self.specs}.values())
         # what DeepseekModel.rope_tables gathers every call (30 module lookups and a stack: ~0.1 ms a step)
         self.inv_freq = torch.stack([layer.self_attn.inv_freq for layer in layers])
-        self.rope_factor = layers[0].self_attn.rope_factor
+        self.rope_factor = self.specs[0].rope_factor
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """Whether the modules would run this step as the plan does: single-token decode rows in
@@ -108,22 +109,23 @@ def linear_entry(linear) -> tuple:
 
 
 def layer_entry(layer, cache) -> dict:
-    """One layer's weights, shapes and cache tensors, as decode_step.h reads them."""
-    attn = layer.self_attn
+    """One layer's weights and cache tensors, and the shapes and constants of the spec its modules
+    were built from (model/spec.py), as decode_step.h reads them."""
+    spec, attn = layer.spec, layer.self_attn
     w_uk, w_uv_t = attn.split_kv_b()
     quantized = cache.quantized
     return {
-        "w_in": layer.input_layernorm.weight, "eps_in": layer.input_layernorm.eps,
-        "w_post": layer.post_attention_layernorm.weight, "eps_post": layer.post_attention_layernorm.eps,
-        "eps_latent": LATENT_NORM_EPS,
-        "w_q_a_norm": attn.q_a_layernorm.weight if attn.q_lora_rank else None,
-        "w_kv_a_norm": attn.kv_a_layernorm.weight if attn.kv_a_layernorm is not None else None,
+        "w_in": layer.input_layernorm.weight, "eps_in": spec.norm_eps,
+        "w_post": layer.post_attention_layernorm.weight, "eps_post": spec.norm_eps,
+        "eps_latent": spec.latent_eps,
+        "w_q_a_norm": attn.q_a_layernorm.weight if spec.q_lora_rank else None,
+        "w_kv_a_norm": attn.kv_a_layernorm.weight if spec.kv_a_layernorm else None,
         "w_uk": w_uk, "w_uv_t": w_uv_t,
-        "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if attn.q_lora_rank else None,
+        "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
         "o": linear_entry(attn.o_proj), "gate_up": linear_entry(layer.mlp.gate_up_proj),
         "down": linear_entry(layer.mlp.down_proj),
-        "q_dim": attn.split[0], "heads": attn.n_heads, "dn": attn.dn, "dr": attn.dr, "dv": attn.dv,
-        "rank": attn.kv_rank, "scale": attn.scale, "interleaved": attn.interleaved,
+        "q_dim": spec.q_dim, "heads": spec.n_heads, "dn": spec.dn, "dr": spec.dr, "dv": spec.dv,
+        "rank": spec.kv_rank, "scale": spec.scale, "interleaved": spec.interleaved,
         "kv": None if quantized else cache.kv, "latent": cache.latent if quantized else None,
         "cache_scale": cache.scale if quantized else None, "cache_rope": cache.rope if quantized else None,
         "qmax": cache.qmax if quantized else 0.0, "block_size": cache.block_size,

@@ -21,6 +21,7 @@ from .mla import MLAttention
 from .norm import RMSNorm
 from .packed import PackedLinear
 from .rope import cos_sin
+from .spec import LayerSpec, layer_spec
 
 
 class MLP(nn.Module):
@@ -104,12 +105,13 @@ def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float) 
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, backend: AttentionBackend):
         super().__init__()
-        self.self_attn = MLAttention(cfg, layer, backend)
-        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.spec = spec  # what the modules are built from; the decode plan reads the same
+        self.self_attn = MLAttention(cfg, spec, backend)
+        self.mlp = MoE(cfg) if spec.moe else MLP(spec.hidden, spec.intermediate)
+        self.input_layernorm = RMSNorm(spec.hidden, spec.norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm_eps)
 
     def forward(self, x, rope, meta, cache):
         h = self.self_attn(self.input_layernorm(x), rope, meta, cache)
@@ -121,7 +123,7 @@ class DeepseekModel(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, layer_spec(cfg, i), backend) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta, caches):

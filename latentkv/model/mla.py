@@ -24,35 +24,27 @@ from ..config import ModelConfig
 from . import fused
 from .norm import RMSNorm
 from .packed import PackedLinear
-from .rope import apply_rope, attention_factor, layer_inv_freq, softmax_scale
-
-# DeepSeek's code and transformers build the q_a / kv_a norms with their default eps,
-# not the config's rms_norm_eps.
-LATENT_NORM_EPS = 1e-6
+from .rope import apply_rope, layer_inv_freq
+from .spec import LayerSpec
 
 
 class MLAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, backend: AttentionBackend):
         super().__init__()
-        self.n_heads = cfg.num_attention_heads
-        self.dn, self.dr, self.dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.kv_rank = cfg.kv_rank(layer)
-        self.q_lora_rank = cfg.q_lora_rank
-        qk_dim = self.n_heads * (self.dn + self.dr)
-        q_part = ("q_a_proj", cfg.q_lora_rank, cfg.attention_bias) if cfg.q_lora_rank else ("q_proj", qk_dim, cfg.q_bias)
+        self.spec = spec
+        self.n_heads, self.dn, self.dr, self.dv, self.kv_rank = spec.n_heads, spec.dn, spec.dr, spec.dv, spec.kv_rank
+        self.q_lora_rank = spec.q_lora_rank
         # q (or q_a) and [c ; k_r] read the same x: one matmul
-        self.qkv_a_proj = PackedLinear(cfg.hidden_size, [q_part, ("kv_a_proj_with_mqa", self.kv_rank + self.dr, cfg.attention_bias)])
-        if cfg.q_lora_rank:
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk_dim, bias=False)
-        self.kv_a_layernorm = RMSNorm(self.kv_rank, LATENT_NORM_EPS) if cfg.kv_a_layernorm else None
+        self.qkv_a_proj = PackedLinear(spec.hidden, spec.qkv_a_parts)
+        if spec.q_lora_rank:
+            self.q_a_layernorm = RMSNorm(spec.q_lora_rank, spec.latent_eps)
+            self.q_b_proj = nn.Linear(spec.q_lora_rank, spec.qk_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, spec.latent_eps) if spec.kv_a_layernorm else None
         self.kv_b_proj = nn.Linear(self.kv_rank, self.n_heads * (self.dn + self.dv), bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.dv, cfg.hidden_size, bias=cfg.attention_bias)
-        self.split = self.qkv_a_proj.sizes  # kept here: quantization replaces the module
-        self.interleaved = cfg.rope_interleave
-        self.scale = softmax_scale(cfg)
-        self.rope_factor = attention_factor(cfg.rope_scaling)
-        self.register_buffer("inv_freq", layer_inv_freq(cfg, layer), persistent=False)
+        self.o_proj = nn.Linear(self.n_heads * self.dv, spec.hidden, bias=spec.attention_bias)
+        self.split = [spec.q_dim, self.kv_rank + self.dr]
+        self.interleaved, self.scale, self.rope_factor = spec.interleaved, spec.scale, spec.rope_factor
+        self.register_buffer("inv_freq", layer_inv_freq(cfg, spec.index), persistent=False)
         self.backend = backend
         self._absorbed = (None, None)  # (weight version, contiguous W_UK / W_UVᵀ) for inference
         # their storage dtype for inference (None: the weight's); quant.quantize_linears sets bf16

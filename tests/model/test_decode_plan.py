@@ -1,8 +1,10 @@
 """The decode plan (model/decode_plan.py) gives the modules' bits: the same kernels, arguments and
 order, without the Python between them."""
+import json
+
 import pytest
 import torch
-from torch import nn
+from safetensors.torch import load_file, save_file
 
 from latentkv import LLM, SamplingParams, invariant
 from latentkv.attention.metadata import build_metadata
@@ -22,19 +24,31 @@ def need_extensions():
             pytest.skip(f"{name} not built: {module.unavailable_reason()}")
 
 
-def model_for(folder, dtype, weights, latent_norm=True, bias=False):
+def variant(folder, out, latent_norm, bias):
+    """The tiny checkpoint as converted models store it: without kv_a_layernorm (latent_norm False),
+    with a q_proj bias (bias: Qwen2 sources), said in config.json's latentkv extensions."""
+    if latent_norm and not bias:
+        return folder
+    raw = json.loads((folder / "config.json").read_text())
+    raw["latentkv"] = {"version": 1, "kv_a_layernorm": latent_norm, "q_bias": bias}
+    tensors = {k: v for k, v in load_file(folder / "model.safetensors").items() if latent_norm or "kv_a_layernorm" not in k}
+    gen = torch.Generator().manual_seed(7)
+    width = raw["num_attention_heads"] * (raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"])
+    for i in range(raw["num_hidden_layers"] if bias else 0):
+        tensors[f"model.layers.{i}.self_attn.q_proj.bias"] = torch.randn(width, generator=gen)
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(raw))
+    save_file(tensors, out / "model.safetensors")
+    return out
+
+
+def model_for(folder, dtype, weights, latent_norm=True, bias=False, tmp_path=None):
+    folder = variant(folder, tmp_path / "variant", latent_norm, bias) if tmp_path else folder
     model = load_model(str(folder), dtype, "cpu", "native")
     if weights == "fixed-order":
         use_fixed_order_linears(model)
     else:
         quantize_linears(model, weights)
-    gen = torch.Generator().manual_seed(7)
-    for layer in model.model.layers:
-        attn = layer.self_attn
-        if not latent_norm:  # converted models have no kv_a_layernorm
-            attn.kv_a_layernorm = None
-        if bias:  # Qwen2 sources keep a q bias (on the packed q / kv_a projection)
-            attn.qkv_a_proj.bias = nn.Parameter(torch.randn(attn.qkv_a_proj.out_features, generator=gen).to(model.dtype))
     return model
 
 
@@ -69,9 +83,12 @@ def cache_tensors(caches):
 ])
 @pytest.mark.parametrize("invariant_meta", [True, False])
 @torch.inference_mode()
-def test_plan_gives_the_modules_bits(tiny_checkpoints, name, dtype, weights, cache_dtype, latent_norm, bias, invariant_meta):
+def test_plan_gives_the_modules_bits(tiny_checkpoints, tmp_path, name, dtype, weights, cache_dtype, latent_norm, bias,
+                                     invariant_meta):
     folder, _ = tiny_checkpoints(name)
-    model = model_for(folder, dtype, weights, latent_norm, bias)
+    model = model_for(folder, dtype, weights, latent_norm, bias, tmp_path)
+    assert all(layer.self_attn.kv_a_layernorm is None for layer in model.model.layers) != latent_norm
+    assert (model.model.layers[0].self_attn.qkv_a_proj.bias is not None) == bias
     contexts = [5, 17, 2, 33]  # ending mid-block; one sequence's blocks out of order below
     tables = [[0, 1], [2, 3, 4, 5, 6], [7], [20, 8, 9, 10, 11, 12, 13, 14, 15]]
     caches = random_caches(model, cache_dtype, 24)
