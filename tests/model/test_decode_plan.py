@@ -12,7 +12,7 @@ from latentkv.cache.latent_cache import allocate_caches
 from latentkv.kernels import attention as native, qlinear
 from latentkv.model import decode_plan, fused
 from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears, use_fixed_order_linears
+from latentkv.model.route import decide_route
 
 BLOCK = 4
 
@@ -43,13 +43,11 @@ def variant(folder, out, latent_norm, bias):
 
 
 def model_for(folder, dtype, weights, latent_norm=True, bias=False, tmp_path=None):
+    """The model as the engine builds it: fixed-order linears (batch invariance) or quantized ones."""
     folder = variant(folder, tmp_path / "variant", latent_norm, bias) if tmp_path else folder
-    model = load_model(str(folder), dtype, "cpu", "native")
-    if weights == "fixed-order":
-        use_fixed_order_linears(model)
-    else:
-        quantize_linears(model, weights)
-    return model
+    fixed = weights == "fixed-order"
+    route = decide_route("cpu", getattr(torch, dtype), "native", None if fixed else weights, batch_invariant=fixed)
+    return load_model(str(folder), route=route)
 
 
 def random_caches(model, cache_dtype, blocks):
@@ -94,6 +92,8 @@ def test_plan_gives_the_modules_bits(tiny_checkpoints, tmp_path, name, dtype, we
     caches = random_caches(model, cache_dtype, 24)
     plan, reason = decode_plan.build(model, caches)
     assert plan is not None, reason
+    # one description of each layer: the spec its modules were built from is the one the plan read
+    assert all(spec is layer.spec is layer.self_attn.spec for spec, layer in zip(plan.specs, model.model.layers))
     meta, positions = build_metadata([1] * 4, contexts, tables, BLOCK, invariant=invariant_meta)
     assert plan.applies(meta)
     ids = torch.tensor([3, 77, 12, 101])
