@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from latentkv import LLM, SamplingParams, invariant
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
-from latentkv.kernels import attention as native, qlinear
+from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
 from latentkv.model import decode_plan, fused
 from latentkv.model.loader import load_model
 from latentkv.model.route import decide_route
@@ -19,7 +19,7 @@ BLOCK = 4
 
 @pytest.fixture(autouse=True)
 def need_extensions():
-    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", native)):
+    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", attention_kernels)):
         if not module.available():
             pytest.skip(f"{name} not built: {module.unavailable_reason()}")
 
@@ -105,6 +105,19 @@ def test_plan_gives_the_modules_bits(tiny_checkpoints, tmp_path, name, dtype, we
     by_plan = plan(ids, positions, meta)
     assert torch.equal(by_plan, by_modules)
     assert all(torch.equal(a, b) for a, b in zip(cache_tensors(caches), after_modules))  # the same latents written
+
+
+def test_the_plan_checks_the_type_of_each_kernel_it_calls():
+    """decode_step.h calls qlinear's linear and attention's mla_decode through capsules of the types
+    kernels/csrc/common/kernel_fns.h declares (each named by its type): one of another type is
+    refused when the plan is built, never called."""
+    linear_fn, decode_fn = qlinear.extension().linear_capsule, attention_kernels.extension().mla_decode_capsule
+    step, norm = decode_ops.extension().DecodePlan, torch.ones(8)
+    step([], norm, 1e-6, linear_fn, decode_fn, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="the capsule for attention's mla_decode holds latentkv:.* this extension calls"):
+        step([], norm, 1e-6, linear_fn, linear_fn, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="the capsule for qlinear's linear holds latentkv:"):
+        step([], norm, 1e-6, decode_fn, decode_fn, 0, 0, 0)
 
 
 @torch.inference_mode()
