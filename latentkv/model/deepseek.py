@@ -28,7 +28,8 @@ class MLP(nn.Module):
 
     def __init__(self, dim: int, inter_dim: int, route: Route):
         super().__init__()
-        self.gate_up_proj = route.packed_linear("gate_up_proj", dim, [("gate_proj", inter_dim, False), ("up_proj", inter_dim, False)])
+        self.gate_up_proj = route.packed_linear("gate_up_proj", dim,
+                                                [("gate_proj", inter_dim, False), ("up_proj", inter_dim, False)])
         self.down_proj = route.linear("down_proj", inter_dim, dim)
         self.fused = route.fused
 
@@ -82,7 +83,8 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, route: Route):
         super().__init__()
         self.gate = Gate(cfg)
-        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size, route) for _ in range(cfg.n_routed_experts))
+        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size, route)
+                                     for _ in range(cfg.n_routed_experts))
         shared = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = MLP(cfg.hidden_size, shared, route) if shared else None
 
