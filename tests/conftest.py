@@ -6,7 +6,7 @@ import tempfile
 import pytest
 import torch
 
-from latentkv.kernels import attention as native, build, decode_ops
+from latentkv.kernels import attention as attention_kernels, build, decode_ops
 from latentkv.sources import chat_data
 from tiny import CONFIGS, save_hf_model
 
@@ -28,8 +28,8 @@ def pytest_sessionfinish(session, exitstatus):
 def attention_backend(request, monkeypatch):
     """Run a test through each attention backend (the native one where it builds); "torch" is the
     whole reference path: the model's PyTorch ops instead of the fused native ones (model/fused.py)."""
-    if request.param == "native" and not native.available():
-        pytest.skip(f"native backend not built: {native.unavailable_reason()}")
+    if request.param == "native" and not attention_kernels.available():
+        pytest.skip(f"native backend not built: {attention_kernels.unavailable_reason()}")
     if request.param == "torch":
         monkeypatch.setattr(decode_ops.EXT, "state", {"module": None, "reason": "the reference path (tests)"})
     return request.param

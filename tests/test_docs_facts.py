@@ -22,7 +22,7 @@ def flat(text: str) -> str:
 
 
 def test_the_attention_backend_default_is_the_codes():
-    documented = re.search(r'load_model\(path, .*attention_backend="(\w+)"\)', INTERNALS).group(1)
+    documented = re.search(r'load_model\(path, .*attention_backend="(\w+)"[,)]', INTERNALS).group(1)
     assert documented == ATTENTION_BACKEND_DEFAULT == ENGINE_DEFAULTS["attention_backend"] \
         == Settings().attention_backend
     assert inspect.signature(load_model).parameters["attention_backend"].default == ATTENTION_BACKEND_DEFAULT

@@ -4,7 +4,8 @@ from torch import nn
 
 from latentkv import invariant
 from latentkv.kernels import qlinear
-from latentkv.model.quant import FixedOrderLinear, use_fixed_order_linears
+from latentkv.model.quant import FixedOrderLinear
+from latentkv.model.route import decide_route
 
 
 def test_float32_linears_are_row_invariant_on_this_machine():
@@ -29,20 +30,33 @@ def test_one_row_bf16_linears_are_padded_to_the_kernel_every_other_m_takes():
     assert torch.equal(alone, pairs)
 
 
+def linear_for(route, name: str, k: int, n: int, gen) -> nn.Module:
+    """A linear as a model built for `route` holds it, random weights loaded and packed."""
+    linear = route.linear(name, k, n, bias=True).to(route.dtype)
+    with torch.no_grad():
+        for p in linear.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    if hasattr(linear, "pack_weights"):
+        linear.pack_weights()
+    return linear
+
+
 def test_the_engine_owns_its_model_so_its_float32_and_bf16_linears_take_the_fixed_order_kernel():
-    """use_fixed_order_linears: float32 and bf16 linears become FixedOrderLinear (where the kernel
+    """A batch-invariant route builds float32 and bf16 linears as FixedOrderLinear (where the kernel
     builds; kv_b_proj stays: the absorbed path reads its weight); install() then only hooks the
     rest, and never replaces a module (a model being trained keeps its autograd); rows agree alone
     and batched, for every M (oneDNN's bf16 kernels change with M on some CPUs: not relied on)."""
-    model = nn.ModuleDict({"o_proj": nn.Linear(64, 48), "kv_b_proj": nn.Linear(64, 32),
-                           "head": nn.Linear(64, 40).bfloat16()})
-    replaced = use_fixed_order_linears(model)
+    gen = torch.Generator().manual_seed(1)
+    f32, bf16 = (decide_route("cpu", dtype, batch_invariant=True) for dtype in (torch.float32, torch.bfloat16))
+    assert f32.weights == bf16.weights == ("fixed-order" if qlinear.available() else "float")
+    model = nn.ModuleDict({"o_proj": linear_for(f32, "o_proj", 64, 48, gen), "kv_b_proj": linear_for(f32, "kv_b_proj", 64, 32, gen),
+                           "head": linear_for(bf16, "lm_head", 64, 40, gen)})
+    replaced = sum(isinstance(m, FixedOrderLinear) for m in model.values())
     assert replaced == (2 if qlinear.available() else 0)
     for name in ("o_proj", "head"):
         assert isinstance(model[name], FixedOrderLinear if qlinear.available() else nn.Linear)
     assert invariant.install(model) == 3 - replaced
     assert isinstance(model["kv_b_proj"], nn.Linear) and model["kv_b_proj"]._invariant_hooked
-    gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, dtype in (("o_proj", torch.float32), ("kv_b_proj", torch.float32), ("head", torch.bfloat16)):
             x = torch.randn(40, 64, generator=gen).to(dtype)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from ..facts import ATTENTION_BACKENDS
-from . import native
+from ..kernels import attention as attention_kernels
 from .backend import AttentionBackend
-from .native import NativeBackend
+from .native_backend import NativeBackend
 from .torch_ref import TorchBackend
 
 # The selection point: "native" (C++/OpenMP, CPU) where it builds, "torch" (the reference) anywhere.
@@ -17,7 +17,7 @@ def resolve_backend(name: str = "auto") -> str:
     warns once why the native one is unavailable)."""
     if name != "auto":
         return name
-    return "native" if native.available() else "torch"
+    return "native" if attention_kernels.available() else "torch"
 
 
 def get_backend(name: str = "auto") -> AttentionBackend:

@@ -11,7 +11,7 @@ own query and the cache, never on the chunking, the prompt's length or the batch
 The keys are read back from the cache after this step's writes, so a chunk sees exactly the
 latents (incl. int8 / fp8 ones) a whole prefill sees.
 
-`span_prefill` is the same contract with a native kernel (attention/native.py: float32 on every
+`span_prefill` is the same contract with a native kernel (attention/native_backend.py: float32 on every
 CPU, bf16 on avx512_bf16): keys expanded SPAN positions at a time at fixed absolute spans, each
 span folded into every row's online-softmax state by the kernel, so memory is bounded by the
 span, never the context.

@@ -26,7 +26,7 @@ from ..cache.accounting import latent_bytes
 from ..cache.latent_cache import LatentCache
 from ..config import ModelConfig
 from ..facts import dtype_name
-from ..kernels import attention as native
+from ..kernels import attention as attention_kernels
 from ..model.loader import resolve_dtype
 from ..plots import new_figure, save_figure
 from .bandwidth import measure_bandwidth
@@ -79,18 +79,19 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
     layers = min(-(-2 * llc // nbytes), MAX_LAYERS)  # one round reads at least twice the last-level cache
     query = (torch.randn(batch, args.heads, args.rank + args.rope) * (args.rank + args.rope) ** -0.5).to(dtype)
     isas = [isa for isa in getattr(args, "compare_isas", None) or []
-            if native.available() and isa != native.chosen_isa() and isa in native.supported_isas()]
+            if attention_kernels.available() and isa != attention_kernels.chosen_isa()
+            and isa in attention_kernels.supported_isas()]
     runs = {"reference": [], "native": [], **{f"native {isa}": [] for isa in isas}}
     for layer in range(layers):
         cache, tables = random_cache(batch, context, args.rank, args.rope, dtype, cache_dtype,
                                      seed=batch * 7 + context + 1000 * layer)
         meta, _ = build_metadata([1] * batch, [context] * batch, tables, BLOCK)
         runs["reference"].append(lambda cache=cache, meta=meta: TorchBackend().latent_attention(query, cache, meta))
-        if native.available():
-            runs["native"].append(lambda cache=cache, meta=meta: native.mla_decode(
+        if attention_kernels.available():
+            runs["native"].append(lambda cache=cache, meta=meta: attention_kernels.mla_decode(
                 query, cache, meta.block_tables, meta.context_lens, heads=args.heads, threads=threads))
             for isa in isas:  # the same kernel on a lower instruction set: an A/B in the same minutes
-                runs[f"native {isa}"].append(lambda cache=cache, meta=meta, isa=isa: native.mla_decode(
+                runs[f"native {isa}"].append(lambda cache=cache, meta=meta, isa=isa: attention_kernels.mla_decode(
                     query, cache, meta.block_tables, meta.context_lens, heads=args.heads, isa=isa, threads=threads))
     runs = {name: fns for name, fns in runs.items() if fns}
     calls = max(args.calls, layers)  # every layer at least once per timing
@@ -124,9 +125,10 @@ def run(args) -> dict:
     default_shape(args)
     threads = torch.get_num_threads()
     dtype = resolve_dtype("auto", torch.device("cpu"))
-    isa = native.chosen_isa() if native.available() else None
+    isa = attention_kernels.chosen_isa() if attention_kernels.available() else None
     print(f"{threads} threads; model dtype (auto) {dtype_name(dtype)}; native kernel: "
-          + (f"{isa} (runs {', '.join(native.supported_isas())})" if isa else f"unavailable ({native.unavailable_reason()})"))
+          + (f"{isa} (runs {', '.join(attention_kernels.supported_isas())})" if isa
+             else f"unavailable ({attention_kernels.unavailable_reason()})"))
     bandwidth, llc = measure_bandwidth(), llc_bytes()
     print(f"measured bandwidth (copy, read + write): {bandwidth / 1e9:.1f} GB/s; last-level cache {llc / 2**20:.0f} MiB "
           "(each configuration rotates over enough layers to read at least twice that per round)", flush=True)

@@ -19,6 +19,7 @@ from latentkv.config import ModelConfig
 from latentkv.eval.perplexity import layerwise_perplexity
 from latentkv.model.deepseek import MLAForCausalLM
 from latentkv.model.loader import empty_model, load_weights, open_safetensors, read_checked, weight_files
+from latentkv.model.route import decide_route
 from latentkv.model.norm import rms_norm
 from latentkv.model.packed import PackedLinear
 from latentkv.model.rope import layer_inv_freq
@@ -73,7 +74,7 @@ def skeleton(folder: Path) -> tuple[MLAForCausalLM, dict[str, Path]]:
     """The converted model with only embeddings, final norm and lm_head in memory (float32); its
     decoder layers stay on the meta device until layer_runner loads them."""
     cfg = ModelConfig.from_file(folder / "config.json")
-    model = empty_model(cfg, torch.float32, torch.device("meta"))
+    model = empty_model(cfg, decide_route("cpu", torch.float32), "meta")  # built for the CPU it runs on
     where = tensor_files(folder)
     top = [model.model.embed_tokens, model.model.norm] + ([] if cfg.tie_word_embeddings else [model.lm_head])
     for module in top:

@@ -36,8 +36,8 @@ from latentkv.engine.sequence import Sequence
 from latentkv.guided import Guides, advance
 from latentkv.engine.threads import ThreadGovernor
 from latentkv.engine.warm import warm_up
-from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears, use_fixed_order_linears
+from latentkv.model.loader import load_model, resolve_dtype
+from latentkv.model.route import decide_route
 from latentkv.sampling_params import SamplingParams
 from latentkv.store.tier import open_tier
 
@@ -125,20 +125,16 @@ class LLMEngine:
     @classmethod
     def from_args(cls, args: EngineArgs) -> "LLMEngine":
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if args.quantization == "int4" and device != "cpu":
-            raise ValueError(f"quantization 'int4' has CPU kernels only; device must be 'cpu', got {device!r}")
         torch.set_num_threads(args.threads or default_threads())  # the native kernel's OpenMP team follows it
-        model = load_model(args.model, args.dtype, device, args.attention_backend)
-        if args.quantization:
-            quantize_linears(model, args.quantization)
-        if args.batch_invariant:  # the engine owns this model: its float32 linears take the fixed-order kernel
-            use_fixed_order_linears(model)
+        # the engine owns this model: built for its route (batch invariance: the fixed-order linears)
+        route = decide_route(device, resolve_dtype(args.dtype, torch.device(device)), args.attention_backend,
+                             args.quantization, args.batch_invariant, args.kv_cache_dtype)
+        model = load_model(args.model, route=route)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         engine = cls(args, model, tokenizer)
         # the engine owns this model: its weights stay as they are, so a plan may hold them
         reason = "enforce_eager" if args.enforce_eager else engine.runner.use_decode_plan()
-        print(f"latentkv: {describe_route(model, engine.runner.caches, args.batch_invariant, reason)}", file=sys.stderr,
-              flush=True)
+        print(f"latentkv: {describe_route(model, reason)}", file=sys.stderr, flush=True)
         return engine
 
     # -- requests ------------------------------------------------------------------

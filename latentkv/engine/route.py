@@ -1,8 +1,8 @@
-"""The route a step takes, said once at start (`LLMEngine.from_args` prints it): the dtypes, the
-instruction set each native extension serves with, the attention backend's prefill and decode
-kernels, the linears' kinds, whether the decode plan runs (and why not), and batch invariance.
-Each part asks the code that decides it (the backend's routes, quant.linear_kind, the kernels'
-chosen ISA, decode_plan's reason), so the line says what runs."""
+"""The route a step takes, said once at start (`LLMEngine.from_args` prints it): the model's
+`Route` (model/route.py, decided once when the model was built: dtypes, the ISA each native
+extension it uses serves with, the attention backend, the linears, batch invariance), with what
+the modules built from it run — the backend's prefill and decode kernels, the linears' kinds
+(quant.linear_kind) — and whether the decode plan runs (and why not)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -10,17 +10,16 @@ from collections import Counter
 from torch import nn
 
 from ..facts import dtype_name
-from ..kernels import attention, decode_ops, qlinear
 from ..model.quant import QuantLinear, linear_kind
 
+FAMILIES = ("attention", "decode_ops", "qlinear")  # kernels/: the native extensions
 
-def kernels_isa() -> str:
-    """'attention avx512_bf16, decode_ops avx512, qlinear avx512' (or 'attention unavailable', ...)."""
-    parts = []
-    for family in (attention, decode_ops, qlinear):
-        ext = family.EXT
-        parts.append(f"{ext.family} {ext.choose() if ext.available() else 'unavailable'}")
-    return ", ".join(parts)
+
+def kernels_isa(route) -> str:
+    """'attention avx512_bf16, decode_ops avx512, qlinear avx512' ('unavailable' where the route
+    asked and it did not build, 'unused' where the route does not use it)."""
+    isas = dict(route.isas)
+    return ", ".join(f"{family} {isas.get(family, 'unused')}" for family in FAMILIES)
 
 
 def linear_kinds(model) -> str:
@@ -31,14 +30,15 @@ def linear_kinds(model) -> str:
     return f"layers {layers}; lm_head {linear_kind(model.lm_head)}"
 
 
-def describe(model, caches, batch_invariant: bool, plan_reason: str | None) -> str:
+def describe(model, plan_reason: str | None) -> str:
     """One line: dtype, cache dtype, ISA per extension, attention backend with its prefill and
     decode paths, linear kinds, decode plan on/off and why, batch invariance on/off."""
-    dtype, device = model.dtype, model.device.type
+    route = model.route
+    dtype, device, invariant = route.dtype, route.device, route.batch_invariant
     backend = model.model.layers[0].self_attn.backend
-    cache = caches[0].cache_dtype if caches[0].quantized else dtype_name(caches[0].dtype)
-    return (f"route: dtype {dtype_name(dtype)}, cache {cache}; isa {kernels_isa()}; "
-            f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, batch_invariant)}, "
-            f"decode {backend.decode_route(dtype, device, batch_invariant)}); linears {linear_kinds(model)}; "
+    cache = dtype_name(dtype) if route.cache_dtype == "auto" else route.cache_dtype
+    return (f"route: dtype {dtype_name(dtype)}, cache {cache}; isa {kernels_isa(route)}; "
+            f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, invariant)}, "
+            f"decode {backend.decode_route(dtype, device, invariant)}); linears {linear_kinds(model)}; "
             f"decode plan {'off (' + plan_reason + ')' if plan_reason else 'on'}; "
-            f"batch invariance {'on' if batch_invariant else 'off'}")
+            f"batch invariance {'on' if invariant else 'off'}")

@@ -11,7 +11,6 @@ from transformers import AutoTokenizer
 from latentkv.eval.perplexity import PROTOCOL, perplexity, text_windows
 from latentkv.facts import MLA_MODEL_TYPES
 from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears
 from latentkv.sources.corpus import heldout_text
 from latentkv.sources.readers import read_source
 from latentkv.sources.reference import source_logits
@@ -33,9 +32,7 @@ def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantizatio
     Llama-family folders run the converter's plain reference forward.
     """
     if path is not None and is_mla_folder(Path(path)):
-        model = load_model(path, dtype=getattr(torch, dtype))
-        if quantization:
-            quantize_linears(model, quantization)
+        model = load_model(path, dtype=getattr(torch, dtype), quantization=quantization)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         return (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)), tokenizer, "mla (latentkv model)"
     if cache_dtype != "auto" or quantization or dtype != "float32":

@@ -1,5 +1,5 @@
 """The native attention kernels (csrc/attention/mla_attention.cpp): paged MLA decode and the
-batch-invariant prefill span. attention/native.py's NativeBackend decides when they run.
+batch-invariant prefill span. attention/native_backend.py's NativeBackend decides when they run.
 
 - `mla_decode`: absorbed queries [B, M, r+dr] over one layer's paged latent -> o_lat [B, M, r].
   Paths: avx512_bf16 (bf16 queries: vdpbf16ps, csrc/attention/mla_decode_bf16.h; an int8 latent:

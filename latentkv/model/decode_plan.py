@@ -10,8 +10,10 @@ batch-1 step on two threads.
 
 It applies where every piece runs latentkv's own kernels: CPU, float32 / bf16, the native
 attention backend, dense layers, and linears packed for kernels/qlinear.py (int4, int8, w4a8, w8a8,
-or float32 in batch-invariant mode). Elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's
-name for running without CUDA graphs) turns it off.
+or float32 / bf16 in batch-invariant mode). Whether it does is read from the model's route
+(model/route.py) and its layers' specs (model/spec.py), the ones the modules were built from;
+elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's name for running without
+CUDA graphs) turns it off.
 """
 from __future__ import annotations
 
@@ -19,26 +21,25 @@ import torch
 
 from ..attention.backend import choose_path
 from ..attention.metadata import AttentionMetadata
-from ..attention.native import NativeBackend
 from ..kernels import attention as attention_kernels, decode_ops, qlinear
-from .deepseek import MLP, rope_tables
-from .mla import LATENT_NORM_EPS
-from .quant import FixedOrderLinear, Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
+from .deepseek import rope_tables
+from .route import KERNEL_DTYPES
 
-# the qlinear record kinds (kernels/qlinear.py): float activations (4, 8, and FixedOrderLinear's 16 or
-# 32) or int8 ones (104, 108)
-KINDS = ((Int4Linear, 4), (Int8Linear, 8), (W4A8Linear, qlinear.ACT8 + 4), (W8A8Linear, qlinear.ACT8 + 8))
+# the route's weights whose linears the packed kernel runs (with Route.qlinear)
+PACKED = ("fixed-order", "int8", "int4", "w4a8", "w8a8")
 
 
 class DecodePlan:
-    def __init__(self, model, native_plan):
+    def __init__(self, model, step):
         self.model = model
-        self.native_plan = native_plan
+        self.step = step  # decode_ops' DecodePlan (decode_step.h)
         layers = model.model.layers
-        self.shapes = list({(a.n_heads, a.kv_rank, a.dn, a.dr, a.dv): a for a in (l.self_attn for l in layers)}.values())
+        self.specs = [layer.spec for layer in layers]  # what the modules were built from
+        # one per distinct shape: what choose_path reads (heads, ranks, head dims)
+        self.shapes = list({(s.n_heads, s.kv_rank, s.dn, s.dr, s.dv): s for s in self.specs}.values())
         # what DeepseekModel.rope_tables gathers every call (30 module lookups and a stack: ~0.1 ms a step)
         self.inv_freq = torch.stack([layer.self_attn.inv_freq for layer in layers])
-        self.rope_factor = layers[0].self_attn.rope_factor
+        self.rope_factor = self.specs[0].rope_factor
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """Whether the modules would run this step as the plan does: single-token decode rows in
@@ -52,7 +53,7 @@ class DecodePlan:
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_factor)
         x = self.model.model.embed_tokens(input_ids)
         # the final RMSNorm too (model.model.norm's kernel, in the native call)
-        return self.native_plan.run(x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens,
+        return self.step.run(x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens,
                                     torch.get_num_threads())
 
 
@@ -64,66 +65,56 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
     with torch.no_grad():
         layers = [layer_entry(layer, cache) for layer, cache in zip(model.model.layers, caches)]
     norm = model.model.norm
-    native_plan = decode_ops.extension().DecodePlan(
+    step = decode_ops.extension().DecodePlan(
         layers, norm.weight, norm.eps, qlinear.extension().linear_capsule, attention_kernels.extension().mla_decode_capsule,
         decode_ops.EXT.isa(), qlinear.EXT.isa(), attention_kernels.EXT.isa())
-    return DecodePlan(model, native_plan), None
+    return DecodePlan(model, step), None
 
 
 def unsupported(model, caches) -> str | None:
-    """Why the plan cannot run this model (None: it can)."""
-    if model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16):
-        return f"runs on CPU float32 / bf16 only (model: {model.device.type}, {model.dtype})"
-    for name, module in (("fused ops", decode_ops), ("qlinear", qlinear), ("attention kernel", attention_kernels)):
-        if not module.available():
-            return f"the {name} extension is unavailable ({module.unavailable_reason()})"
-    for i, (layer, cache) in enumerate(zip(model.model.layers, caches)):
-        attn = layer.self_attn
-        if not isinstance(attn.backend, NativeBackend):
-            return f"layer {i}: attention backend {attn.backend.name!r}, not native"
-        if not isinstance(layer.mlp, MLP):
-            return f"layer {i}: MoE"
-        if cache.dtype != model.dtype:
-            return f"layer {i}: cache dtype {cache.dtype} differs from the model's {model.dtype}"
-        linears = [attn.qkv_a_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
-        linears += [attn.q_b_proj] if attn.q_lora_rank else []
-        for linear in linears:
-            if kind(linear) is None:
-                return f"layer {i}: {type(linear).__name__} does not run latentkv's packed kernel"
-    return None
-
-
-def kind(linear) -> int | None:
-    """The qlinear record kind a linear runs (None: it does not run the packed kernel)."""
-    if isinstance(linear, FixedOrderLinear):
-        return linear.bits
-    for cls, code in KINDS:
-        if isinstance(linear, cls) and getattr(linear, "native", True):
-            return code
+    """Why the plan cannot run this model (None: it can), from the route and the layer specs the
+    model was built from, and the caches it is handed."""
+    route = model.route
+    if route.device != "cpu" or route.dtype not in KERNEL_DTYPES:
+        return f"runs on CPU float32 / bf16 only (model: {route.device}, {route.dtype})"
+    if not route.fused:
+        return f"the fused ops do not run ({decode_ops.unavailable_reason()})"
+    if route.attention != "native":
+        return f"attention backend {route.attention!r}, not native"
+    if route.weights not in PACKED or not route.qlinear:
+        runs = "torch's matmul" if route.weights == "float" else f"{route.weights} on ATen's kernels"
+        return f"the linears run {runs}, not latentkv's packed kernel"
+    for spec, cache in zip((layer.spec for layer in model.model.layers), caches):
+        if spec.moe:
+            return f"layer {spec.index}: MoE"
+        if cache.dtype != route.dtype:
+            return f"layer {spec.index}: cache dtype {cache.dtype} differs from the model's {route.dtype}"
     return None
 
 
 def linear_entry(linear) -> tuple:
-    return linear.weight_packed, kind(linear), linear.out_features, linear.bias
+    """(packed weight, qlinear record kind, out_features, bias), as decode_step.h's PlanLinear."""
+    return linear.weight_packed, linear.record, linear.out_features, linear.bias
 
 
 def layer_entry(layer, cache) -> dict:
-    """One layer's weights, shapes and cache tensors, as decode_step.h reads them."""
-    attn = layer.self_attn
+    """One layer's weights and cache tensors, and the shapes and constants of the spec its modules
+    were built from (model/spec.py), as decode_step.h reads them."""
+    spec, attn = layer.spec, layer.self_attn
     w_uk, w_uv_t = attn.split_kv_b()
     quantized = cache.quantized
     return {
-        "w_in": layer.input_layernorm.weight, "eps_in": layer.input_layernorm.eps,
-        "w_post": layer.post_attention_layernorm.weight, "eps_post": layer.post_attention_layernorm.eps,
-        "eps_latent": LATENT_NORM_EPS,
-        "w_q_a_norm": attn.q_a_layernorm.weight if attn.q_lora_rank else None,
-        "w_kv_a_norm": attn.kv_a_layernorm.weight if attn.kv_a_layernorm is not None else None,
+        "w_in": layer.input_layernorm.weight, "eps_in": spec.norm_eps,
+        "w_post": layer.post_attention_layernorm.weight, "eps_post": spec.norm_eps,
+        "eps_latent": spec.latent_eps,
+        "w_q_a_norm": attn.q_a_layernorm.weight if spec.q_lora_rank else None,
+        "w_kv_a_norm": attn.kv_a_layernorm.weight if spec.kv_a_layernorm else None,
         "w_uk": w_uk, "w_uv_t": w_uv_t,
-        "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if attn.q_lora_rank else None,
+        "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
         "o": linear_entry(attn.o_proj), "gate_up": linear_entry(layer.mlp.gate_up_proj),
         "down": linear_entry(layer.mlp.down_proj),
-        "q_dim": attn.split[0], "heads": attn.n_heads, "dn": attn.dn, "dr": attn.dr, "dv": attn.dv,
-        "rank": attn.kv_rank, "scale": attn.scale, "interleaved": attn.interleaved,
+        "q_dim": spec.q_dim, "heads": spec.n_heads, "dn": spec.dn, "dr": spec.dr, "dv": spec.dv,
+        "rank": spec.kv_rank, "scale": spec.scale, "interleaved": spec.interleaved,
         "kv": None if quantized else cache.kv, "latent": cache.latent if quantized else None,
         "cache_scale": cache.scale if quantized else None, "cache_rope": cache.rope if quantized else None,
         "qmax": cache.qmax if quantized else 0.0, "block_size": cache.block_size,

@@ -15,24 +15,26 @@ from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata, build_metadata
 from ..cache.latent_cache import LatentCache, allocate_caches
 from ..config import ModelConfig
-from ..facts import ATTENTION_BACKEND_DEFAULT
 from . import fused
 from .mla import MLAttention
 from .norm import RMSNorm
-from .packed import PackedLinear
 from .rope import cos_sin
+from .route import Route, decide_route
+from .spec import LayerSpec, layer_spec
 
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, dim: int, inter_dim: int):
+    def __init__(self, dim: int, inter_dim: int, route: Route):
         super().__init__()
-        self.gate_up_proj = PackedLinear(dim, [("gate_proj", inter_dim, False), ("up_proj", inter_dim, False)])
-        self.down_proj = nn.Linear(inter_dim, dim, bias=False)
+        self.gate_up_proj = route.packed_linear("gate_up_proj", dim,
+                                                [("gate_proj", inter_dim, False), ("up_proj", inter_dim, False)])
+        self.down_proj = route.linear("down_proj", inter_dim, dim)
+        self.fused = route.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(fused.silu_mul(self.gate_up_proj(x), kernel=self.fused))
 
 
 class Gate(nn.Module):
@@ -78,12 +80,13 @@ class Gate(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, route: Route):
         super().__init__()
         self.gate = Gate(cfg)
-        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.n_routed_experts))
+        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size, route)
+                                     for _ in range(cfg.n_routed_experts))
         shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = MLP(cfg.hidden_size, shared) if shared else None
+        self.shared_experts = MLP(cfg.hidden_size, shared, route) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
@@ -104,12 +107,13 @@ def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float) 
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, route: Route, backend: AttentionBackend):
         super().__init__()
-        self.self_attn = MLAttention(cfg, layer, backend)
-        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.spec = spec  # what the modules are built from; the decode plan reads the same
+        self.self_attn = MLAttention(cfg, spec, route, backend)
+        self.mlp = MoE(cfg, route) if spec.moe else MLP(spec.hidden, spec.intermediate, route)
+        self.input_layernorm = RMSNorm(spec.hidden, spec.norm_eps, route.fused)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm_eps, route.fused)
 
     def forward(self, x, rope, meta, cache):
         h = self.self_attn(self.input_layernorm(x), rope, meta, cache)
@@ -118,11 +122,12 @@ class DecoderLayer(nn.Module):
 
 
 class DeepseekModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, route: Route, backend: AttentionBackend):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, layer_spec(cfg, i), route, backend)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, route.fused)
 
     def forward(self, input_ids, positions, meta, caches):
         x = self.embed_tokens(input_ids)
@@ -139,13 +144,23 @@ class DeepseekModel(nn.Module):
 
 
 class MLAForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention_backend: str = "auto"):
+    def __init__(self, cfg: ModelConfig, route: Route | None = None):
+        """Built as `route` says (model/route.py; None: decide_route()'s CPU float32 default):
+        the linear classes, the fused ops, the attention backend."""
         super().__init__()
         self.config = cfg
-        self.model = DeepseekModel(cfg, get_backend(attention_backend))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.route = route or decide_route()
+        self.model = DeepseekModel(cfg, self.route, get_backend(self.route.attention))
+        self.lm_head = self.route.linear("lm_head", cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def pack_weights(self) -> None:
+        """Once the loader filled the weights: each module that keeps them in a kernel's layout
+        (model/quant.py) packs them, and the attention stores W_UK / W_UV as the route says."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "pack_weights"):
+                module.pack_weights()
 
     @property
     def device(self) -> torch.device:

@@ -10,9 +10,10 @@ per layer, and the absorbed query / value bmm's that oneDNN runs at ~2 GFLOP/s f
 - `write_latent`: rope on k_r + quantization (int8 / fp8, scale per token) + the paged write;
 - `silu_mul`: SwiGLU's silu(gate) * up;
 - `rms_norm`: RMSNorm, with the residual add before it (one pass instead of ~8 ops).
-They run only for CPU tensors in float32 / bfloat16 without autograd (healing trains through the
-reference). The native side (build, ISA, self-check, LATENTKV_FUSED=0) is kernels/decode_ops.py;
-where it is unavailable the reference ops run.
+Whether the native ops run is the route's decision (model/route.py: CPU float32 / bfloat16, the
+extension built; LATENTKV_FUSED=0 switches it off), handed to each op as `kernel`; each call then
+runs the reference under autograd (healing trains through it). The native side (build, ISA,
+self-check) is kernels/decode_ops.py.
 """
 from __future__ import annotations
 
@@ -31,16 +32,17 @@ def available() -> bool:
     return EXT.available()
 
 
-def usable(x: torch.Tensor) -> bool:
-    """The native ops apply: a CPU float32/bf16 activation, no autograd, and the extension built."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
-            and not torch.is_grad_enabled() and available())
+def runs(kernel: bool) -> bool:
+    """Whether this call runs the native op, where the route decided it does (`kernel`): not under
+    autograd (the native ops have no backward)."""
+    return kernel and not torch.is_grad_enabled()
 
 
-def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: torch.Tensor | None = None) -> torch.Tensor:
+def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: torch.Tensor | None = None, *,
+                kernel: bool = False) -> torch.Tensor:
     """x [N, H, K] · w [H, K, C] per head, times scale; `extra` [N, H, E] times scale beside it
     -> [N, H, C + E] in x's dtype (w: x's dtype, or bf16 under float32 x — exact values, half the bytes)."""
-    if usable(x):
+    if runs(kernel):
         return EXT.state["module"].head_matmul(x, w, scale, x.new_empty(0) if extra is None else extra, EXT.state["isa"])
     out = torch.bmm(x.transpose(0, 1), w.to(x.dtype)).transpose(0, 1)
     if extra is not None:
@@ -48,18 +50,18 @@ def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: tor
     return out * scale if scale != 1.0 else out
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, *, kernel: bool = False) -> torch.Tensor:
     """Rotate x [N, G, d] by cos/sin [N, d/2] -> a new [N, G, d]."""
-    if usable(x):
+    if runs(kernel):
         return EXT.state["module"].rope(x, cos, sin, interleaved)
     return apply_rope(x, cos, sin, interleaved)
 
 
 def write_latent(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 interleaved: bool, slot_mapping: torch.Tensor) -> None:
+                 interleaved: bool, slot_mapping: torch.Tensor, *, kernel: bool = False) -> None:
     """Store c [T, r] and k_r [T, dr] (not yet rotated: rotated here) at flat slots [T], quantized
     if the cache is: one pass (the native op), else the reference rope + attention.paged.write."""
-    if usable(c) and c.dtype == cache.dtype:
+    if runs(kernel) and c.dtype == cache.dtype:
         empty = c.new_empty(0)
         if cache.quantized:
             EXT.state["module"].write_latent(c, k_r, cos, sin, interleaved, slot_mapping, empty, cache.latent, cache.scale,
@@ -70,10 +72,12 @@ def write_latent(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, cos: to
     write(cache, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0], slot_mapping)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
+             kernel: bool = False):
     """RMSNorm of x [T, d] (statistics in float32, one rounding, as F.rms_norm); with `residual`,
-    of x + residual -> (x + residual, its norm). Without: the norm alone."""
-    if usable(x) and x.dim() == 2 and weight.dtype in (torch.float32, torch.bfloat16):
+    of x + residual -> (x + residual, its norm). Without: the norm alone. The native op takes the
+    flat batch (2-D: a whole-sequence [B, S, d] runs the reference)."""
+    if runs(kernel) and x.dim() == 2:
         total, out = EXT.state["module"].rms_norm(x, weight, eps, x.new_empty(0) if residual is None else residual, EXT.state["isa"])
         return out if residual is None else (total, out)
     if residual is None:
@@ -82,9 +86,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return total, F.rms_norm(total, weight.shape, weight, eps)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, kernel: bool = False) -> torch.Tensor:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
-    if usable(gate_up) and gate_up.dim() == 2:
+    if runs(kernel) and gate_up.dim() == 2:
         return EXT.state["module"].silu_mul(gate_up, EXT.state["isa"])
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -19,8 +19,8 @@ from ..config import ModelConfig
 from ..cpu import native_bf16
 from ..facts import ATTENTION_BACKEND_DEFAULT, MODEL_DTYPES
 from .deepseek import MLAForCausalLM
-from .packed import PackedLinear
 from .rope import layer_inv_freq
+from .route import Route, decide_route
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 FP8_BLOCK = 128
@@ -69,35 +69,43 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               attention_backend: str = "auto") -> MLAForCausalLM:
-    """Read config.json and the safetensors shards of `path` into a model on device/dtype."""
+               attention_backend: str = ATTENTION_BACKEND_DEFAULT, quantization: str | None = None,
+               route: Route | None = None) -> MLAForCausalLM:
+    """Read config.json and the safetensors shards of `path` into a model on device/dtype, its
+    linears quantized as `quantization` says (model/quant.py). `route` (model/route.py, e.g. the
+    engine's) replaces dtype, device, attention_backend and quantization."""
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
     cfg = ModelConfig.from_file(folder / "config.json")
-    device = torch.device(device)
-    dtype = resolve_dtype(dtype, device)
-    model = empty_model(cfg, dtype, device, attention_backend)
-    load_weights(model, file_tensors(weight_files(folder), cfg), dtype)
+    if route is None:
+        device = torch.device(device)
+        route = decide_route(device, resolve_dtype(dtype, device), attention_backend, quantization)
+    model = empty_model(cfg, route)
+    load_weights(model, file_tensors(weight_files(folder), cfg), route.dtype)
+    model.pack_weights()
     return model.eval()
 
 
 def model_from_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                        device: str | torch.device = "cpu") -> MLAForCausalLM:
     """A model from checkpoint-named tensors held in memory (the converter's), as load_model would build it."""
-    model = empty_model(cfg, dtype, torch.device(device))
+    model = empty_model(cfg, decide_route(device, dtype))
     load_weights(model, ((name, t, "memory") for name, t in tensors.items()), dtype)
+    model.pack_weights()
     return model.eval()
 
 
-def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-                attention_backend: str = ATTENTION_BACKEND_DEFAULT) -> MLAForCausalLM:
-    """Allocated, not initialized: load_weights fills every parameter (packed ones in place)."""
+def empty_model(cfg: ModelConfig, route: Route, device: str | torch.device | None = None) -> MLAForCausalLM:
+    """Built as `route` says, allocated on `device` (default: the route's; "meta" keeps it
+    unallocated), not initialized: load_weights fills every parameter (packed ones in place), then
+    `model.pack_weights()` puts them in the kernels' layouts."""
+    device, dtype = torch.device(device or route.device), route.dtype
     with torch.device("meta"):
-        model = MLAForCausalLM(cfg, attention_backend)
+        model = MLAForCausalLM(cfg, route)
     model.to_empty(device=device)
     for module in model.modules():
-        if isinstance(module, PackedLinear):  # filled part by part; a part without a bias stays zero
+        if getattr(module, "parts", None):  # packed: filled part by part; a part without a bias stays zero
             module.weight.data = torch.empty(module.weight.shape, dtype=dtype, device=device)
             if module.bias is not None:
                 module.bias.data = torch.zeros(module.bias.shape, dtype=dtype, device=device)
@@ -115,7 +123,7 @@ def checkpoint_slots(model: MLAForCausalLM) -> dict[str, tuple[str, slice | None
     for name, _ in model.named_parameters(remove_duplicate=False):
         owner, _, kind = name.rpartition(".")
         module = model.get_submodule(owner)
-        if not isinstance(module, PackedLinear):
+        if not getattr(module, "parts", None):
             slots[name] = (name, None)
             continue
         parent, start = owner.rpartition(".")[0], 0

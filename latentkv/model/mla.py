@@ -23,49 +23,48 @@ from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
 from . import fused
 from .norm import RMSNorm
-from .packed import PackedLinear
-from .rope import apply_rope, attention_factor, layer_inv_freq, softmax_scale
-
-# DeepSeek's code and transformers build the q_a / kv_a norms with their default eps,
-# not the config's rms_norm_eps.
-LATENT_NORM_EPS = 1e-6
+from .rope import apply_rope, layer_inv_freq
+from .route import Route
+from .spec import LayerSpec
 
 
 class MLAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, route: Route, backend: AttentionBackend):
         super().__init__()
-        self.n_heads = cfg.num_attention_heads
-        self.dn, self.dr, self.dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.kv_rank = cfg.kv_rank(layer)
-        self.q_lora_rank = cfg.q_lora_rank
-        qk_dim = self.n_heads * (self.dn + self.dr)
-        q_part = ("q_a_proj", cfg.q_lora_rank, cfg.attention_bias) if cfg.q_lora_rank else ("q_proj", qk_dim, cfg.q_bias)
+        self.spec = spec
+        self.n_heads, self.dn, self.dr, self.dv, self.kv_rank = spec.n_heads, spec.dn, spec.dr, spec.dv, spec.kv_rank
+        self.q_lora_rank = spec.q_lora_rank
+        self.fused = route.fused  # the native per-layer ops (model/fused.py), decided once
         # q (or q_a) and [c ; k_r] read the same x: one matmul
-        self.qkv_a_proj = PackedLinear(cfg.hidden_size, [q_part, ("kv_a_proj_with_mqa", self.kv_rank + self.dr, cfg.attention_bias)])
-        if cfg.q_lora_rank:
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk_dim, bias=False)
-        self.kv_a_layernorm = RMSNorm(self.kv_rank, LATENT_NORM_EPS) if cfg.kv_a_layernorm else None
-        self.kv_b_proj = nn.Linear(self.kv_rank, self.n_heads * (self.dn + self.dv), bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.dv, cfg.hidden_size, bias=cfg.attention_bias)
-        self.split = self.qkv_a_proj.sizes  # kept here: quantization replaces the module
-        self.interleaved = cfg.rope_interleave
-        self.scale = softmax_scale(cfg)
-        self.rope_factor = attention_factor(cfg.rope_scaling)
-        self.register_buffer("inv_freq", layer_inv_freq(cfg, layer), persistent=False)
+        self.qkv_a_proj = route.packed_linear("qkv_a_proj", spec.hidden, spec.qkv_a_parts)
+        if spec.q_lora_rank:
+            self.q_a_layernorm = RMSNorm(spec.q_lora_rank, spec.latent_eps, route.fused)
+            self.q_b_proj = route.linear("q_b_proj", spec.q_lora_rank, spec.qk_dim)
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, spec.latent_eps, route.fused) if spec.kv_a_layernorm else None
+        self.kv_b_proj = route.linear("kv_b_proj", self.kv_rank, self.n_heads * (self.dn + self.dv))
+        self.o_proj = route.linear("o_proj", self.n_heads * self.dv, spec.hidden, bias=spec.attention_bias)
+        self.split = [spec.q_dim, self.kv_rank + self.dr]
+        self.interleaved, self.scale, self.rope_factor = spec.interleaved, spec.scale, spec.rope_factor
+        self.register_buffer("inv_freq", layer_inv_freq(cfg, spec.index), persistent=False)
         self.backend = backend
         self._absorbed = (None, None)  # (weight version, contiguous W_UK / W_UVᵀ) for inference
-        # their storage dtype for inference (None: the weight's); quant.quantize_linears sets bf16
-        # with kv_b_proj's values on the bf16 grid, so both paths use the same weights
-        self.absorbed_dtype: torch.dtype | None = None
+        # their storage dtype for inference (None: the weight's); bf16 beside quantized linears, with
+        # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
+        self.absorbed_dtype = route.absorbed_dtype
+
+    @torch.no_grad()
+    def pack_weights(self) -> None:
+        """Once loaded (loader.load_model): kv_b_proj's values rounded to the absorbed dtype's grid."""
+        if self.absorbed_dtype is not None:
+            self.kv_b_proj.weight.copy_(self.kv_b_proj.weight.to(self.absorbed_dtype))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
         writes this step's latents to cache."""
-        if fused.usable(x):
+        if fused.runs(self.fused):
             # one native pass rotates k_r, quantizes c and stores both; the backend skips its write
             q_nope, q_rope, c, k_r = self.project(x, rope, rotate_key=False)
-            fused.write_latent(cache, c, k_r, *rope, self.interleaved, meta.slot_mapping)
+            fused.write_latent(cache, c, k_r, *rope, self.interleaved, meta.slot_mapping, kernel=True)
             c = k_r = None
         else:
             q_nope, q_rope, c, k_r = self.project(x, rope)
@@ -84,7 +83,7 @@ class MLAttention(nn.Module):
         if self.kv_a_layernorm is not None:
             c = self.kv_a_layernorm(c)
         if not rotate_key:
-            return q_nope, fused.rope(q_rope, *rope, self.interleaved), c, k_r
+            return q_nope, fused.rope(q_rope, *rope, self.interleaved, kernel=True), c, k_r
         # q's heads and the shared key rotate by the same angles: one call for both
         rotated = apply_rope(torch.cat((q_rope, k_r[:, None]), dim=1), *rope, self.interleaved)
         return q_nope, rotated[:, :-1], c, rotated[:, -1]
@@ -111,8 +110,9 @@ class MLAttention(nn.Module):
         (q_lat = W_UKᵀ q_nope beside q_rope), softmax scale included."""
         b, q, h, _ = q_nope.shape
         w_uk, _ = self.split_kv_b()
-        if fused.usable(q_nope):  # one native call; each row reduces in a fixed order (batch-invariant)
-            rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr))
+        if fused.runs(self.fused):  # one native call; each row reduces in a fixed order (batch-invariant)
+            rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr),
+                                     kernel=True)
             return rows.view(b, q * h, -1)
         q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype))  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
@@ -123,8 +123,8 @@ class MLAttention(nn.Module):
         """o_lat [B, Q*H, kv_rank] (attention output in latent space) -> W_UV o_lat [B,Q,H,dv]."""
         b, h = o_lat.shape[0], self.n_heads
         _, w_uv_t = self.split_kv_b()
-        if fused.usable(o_lat):
-            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t).view(b, q, h, self.dv)
+        if fused.runs(self.fused):
+            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True).view(b, q, h, self.dv)
         out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype))  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 

@@ -11,11 +11,14 @@ ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`
 - w4a8 / w8a8: the same int4 / int8 weights times activations quantized to int8 on the fly (per row
   and group of 32, scale max|x| / 127), integer dot products (qlinear.dot_linear: CPU only,
   batch-invariant). Where latentkv's kernel is not built they fall back to int4 / int8 (float
-  activations) with one warning.
+  activations) with one warning (model/route.py decides).
+- FixedOrderLinear: float32 / bf16 weights through the same kernel, for batch invariance.
+
+The model is built with these classes (model/route.py `Route.linear`: the route says which); each
+holds the checkpoint's float `weight` until the loader, having filled it, calls `pack_weights()`,
+which turns it into the kernel's layout once. `from_linear` packs a copy of an nn.Linear.
 """
 from __future__ import annotations
-
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -30,23 +33,48 @@ INT_DOT = {"w4a8": "int4", "w8a8": "int8"}  # integer-dot kinds (CPU, the native
 
 
 class QuantLinear(nn.Module):
-    """A linear whose weight is stored quantized; subclasses give `matmul(x [M, K]) -> [M, N]`."""
+    """A linear whose weight is stored packed; subclasses give `pack(weight)` and
+    `matmul(x [M, K]) -> [M, N]`. `parts` (a packed projection's checkpoint tensors, as
+    PackedLinear's) lets the loader fill `weight` part by part. `uses_qlinear`: latentkv's kernel
+    (kernels/qlinear.py) runs it, else ATen's int kernels (the route decides)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 parts: list[tuple[str, int, bool]] | None = None, uses_qlinear: bool = True):
         super().__init__()
-        self.bias = linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features = in_features, out_features
+        self.uses_qlinear = uses_qlinear
+        if parts:
+            self.parts, self.sizes = parts, [rows for _, rows, _ in parts]
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # the loaded weight, until packed
+        self.register_parameter("bias", nn.Parameter(torch.empty(out_features)) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, uses_qlinear: bool = True) -> "QuantLinear":
+        """A packed copy of `linear` (its bias shared)."""
+        q = cls(linear.in_features, linear.out_features, uses_qlinear=uses_qlinear)
+        q.weight.data = linear.weight.detach()
+        q.bias = linear.bias
+        q.pack_weights()
+        return q
+
+    @torch.no_grad()
+    def pack_weights(self) -> None:
+        """The loaded `weight` -> the kernel's buffers; the float weight goes (a tied lm_head's
+        embedding stays with the embedding)."""
+        weight = self.weight.detach()
+        del self.weight
+        self.pack(weight)
+
+    @property
+    def record(self) -> int | None:
+        """The qlinear record kind this linear runs (the decode plan calls the kernel with it); None: not qlinear's."""
+        return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matmul(x.reshape(-1, self.in_features))
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
-
-
-def native(linear: nn.Linear) -> bool:
-    """Whether latentkv's kernel (kernels/qlinear.py) runs this linear: a CPU weight, the extension built."""
-    return linear.weight.device.type == "cpu" and qlinear.available()
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,18 +85,20 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(QuantLinear):
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
-        codes, scale = quantize_int8(linear.weight)
-        self.register_buffer("scales", scale.to(linear.weight.dtype))
-        self.native = native(linear)
-        if self.native:
+    def pack(self, weight: torch.Tensor) -> None:
+        codes, scale = quantize_int8(weight)
+        self.register_buffer("scales", scale.to(weight.dtype))
+        if self.uses_qlinear:
             self.register_buffer("weight_packed", qlinear.pack_int8(codes, self.scales))
         else:
             self.register_buffer("weight_int8", codes)
 
+    @property
+    def record(self) -> int | None:
+        return 8 if self.uses_qlinear else None
+
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        if self.native:
+        if self.uses_qlinear:
             return qlinear.linear(flat, self.weight_packed, 8, self.out_features)
         if flat.device.type == "cpu" and self.in_features % 16 == 0:
             # ATen's AVX-512/AVX2 int8 kernel (it returns garbage when K is not a multiple of 16)
@@ -93,22 +123,15 @@ def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group: int = 
     return ((codes.float().view(n, k // group, group) - 8) * scale[..., None] + zero[..., None]).view(n, k)
 
 
-def int4_supported(linear: nn.Linear) -> bool:
-    """latentkv's kernel takes any CPU linear; ATen's needs whole groups along K (N: Int4Linear pads it)."""
-    return linear.weight.device.type == "cpu" and (native(linear) or linear.in_features % INT4_GROUP == 0)
-
-
 class Int4Linear(QuantLinear):
     """latentkv's kernel: K padded with zero weights to whole groups (the padded inputs count as 0),
-    rows packed in blocks (kernels/qlinear.py). ATen's: output rows padded with zero weights to a
-    multiple of 16 (its N block) and cut off after the matmul (a view): MLA's packed q / kv_a
-    projection (9 x 146 + 320 = 1634 rows for the bundled model) otherwise stayed unquantized."""
+    rows packed in blocks (kernels/qlinear.py). ATen's (K a multiple of 32: the route keeps other
+    linears in the model dtype): output rows padded with zero weights to a multiple of 16 (its N
+    block) and cut off after the matmul (a view): MLA's packed q / kv_a projection (9 x 146 + 320 =
+    1634 rows for the bundled model) otherwise stayed unquantized."""
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
-        w = linear.weight.detach()
-        self.native = native(linear)
-        if self.native:
+    def pack(self, w: torch.Tensor) -> None:
+        if self.uses_qlinear:
             codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
             self.register_buffer("weight_packed", qlinear.pack_int4(codes, scale_zero.to(w.dtype)))
             return
@@ -116,8 +139,12 @@ class Int4Linear(QuantLinear):
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
         self.register_buffer("scale_zero", scale_zero.to(w.dtype))
 
+    @property
+    def record(self) -> int | None:
+        return 4 if self.uses_qlinear else None
+
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        if self.native:
+        if self.uses_qlinear:
             return qlinear.linear(flat, self.weight_packed, 4, self.out_features)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
         return y[:, :self.out_features]
@@ -127,9 +154,9 @@ class W4A8Linear(QuantLinear):
     """Int4Linear's weights (quantize_int4, K padded to whole groups) in the integer-dot layout
     (qlinear.pack_w4a8); activations quantized to int8 per row and group of 32 inside the kernel."""
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
-        w = linear.weight.detach()
+    record = qlinear.ACT8 + 4
+
+    def pack(self, w: torch.Tensor) -> None:
         codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
         self.register_buffer("weight_packed", qlinear.pack_w4a8(codes, scale_zero.to(w.dtype)))
 
@@ -140,10 +167,11 @@ class W4A8Linear(QuantLinear):
 class W8A8Linear(QuantLinear):
     """Int8Linear's weights (quantize_int8, a scale per row) times int8 activations (qlinear.pack_w8a8)."""
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
-        codes, scale = quantize_int8(linear.weight)
-        self.register_buffer("weight_packed", qlinear.pack_w8a8(codes, scale.to(linear.weight.dtype)))
+    record = qlinear.ACT8 + 8
+
+    def pack(self, w: torch.Tensor) -> None:
+        codes, scale = quantize_int8(w)
+        self.register_buffer("weight_packed", qlinear.pack_w8a8(codes, scale.to(w.dtype)))
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
         return qlinear.dot_linear(flat, self.weight_packed, 8, self.out_features)
@@ -153,66 +181,25 @@ class FixedOrderLinear(QuantLinear):
     """A float32 or bf16 linear through latentkv's kernel (kernels/qlinear.py, the float32 / bf16
     record, kept in the weight's dtype): each output element reduces over K in one fixed order
     (float32 accumulation) whatever M, so a row's bits do not depend on the batch. Batch-invariant
-    mode puts it in place of the model's CPU linears (use_fixed_order_linears): MKL's
-    small-M sgemm rounds by M and runs ~4x slower than its GEMV on an AVX2 EPYC, and oneDNN picks
-    its bf16 kernels by M and CPU (on an AMX Xeon the lm_head's row 0 changed bits from M = 33)."""
+    mode builds the model's CPU linears with it (model/route.py): MKL's small-M sgemm rounds by M
+    and runs ~4x slower than its GEMV on an AVX2 EPYC, and oneDNN picks its bf16 kernels by M and
+    CPU (on an AMX Xeon the lm_head's row 0 changed bits from M = 33)."""
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
-        self.bits = 16 if linear.weight.dtype == torch.bfloat16 else 32
-        pack = qlinear.pack_bf16 if self.bits == 16 else qlinear.pack_f32
-        self.register_buffer("weight_packed", pack(linear.weight))
+    def pack(self, w: torch.Tensor) -> None:
+        self.bits = 16 if w.dtype == torch.bfloat16 else 32
+        self.register_buffer("weight_packed", (qlinear.pack_bf16 if self.bits == 16 else qlinear.pack_f32)(w))
+
+    @property
+    def record(self) -> int | None:
+        return self.bits
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
         return qlinear.linear(flat, self.weight_packed, self.bits, self.out_features)
 
 
-def quantize_linears(model: nn.Module, kind: str = "int8") -> int:
-    """Replace nn.Linear layers (but kv_b_proj) in place; returns how many were replaced.
-    int4 leaves the few linears its kernel cannot take (K % 32) in the model dtype; w4a8 / w8a8
-    need latentkv's kernel and a CPU model, and run int4 / int8 (one warning) where it is not built.
-    kv_b_proj stays a linear, its values rounded to bf16 (exact in either path: the naive path
-    expands with them, the absorbed decode reads W_UK / W_UV stored in bf16, half the bytes of
-    float32 — at short context those reads were ~12% of an int4 decode step)."""
-    if kind not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {kind!r}")
-    linears = [(parent, name, child) for parent in list(model.modules()) for name, child in parent.named_children()
-               if isinstance(child, nn.Linear) and name not in SKIP]
-    if kind in INT_DOT:
-        if any(child.weight.device.type != "cpu" for _, _, child in linears):
-            raise ValueError(f"quantization {kind!r} has CPU kernels only")
-        if not qlinear.available():
-            warnings.warn(f"latentkv: {kind} needs the native linears ({qlinear.unavailable_reason()}); "
-                          f"using {INT_DOT[kind]} weights with float activations instead", RuntimeWarning, stacklevel=2)
-            kind = INT_DOT[kind]
-    for attn in model.modules():
-        if hasattr(attn, "absorbed_dtype") and attn.kv_b_proj.weight.device.type == "cpu":
-            with torch.no_grad():
-                attn.kv_b_proj.weight.copy_(attn.kv_b_proj.weight.to(torch.bfloat16))
-            attn.absorbed_dtype = torch.bfloat16
-    cls = {"int8": Int8Linear, "int4": Int4Linear, "w4a8": W4A8Linear, "w8a8": W8A8Linear}[kind]
-    count = 0
-    for parent, name, child in linears:
-        if kind == "int4" and not int4_supported(child):
-            continue
-        setattr(parent, name, cls(child))
-        count += 1
-    return count
-
-
-def use_fixed_order_linears(model: nn.Module) -> int:
-    """Put `FixedOrderLinear` (latentkv's fixed-order kernel) in place of the float32 and bf16 CPU
-    linears of a model the caller owns for inference (the engine's own, as loaded), where the
-    kernel is built; not `SKIP` (kv_b_proj: the absorbed path reads its weight). -> how many.
-    The modules are replaced (no autograd, packed weights), so never on a model being trained."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16) \
-                    and name not in SKIP and native(child):
-                setattr(parent, name, FixedOrderLinear(child))
-                count += 1
-    return count
+# how the route names each class (model/route.py WEIGHTS)
+LINEAR_CLASSES = {"fixed-order": FixedOrderLinear, "int8": Int8Linear, "int4": Int4Linear, "w4a8": W4A8Linear,
+                  "w8a8": W8A8Linear}
 
 
 def linear_kind(linear: nn.Module) -> str:
@@ -223,6 +210,6 @@ def linear_kind(linear: nn.Module) -> str:
     if isinstance(linear, (W4A8Linear, W8A8Linear)):
         return f"{'w4a8' if isinstance(linear, W4A8Linear) else 'w8a8'} (native)"
     if isinstance(linear, (Int4Linear, Int8Linear)):
-        return f"{'int4' if isinstance(linear, Int4Linear) else 'int8'} ({'native' if linear.native else 'ATen'})"
+        return f"{'int4' if isinstance(linear, Int4Linear) else 'int8'} ({'native' if linear.uses_qlinear else 'ATen'})"
     padded = " padded" if getattr(linear, "_invariant_hooked", False) else ""
     return f"{str(linear.weight.dtype).removeprefix('torch.')} torch{padded}"

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from latentkv import attention
-from latentkv.kernels import attention as native, build
+from latentkv.kernels import attention as attention_kernels, build
 from latentkv.attention.torch_ref import TorchBackend
 from latentkv.model.loader import load_model
 
@@ -47,7 +47,7 @@ def test_without_the_native_build_auto_falls_back_with_one_warning(tiny_checkpoi
     def fail(*args, **kwargs):
         raise OSError("no compiler\ng++: not found")
 
-    monkeypatch.setattr(native.EXT, "state", {})  # forget this process's build
+    monkeypatch.setattr(attention_kernels.EXT, "state", {})  # forget this process's build
     monkeypatch.setattr(build, "compile_extension", fail)
     with pytest.warns(RuntimeWarning, match="native CPU attention kernel is unavailable .*g\\+\\+: not found.*"
                                             "using the PyTorch reference backend") as caught:
@@ -61,6 +61,6 @@ def test_without_the_native_build_auto_falls_back_with_one_warning(tiny_checkpoi
 
 
 def test_auto_is_native_where_it_builds():
-    if not native.available():
-        pytest.skip(f"native backend not built: {native.unavailable_reason()}")
+    if not attention_kernels.available():
+        pytest.skip(f"native backend not built: {attention_kernels.unavailable_reason()}")
     assert attention.get_backend("auto").name == "native"

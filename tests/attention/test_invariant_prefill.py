@@ -20,7 +20,7 @@ from latentkv.attention.metadata import build_metadata
 from latentkv.attention.paged import write
 from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, span_prefill, tiles
 from latentkv.cache.latent_cache import LatentCache
-from latentkv.kernels import attention as native
+from latentkv.kernels import attention as attention_kernels
 from latentkv.model.mla import MLAttention
 
 BLOCK = 16
@@ -57,7 +57,7 @@ def prompt(length, layer, dtype, cache_dtype):
     return cache, table, q_nope, q_rope
 
 
-NATIVE = [f"native:{isa}" for isa in native.supported_isas()]  # empty without the native build
+NATIVE = [f"native:{isa}" for isa in attention_kernels.supported_isas()]  # empty without the native build
 
 
 def prefill(layer, cache, table, q_nope, q_rope, start, end, impl="tiles"):
@@ -65,7 +65,7 @@ def prefill(layer, cache, table, q_nope, q_rope, start, end, impl="tiles"):
     meta, _ = build_metadata([end - start], [end], [table], BLOCK, invariant=True, prompt_lens=[len(q_nope)])
     assert meta.prompt_rows == [end - start]
     if impl.startswith("native:"):
-        kernel = functools.partial(native.mla_prefill, isa=impl.removeprefix("native:"))
+        kernel = functools.partial(attention_kernels.mla_prefill, isa=impl.removeprefix("native:"))
         return span_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta, kernel)
     return invariant_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta)
 

@@ -22,13 +22,13 @@ import types
 import pytest
 import torch
 
-from latentkv.kernels import attention as native, build
+from latentkv.kernels import attention as attention_kernels, build
 from latentkv.attention.metadata import build_metadata
 from latentkv.attention.torch_ref import TorchBackend
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.attention.paged import write
 
-pytestmark = pytest.mark.skipif(not native.available(), reason=f"native backend not built: {native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not attention_kernels.available(), reason=f"native backend not built: {attention_kernels.unavailable_reason()}")
 
 NATIVE_TOL = {torch.float32: 2e-5, torch.bfloat16: 8e-3}
 REFERENCE_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
@@ -89,7 +89,7 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
     gen = torch.Generator().manual_seed(seed + 1)
     query = (torch.randn(len(lengths), q_max * heads, rank + rope, generator=gen) * (rank + rope) ** -0.5 * 2).to(dtype)
     pos = None if q_max == 1 else meta.query_pos
-    got = native.mla_decode(query, cache, meta.block_tables, meta.context_lens, pos, heads, isa=isa)
+    got = attention_kernels.mla_decode(query, cache, meta.block_tables, meta.context_lens, pos, heads, isa=isa)
     reference = TorchBackend().latent_attention(query, cache, meta)
     exact = exact_attention(query, rows, query_lens, lengths, heads)[..., :rank]
     valid = meta.query_valid.repeat_interleave(heads, dim=1)  # padded query rows are dropped by the caller
@@ -101,7 +101,7 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
     assert err_reference <= REFERENCE_TOL[dtype], f"native vs reference: {err_reference:.2e}"
 
 
-@pytest.mark.parametrize("isa", native.supported_isas())
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
                                                (torch.bfloat16, "int8"), (torch.bfloat16, "fp8_e4m3"),
                                                (torch.float32, "int8")])
@@ -130,7 +130,7 @@ def test_several_query_tokens_are_causal(dtype):
              query_lens=[4, 1, 3], block_size=8)
 
 
-@pytest.mark.parametrize("isa", native.supported_isas())
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.bfloat16, "int8"),
                                                (torch.bfloat16, "fp8_e4m3"), (torch.float32, "int8")])
 @pytest.mark.parametrize("rank,rope", [(64, 16), (240, 96)])  # 240: the latent ends mid-chunk (the default conversion)
@@ -142,13 +142,13 @@ def test_result_does_not_depend_on_the_batch_or_threads(isa, dtype, cache_dtype,
     cache, tables, _ = filled_cache(lengths, 8, rank, rope, dtype, cache_dtype, 16, seed=3)
     query = torch.randn(len(lengths), 8, rank + rope, generator=torch.Generator().manual_seed(4)).to(dtype)
     meta, _ = build_metadata([1] * len(lengths), lengths, tables, 16)
-    batched = {t: native.mla_decode(query, cache, meta.block_tables, meta.context_lens, heads=8, isa=isa, threads=t)
+    batched = {t: attention_kernels.mla_decode(query, cache, meta.block_tables, meta.context_lens, heads=8, isa=isa, threads=t)
                for t in (1, 2)}
     assert torch.equal(batched[1], batched[2])
     for b in range(len(lengths)):
         alone, _ = build_metadata([1], lengths[b:b + 1], tables[b:b + 1], 16)
         for t in (1, 2):
-            one = native.mla_decode(query[b:b + 1], cache, alone.block_tables, alone.context_lens, heads=8, isa=isa,
+            one = attention_kernels.mla_decode(query[b:b + 1], cache, alone.block_tables, alone.context_lens, heads=8, isa=isa,
                                     threads=t)
             assert torch.equal(one[0], batched[2][b]), (b, t)
 
@@ -156,10 +156,10 @@ def test_result_does_not_depend_on_the_batch_or_threads(isa, dtype, cache_dtype,
 def test_forcing_an_isa_the_cpu_lacks_or_does_not_know_is_refused(monkeypatch):
     monkeypatch.setenv("LATENTKV_CPU_ISA", "neon")
     with pytest.raises(ValueError, match="LATENTKV_CPU_ISA='neon': expected one of"):
-        native.chosen_isa()
-    for isa in native.supported_isas():
+        attention_kernels.chosen_isa()
+    for isa in attention_kernels.supported_isas():
         monkeypatch.setenv("LATENTKV_CPU_ISA", isa)
-        assert native.chosen_isa() == isa
+        assert attention_kernels.chosen_isa() == isa
 
 
 def test_a_build_started_in_the_background_is_waited_for_not_skipped(monkeypatch):
@@ -173,12 +173,12 @@ def test_a_build_started_in_the_background_is_waited_for_not_skipped(monkeypatch
         time.sleep(0.3)
         return module
 
-    monkeypatch.setattr(native.EXT, "state", {})
+    monkeypatch.setattr(attention_kernels.EXT, "state", {})
     monkeypatch.setattr(build, "compile_extension", slow_compile)
     monkeypatch.setattr(build, "self_check", lambda ext, module, runs: {})
-    threads = build.build_in_background(native.EXT)
+    threads = build.build_in_background(attention_kernels.EXT)
     time.sleep(0.05)  # the thread holds the build now
-    assert native.extension() is module and native.available()
+    assert attention_kernels.extension() is module and attention_kernels.available()
     threads[0].join()
     assert calls == ["latentkv_mla_attention"]
 

@@ -12,10 +12,10 @@ rounded to bf16 (2^-9 relative) before the values, and the result once more to b
 import pytest
 import torch
 
-from latentkv.kernels import attention as native
+from latentkv.kernels import attention as attention_kernels
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="the native build is not available here")
-ISAS = native.supported_isas()
+pytestmark = pytest.mark.skipif(not attention_kernels.available(), reason="the native build is not available here")
+ISAS = attention_kernels.supported_isas()
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -40,7 +40,7 @@ def run(q, kv, k_r, dn, first, scale, cuts, isa):
     dv = kv.shape[-1] - dn
     acc = torch.zeros(n, heads, -(-dv // 16) * 16)
     for a, b in zip(cuts, cuts[1:]):
-        native.mla_prefill(q, kv[a:b].contiguous(), k_r[a:b].contiguous(), dn, first, a, m, l, acc, scale, isa=isa)
+        attention_kernels.mla_prefill(q, kv[a:b].contiguous(), k_r[a:b].contiguous(), dn, first, a, m, l, acc, scale, isa=isa)
     return acc[..., :dv] / l[..., None]
 
 

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from latentkv import LLM, SamplingParams
+from latentkv.attention import native_backend
+from latentkv.kernels import attention as attention_kernels
 
 N_TOKENS = 24
 
@@ -121,14 +123,11 @@ def test_preempted_and_recomputed_requests_keep_their_tokens_and_logprobs(tiny_l
 def test_without_invariance_a_prefill_chunk_takes_the_native_prompt_kernel_too(tiny_lm, monkeypatch, dtype):
     """batch_invariant=False: a one-sequence prefill chunk (also over cached context) goes to the
     native prompt kernel (float32 and bf16, every ISA) and agrees with the reference backend."""
-    from latentkv.attention import native as backend
-    from latentkv.kernels import attention as native
-
-    if not native.available() or not native.prefill_supported(getattr(torch, dtype)):
+    if not attention_kernels.available() or not attention_kernels.prefill_supported(getattr(torch, dtype)):
         pytest.skip(f"the native prefill kernel does not take {dtype}")
     calls = []
-    kernel = native.mla_prefill
-    monkeypatch.setattr(backend, "mla_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k))  # what NativeBackend calls
+    kernel = attention_kernels.mla_prefill
+    monkeypatch.setattr(native_backend, "mla_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k))  # what NativeBackend calls
     folder, _, _ = tiny_lm()
     prompts = [list(range(2, 90)), list(range(5, 40))]
     params = SamplingParams(temperature=0, max_tokens=1, logprobs=0, ignore_eos=True)

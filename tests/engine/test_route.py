@@ -17,8 +17,11 @@ def test_the_route_line_names_dtype_cache_isas_backend_linears_plan_and_invarian
     line = lines[0]
     assert "dtype float32" in line
     assert f"cache {options.get('kv_cache_dtype', 'float32')}" in line
-    for family in (attention, decode_ops, qlinear):
-        isa = family.EXT.choose() if family.available() else "unavailable"
+    # an extension the route uses names its ISA (or "unavailable"); one it does not use is "unused"
+    uses = {attention: options.get("attention_backend", "auto") != "torch", decode_ops: True,
+            qlinear: options.get("batch_invariant", True) or "quantization" in options}
+    for family, used in uses.items():
+        isa = (family.EXT.choose() if family.available() else "unavailable") if used else "unused"
         assert f"{family.EXT.family} {isa}" in line
     backend = options.get("attention_backend", "native" if attention.available() else "torch")
     assert f"attention {backend} (prefill " in line and ", decode " in line

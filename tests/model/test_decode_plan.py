@@ -1,41 +1,53 @@
 """The decode plan (model/decode_plan.py) gives the modules' bits: the same kernels, arguments and
 order, without the Python between them."""
+import json
+
 import pytest
 import torch
-from torch import nn
+from safetensors.torch import load_file, save_file
 
 from latentkv import LLM, SamplingParams, invariant
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
-from latentkv.kernels import attention as native, qlinear
+from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
 from latentkv.model import decode_plan, fused
 from latentkv.model.loader import load_model
-from latentkv.model.quant import quantize_linears, use_fixed_order_linears
+from latentkv.model.route import decide_route
 
 BLOCK = 4
 
 
 @pytest.fixture(autouse=True)
 def need_extensions():
-    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", native)):
+    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", attention_kernels)):
         if not module.available():
             pytest.skip(f"{name} not built: {module.unavailable_reason()}")
 
 
-def model_for(folder, dtype, weights, latent_norm=True, bias=False):
-    model = load_model(str(folder), dtype, "cpu", "native")
-    if weights == "fixed-order":
-        use_fixed_order_linears(model)
-    else:
-        quantize_linears(model, weights)
+def variant(folder, out, latent_norm, bias):
+    """The tiny checkpoint as converted models store it: without kv_a_layernorm (latent_norm False),
+    with a q_proj bias (bias: Qwen2 sources), said in config.json's latentkv extensions."""
+    if latent_norm and not bias:
+        return folder
+    raw = json.loads((folder / "config.json").read_text())
+    raw["latentkv"] = {"version": 1, "kv_a_layernorm": latent_norm, "q_bias": bias}
+    tensors = {k: v for k, v in load_file(folder / "model.safetensors").items() if latent_norm or "kv_a_layernorm" not in k}
     gen = torch.Generator().manual_seed(7)
-    for layer in model.model.layers:
-        attn = layer.self_attn
-        if not latent_norm:  # converted models have no kv_a_layernorm
-            attn.kv_a_layernorm = None
-        if bias:  # Qwen2 sources keep a q bias (on the packed q / kv_a projection)
-            attn.qkv_a_proj.bias = nn.Parameter(torch.randn(attn.qkv_a_proj.out_features, generator=gen).to(model.dtype))
-    return model
+    width = raw["num_attention_heads"] * (raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"])
+    for i in range(raw["num_hidden_layers"] if bias else 0):
+        tensors[f"model.layers.{i}.self_attn.q_proj.bias"] = torch.randn(width, generator=gen)
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(raw))
+    save_file(tensors, out / "model.safetensors")
+    return out
+
+
+def model_for(folder, dtype, weights, latent_norm=True, bias=False, tmp_path=None):
+    """The model as the engine builds it: fixed-order linears (batch invariance) or quantized ones."""
+    folder = variant(folder, tmp_path / "variant", latent_norm, bias) if tmp_path else folder
+    fixed = weights == "fixed-order"
+    route = decide_route("cpu", getattr(torch, dtype), "native", None if fixed else weights, batch_invariant=fixed)
+    return load_model(str(folder), route=route)
 
 
 def random_caches(model, cache_dtype, blocks):
@@ -69,14 +81,19 @@ def cache_tensors(caches):
 ])
 @pytest.mark.parametrize("invariant_meta", [True, False])
 @torch.inference_mode()
-def test_plan_gives_the_modules_bits(tiny_checkpoints, name, dtype, weights, cache_dtype, latent_norm, bias, invariant_meta):
+def test_plan_gives_the_modules_bits(tiny_checkpoints, tmp_path, name, dtype, weights, cache_dtype, latent_norm, bias,
+                                     invariant_meta):
     folder, _ = tiny_checkpoints(name)
-    model = model_for(folder, dtype, weights, latent_norm, bias)
+    model = model_for(folder, dtype, weights, latent_norm, bias, tmp_path)
+    assert all(layer.self_attn.kv_a_layernorm is None for layer in model.model.layers) != latent_norm
+    assert (model.model.layers[0].self_attn.qkv_a_proj.bias is not None) == bias
     contexts = [5, 17, 2, 33]  # ending mid-block; one sequence's blocks out of order below
     tables = [[0, 1], [2, 3, 4, 5, 6], [7], [20, 8, 9, 10, 11, 12, 13, 14, 15]]
     caches = random_caches(model, cache_dtype, 24)
     plan, reason = decode_plan.build(model, caches)
     assert plan is not None, reason
+    # one description of each layer: the spec its modules were built from is the one the plan read
+    assert all(spec is layer.spec is layer.self_attn.spec for spec, layer in zip(plan.specs, model.model.layers))
     meta, positions = build_metadata([1] * 4, contexts, tables, BLOCK, invariant=invariant_meta)
     assert plan.applies(meta)
     ids = torch.tensor([3, 77, 12, 101])
@@ -88,6 +105,19 @@ def test_plan_gives_the_modules_bits(tiny_checkpoints, name, dtype, weights, cac
     by_plan = plan(ids, positions, meta)
     assert torch.equal(by_plan, by_modules)
     assert all(torch.equal(a, b) for a, b in zip(cache_tensors(caches), after_modules))  # the same latents written
+
+
+def test_the_plan_checks_the_type_of_each_kernel_it_calls():
+    """decode_step.h calls qlinear's linear and attention's mla_decode through capsules of the types
+    kernels/csrc/common/kernel_fns.h declares (each named by its type): one of another type is
+    refused when the plan is built, never called."""
+    linear_fn, decode_fn = qlinear.extension().linear_capsule, attention_kernels.extension().mla_decode_capsule
+    step, norm = decode_ops.extension().DecodePlan, torch.ones(8)
+    step([], norm, 1e-6, linear_fn, decode_fn, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="the capsule for attention's mla_decode holds latentkv:.* this extension calls"):
+        step([], norm, 1e-6, linear_fn, linear_fn, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="the capsule for qlinear's linear holds latentkv:"):
+        step([], norm, 1e-6, decode_fn, decode_fn, 0, 0, 0)
 
 
 @torch.inference_mode()

@@ -12,6 +12,7 @@ from latentkv.kernels.build import ISAS
 from latentkv.attention.paged import write
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.model import fused
+from latentkv.model.route import decide_route
 from latentkv.model.rope import apply_rope, cos_sin, default_inv_freq
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason=f"fused ops not built: {fused.EXT.unavailable_reason()}")
@@ -29,13 +30,8 @@ def close(out, ref, dtype):
 
 
 def reference(fn, *args):
-    """Run a fused.* op on its PyTorch path (as with LATENTKV_FUSED=0)."""
-    module = fused.EXT.state["module"]
-    fused.EXT.state["module"] = None
-    try:
-        return fn(*args)
-    finally:
-        fused.EXT.state["module"] = module
+    """Run a fused.* op on its PyTorch path (as a route without the fused ops runs it)."""
+    return fn(*args, kernel=False)
 
 
 def isas():
@@ -54,7 +50,7 @@ def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     q = torch.randn(n, heads, k + extra + 5, generator=gen).to(dtype)  # strided views, as project() gives
     x, e = q[..., :k], (q[..., k:k + extra] if extra else None)
     w = torch.randn(heads, k, c, generator=gen).to(dtype)
-    out = fused.head_matmul(x, w, 0.3, e)
+    out = fused.head_matmul(x, w, 0.3, e, kernel=True)
     exact = torch.bmm(x.transpose(0, 1).double(), w.double()).transpose(0, 1)
     if extra:
         exact = torch.cat((exact, e.double()), dim=-1)
@@ -65,7 +61,7 @@ def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
 @torch.no_grad()
 def test_head_matmul_takes_bf16_weights_under_float32_rows(isa, monkeypatch):
-    """The quantized modes store W_UK / W_UV in bf16 (quant.quantize_linears): widened in the
+    """The quantized modes store W_UK / W_UV in bf16 (Route.absorbed_dtype): widened in the
     kernel, exactly the float32 product with the same values."""
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
@@ -73,8 +69,8 @@ def test_head_matmul_takes_bf16_weights_under_float32_rows(isa, monkeypatch):
     gen = torch.Generator().manual_seed(2)
     x, e = torch.randn(5, 9, 50, generator=gen), torch.randn(5, 9, 96, generator=gen)
     w = torch.randn(9, 50, 248, generator=gen).to(torch.bfloat16)
-    out = fused.head_matmul(x, w, 0.3, e)
-    assert out.dtype == torch.float32 and torch.equal(out, fused.head_matmul(x, w.float(), 0.3, e))
+    out = fused.head_matmul(x, w, 0.3, e, kernel=True)
+    assert out.dtype == torch.float32 and torch.equal(out, fused.head_matmul(x, w.float(), 0.3, e, kernel=True))
     close(reference(fused.head_matmul, x, w, 0.3, e), out.double(), torch.float32)
 
 
@@ -87,10 +83,10 @@ def test_head_matmul_rows_do_not_depend_on_the_batch(dtype, c):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(38, 9, 64, generator=gen).to(dtype)
     w = torch.randn(9, 64, c, generator=gen).to(dtype)
-    batched = fused.head_matmul(x, w, 0.125)
+    batched = fused.head_matmul(x, w, 0.125, kernel=True)
     for i in (0, 5, 36, 37):
-        assert torch.equal(fused.head_matmul(x[i:i + 1], w, 0.125)[0], batched[i])
-    assert torch.equal(fused.head_matmul(x[35:37], w, 0.125), batched[35:37])
+        assert torch.equal(fused.head_matmul(x[i:i + 1], w, 0.125, kernel=True)[0], batched[i])
+    assert torch.equal(fused.head_matmul(x[35:37], w, 0.125, kernel=True), batched[35:37])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -100,7 +96,7 @@ def test_rope(dtype, interleaved):
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(5, 4, 40, generator=gen).to(dtype)[..., 8:]  # [5, 4, 32], strided
     cos, sin = cos_sin(torch.tensor([0, 3, 17, 100, 4000]), default_inv_freq(32, 10000.0))
-    out = fused.rope(x, cos, sin, interleaved)
+    out = fused.rope(x, cos, sin, interleaved, kernel=True)
     close(out, apply_rope(x.float(), cos, sin, interleaved), dtype)
 
 
@@ -117,7 +113,7 @@ def test_write_latent_matches_the_reference_writer(dtype, cache_dtype, rank, rop
     cos, sin = cos_sin(torch.arange(t) * 7, default_inv_freq(rope, 10000.0)) if rope else (torch.zeros(t, 0),) * 2
     slots = torch.randperm(4 * 16, generator=gen)[:t]
     ours, ref = (LatentCache(4, 16, rank, rope, dtype, cache_dtype) for _ in range(2))
-    fused.write_latent(ours, c, k_r, cos, sin, interleaved, slots)
+    fused.write_latent(ours, c, k_r, cos, sin, interleaved, slots, kernel=True)
     write(ref, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0] if rope else k_r, slots)
     if cache_dtype == "auto":
         close(ours.kv, ref.kv, dtype)
@@ -137,31 +133,28 @@ def test_rms_norm_and_silu_mul(dtype):
     gen = torch.Generator().manual_seed(3)
     x, h = (torch.randn(6, 96, generator=gen).to(dtype) * 4 for _ in range(2))
     w = torch.randn(96, generator=gen).to(dtype)
-    total, normed = fused.rms_norm(x, w, 1e-5, h)
+    total, normed = fused.rms_norm(x, w, 1e-5, h, kernel=True)
     assert torch.equal(total, x + h)
     close(normed, F.rms_norm((x + h).float(), (96,), w.float(), 1e-5), dtype)
-    close(fused.rms_norm(x, w, 1e-5), F.rms_norm(x.float(), (96,), w.float(), 1e-5), dtype)
+    close(fused.rms_norm(x, w, 1e-5, kernel=True), F.rms_norm(x.float(), (96,), w.float(), 1e-5), dtype)
     gate_up = torch.randn(6, 2 * 48, generator=gen).to(dtype)
     gate, up = gate_up.float().chunk(2, dim=-1)
-    close(fused.silu_mul(gate_up), F.silu(gate) * up, dtype)
+    close(fused.silu_mul(gate_up, kernel=True), F.silu(gate) * up, dtype)
 
 
 def test_the_switch_turns_the_native_ops_off(monkeypatch):
-    """LATENTKV_FUSED=0: no extension, and every op runs its reference (same numbers)."""
+    """LATENTKV_FUSED=0: no extension, and the route runs every op's reference."""
     monkeypatch.setattr(fused.EXT, "state", {})
     monkeypatch.setenv("LATENTKV_FUSED", "0")
     assert not fused.available() and "LATENTKV_FUSED=0" in fused.EXT.unavailable_reason()
-    gate_up = torch.randn(3, 8)
-    gate, up = gate_up.chunk(2, dim=-1)
-    with torch.no_grad():
-        assert torch.equal(fused.silu_mul(gate_up), F.silu(gate) * up)
+    assert not decide_route().fused
 
 
 def test_autograd_takes_the_reference():
     """Healing trains through the model: with gradients on, the ops are the differentiable reference."""
     x = torch.randn(2, 3, 8, requires_grad=True)
     w = torch.randn(3, 8, 5)
-    fused.head_matmul(x, w, 0.5).sum().backward()
+    fused.head_matmul(x, w, 0.5, kernel=True).sum().backward()
     assert x.grad is not None
 
 
@@ -179,9 +172,9 @@ def test_silu_mul_every_isa_any_width_and_rows_alone(monkeypatch, dtype):
     gate, up = gate_up.float().chunk(2, dim=-1)
     for isa in (ISAS[name] for name in fused.EXT.supported_isas()):
         monkeypatch.setitem(fused.EXT.state, "isa", isa)
-        out = fused.silu_mul(gate_up)
+        out = fused.silu_mul(gate_up, kernel=True)
         close(out, F.silu(gate) * up, dtype)
-        assert all(torch.equal(fused.silu_mul(gate_up[t:t + 1]), out[t:t + 1]) for t in (0, 1, 150, 299)), isa
+        assert all(torch.equal(fused.silu_mul(gate_up[t:t + 1], kernel=True), out[t:t + 1]) for t in (0, 1, 150, 299)), isa
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -196,11 +189,11 @@ def test_rms_norm_every_isa_with_and_without_residual_rows_alone(monkeypatch, dt
     w = torch.randn(93, generator=gen).to(dtype)
     for isa in (ISAS[name] for name in fused.EXT.supported_isas()):
         monkeypatch.setitem(fused.EXT.state, "isa", isa)
-        total, normed = fused.rms_norm(x, w, 1e-5, h)
+        total, normed = fused.rms_norm(x, w, 1e-5, h, kernel=True)
         assert torch.equal(total, x + h)
         close(normed, F.rms_norm((x + h).float(), (93,), w.float(), 1e-5), dtype)
-        plain = fused.rms_norm(x, w, 1e-5)
+        plain = fused.rms_norm(x, w, 1e-5, kernel=True)
         close(plain, F.rms_norm(x.float(), (93,), w.float(), 1e-5), dtype)
         for t in (0, 33, 69):
-            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5, h[t:t + 1])[1], normed[t:t + 1]), isa
-            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5), plain[t:t + 1]), isa
+            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5, h[t:t + 1], kernel=True)[1], normed[t:t + 1]), isa
+            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5, kernel=True), plain[t:t + 1]), isa

@@ -12,6 +12,7 @@ from torch import nn
 from latentkv.kernels.build import ISAS
 from latentkv.kernels import build, qlinear
 from latentkv.model.quant import FixedOrderLinear, Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
+from latentkv.model.route import decide_route
 from threads import torch_threads
 
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
@@ -124,8 +125,8 @@ def test_linears_run_the_kernel_for_any_shape(cls, dtype):
     input; against the dequantized weights (scales stored in the model dtype), then + bias."""
     torch.manual_seed(0)
     linear = nn.Linear(50, 53, bias=True).to(dtype)
-    q = cls(linear)
-    assert q.native and not hasattr(q, "weight_int4") and not hasattr(q, "weight_int8")
+    q = cls.from_linear(linear)
+    assert q.uses_qlinear and not hasattr(q, "weight_int4") and not hasattr(q, "weight_int8")
     if cls is Int4Linear:
         codes, scale_zero = quantize_int4(F.pad(linear.weight, (0, 14)))
         w = dequantize_int4(codes, scale_zero.to(dtype))[:, :50]
@@ -141,11 +142,13 @@ def test_linears_run_the_kernel_for_any_shape(cls, dtype):
 
 @torch.no_grad()
 def test_without_the_extension_the_aten_kernels_run(monkeypatch):
+    """The route says ATen's kernels where latentkv's is not built; they never touch the extension."""
     monkeypatch.setitem(qlinear.EXT.state, "module", None)
     monkeypatch.setitem(qlinear.EXT.state, "reason", "test")
+    assert not decide_route(quantization="int4").qlinear
     linear = nn.Linear(64, 48)
-    q4, q8 = Int4Linear(linear), Int8Linear(linear)
-    assert not q4.native and not q8.native and hasattr(q4, "weight_int4") and hasattr(q8, "weight_int8")
+    q4, q8 = Int4Linear.from_linear(linear, uses_qlinear=False), Int8Linear.from_linear(linear, uses_qlinear=False)
+    assert hasattr(q4, "weight_int4") and hasattr(q8, "weight_int8") and q4.record is None and q8.record is None
     x = torch.randn(3, 64)
     ref = linear(x)
     for q in (q4, q8):
@@ -180,7 +183,7 @@ def test_fixed_order_linear_is_the_float32_linear():
     product as F.linear up to float32 rounding, bias and [B, T, K] input included."""
     torch.manual_seed(0)
     linear = nn.Linear(70, 53, bias=True)
-    fixed = FixedOrderLinear(linear)
+    fixed = FixedOrderLinear.from_linear(linear)
     x = torch.randn(2, 3, 70)
     ref = (x.double() @ linear.weight.double().T + linear.bias.double())
     y = fixed(x)

@@ -13,8 +13,8 @@ from torch import nn
 
 from latentkv.kernels.build import ISAS
 from latentkv.kernels import build, qlinear
-from latentkv.model.quant import (Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8,
-                                  quantize_linears)
+from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8
+from latentkv.model.route import decide_route
 from threads import torch_threads
 
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
@@ -137,7 +137,7 @@ def test_linears_are_the_weight_only_ones_up_to_the_activation_rounding(cls, bas
     torch.manual_seed(0)
     linear = nn.Linear(50, 53, bias=True).to(dtype)
     x = torch.randn(2, 3, 50).to(dtype)
-    y, ref = cls(linear)(x), base(linear)(x)
+    y, ref = cls.from_linear(linear)(x), base.from_linear(linear)(x)
     assert y.shape == (2, 3, 53) and y.dtype == dtype
     assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 0.02
 
@@ -146,10 +146,10 @@ def test_linears_are_the_weight_only_ones_up_to_the_activation_rounding(cls, bas
 def test_without_the_extension_w4a8_runs_int4_with_one_warning(monkeypatch):
     monkeypatch.setitem(qlinear.EXT.state, "module", None)
     monkeypatch.setitem(qlinear.EXT.state, "reason", "test")
-    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
     with pytest.warns(RuntimeWarning, match="w4a8 needs the native linears .*using int4") as caught:
-        assert quantize_linears(model, "w4a8") == 2
-    assert len(caught) == 1 and all(isinstance(m, Int4Linear) for m in model)
+        route = decide_route(quantization="w4a8")
+    assert len(caught) == 1 and route.weights == "int4" and not route.qlinear
+    assert route.linear_class("o_proj", 64) is Int4Linear and route.absorbed_dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("bits", [4, 8])

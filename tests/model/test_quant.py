@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from latentkv.model.loader import load_model
-from latentkv.model.quant import Int8Linear, quantize_int8, quantize_linears
+from latentkv.kernels import qlinear
+from latentkv.model.quant import Int8Linear, quantize_int8
 
 
 @pytest.mark.parametrize("in_features", [64, 24])
@@ -13,7 +14,7 @@ from latentkv.model.quant import Int8Linear, quantize_int8, quantize_linears
 def test_int8_linear_matches_dequantized_weights(in_features, dtype):
     torch.manual_seed(0)
     linear = nn.Linear(in_features, 48, bias=True).to(dtype)
-    q = Int8Linear(linear)
+    q = Int8Linear.from_linear(linear, qlinear.available())
     x = torch.randn(5, in_features, dtype=dtype)
     codes, _ = quantize_int8(linear.weight)
     dequant = codes.float() * q.scales.float()[:, None]
@@ -30,9 +31,9 @@ def test_quantized_model_stays_close(tiny_checkpoints):
     folder, _ = tiny_checkpoints("v3_moe_sigmoid")
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     ref = load_model(folder).full_logits(ids)
-    model = load_model(folder)
-    assert quantize_linears(model) > 0
+    model = load_model(folder, quantization="int8")
     assert not any(isinstance(m, nn.Linear) and name.split(".")[-1] != "kv_b_proj" for name, m in model.named_modules())
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) > 0
     rel = ((model.full_logits(ids, path="absorbed") - ref).norm() / ref.norm()).item()
     assert rel < 0.03, f"relative logit error {rel:.4f}"
 
@@ -45,7 +46,7 @@ def test_int4_kernel_matches_dequantized_weights(dtype, out_features):
 
     torch.manual_seed(0)
     linear = nn.Linear(96, out_features, bias=True).to(dtype)
-    q = Int4Linear(linear)
+    q = Int4Linear.from_linear(linear, qlinear.available())
     x = torch.randn(5, 96, dtype=dtype)
     codes, scale_zero = quantize_int4(linear.weight)
     dequant = dequantize_int4(codes, scale_zero.to(dtype))
@@ -70,17 +71,25 @@ def test_int4_holds_q4_1_weights_exactly():
 
 
 @torch.inference_mode()
-def test_int4_model_stays_close_and_keeps_unsupported_shapes(tiny_checkpoints):
-    from latentkv.model.quant import Int4Linear, int4_supported
+@pytest.mark.parametrize("kernel", ["qlinear", "aten"])
+def test_int4_model_stays_close_and_keeps_unsupported_shapes(tiny_checkpoints, kernel, monkeypatch):
+    """int4 on latentkv's kernel takes every linear but kv_b_proj; on ATen's (the kernel not built)
+    those with whole groups of inputs (K % 32 == 0), the others stay in the model dtype."""
+    from latentkv.model.quant import Int4Linear
 
+    if kernel == "qlinear" and not qlinear.available():
+        pytest.skip(f"qlinear not built: {qlinear.unavailable_reason()}")
+    if kernel == "aten":
+        monkeypatch.setattr(qlinear.EXT, "state", {"module": None, "reason": "test"})
     folder, _ = tiny_checkpoints("v2_dense")
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     ref = load_model(folder).full_logits(ids)
-    model = load_model(folder)
-    supported = [n for n, m in model.named_modules()
-                 if isinstance(m, nn.Linear) and n.split(".")[-1] != "kv_b_proj" and int4_supported(m)]
-    assert quantize_linears(model, "int4") == len(supported) > 0
-    assert all(isinstance(model.get_submodule(n), Int4Linear) for n in supported)
+    model = load_model(folder, quantization="int4")
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, Int4Linear)) and not n.endswith("kv_b_proj")}
+    int4 = {n for n, m in linears.items() if isinstance(m, Int4Linear)}
+    assert int4 == {n for n, m in linears.items() if kernel == "qlinear" or m.in_features % 32 == 0}
+    assert 0 < len(int4) and (len(int4) < len(linears)) == (kernel == "aten")  # the tiny model's v_head_dim 12: o_proj K = 48
+    assert all(m.uses_qlinear == (kernel == "qlinear") for n, m in linears.items() if n in int4)
     rel = ((model.full_logits(ids, path="absorbed") - ref).norm() / ref.norm()).item()
     assert rel < 0.15, f"relative logit error {rel:.4f}"
 
@@ -88,4 +97,4 @@ def test_int4_model_stays_close_and_keeps_unsupported_shapes(tiny_checkpoints):
 def test_unknown_quantization_is_refused(tiny_checkpoints):
     folder, _ = tiny_checkpoints("v2_dense")
     with pytest.raises(ValueError, match="quantization"):
-        quantize_linears(load_model(folder), "int3")
+        load_model(folder, quantization="int3")

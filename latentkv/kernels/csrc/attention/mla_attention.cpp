@@ -7,6 +7,7 @@
 //          + scale [blocks, bs] float32 + rope [blocks, bs, D - r] (bf16/float32)
 //   block_tables [B, nb] int64, context_lens [B] int64, query_pos [B, Q] int64 (or empty:
 //   every row sees the whole context) -> out [B, M, r] in the query dtype.
+#include "kernel_fns.h"
 #include "torch_lite.h"
 
 #include <immintrin.h>
@@ -315,6 +316,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_prefill", &mla_prefill, py::call_guard<py::gil_scoped_release>(), "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
   m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
-  m.attr("mla_decode_capsule") = py::capsule(reinterpret_cast<void*>(&mla_decode), "latentkv.mla_decode.mla_decode");
+  m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni, 4 amx (bf16 prefill on AMX tiles; decode as 3)");
 }

@@ -5,23 +5,20 @@
 // what goes is the Python between them (~40% of a batch-1 step at short context on 2 threads:
 // module calls, views, checks). Its ops (rms_norm, rope, write_latent, head_matmul, silu_mul) are
 // declared in decode_ops.h and defined in decode_ops.cpp; the weight linears and the attention kernel
-// live in the other two extensions and come in as function pointers (PyCapsules their modules export).
+// live in the other two extensions and come in as function pointers (PyCapsules their modules export,
+// of the types in common/kernel_fns.h, checked when the plan is built).
 //
 // Applies to steps whose rows are all single-token decodes of distinct sequences (row b =
 // sequence b), dense layers, linears that run latentkv's packed kernel; the Python side checks.
 #pragma once
 #include "decode_ops.h"
+#include "kernel_fns.h"
 #include "torch_lite.h"
 
 #include <ATen/ops/add.h>  // the residual adds
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
-
-using LinearFn = at::Tensor (*)(at::Tensor, at::Tensor, int64_t, int64_t, int64_t);
-using DecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                                at::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 struct PlanLinear {
   at::Tensor packed, bias;  // bias undefined when there is none
@@ -58,18 +55,12 @@ static PlanLinear plan_linear(const py::dict& d, const char* key) {
   return p;
 }
 
-template <typename F>
-static F capsule_fn(const py::capsule& c, const char* name) {
-  TORCH_CHECK(std::strcmp(c.name(), name) == 0, "decode plan: expected capsule ", name, ", got ", c.name());
-  return reinterpret_cast<F>(c.get_pointer());
-}
-
 class DecodePlan {
  public:
   DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule decode_fn,
              int64_t isa_ops, int64_t isa_linear, int64_t isa_attention)
-      : w_norm_(w_norm), eps_norm_(eps_norm), linear_(capsule_fn<LinearFn>(linear_fn, "latentkv.qlinear.linear")),
-        decode_(capsule_fn<DecodeFn>(decode_fn, "latentkv.mla_decode.mla_decode")),
+      : w_norm_(w_norm), eps_norm_(eps_norm), linear_(import_fn<LinearFn>(linear_fn, "qlinear's linear")),
+        decode_(import_fn<DecodeFn>(decode_fn, "attention's mla_decode")),
         isa_ops_(isa_ops), isa_linear_(isa_linear), isa_attention_(isa_attention) {
     for (py::handle h : layers) {
       py::dict d = py::reinterpret_borrow<py::dict>(h);

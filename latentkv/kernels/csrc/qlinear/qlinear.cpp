@@ -8,6 +8,7 @@
 // And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
 // group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX2 maddubs / scalar,
 // through the same entry (so the decode plan's capsule runs them too).
+#include "kernel_fns.h"
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
@@ -535,5 +536,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x and s_x");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
   // for the decode plan (decode_ops/decode_step.h), which calls `linear` without Python between
-  m.attr("linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "latentkv.qlinear.linear");
+  m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the type kernel_fns.h declares
 }

@@ -31,12 +31,12 @@ class NativeBackend(TorchBackend):
         self.isa = chosen_isa()
 
     @staticmethod
-    def native_prefill(dtype: torch.dtype, device: str) -> bool:
+    def runs_prefill_kernel(dtype: torch.dtype, device: str) -> bool:
         """Whether prompt rows of this dtype take the native prefill kernel (else the reference's)."""
         return device == "cpu" and prefill_supported(dtype)
 
     @staticmethod
-    def native_decode(dtype: torch.dtype, device: str) -> bool:
+    def runs_decode_kernel(dtype: torch.dtype, device: str) -> bool:
         """Whether absorbed rows of this dtype take the native decode kernel (else the reference's)."""
         return device == "cpu" and dtype in (torch.float32, torch.bfloat16)
 
@@ -48,18 +48,18 @@ class NativeBackend(TorchBackend):
         return "avx512_bf16" if self.isa == "amx" and not prefill else self.isa
 
     def prefill_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
-        if not self.native_prefill(dtype, device):
+        if not self.runs_prefill_kernel(dtype, device):
             return super().prefill_route(dtype, device, invariant)
         spans = f"native spans ({self.kernel_isa(dtype, prefill=True)})"
         return spans if invariant else f"{spans} for one sequence's chunks, else naive or absorbed by cost"
 
     def decode_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
-        if not self.native_decode(dtype, device):
+        if not self.runs_decode_kernel(dtype, device):
             return super().decode_route(dtype, device, invariant)
         return f"native kernel ({self.kernel_isa(dtype, prefill=False)})"
 
     def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
-        if self.native_prefill(q_nope.dtype, q_nope.device.type):
+        if self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
             return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
         return super().prompt_attention(layer, q_nope, q_rope, cache, meta)
 
@@ -68,12 +68,13 @@ class NativeBackend(TorchBackend):
         # context) takes the prompt kernel: faster than SDPA's flash (bf16 on avx512_bf16 ~5x at
         # 4K, float32 on avx2 ~1.3-1.4x) and than the tiled latent path, and memory-bounded.
         if meta.path == "auto" and not meta.invariant and meta.num_seqs == 1 and meta.max_query_len > MAX_QUERY_LEN \
-                and self.native_prefill(q_nope.dtype, q_nope.device.type):
+                and self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
             return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
         return super().attend(layer, q_nope, q_rope, cache, meta)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
-        if not self.native_decode(query.dtype, query.device.type) or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
+        if not self.runs_decode_kernel(query.dtype, query.device.type) \
+                or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
             return super().latent_attention(query, cache, meta)
         heads = query.shape[1] // meta.max_query_len
         if meta.max_query_len == 1:
