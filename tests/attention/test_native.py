@@ -9,7 +9,7 @@ the same bf16 rows, the same int8 / fp8 codes and scales):
   measured <= 2.7e-3 over a bf16 latent, <= 4.7e-3 over fp8, against 2.7e-3 on float32 FMAs
   (rank % 32 == 16, e.g. 240: the chunk the latent ends in is taken in two masked halves, the
   token's scale between them);
-  An int8 latent there (rank % 16 == 0, bf16 rope; 240 ends in a masked 48-code chunk) takes integer dot products (VNNI): the query's
+  An int8 latent there (rank % 64 == 0, bf16 rope) takes integer dot products (VNNI): the query's
   latent part as two int8 parts hi + lo/256 per row (one part alone measured 3-5e-2), the value
   weights as uint8 per tile: measured <= 3.3e-3;
 - reference vs native: 1e-4 in float32; 5e-2 in bfloat16 (the reference rounds its scores,

@@ -169,11 +169,9 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
     for (int64_t i = 0; i < B * M * D; ++i) qf[i] = bf16_to_f32(qs[i]);
   }
   const uint16_t* q16 = dp_bf16 ? (const uint16_t*)query.data_ptr() : nullptr;
-  // An int8 latent with a bf16 rope on that path: integer dot products, the query's latent part in int8
-  // (rows padded to rp, a multiple of 64: the chunk loop's width).
-  const bool dp_i8 = dp_bf16 && job.kind == KIND_I8 && job.rope_bf16 && r % 16 == 0;
-  const int64_t rp = (r + 63) / 64 * 64;
-  std::vector<int8_t> q8(dp_i8 ? B * M * 2 * rp : 0);
+  // An int8 latent with a bf16 rope on that path: integer dot products, the query's latent part in int8.
+  const bool dp_i8 = dp_bf16 && job.kind == KIND_I8 && job.rope_bf16 && r % 64 == 0;
+  std::vector<int8_t> q8(dp_i8 ? B * M * 2 * r : 0);
   std::vector<float> qs(dp_i8 ? B * M : 0);
   std::vector<int32_t> qsum(dp_i8 ? B * M * 2 : 0);
   if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
@@ -188,16 +186,15 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   {
     std::vector<float> tile(TILE * D), sc(TILE + 64 + r);
     std::vector<uint16_t> tile16, pairs16, zero16;
-    std::vector<float> acc_pad(dp_i8 ? M * rp : 0);
     if (dp_bf16) tile16.resize(64 * Dp), pairs16.resize(64 * r), zero16.assign(Dp, 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       int64_t b = item_b[it];
       if (dp_i8)
-        isa_avx512bf16::attend_span_i8(job, b, item_t0[it], item_t1[it], q16 + b * M * D, q8.data() + b * M * 2 * rp,
+        isa_avx512bf16::attend_span_i8(job, b, item_t0[it], item_t1[it], q16 + b * M * D, q8.data() + b * M * 2 * r,
                                        qs.data() + b * M, qsum.data() + b * M * 2, lim.data() + b * M,
                                        acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
-                                       {tile16.data(), pairs16.data(), zero16.data(), acc_pad.data()}, sc.data());
+                                       {tile16.data(), pairs16.data(), zero16.data()}, sc.data());
       else if (dp_bf16)
         isa_avx512bf16::attend_span_bf16(job, b, item_t0[it], item_t1[it], q16 + b * M * D, lim.data() + b * M,
                                          acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,

@@ -28,7 +28,6 @@ struct Bf16Scratch {
   uint16_t* tile;   // [BT, Dp] widened rows (quantized caches)
   uint16_t* pairs;  // [BT/2, 2r] interleaved pairs
   const uint16_t* zero;  // [Dp] zeros: the rows past the span
-  float* acc_pad = nullptr;  // [M, r rounded up to 64] (the int8 VNNI path, mla_decode_vnni.h)
 };
 
 static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)

@@ -16,20 +16,15 @@
 //           The interleave permutes lanes within each 64-wide chunk; `unpermute4` undoes it.
 // Error: q rounded to ~16 bits per row and the weights to 8 bits per tile (2^-9 of the tile's
 // largest); tests/attention/test_native.py states the tolerance.
-// Requires kv_rank % 16 == 0 (a last chunk of 16, 32 or 48 codes: masked loads, zero query bytes,
-// the value sums in a row padded to 64 lanes) and a bf16 rope (mla_attention.cpp picks
-// mla_decode_bf16.h otherwise).
+// Requires kv_rank % 64 == 0 and a bf16 rope (mla_attention.cpp picks mla_decode_bf16.h otherwise).
 #include "mla_job.h"
 
-// q [rows, D] bf16 -> q8 [rows, 2 rp] (rp = r rounded up to 64): the latent part in int8 twice,
-// q / qs ~ hi + lo / 256 (hi, lo in -127..127: ~2^-16 of the row's largest element, finer than q's
-// own bf16 rounding) at [0, r) and [rp, rp + r), zeros past r; qs [rows] the scale, qsum [rows, 2]
-// the sums of hi and of lo.
+// q [rows, D] bf16 -> q8 [rows, 2r]: the latent part in int8 twice, q / qs ~ hi + lo / 256 (hi, lo in
+// -127..127: ~2^-16 of the row's largest element, finer than q's own bf16 rounding), qs [rows] the
+// scale, qsum [rows, 2] the sums of hi and of lo.
 static void quantize_rows(const uint16_t* q, int64_t rows, int D, int r, int8_t* q8, float* qs, int32_t* qsum) {
-  const int rp = (r + 63) / 64 * 64;
   for (int64_t m = 0; m < rows; ++m) {
     const uint16_t* src = q + m * D;
-    int8_t *hi8 = q8 + m * 2 * rp, *lo8 = hi8 + rp;
     float top = 0.0f, v;
     for (int i = 0; i < r; ++i) {
       uint32_t u = (uint32_t)src[i] << 16;
@@ -43,31 +38,21 @@ static void quantize_rows(const uint16_t* q, int64_t rows, int D, int r, int8_t*
       __builtin_memcpy(&v, &u, 4);
       float x = v / scale, hi = __builtin_nearbyintf(x), lo = __builtin_nearbyintf((x - hi) * 256.0f);
       lo = lo > 127.0f ? 127.0f : (lo < -127.0f ? -127.0f : lo);
-      hi8[i] = (int8_t)hi, lo8[i] = (int8_t)lo;
+      q8[m * 2 * r + i] = (int8_t)hi, q8[m * 2 * r + r + i] = (int8_t)lo;
       sum_hi += (int)hi, sum_lo += (int)lo;
     }
-    for (int i = r; i < rp; ++i) hi8[i] = lo8[i] = 0;
     qs[m] = scale, qsum[2 * m] = sum_hi, qsum[2 * m + 1] = sum_lo;
   }
 }
 
-// The bytes of a code row's 64-value chunk at c: whole, or the row's last r % 64 (a masked load
-// reads nothing past the row; the lanes past it are 0).
-static inline __m512i chunk_i8(const int8_t* row, int c, int r) {
-  if (c + 64 <= r) return _mm512_loadu_si512((const void*)(row + c));
-  return _mm512_maskz_loadu_epi8((__mmask64)((1ull << (r - c)) - 1), row + c);
-}
-
-// The BT rows' codes interleaved by 4 tokens: quads[g][64k + 16j + ...] over values 64k..64k+63,
-// groups rp = r rounded up to 64 values apart (zeros past r).
+// The BT rows' codes interleaved by 4 tokens: quads[g][64k + 16j + ...] over values 64k..64k+63.
 static inline void quad_rows(const int8_t* const* lat, int r, int8_t* quads) {
-  const int rp = (r + 63) / 64 * 64;
   for (int g = 0; g < BT / 4; ++g) {
     const int8_t* const* rw = lat + 4 * g;
-    int8_t* dst = quads + (int64_t)g * 4 * rp;
-    for (int i = 0; i < rp; i += 64) {
-      __m512i r0 = chunk_i8(rw[0], i, r), r1 = chunk_i8(rw[1], i, r);
-      __m512i r2 = chunk_i8(rw[2], i, r), r3 = chunk_i8(rw[3], i, r);
+    int8_t* dst = quads + (int64_t)g * 4 * r;
+    for (int i = 0; i < r; i += 64) {
+      __m512i r0 = _mm512_loadu_si512((const void*)(rw[0] + i)), r1 = _mm512_loadu_si512((const void*)(rw[1] + i));
+      __m512i r2 = _mm512_loadu_si512((const void*)(rw[2] + i)), r3 = _mm512_loadu_si512((const void*)(rw[3] + i));
       __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
       __m512i c = _mm512_unpacklo_epi8(r2, r3), d = _mm512_unpackhi_epi8(r2, r3);
       _mm512_storeu_si512((void*)(dst + 4 * i), _mm512_unpacklo_epi16(a, c));
@@ -78,23 +63,23 @@ static inline void quad_rows(const int8_t* const* lat, int r, int8_t* quads) {
   }
 }
 
-// sc[0..n) for one query row (see the header comment), eight tokens per pass; q8 as quantize_rows.
+// sc[0..n) for one query row (see the header comment), eight tokens per pass.
 static inline void scores_i8(const int8_t* q8, float qscale, const int32_t* qsum, const uint16_t* qrope,
                              const int8_t* const* lat, const uint16_t* const* rope, const float* tscale, int n, int r,
                              int dr, float* sc) {
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   const __m512i start_hi = _mm512_maskz_set1_epi32(1, -128 * qsum[0]), start_lo = _mm512_maskz_set1_epi32(1, -128 * qsum[1]);
-  const int rp = (r + 63) / 64 * 64, rfull = dr / 32;
+  const int rfull = dr / 32;
   const __mmask32 rtail = (__mmask32)((1ull << (dr % 32)) - 1);
   __m512 acc[BT];
   const int groups = (n + 7) / 8;
   for (int g = 0; g < groups; ++g) {
     __m512i a[8], b[8];
     for (int i = 0; i < 8; ++i) a[i] = start_hi, b[i] = start_lo;
-    for (int c = 0; c < rp; c += 64) {
-      __m512i qh = _mm512_loadu_si512((const void*)(q8 + c)), ql = _mm512_loadu_si512((const void*)(q8 + rp + c));
-      for (int i = 0; i < 8; ++i) {  // lanes past r: (0 xor 0x80) x a zero query byte
-        __m512i x = _mm512_xor_si512(chunk_i8(lat[g * 8 + i], c, r), flip);
+    for (int c = 0; c < r; c += 64) {
+      __m512i qh = _mm512_loadu_si512((const void*)(q8 + c)), ql = _mm512_loadu_si512((const void*)(q8 + r + c));
+      for (int i = 0; i < 8; ++i) {
+        __m512i x = _mm512_xor_si512(_mm512_loadu_si512((const void*)(lat[g * 8 + i] + c)), flip);
         a[i] = _mm512_dpbusd_epi32(a[i], x, qh);
         b[i] = _mm512_dpbusd_epi32(b[i], x, ql);
       }
@@ -122,14 +107,14 @@ static inline void scores_i8(const int8_t* q8, float qscale, const int32_t* qsum
   for (int h = 0; h < groups; h += 2) _mm512_storeu_ps(sc + h * 8, reduce16(acc + h * 8));
 }
 
-// acc [NZ x 16] = acc * alpha + unit * sum over the tile's quads (rp apart) of (4 uint8 weights) . (4 codes).
+// acc [NZ x 16] = acc * alpha + unit * sum over the tile's quads of (4 uint8 weights) . (4 codes).
 template <int NZ>
-static inline void values_i8(float* acc, const int8_t* quads, int rp, const uint32_t* w, float alpha, float unit) {
+static inline void values_i8(float* acc, const int8_t* quads, int r, const uint32_t* w, float alpha, float unit) {
   __m512i a[NZ];
   for (int z = 0; z < NZ; ++z) a[z] = _mm512_setzero_si512();
   for (int g = 0; g < BT / 4; ++g) {
     const __m512i wg = _mm512_set1_epi32((int)w[g]);
-    const int8_t* src = quads + (int64_t)g * 4 * rp;
+    const int8_t* src = quads + (int64_t)g * 4 * r;
     for (int z = 0; z < NZ; ++z) a[z] = _mm512_dpbusd_epi32(a[z], wg, _mm512_loadu_si512((const void*)(src + 64 * z)));
   }
   const __m512 al = _mm512_set1_ps(alpha), un = _mm512_set1_ps(unit);
@@ -137,14 +122,13 @@ static inline void values_i8(float* acc, const int8_t* quads, int rp, const uint
     _mm512_storeu_ps(acc + 16 * z, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[z]), un, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * z), al)));
 }
 
-// accp [rp] -> out [r]: lane d of vector 4k + j holds value 64k + 16 (d / 4) + 4 j + d % 4 (values
-// past r: the padding's zeros, dropped).
-static inline void unpermute4(const float* accp, int r, float* out) {
-  const int rp = (r + 63) / 64 * 64;
-  for (int pos = 0; pos < rp; ++pos) {
-    int z = pos / 16, d = pos % 16, v = 64 * (z / 4) + 16 * (d / 4) + 4 * (z % 4) + d % 4;
-    if (v < r) out[v] = accp[pos];
+// Lane d of vector 4k + j holds value 64k + 16 (d / 4) + 4 j + d % 4.
+static inline void unpermute4(float* acc, int r, float* tmp) {
+  for (int pos = 0; pos < r; ++pos) {
+    int z = pos / 16, d = pos % 16;
+    tmp[64 * (z / 4) + 16 * (d / 4) + 4 * (z % 4) + d % 4] = acc[pos];
   }
+  __builtin_memcpy(acc, tmp, sizeof(float) * r);
 }
 
 // One item as attend_span_bf16, int8 latent only: q [M, D] bf16 (rope part used), q8/qs/qsum from quantize_rows.
@@ -153,10 +137,8 @@ static void attend_span_i8(const Job& job, int64_t b, int64_t t0, int64_t t1, co
                            const Bf16Scratch& s, float* sc) {
   const int M = job.M, D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
   const int64_t* table = job.block_tables + b * job.nb;
-  const int rp = (r + 63) / 64 * 64;
-  float* accp = s.acc_pad;  // [M, rp]: the value sums in the interleave's lane order, unpermuted into acc at the end
   for (int m = 0; m < M; ++m) mx[m] = -__builtin_inff(), sum[m] = 0.0f;
-  for (int64_t i = 0; i < (int64_t)M * rp; ++i) accp[i] = 0.0f;
+  for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
   const int8_t* lat[BT];
   const uint16_t* rope[BT];
   float tscale[BT];
@@ -181,19 +163,19 @@ static void attend_span_i8(const Job& job, int64_t b, int64_t t0, int64_t t1, co
       int nv = visible <= 0 ? 0 : (visible < n ? (int)visible : n);
       if (nv == 0) continue;
       prefetch_rows(job, table, p0, p1, m, M);
-      scores_i8(q8 + (int64_t)m * 2 * rp, qs[m], qsum + 2 * m, q + (int64_t)m * D + r, lat, rope, tscale, nv, r, dr, sc);
+      scores_i8(q8 + (int64_t)m * 2 * r, qs[m], qsum + 2 * m, q + (int64_t)m * D + r, lat, rope, tscale, nv, r, dr, sc);
       float wmax, wt[BT];
       float alpha = softmax_tile(sc, nv, tscale, mx + m, sum + m, wt, &wmax);
       const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 255.0f / wmax : 0.0f);  // weights to 0..255 of the largest
       for (int h = 0; h < BT; h += 16)
         _mm_storeu_si128((__m128i*)(w8 + h), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(wt + h), inv))));
-      float* am = accp + (int64_t)m * rp;
+      float* am = acc + (int64_t)m * r;
       const uint32_t* w = (const uint32_t*)w8;
       float unit = wmax / 255.0f;
-      int z = 0, nz = rp / 16;
-      for (; z + 16 <= nz; z += 16) values_i8<16>(am + 16 * z, quads + 64 * z, rp, w, alpha, unit);
-      for (; z < nz; z += 4) values_i8<4>(am + 16 * z, quads + 64 * z, rp, w, alpha, unit);
+      int z = 0, nz = r / 16;
+      for (; z + 16 <= nz; z += 16) values_i8<16>(am + 16 * z, quads + 64 * z, r, w, alpha, unit);
+      for (; z < nz; z += 4) values_i8<4>(am + 16 * z, quads + 64 * z, r, w, alpha, unit);
     }
   }
-  for (int m = 0; m < M; ++m) unpermute4(accp + (int64_t)m * rp, r, acc + (int64_t)m * r);
+  for (int m = 0; m < M; ++m) unpermute4(acc + (int64_t)m * r, r, sc + BT);
 }
