@@ -198,7 +198,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
       else if (dp_bf16)
         isa_avx512bf16::attend_span_bf16(job, b, item_t0[it], item_t1[it], q16 + b * M * D, lim.data() + b * M,
                                          acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
-                                         {tile16.data(), pairs16.data(), zero16.data()}, sc.data());
+                                         {tile16.data(), pairs16.data(), zero16.data()});
       else
         attend(job, b, item_t0[it], item_t1[it], qf.data() + b * M * D, lim.data() + b * M, acc.get() + it * M * r,
                mx.data() + it * M, sum.data() + it * M, tile.data(), sc.data());

@@ -296,20 +296,25 @@ static inline void attend_tile_rows(const Job& job, int m0, int64_t j0, int n, c
 
 // Lane q of a 32-wide chunk holds value 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4 of it; of a last
 // 16-wide one (256-bit unpacks), value 4 * {0, 2, 1, 3}[q / 4] + q % 4.
-static inline void unpermute(float* acc, int r, float* tmp) {
+static inline void unpermute(float* acc, int r) {
+  // as gathers: value v of a 32-wide chunk sits in lane 16 ((v % 8) / 4) + 4 (v / 8) + v % 4; of a
+  // last 16-wide one in lane 4 {0, 2, 1, 3}[v / 4] + v % 4 (vpermt2ps / vpermps: moves, no rounding)
+  alignas(64) static const int lo[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static const int hi[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+  alignas(64) static const int last[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+  const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
   int i = 0;
-  for (; i + 32 <= r; i += 32)
-    for (int q = 0; q < 32; ++q) tmp[i + 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4] = acc[i + q];
-  if (i < r) {
-    static constexpr int quarter[4] = {0, 2, 1, 3};
-    for (int q = 0; q < 16; ++q) tmp[i + 4 * quarter[q / 4] + q % 4] = acc[i + q];
+  for (; i + 32 <= r; i += 32) {
+    const __m512 a = _mm512_loadu_ps(acc + i), b = _mm512_loadu_ps(acc + i + 16);
+    _mm512_storeu_ps(acc + i, _mm512_permutex2var_ps(a, ilo, b));
+    _mm512_storeu_ps(acc + i + 16, _mm512_permutex2var_ps(a, ihi, b));
   }
-  __builtin_memcpy(acc, tmp, sizeof(float) * r);
+  if (i < r) _mm512_storeu_ps(acc + i, _mm512_permutexvar_ps(_mm512_load_si512(last), _mm512_loadu_ps(acc + i)));
 }
 
 // One item as attend_span (mla_decode_impl.h) with q bf16 [M, D]; writes acc [M, r] (in order), mx, sum.
 static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, const uint16_t* q,
-                             const int64_t* lim, float* acc, float* mx, float* sum, const Bf16Scratch& s, float* sc) {
+                             const int64_t* lim, float* acc, float* mx, float* sum, const Bf16Scratch& s) {
   const int M = job.M, D = job.D, r = job.r, Dp = (D + 31) / 32 * 32;
   const int64_t* table = job.block_tables + b * job.nb;
   for (int m = 0; m < M; ++m) mx[m] = -__builtin_inff(), sum[m] = 0.0f;
@@ -333,5 +338,5 @@ static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, 
       attend_tile_rows<1>(job, m, j0, n, q, lim, rows, tscale, s.pairs, scaled, acc, mx, sum);
     }
   }
-  for (int m = 0; m < M; ++m) unpermute(acc + (int64_t)m * r, r, sc + BT);
+  for (int m = 0; m < M; ++m) unpermute(acc + (int64_t)m * r, r);
 }
