@@ -71,9 +71,10 @@ def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
     out = []
     for name in args.systems:
         if name == "latentkv":
+            latent = getattr(args, "kv_cache_dtype", "auto")
             cmd = [str(Path(sys.executable).with_name("latentkv")), "serve", args.model, *common, "--dtype", args.dtype,
-                   "--kv-cache-memory", str(cache), "--no-enable-prefix-caching"]
-            out.append(Server("latentkv serve", cmd, threads, settings=f"dtype {args.dtype}"))
+                   "--kv-cache-memory", str(cache), "--kv-cache-dtype", latent, "--no-enable-prefix-caching"]
+            out.append(Server("latentkv serve", cmd, threads, settings=f"dtype {args.dtype}, latent {latent}"))
         elif name == "vllm-original":
             out.append(vllm_server("vllm serve (original)", args.original, vllm_settings(None, args.dtype, flags), []))
         elif name == "vllm-stock":

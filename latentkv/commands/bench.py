@@ -109,6 +109,9 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto"] + [d for d in MODEL_DTYPES if d != "float16"],
                    help="model dtype for every server (auto: bfloat16 where the CPU computes it natively, else "
                         "float32; vLLM's MLA backend on AMX CPUs takes bfloat16 only and gets it)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8_e4m3"],
+                   help="latentkv's latent cache (auto: the model dtype; int8 / fp8_e4m3 hold ~1.5x the tokens in "
+                        "the same --cache-memory); vLLM keeps its default cache")
     p.add_argument("--scenario", default="load", choices=["load", "pressure"],
                    help="load: N requests at once for each --concurrency; pressure: KV memory for 8K tokens of the "
                         "original's cache, 64 prompts of 1K tokens, 128 out, 32 in flight (sets those sizes)")

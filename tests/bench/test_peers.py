@@ -66,6 +66,14 @@ def test_bench_serve_passes_the_rule_to_vllm_and_the_dtype_to_every_server():
     assert (flag_value(stock, "--dtype"), flag_value(stock, "--block-size")) == ("float32", "16")
 
 
+def test_the_latent_dtype_reaches_latentkv_serve_only():
+    chosen = {s.name: s for s in servers(bench_args(kv_cache_dtype="int8"), 9000, flags=ZEN4)}
+    assert flag_value(chosen["latentkv serve"].cmd, "--kv-cache-dtype") == "int8"
+    assert "latent int8" in chosen["latentkv serve"].settings
+    assert all("--kv-cache-dtype" not in s.cmd for name, s in chosen.items() if name != "latentkv serve")
+    assert flag_value(servers(bench_args(), 9000, flags=ZEN4)[0].cmd, "--kv-cache-dtype") == "auto"
+
+
 def test_vllm_keeps_its_stats_only_under_pressure_where_its_running_gauge_is_read():
     assert "--disable-log-stats" in servers(bench_args(), 9000, flags=ZEN4)[1].cmd
     assert "--disable-log-stats" not in servers(bench_args(scenario="pressure"), 9000, flags=ZEN4)[1].cmd
