@@ -122,13 +122,19 @@ static inline void values_i8(float* acc, const int8_t* quads, int r, const uint3
     _mm512_storeu_ps(acc + 16 * z, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[z]), un, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * z), al)));
 }
 
-// Lane d of vector 4k + j holds value 64k + 16 (d / 4) + 4 j + d % 4.
-static inline void unpermute4(float* acc, int r, float* tmp) {
-  for (int pos = 0; pos < r; ++pos) {
-    int z = pos / 16, d = pos % 16;
-    tmp[64 * (z / 4) + 16 * (d / 4) + 4 * (z % 4) + d % 4] = acc[pos];
+// Lane d of vector 4k + j holds value 64k + 16 (d / 4) + 4 j + d % 4: in each 64-wide chunk, a 4 x 4
+// transpose of 128-bit lanes (vshuff32x4: moves, no rounding), as mla_decode_bf16.h's unpermute.
+static inline void unpermute4(float* acc, int r) {
+  for (int i = 0; i < r; i += 64) {
+    const __m512 v0 = _mm512_loadu_ps(acc + i), v1 = _mm512_loadu_ps(acc + i + 16);
+    const __m512 v2 = _mm512_loadu_ps(acc + i + 32), v3 = _mm512_loadu_ps(acc + i + 48);
+    const __m512 t0 = _mm512_shuffle_f32x4(v0, v1, 0x44), t1 = _mm512_shuffle_f32x4(v0, v1, 0xEE);
+    const __m512 t2 = _mm512_shuffle_f32x4(v2, v3, 0x44), t3 = _mm512_shuffle_f32x4(v2, v3, 0xEE);
+    _mm512_storeu_ps(acc + i, _mm512_shuffle_f32x4(t0, t2, 0x88));
+    _mm512_storeu_ps(acc + i + 16, _mm512_shuffle_f32x4(t0, t2, 0xDD));
+    _mm512_storeu_ps(acc + i + 32, _mm512_shuffle_f32x4(t1, t3, 0x88));
+    _mm512_storeu_ps(acc + i + 48, _mm512_shuffle_f32x4(t1, t3, 0xDD));
   }
-  __builtin_memcpy(acc, tmp, sizeof(float) * r);
 }
 
 // One item as attend_span_bf16, int8 latent only: q [M, D] bf16 (rope part used), q8/qs/qsum from quantize_rows.
@@ -177,5 +183,5 @@ static void attend_span_i8(const Job& job, int64_t b, int64_t t0, int64_t t1, co
       for (; z < nz; z += 4) values_i8<4>(am + 16 * z, quads + 64 * z, r, w, alpha, unit);
     }
   }
-  for (int m = 0; m < M; ++m) unpermute4(acc + (int64_t)m * r, r, sc + BT);
+  for (int m = 0; m < M; ++m) unpermute4(acc + (int64_t)m * r, r);
 }
