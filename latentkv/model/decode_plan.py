@@ -25,9 +25,6 @@ from ..kernels import attention as attention_kernels, decode_ops, qlinear
 from .deepseek import rope_tables
 from .route import KERNEL_DTYPES
 
-# the route's weights whose linears the packed kernel runs (with Route.qlinear)
-PACKED = ("fixed-order", "int8", "int4", "w4a8", "w8a8")
-
 
 class DecodePlan:
     def __init__(self, model, step):
@@ -81,7 +78,7 @@ def unsupported(model, caches) -> str | None:
         return f"the fused ops do not run ({decode_ops.unavailable_reason()})"
     if route.attention != "native":
         return f"attention backend {route.attention!r}, not native"
-    if route.weights not in PACKED or not route.qlinear:
+    if route.weights == "float" or not route.qlinear:  # every other kind runs the packed kernel where qlinear does
         runs = "torch's matmul" if route.weights == "float" else f"{route.weights} on ATen's kernels"
         return f"the linears run {runs}, not latentkv's packed kernel"
     for spec, cache in zip((layer.spec for layer in model.model.layers), caches):
