@@ -19,26 +19,23 @@ from .report import median, print_table, write_json
 from .systems import LatentKVSystem, cache_budget, llama_cpp_baseline, transformers_baseline
 
 
+WEIGHT_ROWS = {"none": "", "int4": "w4", "w4a8": "w4a8"}  # --weights -> the row name's weight part
+
+
 def build_systems(args, failed: dict) -> list:
     """The latentkv rows, then the baselines (each in its own process; one that fails to start is in `failed`)."""
     length = max(args.contexts) + 2 * args.tokens
     budget = cache_budget(args.model, 3 * (length + 64))  # one context's cache (+ repeats), not a share of free memory
     weights = getattr(args, "weights", None) or ["none", "int4"]
+    latents = getattr(args, "kv_cache_dtypes", None) or ["auto", "int8"]
     systems = []
-    if "none" in weights:  # the first latentkv row is the one the ratios are taken against
-        systems += [LatentKVSystem("latentkv", args.model, "auto", max_model_len=length, kv_cache_memory=budget),
-                    LatentKVSystem("latentkv int8 latent", args.model, "int8", max_model_len=length, kv_cache_memory=budget)]
-    if "int4" in weights and not torch.cuda.is_available():
-        # weight-only int4 linears: reported separately (a different weight precision, like llama.cpp's Q4_1)
-        systems += [LatentKVSystem("latentkv w4", args.model, "auto", max_model_len=length, kv_cache_memory=budget,
-                                   quantization="int4"),
-                    LatentKVSystem("latentkv w4 + int8 latent", args.model, "int8", max_model_len=length,
-                                   kv_cache_memory=budget, quantization="int4")]
-    if "w4a8" in weights and not torch.cuda.is_available():  # int4 weights times int8 activations (llama.cpp's Q4 x Q8 scheme)
-        systems += [LatentKVSystem("latentkv w4a8", args.model, "auto", max_model_len=length, kv_cache_memory=budget,
-                                   quantization="w4a8"),
-                    LatentKVSystem("latentkv w4a8 + int8 latent", args.model, "int8", max_model_len=length,
-                                   kv_cache_memory=budget, quantization="w4a8")]
+    # the first latentkv row is the one the ratios are taken against; quantized weights are reported
+    # separately (a different weight precision, like llama.cpp's Q4_1); int4 / w4a8 on CPU only
+    for weight in [w for w in WEIGHT_ROWS if w in weights and (w == "none" or not torch.cuda.is_available())]:
+        for latent in [c for c in ("auto", "int8") if c in latents]:
+            name = " + ".join(part for part in (WEIGHT_ROWS[weight], "int8 latent" if latent == "int8" else "") if part)
+            systems.append(LatentKVSystem(f"latentkv {name}".strip(), args.model, latent, max_model_len=length,
+                                          kv_cache_memory=budget, quantization=None if weight == "none" else weight))
     if getattr(args, "reference_attention", False):  # the same rows on the PyTorch reference attention
         systems += [LatentKVSystem(f"{s.name} (torch attention)", args.model, s.engine.args.kv_cache_dtype,
                                    max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,

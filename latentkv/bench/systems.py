@@ -12,20 +12,25 @@ one that crashes is recorded, and the bench goes on.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
+from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.config import ModelConfig
 from latentkv.bench.isolated import start
 from latentkv.facts import dtype_name
 from latentkv.llm import LLM
-from latentkv.model.loader import resolve_dtype
+from latentkv.model.loader import resolve_dtype, weight_files
 from latentkv.sampling_params import SamplingParams
+from latentkv.sizes import available_memory
+from latentkv.sources.gguf_reader import open_reader, read_field
 
 _ids = itertools.count()
 
@@ -118,8 +123,42 @@ def llama_cpp_available() -> bool:
 
 
 def transformers_baseline(name: str, source, failed: dict) -> list:
-    """[transformers on `source`, in its own process] ([] with the reason in `failed` if it fails to load)."""
+    """[transformers on `source`, in its own process] ([] with the reason in `failed` if it fails to
+    load, or is skipped before loading: a GGUF architecture transformers cannot read, or a model
+    that would not fit in the memory available now — the OOM killer may pick the bench itself)."""
+    reason = transformers_cannot_load(Path(source))
+    if reason:
+        failed[name] = f"skipped: {reason}"
+        print(f"{name}: skipped (recorded; the bench goes on): {reason}", flush=True)
+        return []
     return start(failed, name, "latentkv.bench.systems:TransformersSystem", str(source))
+
+
+def transformers_cannot_load(source: Path) -> str | None:
+    """Why transformers cannot load `source` in the auto dtype here, or None."""
+    if source.suffix == ".gguf":
+        reader = open_reader(source)
+        arch = read_field(reader, "general.architecture")
+        if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+            return f"transformers cannot read a {arch!r} GGUF ({source.name})"
+        params = sum(int(t.n_elements) for t in reader.tensors)
+    else:
+        params = folder_parameters(source)
+    need, free = params * auto_dtype().itemsize, available_memory(torch.device("cpu"))
+    if need > 0.9 * free:
+        return (f"{source.name} takes ~{need / 2**30:.1f} GiB in {dtype_name(auto_dtype())}, "
+                f"{free / 2**30:.1f} GiB is available")
+    return None
+
+
+def folder_parameters(folder: Path) -> int:
+    """Parameters of a safetensors folder, from the headers (no tensor is read)."""
+    total = 0
+    for file in weight_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                total += math.prod(f.get_slice(key).get_shape())
+    return total
 
 
 def llama_cpp_baseline(name: str, source, n_ctx: int, failed: dict) -> list:

@@ -144,6 +144,14 @@ def test_bench_decode_runs_only_the_weight_precisions_asked_for(tiny, tmp_path):
     assert row["ratio"]["latentkv w4"] == 1.0  # the ratios are taken against the first row run
 
 
+def test_bench_decode_runs_only_the_latent_dtypes_asked_for(tiny, tmp_path):
+    out = tmp_path / "decode-int8"
+    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "none", "int4",
+                 "--kv-cache-dtypes", "int8", "--contexts", "64", "--out", str(out)]) == 0
+    row = json.loads((out / "decode.json").read_text())["results"][0]
+    assert set(row["tok_s"]) == {"latentkv int8 latent", "latentkv w4 + int8 latent"}
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores: one kept busy, one free")
 def test_bench_contention(tiny, tmp_path):
     data = run_bench("contention", tiny, tmp_path, "--threads", "2", "--busy-cores", "1")

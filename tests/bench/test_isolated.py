@@ -3,8 +3,11 @@ its reason, and the bench's loop goes on with the other systems (bench decode's 
 import argparse
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 
+from latentkv.bench import systems
 from latentkv.bench.decode import measure_context
 from latentkv.bench.isolated import BaselineFailed, IsolatedSystem, start
 
@@ -63,3 +66,23 @@ def test_the_decode_loop_goes_on_without_a_crashed_baseline():
     assert [s.name for s in live] == ["in process", "steady"] and set(failed) == {"crashy"}
     assert set(prefill) == set(times) == {"in process", "steady"}
     assert times["steady"] == [0.5 * 8 / 2] * 3 and times["in process"] == [1 / 8] * 3
+
+
+def test_a_transformers_baseline_that_would_not_fit_is_skipped_before_loading(tiny_checkpoints, monkeypatch):
+    folder = tiny_checkpoints("v3_dense_qlora")[0]
+    monkeypatch.setattr(systems, "available_memory", lambda device: 1024)  # less than any model needs
+    monkeypatch.setattr(systems, "start", lambda *a, **k: pytest.fail("the baseline was started"))
+    failed = {}
+    assert systems.transformers_baseline("transformers original", folder, failed) == []
+    assert failed["transformers original"].startswith("skipped: ") and "GiB is available" in failed["transformers original"]
+
+
+def test_a_gguf_transformers_cannot_read_is_skipped(tmp_path, monkeypatch):
+    path = tmp_path / "tiny-deepseek2.gguf"
+    writer = gguf.GGUFWriter(str(path), "deepseek2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert "cannot read a 'deepseek2' GGUF" in systems.transformers_cannot_load(path)
