@@ -122,16 +122,16 @@ def llama_cpp_available() -> bool:
     return True
 
 
-def transformers_baseline(name: str, source, failed: dict) -> list:
-    """[transformers on `source`, in its own process] ([] with the reason in `failed` if it fails to
-    load, or is skipped before loading: a GGUF architecture transformers cannot read, or a model
-    that would not fit in the memory available now — the OOM killer may pick the bench itself)."""
+def transformers_baseline(name: str, source, failed: dict, factory: str = "latentkv.bench.systems:TransformersSystem") -> list:
+    """[`factory` (transformers) on `source`, in its own process] ([] with the reason in `failed` if it
+    fails to load, or is skipped before loading: a GGUF architecture transformers cannot read, or a
+    model that would not fit in the memory available now — the OOM killer may pick the bench itself)."""
     reason = transformers_cannot_load(Path(source))
     if reason:
         failed[name] = f"skipped: {reason}"
         print(f"{name}: skipped (recorded; the bench goes on): {reason}", flush=True)
         return []
-    return start(failed, name, "latentkv.bench.systems:TransformersSystem", str(source))
+    return start(failed, name, factory, str(source))
 
 
 def transformers_cannot_load(source: Path) -> str | None:

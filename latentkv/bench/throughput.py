@@ -13,9 +13,9 @@ import torch
 from latentkv.sampling_params import SamplingParams
 
 from ..plots import new_figure, save_figure
-from .isolated import FAILED, attempt, close_all, start
+from .isolated import FAILED, attempt, close_all
 from .report import median, percentile, print_table, write_json
-from .systems import LatentKVSystem, cache_budget, load_hf
+from .systems import LatentKVSystem, cache_budget, load_hf, transformers_baseline
 
 
 def make_requests(n: int, vocab: int, prompt_range, output_range, seed: int) -> list[tuple[list[int], int]]:
@@ -85,13 +85,15 @@ def run(args) -> dict:
     longest = args.max_prompt + args.max_output + 16
     opts = dict(max_model_len=longest, max_num_seqs=max(args.concurrency), enable_prefix_caching=False,
                 kv_cache_memory=cache_budget(args.model, max(args.concurrency) * longest))
-    system = LatentKVSystem("latentkv", args.model, "auto", **opts)
+    opts.update(quantization=getattr(args, "quantization", None))
+    latent = getattr(args, "kv_cache_dtype", None) or "auto"
+    system = LatentKVSystem("latentkv", args.model, latent, **opts)
     # batch_invariant off, interleaved with the default: what invariance costs
-    loose = LatentKVSystem(LOOSE, args.model, "auto", batch_invariant=False, **opts) \
+    loose = LatentKVSystem(LOOSE, args.model, latent, batch_invariant=False, **opts) \
         if getattr(args, "not_invariant", False) else None
     vocab = system.engine.cfg.vocab_size
     failed: dict[str, str] = {}
-    baseline = start(failed, "transformers", "latentkv.bench.throughput:TransformersGenerate", str(args.source)) \
+    baseline = transformers_baseline("transformers", args.source, failed, "latentkv.bench.throughput:TransformersGenerate") \
         if args.source else []
     hf = baseline[0] if baseline else None
     results = []
@@ -120,7 +122,8 @@ def run(args) -> dict:
     plot(results, out)
     for name, reason in failed.items():
         print(f"{name}: failed: {reason}\n", flush=True)
-    payload = {"results": results, "repeats": args.repeats, "failed": failed}
+    payload = {"results": results, "repeats": args.repeats, "failed": failed,
+               "latentkv": {"quantization": system.engine.args.quantization, "kv_cache_dtype": latent}}
     write_json(out, "throughput", payload)
     return payload
 

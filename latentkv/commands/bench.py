@@ -10,7 +10,8 @@ import torch
 from latentkv import cpu
 from latentkv.bench import contention, decode, kernel, memory, prefix, serve, store_restart, throughput
 from latentkv.bench.models import default_models
-from latentkv.facts import MODEL_DTYPES
+from latentkv.facts import CACHE_DTYPES, MODEL_DTYPES
+from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sources.readers import default_gguf_path
 
 BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
@@ -80,6 +81,8 @@ def register(subparsers) -> None:
     p.add_argument("--concurrency", type=int, nargs="+")
     p.add_argument("--not-invariant", action="store_true",
                    help="also run latentkv with batch_invariant off, interleaved (what invariance costs)")
+    p.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help="latentkv's weights (default: the model dtype)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(CACHE_DTYPES), help="latentkv's latent cache dtype")
     p.set_defaults(func=lambda a: run("throughput", a))
 
     p = sub.add_parser("contention", help="batch-1 decode while other processes keep some cores busy: "

@@ -55,6 +55,16 @@ def test_bench_throughput(tiny, tmp_path):
         assert row["latentkv"]["ttft_p50"] <= row["latentkv"]["ttft_p99"]
 
 
+def test_bench_throughput_with_quantized_weights_and_int8_latent(tiny, tmp_path):
+    out = tmp_path / "throughput-w4a8"
+    assert main(["bench", "throughput", "--quick", "--model", tiny, "--no-baselines", "--quantization", "w4a8",
+                 "--kv-cache-dtype", "int8", "--concurrency", "1", "2", "--out", str(out)]) == 0
+    data = json.loads((out / "throughput.json").read_text())
+    assert [r["concurrency"] for r in data["results"]] == [1, 2]
+    assert all(positive(r["latentkv"]["tok_s"]) and "transformers" not in r for r in data["results"])
+    assert data["latentkv"] == {"quantization": "w4a8", "kv_cache_dtype": "int8"}
+
+
 def test_bench_prefix(tiny, tmp_path):
     data = run_bench("prefix", tiny, tmp_path)
     assert [r["prefix"] for r in data["results"]] == [64, 256]
