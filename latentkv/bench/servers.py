@@ -71,10 +71,12 @@ def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
     out = []
     for name in args.systems:
         if name == "latentkv":
-            latent = getattr(args, "kv_cache_dtype", "auto")
+            latent, quant = getattr(args, "kv_cache_dtype", "auto"), getattr(args, "quantization", None)
             cmd = [str(Path(sys.executable).with_name("latentkv")), "serve", args.model, *common, "--dtype", args.dtype,
-                   "--kv-cache-memory", str(cache), "--kv-cache-dtype", latent, "--no-enable-prefix-caching"]
-            out.append(Server("latentkv serve", cmd, threads, settings=f"dtype {args.dtype}, latent {latent}"))
+                   "--kv-cache-memory", str(cache), "--kv-cache-dtype", latent, "--no-enable-prefix-caching",
+                   *(["--quantization", quant] if quant else [])]
+            out.append(Server("latentkv serve", cmd, threads,
+                              settings=f"dtype {args.dtype}, latent {latent}" + (f", weights {quant}" if quant else "")))
         elif name == "vllm-original":
             out.append(vllm_server("vllm serve (original)", args.original, vllm_settings(None, args.dtype, flags), []))
         elif name == "vllm-stock":

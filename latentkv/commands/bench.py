@@ -118,6 +118,7 @@ def register(subparsers) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8_e4m3"],
                    help="latentkv's latent cache (auto: the model dtype; int8 / fp8_e4m3 hold ~1.5x the tokens in "
                         "the same --cache-memory); vLLM keeps its default cache")
+    p.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help="latentkv's weights (default: the model dtype)")
     p.add_argument("--scenario", default="load", choices=["load", "pressure"],
                    help="load: N requests at once for each --concurrency; pressure: KV memory for 8K tokens of the "
                         "original's cache, 64 prompts of 1K tokens, 128 out, 32 in flight (sets those sizes)")

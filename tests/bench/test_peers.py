@@ -74,6 +74,14 @@ def test_the_latent_dtype_reaches_latentkv_serve_only():
     assert flag_value(servers(bench_args(), 9000, flags=ZEN4)[0].cmd, "--kv-cache-dtype") == "auto"
 
 
+def test_the_weight_quantization_reaches_latentkv_serve_only():
+    chosen = {s.name: s for s in servers(bench_args(quantization="w4a8"), 9000, flags=ZEN4)}
+    assert flag_value(chosen["latentkv serve"].cmd, "--quantization") == "w4a8"
+    assert "weights w4a8" in chosen["latentkv serve"].settings
+    assert all("--quantization" not in s.cmd for name, s in chosen.items() if name != "latentkv serve")
+    assert "--quantization" not in servers(bench_args(), 9000, flags=ZEN4)[0].cmd
+
+
 def test_vllm_keeps_its_stats_only_under_pressure_where_its_running_gauge_is_read():
     assert "--disable-log-stats" in servers(bench_args(), 9000, flags=ZEN4)[1].cmd
     assert "--disable-log-stats" not in servers(bench_args(scenario="pressure"), 9000, flags=ZEN4)[1].cmd
