@@ -39,29 +39,35 @@ class MLP(nn.Module):
 
 
 class Gate(nn.Module):
-    """Router: softmax (V2) or sigmoid + bias-corrected choice (V3), group-limited top-k."""
+    """Router: softmax (V2) or sigmoid + bias-corrected choice (V3), group-limited top-k. Its choices
+    from the config are attributes: the decode plan (kernels/csrc/decode_ops/plan_moe.h) runs the same
+    ops from them."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         # Routing decisions are precision-sensitive: the gate stays in float32 whatever the model dtype.
         self.weight = nn.Parameter(torch.zeros(cfg.n_routed_experts, cfg.hidden_size, dtype=torch.float32))
-        if cfg.topk_method == "noaux_tc":
+        self.noaux = cfg.topk_method == "noaux_tc"  # V3: bias-corrected choice, groups by their two best
+        if self.noaux:
             self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
         else:
             self.e_score_correction_bias = None
+        self.softmax = cfg.scoring_func == "softmax"  # else sigmoid
+        self.group_limited = cfg.topk_method != "greedy" and cfg.n_group > 1
+        self.normalized = cfg.norm_topk_prob and (cfg.model_type == "deepseek_v3" or cfg.num_experts_per_tok > 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> weights [T, k] (float32), expert ids [T, k]."""
         cfg = self.cfg
         logits = invariant.linear(x.float(), self.weight.float())  # float32 even in bf16: pad small M
-        scores = logits.softmax(-1) if cfg.scoring_func == "softmax" else logits.sigmoid()
+        scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
-        if cfg.topk_method != "greedy" and cfg.n_group > 1:
+        if self.group_limited:
             choice = self.limit_groups(choice)
         ids = choice.topk(cfg.num_experts_per_tok, dim=-1)[1]
         weights = scores.gather(1, ids)
-        if cfg.norm_topk_prob and (cfg.model_type == "deepseek_v3" or cfg.num_experts_per_tok > 1):
+        if self.normalized:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return weights * cfg.routed_scaling_factor, ids
 
@@ -69,7 +75,7 @@ class Gate(nn.Module):
         """Keep experts of the best `topk_group` groups only."""
         cfg = self.cfg
         grouped = choice.view(choice.shape[0], cfg.n_group, -1)
-        if cfg.topk_method == "noaux_tc":  # V3: a group scores by its two best experts
+        if self.noaux:  # V3: a group scores by its two best experts
             group_scores = grouped.topk(2, dim=-1)[0].sum(-1)
             fill = float("-inf")
         else:  # V2 group_limited_greedy: by its best expert

@@ -422,6 +422,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe", &moe, py::call_guard<py::gil_scoped_release>(), "a MoE layer's routed and shared experts (see moe.h)");
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x and s_x");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
-  // for the decode plan (decode_ops/decode_step.h), which calls `linear` without Python between
-  m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the type kernel_fns.h declares
+  // for the decode plan (decode_ops/decode_step.h), which calls `linear` and `moe` without Python between
+  m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the types kernel_fns.h declares
+  m.attr("moe_capsule") = export_fn<MoeFn>(&moe);
 }
