@@ -71,13 +71,7 @@ def probe(module, isa: int) -> list:
     e^x (the MoE op's SwiGLU) rounds by ISA; the check allows float rounding."""
     gen = torch.Generator().manual_seed(0)
     n, k = 40, 96
-    codes4 = torch.randint(0, 16, (n, k), generator=gen)
-    scale_zero = torch.stack((torch.rand(k // GROUP, n, generator=gen) / 8, torch.randn(k // GROUP, n, generator=gen)), -1)
-    codes8 = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
-    scales = torch.rand(n, generator=gen) / 64
-    packed = {4: pack_int4(codes4, scale_zero), 8: pack_int8(codes8, scales), 32: pack_f32(torch.randn(n, k, generator=gen)),
-              ACT8 + 4: pack_w4a8(codes4, scale_zero), ACT8 + 8: pack_w8a8(codes8, scales)}
-    bf16_weights = pack_bf16(torch.randn(n, k, generator=gen))
+    packed = {kind: probe_weight(kind, n, k, gen) for kind in KINDS}
     out = []
     for rows in (1, 5):
         x = torch.randn(rows, k, generator=gen)
@@ -85,7 +79,7 @@ def probe(module, isa: int) -> list:
             out.append((f"linear kind {kind} rows={rows}", module.linear(x, weights, kind, n, isa), 1e-4))
         out.append((f"linear bf16 rows={rows}", module.linear(x.bfloat16(), packed[8], 8, n, isa), 3e-2))
         # bf16 weights times bf16 rows: vdpbf16ps on avx512_bf16, its own order (bf16 output rounding)
-        out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), bf16_weights, 16, n, isa), 3e-2))
+        out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), packed[16], 16, n, isa), 3e-2))
     return out + probe_moe(module, isa, gen)
 
 
