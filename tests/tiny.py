@@ -29,6 +29,11 @@ CONFIGS = {
     "v3_moe_sigmoid": ("v3", dict(MOE, n_group=4, topk_group=2, q_lora_rank=24)),
     "v2_yarn": ("v2", dict(MOE, rope_parameters=YARN, max_position_embeddings=2560)),
     "v3_yarn_halves_tied": ("v3", dict(first_k_dense_replace=3, rope_parameters=YARN, rope_interleave=False, tie_word_embeddings=True)),
+    # DeepSeek-V2-Lite's MoE scaled down (64 -> 16 routed experts, 6 per token, 2 shared; softmax, greedy top-k),
+    # and V3's routing on the same shape (sigmoid, noaux_tc over 4 groups, normalized, scaled)
+    "v2_lite_moe": ("v2", dict(MOE, n_routed_experts=16, num_experts_per_tok=6, n_shared_experts=2, topk_method="greedy")),
+    "v3_lite_moe": ("v3", dict(MOE, n_routed_experts=16, num_experts_per_tok=6, n_shared_experts=2, n_group=4,
+                               topk_group=2, routed_scaling_factor=2.5)),
 }
 
 

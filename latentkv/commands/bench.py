@@ -129,8 +129,9 @@ def register(subparsers) -> None:
                    help="guide every request: a JSON schema file, or json_object (compare with a run without it)")
     p.set_defaults(func=lambda a: run("serve", a))
 
-    p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent")
-    p.add_argument("--batches", type=int, nargs="+", help="sequences per call (default 1 8 32)")
+    p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent "
+                                      "(or a MoE layer's experts: --moe)")
+    p.add_argument("--batches", type=int, nargs="+", help="sequences (with --moe: tokens) per call (default 1 8 32)")
     p.add_argument("--contexts", type=int, nargs="+", help="tokens per sequence (default 1K-32K)")
     p.add_argument("--latents", nargs="+", default=["bf16", "int8"], choices=["bf16", "int8", "fp8_e4m3"],
                    help="latent dtypes (bf16: the latent in the model dtype, which 'auto' picks for this CPU)")
@@ -141,6 +142,12 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, help="interleaved repeats (median)")
     p.add_argument("--compare-isas", nargs="+", choices=["avx512", "avx2", "scalar"], default=[],
                    help="also time the native kernel forced to these instruction sets, interleaved (an A/B)")
+    p.add_argument("--moe", metavar="DxIxExK+S",
+                   help="time a MoE layer's experts instead: hidden x expert width x experts x per token + shared "
+                        "(DeepSeek-V2-Lite: 2048x1408x64x6+2); the native call vs the per-expert loop, by --batches")
+    p.add_argument("--moe-weights", nargs="+", default=["int4", "w4a8", "bf16"],
+                   choices=["float32", "bf16", "int8", "int4", "w8a8", "w4a8"],
+                   help="the MoE layer's weight kinds (quantized ones with the machine's auto activation dtype)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
     add_threads_arg(p)

@@ -2,7 +2,7 @@
 `Route` (model/route.py, decided once when the model was built: dtypes, the ISA each native
 extension it uses serves with, the attention backend, the linears, batch invariance), with what
 the modules built from it run — the backend's prefill and decode kernels, the linears' kinds
-(quant.linear_kind) — and whether the decode plan runs (and why not)."""
+(quant.linear_kind), how MoE experts run — and whether the decode plan runs (and why not)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -30,15 +30,25 @@ def linear_kinds(model) -> str:
     return f"layers {layers}; lm_head {linear_kind(model.lm_head)}"
 
 
+def moe_route(model) -> str:
+    """'; MoE experts native call' (deepseek.MoE: one native call per layer) or 'per-expert loop'
+    (moe_reference); '' for a model without MoE layers."""
+    moe = [layer.mlp for layer in model.model.layers if layer.spec.moe]
+    if not moe:
+        return ""
+    return f"; MoE experts {'native call' if all(m.native is not None for m in moe) else 'per-expert loop'}"
+
+
 def describe(model, plan_reason: str | None) -> str:
     """One line: dtype, cache dtype, ISA per extension, attention backend with its prefill and
-    decode paths, linear kinds, decode plan on/off and why, batch invariance on/off."""
+    decode paths, linear kinds (and how MoE experts run), decode plan on/off and why, batch
+    invariance on/off."""
     route = model.route
     dtype, device, invariant = route.dtype, route.device, route.batch_invariant
     backend = model.model.layers[0].self_attn.backend
     cache = dtype_name(dtype) if route.cache_dtype == "auto" else route.cache_dtype
     return (f"route: dtype {dtype_name(dtype)}, cache {cache}; isa {kernels_isa(route)}; "
             f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, invariant)}, "
-            f"decode {backend.decode_route(dtype, device, invariant)}); linears {linear_kinds(model)}; "
+            f"decode {backend.decode_route(dtype, device, invariant)}); linears {linear_kinds(model)}{moe_route(model)}; "
             f"decode plan {'off (' + plan_reason + ')' if plan_reason else 'on'}; "
             f"batch invariance {'on' if invariant else 'off'}")

@@ -29,20 +29,49 @@ BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; p
 ACT8 = 100  # the kernel's kind for int8 activations: 100 + weight bits (104: w4a8, 108: w8a8)
 
 
+def probe_weight(kind: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """A random packed weight [n, k] of record `kind` (the self-check's and the tests')."""
+    kp = -(-k // GROUP) * GROUP
+    if kind in (4, ACT8 + 4):
+        codes = torch.randint(0, 16, (n, kp), generator=gen)
+        scale_zero = torch.stack((torch.rand(kp // GROUP, n, generator=gen) / 8, torch.randn(kp // GROUP, n, generator=gen)), -1)
+        return (pack_int4 if kind == 4 else pack_w4a8)(codes, scale_zero)
+    if kind in (8, ACT8 + 8):
+        codes, scales = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8), torch.rand(n, generator=gen) / 64
+        return (pack_int8 if kind == 8 else pack_w8a8)(codes, scales)
+    return (pack_bf16 if kind == 16 else pack_f32)(torch.randn(n, k, generator=gen))
+
+
+KINDS = (4, 8, 16, 32, ACT8 + 4, ACT8 + 8)  # every record kind the kernel runs
+
+
+def probe_moe(module, isa: int, gen: torch.Generator) -> list:
+    """The MoE op (csrc/qlinear/moe.h) for every record kind at one and five tokens: 3 experts of width
+    40 and shared experts of width 24, two slots per token."""
+    e, d, inter, shared = 3, 96, 40, 24
+    out = []
+    for kind in KINDS:
+        gate_up = torch.stack([probe_weight(kind, 2 * inter, d, gen) for _ in range(e)])
+        down = torch.stack([probe_weight(kind, d, inter, gen) for _ in range(e)])
+        shared_w = probe_weight(kind, 2 * shared, d, gen), probe_weight(kind, d, shared, gen)
+        for rows in (1, 5):
+            ids = torch.stack([torch.randperm(e, generator=gen)[:2] for _ in range(rows)])
+            weights = torch.rand(rows, 2, generator=gen)
+            for dtype in (torch.float32, torch.bfloat16) if kind == 16 else (torch.float32,):
+                x = torch.randn(rows, d, generator=gen).to(dtype)
+                y = module.moe(x, weights, ids, gate_up, down, *shared_w, kind, inter, shared, isa)
+                out.append((f"moe kind {kind} {dtype} rows={rows}", y, 1e-4 if dtype == torch.float32 else 3e-2))
+    return out
+
+
 def probe(module, isa: int) -> list:
     """The self-check's inputs (kernels/build.py): every record kind at one and five rows (the
-    decode and the blocked paths). The FMA paths are documented bit-identical, vdpbf16ps (bf16
-    records times bf16 rows on avx512_bf16) reduces in its own order; the check allows float
-    rounding."""
+    decode and the blocked paths), and the MoE op over them. The FMA paths are documented
+    bit-identical, vdpbf16ps (bf16 records times bf16 rows on avx512_bf16) reduces in its own order,
+    e^x (the MoE op's SwiGLU) rounds by ISA; the check allows float rounding."""
     gen = torch.Generator().manual_seed(0)
     n, k = 40, 96
-    codes4 = torch.randint(0, 16, (n, k), generator=gen)
-    scale_zero = torch.stack((torch.rand(k // GROUP, n, generator=gen) / 8, torch.randn(k // GROUP, n, generator=gen)), -1)
-    codes8 = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
-    scales = torch.rand(n, generator=gen) / 64
-    packed = {4: pack_int4(codes4, scale_zero), 8: pack_int8(codes8, scales), 32: pack_f32(torch.randn(n, k, generator=gen)),
-              ACT8 + 4: pack_w4a8(codes4, scale_zero), ACT8 + 8: pack_w8a8(codes8, scales)}
-    bf16_weights = pack_bf16(torch.randn(n, k, generator=gen))
+    packed = {kind: probe_weight(kind, n, k, gen) for kind in KINDS}
     out = []
     for rows in (1, 5):
         x = torch.randn(rows, k, generator=gen)
@@ -50,8 +79,8 @@ def probe(module, isa: int) -> list:
             out.append((f"linear kind {kind} rows={rows}", module.linear(x, weights, kind, n, isa), 1e-4))
         out.append((f"linear bf16 rows={rows}", module.linear(x.bfloat16(), packed[8], 8, n, isa), 3e-2))
         # bf16 weights times bf16 rows: vdpbf16ps on avx512_bf16, its own order (bf16 output rounding)
-        out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), bf16_weights, 16, n, isa), 3e-2))
-    return out
+        out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), packed[16], 16, n, isa), 3e-2))
+    return out + probe_moe(module, isa, gen)
 
 
 EXT = Extension("qlinear", "latentkv_qlinear", "qlinear.cpp", "LATENTKV_QLINEAR", "the native int4/int8 linears are",
@@ -176,6 +205,21 @@ def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: i
 def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups]."""
     return tuple(extension().quantize_activations(x, groups, EXT.state["isa"]))
+
+
+def moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+        shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None, kind: int, inter: int,
+        shared_inter: int = 0) -> torch.Tensor:
+    """A MoE layer's experts in one call (csrc/qlinear/moe.h). x [T, D] float32 / bf16; weights [T, k]
+    float32 and ids [T, k] int64 (the router's); gate_up [E, NB, G, REC] and down [E, NB', G', REC]: the
+    routed experts' packed gate_up (2 * inter outputs, gate then up) and down (D outputs), stacked;
+    shared_gate_up / shared_down: the shared experts' (None: none), shared_inter their width; records
+    of `kind` (4, 8, 16, 32, ACT8 + 4, ACT8 + 8) -> [T, D] in x's dtype: per token, the sum over its
+    slots in order of weights[t, s] times expert ids[t, s]'s MLP (its modules' bits), then the shared
+    experts' output, in float32 (model/deepseek.py moe_reference: the same steps)."""
+    none = gate_up.new_empty(0)
+    return extension().moe(x, weights, ids, gate_up, down, none if shared_gate_up is None else shared_gate_up,
+                           none if shared_down is None else shared_down, kind, inter, shared_inter, EXT.state["isa"])
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:

@@ -9,8 +9,9 @@ between the kernels — module calls, views, checks — which at short context w
 batch-1 step on two threads.
 
 It applies where every piece runs latentkv's own kernels: CPU, float32 / bf16, the native
-attention backend, dense layers, and linears packed for kernels/qlinear.py (int4, int8, w4a8, w8a8,
-or float32 / bf16 in batch-invariant mode). Whether it does is read from the model's route
+attention backend, and linears packed for kernels/qlinear.py (int4, int8, w4a8, w8a8, or float32 /
+bf16 in batch-invariant mode), a MoE layer's experts in its native call (the router runs as the Gate
+module's ops, in C++: kernels/csrc/decode_ops/plan_moe.h). Whether it does is read from the model's route
 (model/route.py) and its layers' specs (model/spec.py), the ones the modules were built from;
 elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's name for running without
 CUDA graphs) turns it off.
@@ -21,6 +22,7 @@ import torch
 
 from ..attention.backend import choose_path
 from ..attention.metadata import AttentionMetadata
+from .. import invariant
 from ..kernels import attention as attention_kernels, decode_ops, qlinear
 from .deepseek import rope_tables
 from .route import KERNEL_DTYPES
@@ -63,7 +65,8 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
         layers = [layer_entry(layer, cache) for layer, cache in zip(model.model.layers, caches)]
     norm = model.model.norm
     step = decode_ops.extension().DecodePlan(
-        layers, norm.weight, norm.eps, qlinear.extension().linear_capsule, attention_kernels.extension().mla_decode_capsule,
+        layers, norm.weight, norm.eps, qlinear.extension().linear_capsule, qlinear.extension().moe_capsule,
+        attention_kernels.extension().mla_decode_capsule,
         decode_ops.EXT.isa(), qlinear.EXT.isa(), attention_kernels.EXT.isa())
     return DecodePlan(model, step), None
 
@@ -81,9 +84,10 @@ def unsupported(model, caches) -> str | None:
     if route.weights == "float" or not route.qlinear:  # every other kind runs the packed kernel where qlinear does
         runs = "torch's matmul" if route.weights == "float" else f"{route.weights} on ATen's kernels"
         return f"the linears run {runs}, not latentkv's packed kernel"
-    for spec, cache in zip((layer.spec for layer in model.model.layers), caches):
-        if spec.moe:
-            return f"layer {spec.index}: MoE"
+    for layer, cache in zip(model.model.layers, caches):
+        spec = layer.spec
+        if spec.moe and layer.mlp.native is None:
+            return f"layer {spec.index}: MoE experts without their native call"
         if cache.dtype != route.dtype:
             return f"layer {spec.index}: cache dtype {cache.dtype} differs from the model's {route.dtype}"
     return None
@@ -92,6 +96,20 @@ def unsupported(model, caches) -> str | None:
 def linear_entry(linear) -> tuple:
     """(packed weight, qlinear record kind, out_features, bias), as decode_step.h's PlanLinear."""
     return linear.weight_packed, linear.record, linear.out_features, linear.bias
+
+
+def mlp_entry(mlp, moe: bool) -> dict:
+    """A dense MLP's packed linears, or a MoE layer's router (deepseek.Gate: its weights and choices)
+    and experts (MoE.native), as decode_step.h / plan_moe.h read them."""
+    if not moe:
+        return {"gate_up": linear_entry(mlp.gate_up_proj), "down": linear_entry(mlp.down_proj)}
+    gate, cfg = mlp.gate, mlp.gate.cfg
+    bias = gate.e_score_correction_bias
+    return {"moe": {
+        "gate": gate.weight.detach(), "bias": None if bias is None else bias.detach(), "softmax": gate.softmax,
+        "group_limited": gate.group_limited, "noaux": gate.noaux, "normalized": gate.normalized,
+        "n_group": cfg.n_group, "topk_group": cfg.topk_group, "k": cfg.num_experts_per_tok,
+        "scale": float(cfg.routed_scaling_factor), "safe_rows": invariant.SAFE_ROWS, "native": mlp.native}}
 
 
 def layer_entry(layer, cache) -> dict:
@@ -108,8 +126,7 @@ def layer_entry(layer, cache) -> dict:
         "w_kv_a_norm": attn.kv_a_layernorm.weight if spec.kv_a_layernorm else None,
         "w_uk": w_uk, "w_uv_t": w_uv_t,
         "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
-        "o": linear_entry(attn.o_proj), "gate_up": linear_entry(layer.mlp.gate_up_proj),
-        "down": linear_entry(layer.mlp.down_proj),
+        "o": linear_entry(attn.o_proj), **mlp_entry(layer.mlp, spec.moe),
         "q_dim": spec.q_dim, "heads": spec.n_heads, "dn": spec.dn, "dr": spec.dr, "dv": spec.dv,
         "rank": spec.kv_rank, "scale": spec.scale, "interleaved": spec.interleaved,
         "kv": None if quantized else cache.kv, "latent": cache.latent if quantized else None,

@@ -15,6 +15,7 @@ from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata, build_metadata
 from ..cache.latent_cache import LatentCache, allocate_caches
 from ..config import ModelConfig
+from ..kernels import qlinear
 from . import fused
 from .mla import MLAttention
 from .norm import RMSNorm
@@ -38,29 +39,35 @@ class MLP(nn.Module):
 
 
 class Gate(nn.Module):
-    """Router: softmax (V2) or sigmoid + bias-corrected choice (V3), group-limited top-k."""
+    """Router: softmax (V2) or sigmoid + bias-corrected choice (V3), group-limited top-k. Its choices
+    from the config are attributes: the decode plan (kernels/csrc/decode_ops/plan_moe.h) runs the same
+    ops from them."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         # Routing decisions are precision-sensitive: the gate stays in float32 whatever the model dtype.
         self.weight = nn.Parameter(torch.zeros(cfg.n_routed_experts, cfg.hidden_size, dtype=torch.float32))
-        if cfg.topk_method == "noaux_tc":
+        self.noaux = cfg.topk_method == "noaux_tc"  # V3: bias-corrected choice, groups by their two best
+        if self.noaux:
             self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
         else:
             self.e_score_correction_bias = None
+        self.softmax = cfg.scoring_func == "softmax"  # else sigmoid
+        self.group_limited = cfg.topk_method != "greedy" and cfg.n_group > 1
+        self.normalized = cfg.norm_topk_prob and (cfg.model_type == "deepseek_v3" or cfg.num_experts_per_tok > 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> weights [T, k] (float32), expert ids [T, k]."""
         cfg = self.cfg
         logits = invariant.linear(x.float(), self.weight.float())  # float32 even in bf16: pad small M
-        scores = logits.softmax(-1) if cfg.scoring_func == "softmax" else logits.sigmoid()
+        scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
-        if cfg.topk_method != "greedy" and cfg.n_group > 1:
+        if self.group_limited:
             choice = self.limit_groups(choice)
         ids = choice.topk(cfg.num_experts_per_tok, dim=-1)[1]
         weights = scores.gather(1, ids)
-        if cfg.norm_topk_prob and (cfg.model_type == "deepseek_v3" or cfg.num_experts_per_tok > 1):
+        if self.normalized:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return weights * cfg.routed_scaling_factor, ids
 
@@ -68,7 +75,7 @@ class Gate(nn.Module):
         """Keep experts of the best `topk_group` groups only."""
         cfg = self.cfg
         grouped = choice.view(choice.shape[0], cfg.n_group, -1)
-        if cfg.topk_method == "noaux_tc":  # V3: a group scores by its two best experts
+        if self.noaux:  # V3: a group scores by its two best experts
             group_scores = grouped.topk(2, dim=-1)[0].sum(-1)
             fill = float("-inf")
         else:  # V2 group_limited_greedy: by its best expert
@@ -79,24 +86,70 @@ class Gate(nn.Module):
         return grouped.masked_fill(~keep[:, :, None], fill).view_as(choice)
 
 
+def moe_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: nn.ModuleList,
+                  shared: nn.Module | None) -> torch.Tensor:
+    """What the native call (kernels/qlinear.py `moe`) computes, with the modules: x [T, D], the router's
+    weights [T, k] (float32) and expert ids [T, k] -> [T, D] in x's dtype. Each expert this batch routes
+    to runs on its tokens; then per token the weighted sum of its slots' expert outputs in slot order,
+    then the shared experts' output, in float32 (each product and sum rounded once), rounded to x's
+    dtype once. Runs where the native call does not (torch's or ATen's linears, autograd, CUDA)."""
+    y = x.new_zeros(*ids.shape, x.shape[-1])  # [T, k, D]: each slot's expert output, in x's dtype
+    for e in ids.unique().tolist():  # only the experts this batch routes to
+        token, slot = torch.where(ids == e)
+        y[token, slot] = experts[e](x[token])
+    acc = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    for s in range(ids.shape[1]):
+        acc = acc + weights[:, s, None] * y[:, s]
+    if shared is not None:
+        acc = acc + shared(x)
+    return acc.to(x.dtype)
+
+
 class MoE(nn.Module):
+    """Routed experts (the Gate's top k of n per token) and shared experts. Where the experts' linears
+    run latentkv's packed kernel (the route's), one native call runs them all (kernels/qlinear.py `moe`,
+    from pack_weights on); elsewhere, and under autograd, moe_reference. `experts` stays a ModuleList
+    of MLPs: the checkpoint's names."""
+
     def __init__(self, cfg: ModelConfig, route: Route):
         super().__init__()
         self.gate = Gate(cfg)
         self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size, route)
                                      for _ in range(cfg.n_routed_experts))
-        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = MLP(cfg.hidden_size, shared, route) if shared else None
+        self.inter, self.shared_inter = cfg.moe_intermediate_size, cfg.moe_intermediate_size * cfg.n_shared_experts
+        self.shared_experts = MLP(cfg.hidden_size, self.shared_inter, route) if self.shared_inter else None
+        self.native: tuple | None = None  # the native call's weights and shapes (pack_weights), or None
+
+    @torch.no_grad()
+    def pack_weights(self) -> None:
+        """Once loaded: the experts' linears packed (here first: a caller may reach this module before
+        them) and, where all run latentkv's packed kernel (one record kind, no bias), each projection's
+        records stacked over the routed experts for the native call; an expert's buffer becomes its view
+        of the stack (no second copy is kept)."""
+        mlps = [*self.experts, *([self.shared_experts] if self.shared_experts is not None else [])]
+        linears = [linear for mlp in mlps for linear in (mlp.gate_up_proj, mlp.down_proj)]
+        for linear in linears:
+            if hasattr(linear, "pack_weights"):
+                linear.pack_weights()
+        kinds = {getattr(linear, "record", None) for linear in linears}
+        if len(kinds) != 1 or None in kinds or any(linear.bias is not None for linear in linears):
+            return
+        stacks = []
+        for name in ("gate_up_proj", "down_proj"):
+            stack = torch.stack([getattr(mlp, name).weight_packed for mlp in self.experts])
+            for mlp, view in zip(self.experts, stack):
+                getattr(mlp, name).weight_packed = view
+            stacks.append(stack)
+        shared = [None, None] if self.shared_experts is None else \
+            [self.shared_experts.gate_up_proj.weight_packed, self.shared_experts.down_proj.weight_packed]
+        self.native = (*stacks, *shared, kinds.pop(), self.inter, self.shared_inter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> [T, D]."""
         weights, ids = self.gate(x)
-        out = torch.zeros_like(x)
-        for e in ids.unique().tolist():  # only the experts this batch routes to
-            token, slot = torch.where(ids == e)
-            out.index_add_(0, token, self.experts[e](x[token]) * weights[token, slot, None].to(x.dtype))
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        if self.native is not None and not torch.is_grad_enabled():
+            return qlinear.moe(x, weights, ids, *self.native)
+        return moe_reference(x, weights, ids, self.experts, self.shared_experts)
 
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,7 +60,10 @@ class QuantLinear(nn.Module):
     @torch.no_grad()
     def pack_weights(self) -> None:
         """The loaded `weight` -> the kernel's buffers; the float weight goes (a tied lm_head's
-        embedding stays with the embedding)."""
+        embedding stays with the embedding). Once: a later call does nothing (a module that reads its
+        children's packed buffers, deepseek.MoE, packs them first, whatever order its caller visits)."""
+        if "weight" not in self._parameters:
+            return
         weight = self.weight.detach()
         del self.weight
         self.pack(weight)

@@ -9,6 +9,7 @@ import pytest
 
 from latentkv.bench.throughput import make_requests
 from latentkv.cli import main
+from latentkv.kernels import qlinear
 from tiny_lm import VOCAB as LM_VOCAB, save_tiny_lm
 
 
@@ -99,6 +100,22 @@ def test_bench_kernel(tmp_path):
         assert positive(row["reference GB/s"]) and positive(row["reference % bw"])
         if data["isa"]:
             assert positive(row["native GB/s"]) and positive(row["native speed-up"])
+
+
+def test_bench_kernel_moe(tmp_path):
+    """--moe: a MoE layer's experts, the native call beside the per-expert loop, by weight kind and batch."""
+    if not qlinear.available():
+        pytest.skip(f"qlinear not built: {qlinear.unavailable_reason()}")
+    out = tmp_path / "kernel"
+    assert main(["bench", "kernel", "--quick", "--moe", "64x40x8x3+1", "--moe-weights", "int4", "bf16", "--threads", "1",
+                 "--out", str(out)]) == 0
+    data = json.loads((out / "kernel-moe.json").read_text())
+    assert [(r["weights"], r["batch"]) for r in data["results"]] == [("int4", 1), ("int4", 3), ("bf16", 1), ("bf16", 3)]
+    for row in data["results"]:
+        assert positive(row["native ms"]) and positive(row["reference ms"]) and positive(row["native speed-up"])
+        assert positive(row["MiB read"])
+    for one, three in zip(data["results"][::2], data["results"][1::2]):  # 3 tokens route to at least one's 3 experts
+        assert three["MiB read"] >= one["MiB read"]
 
 
 def test_bench_serve_latentkv_over_the_openai_api(tmp_path):

@@ -3,7 +3,10 @@ import pytest
 
 from latentkv.engine.args import EngineArgs
 from latentkv.engine.engine import LLMEngine
+from latentkv.engine.route import describe
 from latentkv.kernels import attention, decode_ops, qlinear
+from latentkv.model.loader import load_model
+from latentkv.model.route import decide_route
 
 
 @pytest.mark.parametrize("options", [{}, {"quantization": "w4a8", "kv_cache_dtype": "int8"},
@@ -30,3 +33,15 @@ def test_the_route_line_names_dtype_cache_isas_backend_linears_plan_and_invarian
     assert "; linears layers " in line and "lm_head " in line
     assert "decode plan off (enforce_eager)" in line if options.get("enforce_eager") else "decode plan o" in line
     assert f"batch invariance {'off' if options.get('batch_invariant') is False else 'on'}" in line
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_the_route_line_says_how_moe_experts_run(tiny_checkpoints, batch_invariant):
+    """Fixed-order linears: each MoE layer's experts in one native call (where qlinear builds); torch's
+    linears: the per-expert loop. A dense model says nothing of MoE."""
+    folder, _ = tiny_checkpoints("v2_lite_moe")
+    model = load_model(folder, route=decide_route(batch_invariant=batch_invariant))
+    native = batch_invariant and qlinear.available()
+    assert f"; MoE experts {'native call' if native else 'per-expert loop'};" in describe(model, None)
+    dense = load_model(tiny_checkpoints("v2_dense")[0])
+    assert "MoE" not in describe(dense, None)

@@ -10,7 +10,7 @@ from latentkv import LLM, SamplingParams, invariant
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
 from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
-from latentkv.model import decode_plan, fused
+from latentkv.model import decode_plan
 from latentkv.model.loader import load_model
 from latentkv.model.route import decide_route
 
@@ -19,7 +19,7 @@ BLOCK = 4
 
 @pytest.fixture(autouse=True)
 def need_extensions():
-    for name, module in (("fused ops", fused), ("qlinear", qlinear), ("attention kernel", attention_kernels)):
+    for name, module in (("fused ops", decode_ops), ("qlinear", qlinear), ("attention kernel", attention_kernels)):
         if not module.available():
             pytest.skip(f"{name} not built: {module.unavailable_reason()}")
 
@@ -78,32 +78,44 @@ def cache_tensors(caches):
     ("v3_dense_qlora", "bfloat16", "fixed-order", "auto", True, False),  # bf16 records (vdpbf16ps where the CPU has it)
     ("v2_dense", "bfloat16", "fixed-order", "int8", False, True),
     ("v2_dense", "bfloat16", "w4a8", "int8", True, False),
+    # MoE layers (the first layer dense): the router's ops in C++, the experts in qlinear's native call
+    ("v2_moe_group_limited", "float32", "int4", "auto", True, False),
+    ("v3_moe_sigmoid", "float32", "fixed-order", "int8", True, False),
+    ("v2_lite_moe", "float32", "w4a8", "auto", False, False),
+    ("v3_lite_moe", "bfloat16", "fixed-order", "auto", True, False),
+    ("v3_lite_moe", "float32", "int8", "auto", True, False),
 ])
 @pytest.mark.parametrize("invariant_meta", [True, False])
-@torch.inference_mode()
+@torch.no_grad()
 def test_plan_gives_the_modules_bits(tiny_checkpoints, tmp_path, name, dtype, weights, cache_dtype, latent_norm, bias,
                                      invariant_meta):
     folder, _ = tiny_checkpoints(name)
     model = model_for(folder, dtype, weights, latent_norm, bias, tmp_path)
     assert all(layer.self_attn.kv_a_layernorm is None for layer in model.model.layers) != latent_norm
     assert (model.model.layers[0].self_attn.qkv_a_proj.bias is not None) == bias
-    contexts = [5, 17, 2, 33]  # ending mid-block; one sequence's blocks out of order below
-    tables = [[0, 1], [2, 3, 4, 5, 6], [7], [20, 8, 9, 10, 11, 12, 13, 14, 15]]
     caches = random_caches(model, cache_dtype, 24)
     plan, reason = decode_plan.build(model, caches)
     assert plan is not None, reason
     # one description of each layer: the spec its modules were built from is the one the plan read
     assert all(spec is layer.spec is layer.self_attn.spec for spec, layer in zip(plan.specs, model.model.layers))
-    meta, positions = build_metadata([1] * 4, contexts, tables, BLOCK, invariant=invariant_meta)
+    # 4 rows; and 3 in MoE models (the router's float32 linear pads them to 4: invariant.linear)
+    for rows in (4, 3) if any(layer.spec.moe for layer in model.model.layers) else (4,):
+        assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta)
+
+
+def assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta):
+    contexts = [5, 17, 2, 33][:rows]  # ending mid-block; one sequence's blocks out of order below
+    tables = [[0, 1], [2, 3, 4, 5, 6], [7], [20, 8, 9, 10, 11, 12, 13, 14, 15]][:rows]
+    meta, positions = build_metadata([1] * rows, contexts, tables, BLOCK, invariant=invariant_meta)
     assert plan.applies(meta)
-    ids = torch.tensor([3, 77, 12, 101])
+    ids = torch.tensor([3, 77, 12, 101][:rows])
     before = cache_tensors(caches)
     by_modules = model(ids, positions, meta, caches)
     after_modules = cache_tensors(caches)
     for saved, cache_t in zip(before, [t for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]):
         cache_t.copy_(saved)
     by_plan = plan(ids, positions, meta)
-    assert torch.equal(by_plan, by_modules)
+    assert torch.equal(by_plan, by_modules), rows
     assert all(torch.equal(a, b) for a, b in zip(cache_tensors(caches), after_modules))  # the same latents written
 
 
@@ -111,13 +123,16 @@ def test_the_plan_checks_the_type_of_each_kernel_it_calls():
     """decode_step.h calls qlinear's linear and attention's mla_decode through capsules of the types
     kernels/csrc/common/kernel_fns.h declares (each named by its type): one of another type is
     refused when the plan is built, never called."""
-    linear_fn, decode_fn = qlinear.extension().linear_capsule, attention_kernels.extension().mla_decode_capsule
+    linear_fn, moe_fn = qlinear.extension().linear_capsule, qlinear.extension().moe_capsule
+    decode_fn = attention_kernels.extension().mla_decode_capsule
     step, norm = decode_ops.extension().DecodePlan, torch.ones(8)
-    step([], norm, 1e-6, linear_fn, decode_fn, 0, 0, 0)
+    step([], norm, 1e-6, linear_fn, moe_fn, decode_fn, 0, 0, 0)
     with pytest.raises(RuntimeError, match="the capsule for attention's mla_decode holds latentkv:.* this extension calls"):
-        step([], norm, 1e-6, linear_fn, linear_fn, 0, 0, 0)
+        step([], norm, 1e-6, linear_fn, moe_fn, linear_fn, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="the capsule for qlinear's moe holds latentkv:"):
+        step([], norm, 1e-6, linear_fn, linear_fn, decode_fn, 0, 0, 0)
     with pytest.raises(RuntimeError, match="the capsule for qlinear's linear holds latentkv:"):
-        step([], norm, 1e-6, decode_fn, decode_fn, 0, 0, 0)
+        step([], norm, 1e-6, decode_fn, moe_fn, decode_fn, 0, 0, 0)
 
 
 @torch.inference_mode()
@@ -135,20 +150,23 @@ def test_plan_applies_to_all_decode_steps_only(tiny_checkpoints):
 def test_build_says_why_not(tiny_checkpoints):
     folder, _ = tiny_checkpoints("v2_moe_group_limited")
     model = model_for(folder, "float32", "int4")
+    model.model.layers[2].mlp.native = None  # as if its experts could not run the native call
     caches = allocate_caches(model.config, 4, BLOCK, model.dtype, "auto", "cpu")
     plan, reason = decode_plan.build(model, caches)
-    assert plan is None and "MoE" in reason
+    assert plan is None and reason == "layer 2: MoE experts without their native call"
     folder, _ = tiny_checkpoints("v2_dense")
     dense = load_model(str(folder), "float32", "cpu", "native")  # plain nn.Linear: MKL, not the packed kernel
     plan, reason = decode_plan.build(dense, allocate_caches(dense.config, 4, BLOCK, dense.dtype, "auto", "cpu"))
     assert plan is None and "packed kernel" in reason
 
 
-@pytest.mark.parametrize("quantization,dtype", [(None, "float32"), ("int4", "float32"), (None, "bfloat16")])
-def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints, quantization, dtype):
+@pytest.mark.parametrize("name,quantization,dtype", [
+    ("v2_dense", None, "float32"), ("v2_dense", "int4", "float32"), ("v2_dense", None, "bfloat16"),
+    ("v2_lite_moe", "int4", "float32"), ("v3_lite_moe", None, "bfloat16")])
+def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints, name, quantization, dtype):
     """End to end: the engine's own model decodes through the plan; with enforce_eager through the
     modules; the same tokens and logprobs, exactly."""
-    folder, _ = tiny_checkpoints("v2_dense")
+    folder, _ = tiny_checkpoints(name)
     prompts = [[5, 9, 33, 2, 7], [11] * 19, [40, 41, 42]]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
 

@@ -5,8 +5,10 @@ import torch
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
 from latentkv.model.loader import load_model
+from latentkv.model.route import decide_route
 
 TOL = 1e-4
+LOGPROB_TOL = 1e-3
 BLOCK = 4
 
 
@@ -71,21 +73,30 @@ def test_mixed_batch_matches_separate_sequences(tiny_checkpoints, attention_back
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("name", ["v2_moe_group_limited", "v3_moe_sigmoid", "v3_yarn_halves_tied"])
-def test_greedy_continuation_matches_transformers_generate(tiny_checkpoints, name, attention_backend):
+@pytest.mark.parametrize("name", ["v2_moe_group_limited", "v3_moe_sigmoid", "v3_yarn_halves_tied", "v2_lite_moe",
+                                  "v3_lite_moe"])
+@pytest.mark.parametrize("invariant", [False, True])  # True: fixed-order linears, each MoE layer one native call
+def test_greedy_continuation_matches_transformers_generate(tiny_checkpoints, name, invariant, attention_backend):
+    """Greedy tokens identical to transformers' generate, each step's logprobs within LOGPROB_TOL of its logits."""
     folder, hf = tiny_checkpoints(name)
-    ours = load_model(folder, attention_backend=attention_backend)
+    ours = load_model(folder, route=decide_route("cpu", torch.float32, attention_backend, batch_invariant=invariant))
+    moe = [layer.mlp for layer in ours.model.layers if layer.spec.moe]
+    assert all((layer.native is not None) == invariant for layer in moe)
     prompt = torch.randint(2, hf.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
-    ref = hf.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, 8:].tolist()
+    ref = hf.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, output_logits=True,
+                      return_dict_in_generate=True)
 
     ids = prompt[0].tolist()
     caches = allocate_caches(ours.config, 8, BLOCK, torch.float32)
     table = list(range(8))
     logits = run_step(ours, caches, ids, len(ids), table, "auto")
-    generated = []
+    generated, steps = [], []
     for _ in range(16):
+        steps.append(logits[-1])
         token = int(logits[-1].argmax())
         generated.append(token)
         ids.append(token)
         logits = run_step(ours, caches, [token], len(ids), table, "auto")
-    assert generated == ref
+    assert generated == ref.sequences[0, 8:].tolist()
+    diff = (torch.stack(steps).log_softmax(-1) - torch.cat(ref.logits).log_softmax(-1)).abs().max().item()
+    assert diff <= LOGPROB_TOL, f"{name}: logprobs differ by {diff:.2e}"

@@ -1,5 +1,5 @@
 // The functions one extension hands another through a PyCapsule: the decode plan
-// (decode_ops/decode_step.h) calls qlinear's `linear` and attention's `mla_decode` with no Python
+// (decode_ops/decode_step.h) calls qlinear's `linear` and `moe` and attention's `mla_decode` with no Python
 // between. Their types are written once, here, and checked on both sides: the exporting extension
 // builds its capsule from its function as that type (`export_fn`: a signature that differs does not
 // compile), and names the capsule by the type's mangled name, which the importing extension
@@ -14,6 +14,10 @@
 // x [M, K] float32 / bf16, packed weight, record kind, out_features, isa -> [M, out_features]
 // (qlinear/qlinear.cpp `linear`)
 using LinearFn = at::Tensor (*)(at::Tensor, at::Tensor, int64_t, int64_t, int64_t);
+// x [T, D], weights [T, k], ids [T, k], gate_up [E, ...], down [E, ...], shared_gate_up, shared_down, kind,
+// inter, shared_inter, isa -> [T, D] (qlinear/moe.h `moe`)
+using MoeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
+                             int64_t, int64_t, int64_t);
 // query, kv, latent, scale, rope, block_tables, context_lens, query_pos, heads, kv_rank, block_size,
 // isa, threads -> o_lat (attention/mla_attention.cpp `mla_decode`)
 using DecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,

@@ -31,6 +31,7 @@
 namespace isa_avx512 {
 constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers hold a 4-row tile's accumulators
 #include "exp_poly.h"  // common/: one e^x for every kernel
+#include "swiglu_rows.h"  // common/: SwiGLU's rows, the MoE op's too
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
@@ -40,6 +41,7 @@ constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers ho
 namespace isa_avx2 {
 constexpr int HEAD_W = 8, HEAD_NV4 = 2, HEAD_NV1 = 8;  // 8 of 16 registers: more would spill
 #include "exp_poly.h"  // common/: one e^x for every kernel
+#include "swiglu_rows.h"  // common/: SwiGLU's rows, the MoE op's too
 #include "decode_ops_impl.h"
 }
 #pragma GCC pop_options
@@ -47,6 +49,7 @@ constexpr int HEAD_W = 8, HEAD_NV4 = 2, HEAD_NV1 = 8;  // 8 of 16 registers: mor
 namespace isa_scalar {
 constexpr int HEAD_W = 4, HEAD_NV4 = 2, HEAD_NV1 = 4;  // SSE2-wide vectors (GCC lowers them on any target)
 #include "exp_poly.h"  // common/: one e^x for every kernel
+#include "swiglu_rows.h"  // common/: SwiGLU's rows, the MoE op's too
 #include "decode_ops_impl.h"
 }
 
@@ -306,31 +309,7 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
   return {sum, out};
 }
 
-at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
-  check_cpu(gate_up, "silu_mul: gate_up");
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && is_float(gate_up), "silu_mul: gate_up must be [T, 2I] float");
-  TORCH_CHECK(isa_supported(isa), "silu_mul: this CPU does not support instruction set ", isa);
-  gate_up = gate_up.contiguous();
-  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-  auto out = at::empty({T, I}, gate_up.options());
-  const int64_t grain = std::max<int64_t>(1, 16384 / I);  // rows per task: ~16K elements
-  if (gate_up.scalar_type() == at::kBFloat16) {
-    using Rows = void (*)(const uint16_t*, uint16_t*, int64_t, int64_t, int64_t);
-    Rows rows = isa >= 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
-              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
-    const uint16_t* gp = (const uint16_t*)gate_up.data_ptr();
-    uint16_t* op = (uint16_t*)out.data_ptr();
-    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
-  } else {
-    using Rows = void (*)(const float*, float*, int64_t, int64_t, int64_t);
-    Rows rows = isa >= 2 ? static_cast<Rows>(isa_avx512::silu_mul_rows)
-              : isa == 1 ? static_cast<Rows>(isa_avx2::silu_mul_rows) : static_cast<Rows>(isa_scalar::silu_mul_rows);
-    const float* gp = gate_up.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) { rows(gp, op, begin, end, I); });
-  }
-  return out;
-}
+#include "swiglu.h"  // common/: silu_mul, the MoE op's too
 
 #include "decode_step.h"  // the whole decode step in one call, over the ops above (decode_ops.h)
 

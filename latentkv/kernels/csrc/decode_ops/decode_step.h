@@ -4,15 +4,18 @@
 // linears, kernels/attention.py mla_decode), so the result is bit-identical to the module path;
 // what goes is the Python between them (~40% of a batch-1 step at short context on 2 threads:
 // module calls, views, checks). Its ops (rms_norm, rope, write_latent, head_matmul, silu_mul) are
-// declared in decode_ops.h and defined in decode_ops.cpp; the weight linears and the attention kernel
-// live in the other two extensions and come in as function pointers (PyCapsules their modules export,
-// of the types in common/kernel_fns.h, checked when the plan is built).
+// declared in decode_ops.h and defined in decode_ops.cpp; the weight linears, a MoE layer's experts
+// and the attention kernel live in the other two extensions and come in as function pointers
+// (PyCapsules their modules export, of the types in common/kernel_fns.h, checked when the plan is
+// built); a MoE layer's router runs as its module does (plan_moe.h).
 //
 // Applies to steps whose rows are all single-token decodes of distinct sequences (row b =
-// sequence b), dense layers, linears that run latentkv's packed kernel; the Python side checks.
+// sequence b), linears that run latentkv's packed kernel (a MoE layer's experts its native call);
+// the Python side checks.
 #pragma once
 #include "decode_ops.h"
 #include "kernel_fns.h"
+#include "plan_moe.h"
 #include "torch_lite.h"
 
 #include <ATen/ops/add.h>  // the residual adds
@@ -28,7 +31,8 @@ struct PlanLinear {
 struct PlanLayer {
   at::Tensor w_in, w_post, w_q_a_norm, w_kv_a_norm, w_uk, w_uv_t;  // norms undefined when absent
   double eps_in = 0, eps_post = 0, eps_latent = 0;
-  PlanLinear qkv_a, q_b, o, gate_up, down;  // q_b.out == 0 without q_lora
+  PlanLinear qkv_a, q_b, o, gate_up, down;  // q_b.out == 0 without q_lora; gate_up, down: dense layers
+  PlanMoe moe;  // MoE layers (moe.defined)
   int64_t q_dim = 0, heads = 0, dn = 0, dr = 0, dv = 0, rank = 0;
   double scale = 1;
   bool interleaved = true;
@@ -57,10 +61,10 @@ static PlanLinear plan_linear(const py::dict& d, const char* key) {
 
 class DecodePlan {
  public:
-  DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule decode_fn,
-             int64_t isa_ops, int64_t isa_linear, int64_t isa_attention)
+  DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule moe_fn,
+             py::capsule decode_fn, int64_t isa_ops, int64_t isa_linear, int64_t isa_attention)
       : w_norm_(w_norm), eps_norm_(eps_norm), linear_(import_fn<LinearFn>(linear_fn, "qlinear's linear")),
-        decode_(import_fn<DecodeFn>(decode_fn, "attention's mla_decode")),
+        moe_(import_fn<MoeFn>(moe_fn, "qlinear's moe")), decode_(import_fn<DecodeFn>(decode_fn, "attention's mla_decode")),
         isa_ops_(isa_ops), isa_linear_(isa_linear), isa_attention_(isa_attention) {
     for (py::handle h : layers) {
       py::dict d = py::reinterpret_borrow<py::dict>(h);
@@ -71,7 +75,7 @@ class DecodePlan {
       l.w_q_a_norm = optional_tensor(d, "w_q_a_norm"), l.w_kv_a_norm = optional_tensor(d, "w_kv_a_norm");
       l.w_uk = item<at::Tensor>(d, "w_uk"), l.w_uv_t = item<at::Tensor>(d, "w_uv_t");
       l.qkv_a = plan_linear(d, "qkv_a"), l.q_b = plan_linear(d, "q_b"), l.o = plan_linear(d, "o");
-      l.gate_up = plan_linear(d, "gate_up"), l.down = plan_linear(d, "down");
+      l.gate_up = plan_linear(d, "gate_up"), l.down = plan_linear(d, "down"), l.moe = plan_moe(d);
       l.q_dim = item<int64_t>(d, "q_dim"), l.heads = item<int64_t>(d, "heads");
       l.dn = item<int64_t>(d, "dn"), l.dr = item<int64_t>(d, "dr"), l.dv = item<int64_t>(d, "dv");
       l.rank = item<int64_t>(d, "rank"), l.scale = item<double>(d, "scale");
@@ -114,7 +118,14 @@ class DecodePlan {
       at::Tensor attn = head_matmul(o_lat, l.w_uv_t, 1.0, e, isa_ops_).view({B, l.heads * l.dv});
       std::vector<at::Tensor> post = rms_norm(x, l.w_post, l.eps_post, linear(l.o, attn), isa_ops_);
       x = post[0];
-      carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), isa_ops_));
+      if (l.moe.defined) {  // MoE.forward: the router, then the experts in one call
+        const PlanMoe& m = l.moe;
+        auto [weights, ids] = route_tokens(m, post[1]);
+        carry = moe_(post[1], weights, ids, m.gate_up, m.down, m.shared_gate_up, m.shared_down, m.kind, m.inter,
+                     m.shared_inter, isa_linear_);
+      } else {
+        carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), isa_ops_));
+      }
     }
     if (carry.defined()) x = at::add(x, carry);
     return rms_norm(x, w_norm_, eps_norm_, x.new_empty(0), isa_ops_)[1];  // DeepseekModel: self.norm(x)
@@ -129,6 +140,7 @@ class DecodePlan {
   at::Tensor w_norm_;
   double eps_norm_;
   LinearFn linear_;
+  MoeFn moe_;
   DecodeFn decode_;
   int64_t isa_ops_, isa_linear_, isa_attention_;
   std::vector<PlanLayer> layers_;
@@ -136,7 +148,7 @@ class DecodePlan {
 
 static void register_decode_plan(py::module_& m) {
   py::class_<DecodePlan>(m, "DecodePlan")
-      .def(py::init<py::list, at::Tensor, double, py::capsule, py::capsule, int64_t, int64_t, int64_t>())
+      .def(py::init<py::list, at::Tensor, double, py::capsule, py::capsule, py::capsule, int64_t, int64_t, int64_t>())
       // without the GIL: the server's other threads (tokenizing, HTTP) run during the step
       .def("run", &DecodePlan::run, py::call_guard<py::gil_scoped_release>(),
            "the decoder layers of one all-decode step (see decode_step.h)");

@@ -8,6 +8,8 @@
 // And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
 // group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX2 maddubs / scalar,
 // through the same entry (so the decode plan's capsule runs them too).
+// And a MoE layer's experts in one call (moe.h), over the same kernels as work units (qlinear_kernel.h).
+// This file holds the ISA namespaces; the entries follow them.
 #include "kernel_fns.h"
 #include "torch_lite.h"
 
@@ -60,6 +62,8 @@ struct Vec {
 };
 constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
 #include "qlinear_impl.h"
+#include "exp_poly.h"     // common/: e^x (SwiGLU's)
+#include "swiglu_rows.h"  // common/: SwiGLU's rows (the MoE op's; decode_ops' silu_mul runs the same)
 }  // namespace isa_avx512
 #pragma GCC pop_options
 
@@ -147,46 +151,49 @@ static inline void tile_pair(const int32_t* packed, int64_t G, int64_t b, int64_
   }
 }
 
-// out [M, N] bf16 = x [M, G*16 pair words] times the packed bf16 weight: rows below M16 (whole
-// 16-row tiles) read from x (stride ldx words), the others from tail [16, G*16] (stride ldt, zero rows
-// past M); pairs of blocks split over at::parallel_for's threads. Blocked so that the operands of
-// the tile products come from near caches: the rows in chunks of MC (their activations stay in
-// L2); per pair of blocks, K in blocks of KC groups whose weights (2 x KC KB) stay in L1 across the
-// chunk's rows, the chunk's running totals (MC x 32 floats) in L2 between k blocks, then rounded
-// to bf16 once (nearest even, as torch's .to(bfloat16)).
-static void linear(const int32_t* packed, int64_t NB, int64_t G, const int32_t* x, int64_t M, int64_t ldx, int64_t M16,
-                   const int32_t* tail, int64_t ldt, uint16_t* out, int64_t N) {
-  const int64_t Mp = (M + 15) / 16 * 16, units = NB / 2;  // NB: a multiple of 4 (pack_bf16 pads rows to 64)
+// Work units (pairs of 16-column blocks) of a product with N outputs (never past the packed rows:
+// pack_bf16 pads them to a multiple of 64).
+static inline int64_t amx_unit_count(int64_t N) { return (N + 31) / 32; }
+
+// Units u0..u1 of out [M, N] bf16 (stride ldo) = x [M, G*16 pair words] times the packed bf16 weight: rows below
+// M16 (whole 16-row tiles) read from x (stride ldx words), the others from tail [16, G*16] (stride
+// ldt, zero rows past M). Any split of the units gives the same bits (qlinear.cpp's `linear` splits
+// them over at::parallel_for's threads, moe.h over (expert, unit) items). Blocked so that the
+// operands of the tile products come from near caches: the rows in chunks of MC (their activations
+// stay in L2); per pair of blocks, K in blocks of KC groups whose weights (2 x KC KB) stay in L1
+// across the chunk's rows, the chunk's running totals (MC x 32 floats) in L2 between k blocks, then
+// rounded to bf16 once (nearest even, as torch's .to(bfloat16)).
+static void amx_units(const int32_t* packed, int64_t G, const int32_t* x, int64_t M, int64_t ldx, int64_t M16,
+                      const int32_t* tail, int64_t ldt, uint16_t* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1) {
+  const int64_t Mp = (M + 15) / 16 * 16;
   const int64_t MC = std::max<int64_t>(32, X_BLOCK_BYTES / (G * GROUP * 2) / 32 * 32);
   const auto rows = [&](int64_t m) { return m < M16 ? x + m * ldx : tail + (m - M16) * ldt; };
   const auto stride = [&](int64_t m) { return m < M16 ? ldx : ldt; };
-  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> buffer(std::min(MC, Mp) * 32 + 16);
-    float* c = align64(buffer.data());
-    amx_configure();
-    for (int64_t m0 = 0; m0 < Mp; m0 += MC) {
-      const int64_t m1 = std::min(Mp, m0 + MC);
-      for (int64_t u = u0; u < u1 && u * 32 < N; ++u) {
-        for (int64_t g0 = 0; g0 < G; g0 += KC)
-          for (int64_t m = m0; m < m1; m += 32) {
-            const int64_t g1 = std::min(G, g0 + KC);
-            float* cm = c + (m - m0) * 32;
-            if (m + 16 < Mp)
-              tile_pair<true>(packed, G, 2 * u, g0, g1, rows(m), stride(m), rows(m + 16), stride(m + 16), cm, 32);
-            else
-              tile_pair<false>(packed, G, 2 * u, g0, g1, rows(m), stride(m), nullptr, 0, cm, 32);
-          }
-        for (int64_t m = m0; m < std::min(M, m1); ++m)
-          for (int j = 0; j < 2; ++j) {
-            const int64_t n = u * 32 + 16 * j, cols = std::min<int64_t>(16, N - n);
-            if (cols <= 0) break;
-            const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + (m - m0) * 32 + 16 * j));
-            _mm256_mask_storeu_epi16(out + m * N + n, (__mmask16)((1u << cols) - 1), v);
-          }
-      }
+  std::vector<float> buffer(std::min(MC, Mp) * 32 + 16);
+  float* c = align64(buffer.data());
+  amx_configure();
+  for (int64_t m0 = 0; m0 < Mp; m0 += MC) {
+    const int64_t m1 = std::min(Mp, m0 + MC);
+    for (int64_t u = u0; u < u1 && u * 32 < N; ++u) {
+      for (int64_t g0 = 0; g0 < G; g0 += KC)
+        for (int64_t m = m0; m < m1; m += 32) {
+          const int64_t g1 = std::min(G, g0 + KC);
+          float* cm = c + (m - m0) * 32;
+          if (m + 16 < Mp)
+            tile_pair<true>(packed, G, 2 * u, g0, g1, rows(m), stride(m), rows(m + 16), stride(m + 16), cm, 32);
+          else
+            tile_pair<false>(packed, G, 2 * u, g0, g1, rows(m), stride(m), nullptr, 0, cm, 32);
+        }
+      for (int64_t m = m0; m < std::min(M, m1); ++m)
+        for (int j = 0; j < 2; ++j) {
+          const int64_t n = u * 32 + 16 * j, cols = std::min<int64_t>(16, N - n);
+          if (cols <= 0) break;
+          const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + (m - m0) * 32 + 16 * j));
+          _mm256_mask_storeu_epi16(out + m * ldo + n, (__mmask16)((1u << cols) - 1), v);
+        }
     }
-    _tile_release();
-  });
+  }
+  _tile_release();
 }
 }  // namespace isa_amx
 #pragma GCC pop_options
@@ -287,6 +294,8 @@ static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
   return amax;
 }
 #include "qlinear_dot_impl.h"
+#include "exp_poly.h"     // common/: e^x (SwiGLU's)
+#include "swiglu_rows.h"  // common/: SwiGLU's rows (the MoE op's; decode_ops' silu_mul runs the same)
 }  // namespace isa_avx2
 #pragma GCC pop_options
 
@@ -352,83 +361,11 @@ static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
   return amax;
 }
 #include "qlinear_dot_impl.h"
+#include "exp_poly.h"     // common/: e^x (SwiGLU's)
+#include "swiglu_rows.h"  // common/: SwiGLU's rows (the MoE op's; decode_ops' silu_mul runs the same)
 }  // namespace isa_scalar
 
-namespace {
-
-constexpr float kInvPow16[7] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f};
-
-using Linear = void (*)(const int32_t*, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t,
-                        int64_t);
-
-// kind: 4 (int4), 8 (int8), 16 (bf16 weights), 32 (float32 weights)
-Linear pick_kind(int64_t kind, Linear i4, Linear i8, Linear b16, Linear f32) {
-  return kind == 4 ? i4 : kind == 8 ? i8 : kind == 16 ? b16 : f32;
-}
-
-// bf16_x: the activations are bf16 (vdpbf16ps takes them as they are; float32 ones take the FMA path)
-Linear pick(int64_t isa, int64_t kind, bool bf16_x) {
-  if (isa >= 3 && kind == 16 && bf16_x) return isa_avx512bf16::linear<isa_avx512bf16::BF16>;
-  if (isa >= 2)
-    return pick_kind(kind, isa_avx512::linear<isa_avx512::Int4>, isa_avx512::linear<isa_avx512::Int8>,
-                     isa_avx512::linear<isa_avx512::BF16>, isa_avx512::linear<isa_avx512::F32>);
-  if (isa == 1)
-    return pick_kind(kind, isa_avx2::linear<isa_avx2::Int4>, isa_avx2::linear<isa_avx2::Int8>,
-                     isa_avx2::linear<isa_avx2::BF16>, isa_avx2::linear<isa_avx2::F32>);
-  return pick_kind(kind, isa_scalar::linear<isa_scalar::Int4>, isa_scalar::linear<isa_scalar::Int8>,
-                   isa_scalar::linear<isa_scalar::BF16>, isa_scalar::linear<isa_scalar::F32>);
-}
-
-// x [M, K] float32 / bf16 as float32 rows of Kp (zeros past K), x itself where it already is one.
-at::Tensor float_rows(const at::Tensor& x, int64_t Kp) {
-  const int64_t M = x.size(0), K = x.size(1);
-  if (x.scalar_type() == at::kFloat && K == Kp && x.stride(1) == 1 && x.stride(0) >= Kp) return x;
-  at::Tensor xf = at::empty({M, Kp}, x.options().dtype(at::kFloat));
-  float* dst = xf.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "qlinear_x", [&] {
-    const scalar_t* src = x.data_ptr<scalar_t>();
-    const int64_t s0 = x.stride(0), s1 = x.stride(1);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < Kp; ++k) dst[m * Kp + k] = k < K ? (float)src[m * s0 + k * s1] : 0.0f;
-  });
-  return xf;
-}
-
-// x [M, K] bf16 -> int32 [M, Kp / 2]: word j holds inputs 2j (low half) and 2j + 1 (zeros past K),
-// the vdpbf16ps operand pick(isa 3, kind 16, bf16 x) reads.
-// Mp >= M rows (the AMX path's whole 16-row tiles: rows past M are zeros).
-at::Tensor pair_rows(const at::Tensor& x, int64_t Kp, int64_t Mp = -1) {
-  const int64_t M = x.size(0), K = x.size(1), s0 = x.stride(0), s1 = x.stride(1);
-  Mp = std::max(Mp, M);
-  at::Tensor out = at::empty({Mp, Kp / 2}, x.options().dtype(at::kInt));
-  const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
-  std::fill(dst + M * (Kp / 2), dst + Mp * (Kp / 2), 0u);
-  if (K == Kp && s1 == 1) {  // a row's bf16 pairs are its words already (little-endian)
-    for (int64_t m = 0; m < M; ++m) std::copy(src + m * s0, src + m * s0 + K, reinterpret_cast<uint16_t*>(dst + m * (Kp / 2)));
-    return out;
-  }
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < Kp / 2; ++j) {
-      const uint32_t lo = 2 * j < K ? src[m * s0 + 2 * j * s1] : 0, hi = 2 * j + 1 < K ? src[m * s0 + (2 * j + 1) * s1] : 0;
-      dst[m * (Kp / 2) + j] = lo | hi << 16;
-    }
-  return out;
-}
-
-using DotLinear = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, int64_t, int64_t, const float*,
-                           const float*, float*, int64_t);
-using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*);
-
-// kind: 4 (w4a8), 8 (w8a8). AVX-512 CPUs run the AVX2 path (no 512-bit variant yet: none to test it on).
-DotLinear pick_dot(int64_t isa, int64_t kind) {
-  if (isa >= 1) return kind == 4 ? isa_avx2::dot_linear<isa_avx2::W4> : isa_avx2::dot_linear<isa_avx2::W8>;
-  return kind == 4 ? isa_scalar::dot_linear<isa_scalar::W4> : isa_scalar::dot_linear<isa_scalar::W8>;
-}
-
-Quantize pick_quantize(int64_t isa) { return isa >= 1 ? isa_avx2::quantize_rows : isa_scalar::quantize_rows; }
-
-}  // namespace
+#include "qlinear_kernel.h"  // the kernels of each kind as work units, the activations they read
 
 void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "qlinear: CPU tensors only");
@@ -441,60 +378,30 @@ void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
 
 std::vector<int64_t> supported_isas() { return isas_up_to(4); }
 
-// The packed weight [NB, G, rec] fits x [M, K] and N outputs (both entries' shape rule).
-static void check_fit(const at::Tensor& x, const at::Tensor& packed, int64_t rec, int64_t N) {
-  const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
-  TORCH_CHECK(packed.size(2) == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32,
-              "qlinear: packed weight [", NB, ", ", G, ", ", packed.size(2), "] does not fit x [", M, ", ", K, "], N ", N);
+// A packed weight [NB, G, rec] (packed.py pads its rows to a multiple of 64 and K to whole groups)
+// fits K inputs and N outputs: the shape rule of every entry. `what` names the weight.
+static void check_fit(int64_t NB, int64_t G, int64_t rec_found, int64_t rec, int64_t K, int64_t N, const char* what) {
+  const int64_t Kp = G * 32;
+  TORCH_CHECK(rec_found == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32, "qlinear: ",
+              what, " [", NB, ", ", G, ", ", rec_found, "] does not fit ", K, " inputs and ", N, " outputs (records of ",
+              rec, " words)");
 }
 
-at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa);
-
+// y [M, N] = x [M, K] · Wᵀ in x's dtype (kinds: qlinear_kernel.h), one linear's work units over the threads.
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
-  if (kind == 104 || kind == 108) return dot_linear(x, packed, kind - 100, N, isa);  // one entry for callers
   check_x(x, packed, isa);
-  TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32, "qlinear: kind must be 4, 8, 16, 32, 104 or 108");
-  const int64_t M = x.size(0), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
-  const int64_t rec = kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC
-                      : kind == 16 ? isa_scalar::BF16::REC : isa_scalar::F32::REC;
-  check_fit(x, packed, rec, N);
-  const bool f32 = x.scalar_type() == at::kFloat;
-  if (isa >= 4 && kind == 16 && !f32 && M > 0 && N > 0) {  // AMX tiles: x as words of two bf16, whole 16-row tiles
-    // rows whose 32-bit words are already the pairs (contiguous inputs, whole groups) are read in
-    // place in whole tiles; the rest (or all, otherwise) copied as pair words with zero rows to 16
-    const bool in_place = x.size(1) == Kp && x.stride(1) == 1 && x.stride(0) % 2 == 0 &&
-                          reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
-    const int64_t M16 = in_place ? M / 16 * 16 : 0;
-    const at::Tensor rest = pair_rows(x.narrow(0, M16, M - M16), Kp, (M - M16 + 15) / 16 * 16);
-    at::Tensor y = at::empty({M, N}, x.options());
-    isa_amx::linear(packed.data_ptr<int32_t>(), NB, G, reinterpret_cast<const int32_t*>(x.data_ptr()), M, x.stride(0) / 2,
-                    M16, rest.data_ptr<int32_t>(), rest.stride(0), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N);
-    return y;
+  const Kernel kernel(kind, isa, x.scalar_type() == at::kBFloat16);
+  const int64_t M = x.size(0), G = packed.size(1);
+  check_fit(packed.size(0), G, packed.size(2), kernel.rec(), x.size(1), N, "packed weight");
+  auto out = at::empty({M, N}, x.options().dtype(kernel.out_type()));
+  if (M > 0 && N > 0) {
+    const Act a = kernel.prepare(x, G, true);
+    const int32_t* w = packed.data_ptr<int32_t>();
+    void* y = out.data_ptr();
+    at::parallel_for(0, kernel.units(M, N), 1,
+                     [&](int64_t begin, int64_t end) { kernel.run(w, G, a, 0, M, y, N, N, begin, end); });
   }
-  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());
-  const bool pairs = isa >= 3 && kind == 16 && !f32;  // vdpbf16ps: x as words of two bf16
-  const at::Tensor xf = pairs ? pair_rows(x, Kp) : float_rows(x, Kp);
-  const float* xp = pairs ? reinterpret_cast<const float*>(xf.data_ptr<int32_t>()) : xf.data_ptr<float>();
-  int64_t ldx = xf.stride(0);
-  // int4: each row's sum per group (in input order: a fixed order per row) for the min term, and
-  // x' = x * 16^-(k % 8) (k % 8 < 7) for the in-place nibbles (qlinear_impl.h)
-  std::vector<float> xsum(kind == 4 ? M * G : 1), xs(kind == 4 ? M * Kp : 0);
-  if (kind == 4) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t g = 0; g < G; ++g) {
-        float s = 0.0f;
-        for (int64_t k = 0; k < 32; ++k) {
-          const float v = xp[m * ldx + g * 32 + k];
-          s += v;
-          xs[m * Kp + g * 32 + k] = (k & 7) == 7 ? v : v * kInvPow16[k & 7];
-        }
-        xsum[m * G + g] = s;
-      }
-    xp = xs.data(), ldx = Kp;
-  }
-  pick(isa, kind, !f32)(packed.data_ptr<int32_t>(), NB, G, xp, M, ldx, xsum.data(), out.data_ptr<float>(), N, N);
-  return f32 ? out : out.to(x.scalar_type());
+  return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
 }
 
 // x [M, K] -> int8 codes [M, Kp], d_x [M, G], s_x [M, G] as the integer-dot linears quantize it
@@ -502,39 +409,20 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
 std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t isa) {
   check_x(x, at::empty({1, 1, 1}, at::kInt), isa);
   TORCH_CHECK(x.size(1) <= G * 32, "qlinear: x has more than G * 32 inputs");
-  const int64_t M = x.size(0);
-  const at::Tensor xf = float_rows(x, G * 32);
-  auto q = at::empty({M, G * 32}, x.options().dtype(at::kChar));
-  auto d = at::empty({M, G}, x.options().dtype(at::kFloat)), s = at::empty({M, G}, x.options().dtype(at::kFloat));
-  pick_quantize(isa)(xf.data_ptr<float>(), xf.stride(0), M, G, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
-  return {q, d, s};
+  const Act a = Kernel(108, isa, false).prepare(x, G, false);
+  return {a.rows, a.sums, a.sx};
 }
 
-// y [M, N] = x [M, K] · Wᵀ with x quantized to int8 per row and group of 32 and W packed by
-// qlinear.py (pack_w4a8: kind 4, pack_w8a8: kind 8) -> y in x's dtype.
-at::Tensor dot_linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
-  check_x(x, packed, isa);
-  TORCH_CHECK(kind == 4 || kind == 8, "qlinear: dot_linear kind must be 4 (w4a8) or 8 (w8a8)");
-  const int64_t M = x.size(0), NB = packed.size(0), G = packed.size(1), Kp = G * 32;
-  const int64_t rec = (kind == 4 ? isa_scalar::W4::REC : isa_scalar::W8::REC) / 4;
-  check_fit(x, packed, rec, N);
-  const bool f32 = x.scalar_type() == at::kFloat;
-  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return f32 ? out : out.to(x.scalar_type());
-  const at::Tensor xf = float_rows(x, Kp);
-  std::vector<int8_t> q(M * Kp);
-  std::vector<float> d(M * G), s(M * G);
-  pick_quantize(isa)(xf.data_ptr<float>(), xf.stride(0), M, G, q.data(), d.data(), s.data());
-  pick_dot(isa, kind)(reinterpret_cast<const uint8_t*>(packed.data_ptr<int32_t>()), NB, G, q.data(), M, Kp, d.data(),
-                      s.data(), out.data_ptr<float>(), N);
-  return f32 ? out : out.to(x.scalar_type());
-}
+#include "swiglu.h"  // common/: silu_mul (decode_ops' too), for the MoE op
+#include "moe.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>(), "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
+  m.def("moe", &moe, py::call_guard<py::gil_scoped_release>(), "a MoE layer's routed and shared experts (see moe.h)");
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x and s_x");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
-  // for the decode plan (decode_ops/decode_step.h), which calls `linear` without Python between
-  m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the type kernel_fns.h declares
+  // for the decode plan (decode_ops/decode_step.h), which calls `linear` and `moe` without Python between
+  m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the types kernel_fns.h declares
+  m.attr("moe_capsule") = export_fn<MoeFn>(&moe);
 }

@@ -81,17 +81,18 @@ static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8
   }
 }
 
-// y [M, N] (stride ldo) from the quantized activations and NB packed blocks; threads split the
-// output rows in units of 2 blocks (the packed rows are a multiple of 64: a unit never runs past them).
+// Work units of a dot linear with N outputs: DOT_U blocks each (the packed rows are a multiple of
+// 64: a unit never runs past them).
+constexpr int DOT_U = 2;
+static inline int64_t dot_unit_count(int64_t N) { return ((N + BLOCK - 1) / BLOCK + DOT_U - 1) / DOT_U; }
+
+// Units u0..u1 of y [M, N] (stride ldo) from the quantized activations (xq [M, G*32] stride ldq, xd /
+// xs [M, G]); any split gives the same bits (qlinear.cpp splits them over threads, moe.h over
+// (expert, unit) items).
 template <class D>
-static void dot_linear(const uint8_t* packed, int64_t NB, int64_t G, const int8_t* xq, int64_t M, int64_t ldq,
-                       const float* xd, const float* xs, float* out, int64_t N) {
-  constexpr int U = 2;
-  const int64_t units = ((N + BLOCK - 1) / BLOCK + U - 1) / U;
-  (void)NB;
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) dot_unit<D, U>(packed, G, u * U, xq, M, ldq, xd, xs, out, N, N);
-  });
+static void dot_units(const uint8_t* packed, int64_t G, const int8_t* xq, int64_t M, int64_t ldq, const float* xd,
+                      const float* xs, float* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1) {
+  for (int64_t u = u0; u < u1; ++u) dot_unit<D, DOT_U>(packed, G, u * DOT_U, xq, M, ldq, xd, xs, out, ldo, N);
 }
 
 // x [M rows, stride ldx] float32 (zeros past K, G groups a row) -> codes q [M, 32 G], d_x and s_x [M, G].

@@ -326,28 +326,28 @@ static void tile_units(const int32_t* packed, int64_t G, int64_t u0, int64_t u1,
   }
 }
 
-// y [M, N] (stride ldo) = x [M, G*32] (stride ldx, zero past K) times the packed weight (NB blocks);
-// xsum [M, G] (int4 only). Work items split the output rows over at::parallel_for's threads.
-template <class F>
-static void linear(const int32_t* packed, int64_t NB, int64_t G, const float* x, int64_t M, int64_t ldx,
-                   const float* xsum, float* out, int64_t ldo, int64_t N) {
+// Work units of a linear over M rows and N outputs: DIRECT_P panels of the direct path (M <
+// TILE_MIN), else TILE_BLOCKS blocks of the tile path. Never past the packed rows (a multiple of 64).
+static inline int64_t linear_unit_count(int64_t M, int64_t N) {
   constexpr int W = Vec::W;
-  (void)NB;
+  if (M < TILE_MIN) return ((N + W - 1) / W + DIRECT_P - 1) / DIRECT_P;
+  return ((N + BLOCK - 1) / BLOCK + TILE_BLOCKS - 1) / TILE_BLOCKS;  // the last may be short of blocks
+}
+
+// Units u0..u1 of y [M, N] (stride ldo) = x [M, G*32] (stride ldx, zero past K) times the packed
+// weight; xsum [M, G] (int4 only). Each output element's order is the same whatever the units a call
+// runs, so `linear` splits them over threads and the MoE op (moe.h) over (expert, unit) items.
+template <class F>
+static void linear_units(const int32_t* packed, int64_t G, const float* x, int64_t M, int64_t ldx, const float* xsum,
+                         float* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1) {
   if (M < TILE_MIN) {
-    const int64_t units = ((N + W - 1) / W + DIRECT_P - 1) / DIRECT_P;  // never past the packed rows (a multiple of 64)
-    at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end; ++u)
-        direct_unit<F, DIRECT_P>(packed, G, u * DIRECT_P, x, M, ldx, xsum, out, ldo, N);
-    });
+    for (int64_t u = u0; u < u1; ++u) direct_unit<F, DIRECT_P>(packed, G, u * DIRECT_P, x, M, ldx, xsum, out, ldo, N);
     return;
   }
-  const int64_t units = ((N + BLOCK - 1) / BLOCK + TILE_BLOCKS - 1) / TILE_BLOCKS;  // the last may be short of blocks
   // M blocks of whole passes (a multiple of MB_TILE rows); chunks of at least one unit
   const int64_t MC = std::max<int64_t>(MB_TILE, X_BLOCK_BYTES / (G * GROUP * 4) / MB_TILE * MB_TILE);
   const int64_t UC = std::max<int64_t>(1, W_CHUNK_BYTES / (TILE_BLOCKS * G * F::REC * 4));
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> tile(TILE_BLOCKS * KC * Tile<F>::REC + 16);
-    std::vector<float> tot(MC * TILE_BLOCKS * BLOCK + 16);
-    tile_units<F>(packed, G, begin, end, x, M, ldx, xsum, out, ldo, N, MC, UC, align64(tile.data()), align64(tot.data()));
-  });
+  std::vector<int32_t> tile(TILE_BLOCKS * KC * Tile<F>::REC + 16);
+  std::vector<float> tot(std::min(MC, M) * TILE_BLOCKS * BLOCK + 16);
+  tile_units<F>(packed, G, u0, u1, x, M, ldx, xsum, out, ldo, N, MC, UC, align64(tile.data()), align64(tot.data()));
 }

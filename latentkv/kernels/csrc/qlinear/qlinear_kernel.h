@@ -1,0 +1,196 @@
+// How qlinear.cpp's entries run a packed linear, at file scope after its ISA namespaces: the kernel
+// of a record kind on an instruction set for x's dtype (`Kernel`), x in the form that kernel reads
+// (`Act`, `Kernel::prepare`), and the output in work units (`Kernel::units`, `Kernel::run`). The
+// `linear` entry runs one linear's units over the threads; the MoE op (moe.h) runs the units of
+// many linears (its experts') as the items of one parallel region. Every output element reduces in
+// its kind's fixed order whatever units a call runs (qlinear_impl.h, qlinear_dot_impl.h).
+#pragma once
+#include "torch_lite.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr float kInvPow16[7] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f};
+
+// x [M, K] float32 / bf16 as float32 rows of Kp (zeros past K), x itself where it already is one.
+at::Tensor float_rows(const at::Tensor& x, int64_t Kp) {
+  const int64_t M = x.size(0), K = x.size(1);
+  if (x.scalar_type() == at::kFloat && K == Kp && x.stride(1) == 1 && x.stride(0) >= Kp) return x;
+  at::Tensor xf = at::empty({M, Kp}, x.options().dtype(at::kFloat));
+  float* dst = xf.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "qlinear_x", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    const int64_t s0 = x.stride(0), s1 = x.stride(1);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < Kp; ++k) dst[m * Kp + k] = k < K ? (float)src[m * s0 + k * s1] : 0.0f;
+  });
+  return xf;
+}
+
+// x [M, K] bf16 -> int32 [Mp, Kp / 2]: word j holds inputs 2j (low half) and 2j + 1 (zeros past K),
+// the operand of vdpbf16ps and of the AMX tiles. Mp >= M rows (AMX's whole 16-row tiles: rows past M
+// are zeros).
+at::Tensor pair_rows(const at::Tensor& x, int64_t Kp, int64_t Mp = -1) {
+  const int64_t M = x.size(0), K = x.size(1), s0 = x.stride(0), s1 = x.stride(1);
+  Mp = std::max(Mp, M);
+  at::Tensor out = at::empty({Mp, Kp / 2}, x.options().dtype(at::kInt));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  std::fill(dst + M * (Kp / 2), dst + Mp * (Kp / 2), 0u);
+  if (K == Kp && s1 == 1) {  // a row's bf16 pairs are its words already (little-endian)
+    for (int64_t m = 0; m < M; ++m) std::copy(src + m * s0, src + m * s0 + K, reinterpret_cast<uint16_t*>(dst + m * (Kp / 2)));
+    return out;
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < Kp / 2; ++j) {
+      const uint32_t lo = 2 * j < K ? src[m * s0 + 2 * j * s1] : 0, hi = 2 * j + 1 < K ? src[m * s0 + (2 * j + 1) * s1] : 0;
+      dst[m * (Kp / 2) + j] = lo | hi << 16;
+    }
+  return out;
+}
+
+// x [M, K] as a kernel reads it (Kernel::prepare), one row per row of x:
+//   float32 rows [M, Kp] (int4: input k times 16^-(k % 8) (qlinear_impl.h), `sums` each group's sum of x [M, G]);
+//   words of two bf16 [Mp, Kp / 2] (vdpbf16ps; AMX: Mp whole 16-row tiles);
+//   int8 codes [M, Kp] with `sums` d_x and `sx` s_x [M, G] (the integer-dot kinds, qlinear_dot_impl.h).
+struct Act {
+  at::Tensor rows, sums, sx;
+  const int32_t* head = nullptr;  // AMX's linear entry: rows below M16 read in place from x (stride ldh words)
+  int64_t ldh = 0, M16 = 0;
+};
+
+using Units = void (*)(const int32_t*, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t,
+                       int64_t, int64_t);
+using DotUnits = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int64_t, const float*, const float*, float*,
+                          int64_t, int64_t, int64_t, int64_t);
+using Count = int64_t (*)(int64_t, int64_t);  // (M, N) -> work units
+using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*);
+
+// kind: 4 (int4), 8 (int8), 16 (bf16 weights), 32 (float32 weights)
+Units pick_kind(int64_t kind, Units i4, Units i8, Units b16, Units f32) {
+  return kind == 4 ? i4 : kind == 8 ? i8 : kind == 16 ? b16 : f32;
+}
+
+// The kernel of record kind 4, 8, 16, 32 (qlinear_impl.h) or 104, 108 (int8 activations times int4 /
+// int8 weights: qlinear_dot_impl.h) on `isa` for x in bf16 (bf16_x) or float32.
+struct Kernel {
+  int64_t kind, isa;
+  bool bf16_x;
+  Units units_fn = nullptr;
+  DotUnits dot_fn = nullptr;
+  Count count = nullptr;
+  Quantize quantize = nullptr;
+
+  Kernel(int64_t kind_, int64_t isa_, bool bf16_x_) : kind(kind_), isa(isa_), bf16_x(bf16_x_) {
+    TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32 || dot(),
+                "qlinear: kind must be 4, 8, 16, 32, 104 or 108, got ", kind);
+    if (dot()) {  // AVX-512 CPUs run the AVX2 path (no 512-bit variant yet: none to test it on)
+      const bool w4 = kind == 104;
+      dot_fn = isa >= 1 ? (w4 ? isa_avx2::dot_units<isa_avx2::W4> : isa_avx2::dot_units<isa_avx2::W8>)
+                        : (w4 ? isa_scalar::dot_units<isa_scalar::W4> : isa_scalar::dot_units<isa_scalar::W8>);
+      count = isa >= 1 ? static_cast<Count>([](int64_t, int64_t N) { return isa_avx2::dot_unit_count(N); })
+                       : static_cast<Count>([](int64_t, int64_t N) { return isa_scalar::dot_unit_count(N); });
+      quantize = isa >= 1 ? isa_avx2::quantize_rows : isa_scalar::quantize_rows;
+    } else if (amx()) {
+      count = [](int64_t, int64_t N) { return isa_amx::amx_unit_count(N); };
+    } else if (pairs()) {  // bf16 rows times bf16 weights by vdpbf16ps
+      units_fn = isa_avx512bf16::linear_units<isa_avx512bf16::BF16>;
+      count = isa_avx512bf16::linear_unit_count;
+    } else if (isa >= 2) {
+      units_fn = pick_kind(kind, isa_avx512::linear_units<isa_avx512::Int4>, isa_avx512::linear_units<isa_avx512::Int8>,
+                           isa_avx512::linear_units<isa_avx512::BF16>, isa_avx512::linear_units<isa_avx512::F32>);
+      count = isa_avx512::linear_unit_count;
+    } else if (isa == 1) {
+      units_fn = pick_kind(kind, isa_avx2::linear_units<isa_avx2::Int4>, isa_avx2::linear_units<isa_avx2::Int8>,
+                           isa_avx2::linear_units<isa_avx2::BF16>, isa_avx2::linear_units<isa_avx2::F32>);
+      count = isa_avx2::linear_unit_count;
+    } else {
+      units_fn = pick_kind(kind, isa_scalar::linear_units<isa_scalar::Int4>, isa_scalar::linear_units<isa_scalar::Int8>,
+                           isa_scalar::linear_units<isa_scalar::BF16>, isa_scalar::linear_units<isa_scalar::F32>);
+      count = isa_scalar::linear_unit_count;
+    }
+  }
+
+  bool dot() const { return kind == 104 || kind == 108; }
+  bool amx() const { return isa >= 4 && kind == 16 && bf16_x; }  // AMX tiles (qlinear.cpp isa_amx)
+  bool pairs() const { return isa >= 3 && kind == 16 && bf16_x; }  // x as words of two bf16
+  // words per record of the packed weight
+  int64_t rec() const {
+    return kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC : kind == 16 ? isa_scalar::BF16::REC
+           : kind == 32 ? isa_scalar::F32::REC : kind == 104 ? isa_scalar::W4::REC / 4 : isa_scalar::W8::REC / 4;
+  }
+  // what `run` writes: float32, or bf16 (the AMX tiles round once, inside)
+  at::ScalarType out_type() const { return amx() ? at::kBFloat16 : at::kFloat; }
+  int64_t units(int64_t M, int64_t N) const { return count(M, N); }
+
+  // x [M, K] float32 / bf16 (K <= G * 32) -> its Act. in_place: AMX may read whole tiles of x where they lie.
+  Act prepare(const at::Tensor& x, int64_t G, bool in_place) const {
+    const int64_t M = x.size(0), Kp = G * 32;
+    Act a;
+    if (amx()) {
+      // rows whose 32-bit words are already the pairs (contiguous inputs, whole groups) are read in
+      // place in whole tiles; the rest (or all, otherwise) copied as pair words with zero rows to 16
+      const bool whole = in_place && x.size(1) == Kp && x.stride(1) == 1 && x.stride(0) % 2 == 0 &&
+                         reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
+      a.M16 = whole ? M / 16 * 16 : 0;
+      a.head = reinterpret_cast<const int32_t*>(x.data_ptr()), a.ldh = x.stride(0) / 2;
+      a.rows = pair_rows(x.narrow(0, a.M16, M - a.M16), Kp, (M - a.M16 + 15) / 16 * 16);
+      return a;
+    }
+    if (pairs()) {
+      a.rows = pair_rows(x, Kp);
+      return a;
+    }
+    const at::Tensor xf = float_rows(x, Kp);
+    const float* xp = xf.data_ptr<float>();
+    const int64_t ldx = xf.stride(0);
+    if (dot()) {
+      a.rows = at::empty({M, Kp}, x.options().dtype(at::kChar));
+      a.sums = at::empty({M, G}, x.options().dtype(at::kFloat)), a.sx = at::empty({M, G}, x.options().dtype(at::kFloat));
+      quantize(xp, ldx, M, G, a.rows.data_ptr<int8_t>(), a.sums.data_ptr<float>(), a.sx.data_ptr<float>());
+    } else if (kind == 4) {
+      // each row's sum per group (in input order: a fixed order per row) for the min term, and
+      // x' = x * 16^-(k % 8) (k % 8 < 7) for the in-place nibbles (qlinear_impl.h)
+      a.rows = at::empty({M, Kp}, x.options().dtype(at::kFloat)), a.sums = at::empty({M, G}, x.options().dtype(at::kFloat));
+      float *xs = a.rows.data_ptr<float>(), *xsum = a.sums.data_ptr<float>();
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t g = 0; g < G; ++g) {
+          float s = 0.0f;
+          for (int64_t k = 0; k < 32; ++k) {
+            const float v = xp[m * ldx + g * 32 + k];
+            s += v;
+            xs[m * Kp + g * 32 + k] = (k & 7) == 7 ? v : v * kInvPow16[k & 7];
+          }
+          xsum[m * G + g] = s;
+        }
+    } else {
+      a.rows = xf;
+    }
+    return a;
+  }
+
+  // Units u0..u1 of out [M, N] (stride ldo, of out_type()) = rows m0 .. m0 + M of a times the packed
+  // weight (G groups a row).
+  void run(const int32_t* packed, int64_t G, const Act& a, int64_t m0, int64_t M, void* out, int64_t ldo, int64_t N,
+           int64_t u0, int64_t u1) const {
+    const int64_t ld = a.rows.stride(0);
+    if (dot()) {
+      dot_fn(reinterpret_cast<const uint8_t*>(packed), G, a.rows.data_ptr<int8_t>() + m0 * ld, M, ld,
+             a.sums.data_ptr<float>() + m0 * G, a.sx.data_ptr<float>() + m0 * G, static_cast<float*>(out), ldo, N, u0, u1);
+    } else if (amx()) {
+      TORCH_CHECK(m0 == 0 || a.M16 == 0, "qlinear: AMX rows read in place start at row 0");
+      isa_amx::amx_units(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>() + m0 * ld, ld,
+                         static_cast<uint16_t*>(out), ldo, N, u0, u1);
+    } else {
+      static const float none = 0.0f;  // xsum of the kinds without a min term: never read
+      const float* x = pairs() ? reinterpret_cast<const float*>(a.rows.data_ptr<int32_t>()) : a.rows.data_ptr<float>();
+      units_fn(packed, G, x + m0 * ld, M, ld, kind == 4 ? a.sums.data_ptr<float>() + m0 * G : &none,
+               static_cast<float*>(out), ldo, N, u0, u1);
+    }
+  }
+};
+
+}  // namespace

@@ -1,0 +1,165 @@
+"""A MoE layer's experts in one native call (kernels/qlinear.py `moe`, csrc/qlinear/moe.h) against
+model/deepseek.py moe_reference (the per-expert loop over the same modules), and MoE.forward's choice
+between them.
+
+No tolerance: the op runs each expert's linears through the packed kernels the modules run (a row's
+bits do not depend on the rows beside it: tests/model/test_qlinear.py), SwiGLU through the rows
+decode_ops' silu_mul runs (common/swiglu_rows.h) on the same ISA, and sums a token's slots in the
+reference's order with the reference's roundings (a float32 product, then a float32 sum, per slot;
+the shared experts last). So for every record kind, float32 and bf16 activations and every ISA the
+two agree bit for bit, and a token's row is the same alone, in any batch and on any thread count."""
+import pytest
+import torch
+
+from latentkv.config import ModelConfig
+from latentkv.kernels import decode_ops, qlinear
+from latentkv.kernels.build import ISAS
+from latentkv.model.deepseek import MoE, moe_reference
+from latentkv.model.route import decide_route
+from threads import torch_threads
+
+pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
+
+E, D, INTER, SHARED = 8, 96, 40, 2  # 8 routed experts of width 40 (not whole groups of 32), 2 shared ones
+# (dtype, weights): every record kind (32, 16, 4, 8, 104, 108) and bf16 activations on quantized weights
+WEIGHTS = [("float32", "fixed-order"), ("bfloat16", "fixed-order"), ("float32", "int4"), ("float32", "int8"),
+           ("float32", "w4a8"), ("float32", "w8a8"), ("bfloat16", "int4"), ("bfloat16", "w8a8")]
+RECORDS = {"int4": 4, "int8": 8, "w4a8": qlinear.ACT8 + 4, "w8a8": qlinear.ACT8 + 8}
+
+
+def config(k: int = 6) -> ModelConfig:
+    return ModelConfig.from_dict(dict(
+        model_type="deepseek_v2", vocab_size=128, hidden_size=D, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
+        moe_intermediate_size=INTER, n_routed_experts=E, n_shared_experts=SHARED, num_experts_per_tok=k,
+        first_k_dense_replace=1))
+
+
+@torch.no_grad()
+def moe_layer(dtype: str, weights: str, k: int = 6, seed: int = 0) -> MoE:
+    """A MoE layer built as the route builds it, random weights, packed as the loader leaves it."""
+    quantization = None if weights == "fixed-order" else weights
+    route = decide_route("cpu", getattr(torch, dtype), "torch", quantization, batch_invariant=quantization is None)
+    layer = MoE(config(k), route).to(getattr(torch, dtype))
+    gen = torch.Generator().manual_seed(seed)
+    for p in layer.parameters():
+        p.copy_((torch.randn(p.shape, generator=gen) * 0.1).to(p.dtype))
+    layer.pack_weights()
+    return layer
+
+
+_LAYERS: dict = {}
+
+
+def cached_layer(dtype: str, weights: str) -> MoE:
+    if (dtype, weights) not in _LAYERS:
+        _LAYERS[dtype, weights] = moe_layer(dtype, weights)
+    return _LAYERS[dtype, weights]
+
+
+def routing(tokens: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> weights [T, k] float32, ids [T, k]: distinct experts per token as topk gives them, expert 0
+    in every token (in a random slot), expert E - 1 in none."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.cat((torch.zeros(1, dtype=torch.long), torch.randperm(E - 2, generator=gen)[:k - 1] + 1))
+                       [torch.randperm(k, generator=gen)] for _ in range(tokens)])
+    return torch.rand(tokens, k, generator=gen) + 0.05, ids
+
+
+def native(layer: MoE, x, weights, ids) -> torch.Tensor:
+    return qlinear.moe(x, weights, ids, *layer.native)
+
+
+def use_isa(name: str, monkeypatch) -> None:
+    """qlinear on `name`, decode_ops (the reference's SwiGLU) on the path the op's SwiGLU takes for it."""
+    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[name])
+    monkeypatch.setitem(decode_ops.EXT.state, "isa", min(ISAS[name], ISAS["avx512"]))
+
+
+@pytest.fixture(autouse=True)
+def need_fused_ops():
+    if not decode_ops.available():  # the reference's SwiGLU must be the native rows for equal bits
+        pytest.skip(f"fused ops not built: {decode_ops.unavailable_reason()}")
+
+
+@pytest.mark.parametrize("dtype,weights", WEIGHTS)
+@pytest.mark.parametrize("tokens", [1, 3, 32, 67])  # direct (M < 4) and tile passes inside the groups
+@pytest.mark.parametrize("k", [1, 6])
+@torch.no_grad()
+def test_native_call_gives_the_reference_bits(dtype, weights, tokens, k, monkeypatch):
+    layer = cached_layer(dtype, weights)
+    assert layer.native is not None and layer.native[4] == RECORDS.get(weights, 16 if dtype == "bfloat16" else 32)
+    x = torch.randn(tokens, D, generator=torch.Generator().manual_seed(tokens)).to(getattr(torch, dtype))
+    w, ids = routing(tokens, k, seed=tokens + k)
+    for isa in qlinear.EXT.supported_isas():
+        use_isa(isa, monkeypatch)
+        out = native(layer, x, w, ids)
+        assert out.shape == x.shape and out.dtype == x.dtype
+        assert torch.equal(out, moe_reference(x, w, ids, layer.experts, layer.shared_experts)), isa
+
+
+@pytest.mark.parametrize("dtype,weights", WEIGHTS)
+@torch.no_grad()
+def test_a_token_has_the_same_bits_alone_in_a_batch_and_on_any_threads(dtype, weights):
+    """33 tokens (each in 6 of the experts): every token's row computed alone on 1 thread equals its
+    row in the batch on 2 threads (and the batch on 1 thread), on the ISA that serves."""
+    layer = cached_layer(dtype, weights)
+    x = torch.randn(33, D, generator=torch.Generator().manual_seed(5)).to(getattr(torch, dtype))
+    w, ids = routing(33, 6, seed=6)
+    with torch_threads(2):
+        batch = native(layer, x, w, ids)
+    with torch_threads(1):
+        assert torch.equal(native(layer, x, w, ids), batch)
+        for t in range(33):
+            assert torch.equal(native(layer, x[t:t + 1], w[t:t + 1], ids[t:t + 1]), batch[t:t + 1]), t
+    with torch_threads(2):
+        assert torch.equal(native(layer, x[7:8], w[7:8], ids[7:8]), batch[7:8])
+
+
+@torch.no_grad()
+def test_forward_runs_the_native_call_where_the_route_packs_for_qlinear(monkeypatch):
+    """Packed linears: MoE.forward is the router then the native call, and the experts' buffers are
+    views of the stacked records (no second copy). Under autograd, torch's linears, or ATen's int
+    kernels (qlinear not built), the reference runs."""
+    layer = moe_layer("float32", "int4")
+    stack = layer.native[0]
+    assert all(mlp.gate_up_proj.weight_packed.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+               for mlp in layer.experts)
+    x = torch.randn(9, D, generator=torch.Generator().manual_seed(1))
+    weights, ids = layer.gate(x)
+    assert torch.equal(layer(x), native(layer, x, weights, ids))
+    calls = []
+    monkeypatch.setattr(qlinear, "moe", lambda *args: calls.append(args))
+    with torch.enable_grad():  # (the SwiGLU there is PyTorch's too: fused.runs)
+        assert torch.equal(layer(x), moe_reference(x, weights, ids, layer.experts, layer.shared_experts))
+    assert not calls
+    route = decide_route("cpu", torch.float32, "torch")  # torch's linears
+    float_layer = MoE(config(), route)
+    float_layer.pack_weights()
+    assert route.weights == "float" and float_layer.native is None
+    monkeypatch.setitem(qlinear.EXT.state, "module", None)
+    monkeypatch.setitem(qlinear.EXT.state, "reason", "test")
+    aten = moe_layer("float32", "int4")
+    assert not aten.experts[0].gate_up_proj.uses_qlinear and aten.native is None
+    aten(x)
+    assert not calls
+
+
+@torch.no_grad()
+def test_bad_input_is_an_error_naming_it():
+    layer = cached_layer("float32", "int8")
+    x = torch.randn(4, D)
+    w, ids = routing(4, 6, seed=2)
+    with pytest.raises(RuntimeError, match=r"ids\[2, 3\] = 8 is not one of the 8 experts"):
+        ids_bad = ids.clone()
+        ids_bad[2, 3] = E
+        native(layer, x, w, ids_bad)
+    with pytest.raises(RuntimeError, match="ids must be \\[T, k\\] int64"):
+        native(layer, x, w, ids.int())
+    with pytest.raises(RuntimeError, match="weights must be \\[T, k\\] float32"):
+        native(layer, x, w[:, :3], ids)
+    gate_up, down, shared_gate_up, shared_down, kind, inter, shared_inter = layer.native
+    with pytest.raises(RuntimeError, match="moe down .* does not fit 40 inputs and 96 outputs"):
+        qlinear.moe(x, w, ids, gate_up, gate_up, shared_gate_up, shared_down, kind, inter, shared_inter)
+    with pytest.raises(RuntimeError, match="moe gate_up .* does not fit 60 inputs"):
+        qlinear.moe(x[:, :60], w, ids, gate_up, down, shared_gate_up, shared_down, kind, inter, shared_inter)
