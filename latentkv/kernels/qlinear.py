@@ -167,19 +167,26 @@ def pack_bf16(w: torch.Tensor) -> torch.Tensor:
 W4A8_SLOTS = (0, 4, 1, 5, 2, 6, 3, 7)
 
 
+def w4a8_scale_min(scale_zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quant.quantize_int4's scale_zero [G, N, 2] -> the w4a8 record's scale d_w and min m_w
+    (zero - 8 * scale, the group's lowest weight) [G, N] each, float16 as stored (Q4_1's 5 bits a
+    weight, not 6: float16 keeps 11 significant bits, bf16 8)."""
+    scale, zero = scale_zero.float().unbind(-1)
+    return scale.half(), (zero - 8 * scale).half()
+
+
 def pack_w4a8(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
     """quant.quantize_int4's codes [N, Kp] (0..15) and scale_zero [Kp/32, N, 2] -> packed int32
-    [NB, G, 96] for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in 16
+    [NB, G, 80] for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in 16
     bytes (byte j: input j in the low nibble, input j + 16 in the high; rows in W4A8_SLOTS order),
-    then 16 scales and 16 minimums (zero - 8 * scale, as pack_int4: the same weights), float32."""
+    then 16 scales and 16 minimums as float16 (w4a8_scale_min)."""
     n, kp = codes.shape
     g, pad = kp // GROUP, -n % ROW_PAD
     nb = (n + pad) // BLOCK
     c = _pad(codes, pad, 0).to(torch.uint8).view(nb, BLOCK, g, 2, 16)
     rows = torch.tensor(W4A8_SLOTS + tuple(8 + s for s in W4A8_SLOTS))
     nib = (c[..., 0, :] | (c[..., 1, :] << 4))[:, rows].permute(0, 2, 1, 3).reshape(nb, g, BLOCK * 16)
-    scale, zero = scale_zero.float().unbind(-1)                        # [G, N] each
-    sm = F.pad(torch.stack((scale, zero - 8 * scale)), (0, pad)).view(2, g, nb, BLOCK).permute(2, 1, 0, 3)
+    sm = F.pad(torch.stack(w4a8_scale_min(scale_zero)), (0, pad)).view(2, g, nb, BLOCK).permute(2, 1, 0, 3)  # [G, N] each
     return torch.cat((nib.contiguous().view(torch.int32), sm.reshape(nb, g, 2 * BLOCK).contiguous().view(torch.int32)),
                      dim=-1).contiguous()
 

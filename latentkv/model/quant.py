@@ -154,8 +154,9 @@ class Int4Linear(QuantLinear):
 
 
 class W4A8Linear(QuantLinear):
-    """Int4Linear's weights (quantize_int4, K padded to whole groups) in the integer-dot layout
-    (qlinear.pack_w4a8); activations quantized to int8 per row and group of 32 inside the kernel."""
+    """Int4Linear's codes (quantize_int4, K padded to whole groups) in the integer-dot layout
+    (qlinear.pack_w4a8), each group's scale and lowest weight stored as float16 (5 bits a weight,
+    as Q4_1); activations quantized to int8 per row and group of 32 inside the kernel."""
 
     record = qlinear.ACT8 + 4
 

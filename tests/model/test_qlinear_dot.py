@@ -42,8 +42,8 @@ def weights(bits: int, n: int, k: int, seed: int = 0):
     kp = -(-k // 32) * 32
     if bits == 4:
         codes, scale_zero = quantize_int4(F.pad(w, (0, kp - k)))
-        scale, zero = scale_zero.unbind(-1)
-        return qlinear.pack_w4a8(codes, scale_zero), codes.double(), scale, zero - 8 * scale
+        scale, low = qlinear.w4a8_scale_min(scale_zero)  # as the record stores them
+        return qlinear.pack_w4a8(codes, scale_zero), codes.double(), scale.float(), low.float()
     codes, scale = quantize_int8(w)
     return qlinear.pack_w8a8(codes, scale), F.pad(codes, (0, kp - k)).double(), scale.expand(kp // 32, n), None
 

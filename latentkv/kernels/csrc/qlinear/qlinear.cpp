@@ -24,6 +24,18 @@
 #include <cstdint>
 #include <vector>
 
+// A record's scales (and mins) at byte offset `at`: float16 (w4a8) or float32 (w8a8).
+static inline const uint16_t* halves(const uint8_t* rec, int at) { return reinterpret_cast<const uint16_t*>(rec + at); }
+static inline const float* floats(const uint8_t* rec, int at) { return reinterpret_cast<const float*>(rec + at); }
+
+// IEEE half -> float, exact (the scalar path's twin of vcvtph2ps): subnormals as mantissa * 2^-24.
+static inline float half_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) return sign ? -(float)man * 0x1p-24f : (float)man * 0x1p-24f;
+  const uint32_t bits = exp == 31 ? 0x7f800000u | man << 13 : (exp + 112) << 23 | man << 13;
+  return __builtin_bit_cast(float, sign | bits);
+}
+
 // quantize_group's answer (every ISA) for a group holding a NaN: codes 0, sum 0, max|v| NaN, so
 // d_x and s_x are NaN and the NaN reaches every output of the row, as in a float linear.
 static inline float nan_group(int8_t* q, int32_t* sum) {
@@ -53,6 +65,7 @@ struct Vec {
   static inline T byte(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  static inline T half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   // words of two bf16 (input k in the low half, k + 1 in the high), one of them widened: exact
   static inline T bf16_lo(const int32_t* w) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(w), 16)); }
   static inline T bf16_hi(const int32_t* w) {
@@ -218,6 +231,7 @@ struct Vec {
   static inline T byte(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  static inline T half(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static inline T bf16_lo(const int32_t* w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), 16));
   }
@@ -235,8 +249,10 @@ constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE =
 // byte j of a row holds input j (low nibble) and input j + 16 (high). maddubs (u8 codes x s8
 // activations, pairs to i16: at most 2 * 15 * 127) then madd (-> i32): exact.
 struct W4 {
-  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 4, SCALE = BLOCK * 16;
+  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 2, SCALE = BLOCK * 16;
   static constexpr bool MIN = true;
+  static inline __m256 scale(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + lane); }
+  static inline __m256 min(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + BLOCK + lane); }
   static inline __m256 isum(const uint8_t* rec, int lane, const int8_t* x) {
     const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
     const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16)));
@@ -256,6 +272,8 @@ struct W4 {
 struct W8 {
   static constexpr int REC = BLOCK * 32 + BLOCK * 4, SCALE = BLOCK * 32;
   static constexpr bool MIN = false;
+  static inline __m256 scale(const uint8_t* rec, int lane) { return Vec::load(floats(rec, SCALE) + lane); }
+  static inline __m256 min(const uint8_t*, int) { return Vec::zero(); }
   static inline __m256 isum(const uint8_t* rec, int lane, const int8_t* x) {
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), ones = _mm256_set1_epi16(1);
     __m256i s[8];
@@ -315,6 +333,7 @@ struct Vec {  // one lane: the same operations, so the same bits as the SIMD pat
     return (float)(int32_t)(t == 7 ? v >> 28 : v & (15u << 4 * t));
   }
   static inline T byte(const int8_t* p) { return (float)*p; }
+  static inline T half(const uint16_t* p) { return half_to_float(*p); }
   static inline T bf16_lo(const int32_t* w) { return __builtin_bit_cast(float, (uint32_t)*w << 16); }
   static inline T bf16_hi(const int32_t* w) { return __builtin_bit_cast(float, (uint32_t)*w & 0xffff0000u); }
   static constexpr bool DPBF16 = false;
@@ -323,8 +342,10 @@ constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE
 #include "qlinear_impl.h"
 
 struct W4 {  // the AVX2 layout (slot 2p / 2p + 1 of rows p, p + 4 in each half), one row at a time
-  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 4, SCALE = BLOCK * 16;
+  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 2, SCALE = BLOCK * 16;
   static constexpr bool MIN = true;
+  static inline float scale(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + lane); }
+  static inline float min(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + BLOCK + lane); }
   static inline float isum(const uint8_t* rec, int lane, const int8_t* x) {
     const int r = lane & 7;
     const uint8_t* c = rec + ((lane & 8) + 2 * (r & 3) + (r >> 2)) * 16;
@@ -337,6 +358,8 @@ struct W4 {  // the AVX2 layout (slot 2p / 2p + 1 of rows p, p + 4 in each half)
 struct W8 {
   static constexpr int REC = BLOCK * 32 + BLOCK * 4, SCALE = BLOCK * 32;
   static constexpr bool MIN = false;
+  static inline float scale(const uint8_t* rec, int lane) { return Vec::load(floats(rec, SCALE) + lane); }
+  static inline float min(const uint8_t*, int) { return 0.0f; }
   static inline float isum(const uint8_t* rec, int lane, const int8_t* x) {
     const int8_t* w = reinterpret_cast<const int8_t*>(rec) + lane * 32;
     int32_t s = 0;

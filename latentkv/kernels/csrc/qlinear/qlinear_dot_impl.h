@@ -1,7 +1,8 @@
 // Integer-dot linears y = x · Wᵀ with int8 activations (w4a8: int4 weights; w8a8: int8 weights),
 // one instruction set. Included by qlinear.cpp inside `namespace <isa>` after qlinear_impl.h (BLOCK,
 // GROUP, AHEAD, Vec with mul) and that namespace's weight formats W4 / W8, each giving
-//   REC (bytes per record), SCALE (byte offset of the 16 scales), MIN (a min term follows the scales),
+//   REC (bytes per record), MIN (a min term follows the scales), scale(rec, lane) and min(rec, lane)
+//   -> Vec::T: the W rows lane.. of the record's scales d_w (and mins m_w) as floats,
 //   isum(rec, lane, xq) -> Vec::T: for the W rows lane.. of the record, the exact integer dot product
 //                                  of their 32 codes with the group's 32 int8 activations, as floats.
 // Nothing here may include a header.
@@ -9,7 +10,8 @@
 // Activations (quantized by qlinear.cpp's quantize_rows, one row at a time): per row and group of
 // 32 inputs int8 codes q_x = round(x * 127 / max|x|), d_x = max|x| / 127 and s_x = d_x * sum(q_x).
 // Packed weights (kernels/qlinear.py pack_w4a8 / pack_w8a8): output rows in blocks of 16, one record
-// per (block, group): the 16 rows' codes, then [16] scale d_w and (w4a8) [16] min m_w, float32.
+// per (block, group): the 16 rows' codes, then [16] scale d_w and (w4a8) [16] min m_w: float16 for
+// w4a8 (Q4_1's 5 bits a weight; widened exactly), float32 for w8a8.
 // Each output element reduces in this fixed order:
 //   for each group g: tot = fma(float(isum_g), d_w * d_x, tot); w4a8: tot = fma(m_w, s_x, tot)
 // isum_g is an integer (exact, whatever order the SIMD lanes add it in) and every float step is one
@@ -42,13 +44,13 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {  // unrolled: the totals stay in registers
       const uint8_t* rec = base[p] + g * D::REC;
-      const float* sc = reinterpret_cast<const float*>(rec + D::SCALE) + lane[p];
-      const typename Vec::T scale = Vec::load(sc);
+      const typename Vec::T scale = D::scale(rec, lane[p]);
+      const typename Vec::T mins = D::MIN ? D::min(rec, lane[p]) : Vec::zero();
 #pragma GCC unroll 4
       for (int m = 0; m < MB; ++m) {
         const typename Vec::T isum = D::isum(rec, lane[p], xq + m * ldq + g * GROUP);
         tot[p][m] = Vec::fma(isum, Vec::mul(scale, Vec::set1(xd[m * G + g])), tot[p][m]);
-        if constexpr (D::MIN) tot[p][m] = Vec::fma(Vec::load(sc + BLOCK), Vec::set1(xs[m * G + g]), tot[p][m]);
+        if constexpr (D::MIN) tot[p][m] = Vec::fma(mins, Vec::set1(xs[m * G + g]), tot[p][m]);
       }
     }
   }
