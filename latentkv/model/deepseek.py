@@ -56,11 +56,11 @@ class Gate(nn.Module):
         logits = invariant.linear(x.float(), self.weight.float())  # float32 even in bf16: pad small M
         scores = logits.softmax(-1) if cfg.scoring_func == "softmax" else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
-        if cfg.topk_method != "greedy" and cfg.n_group > 1:
+        if cfg.limits_groups:
             choice = self.limit_groups(choice)
         ids = choice.topk(cfg.num_experts_per_tok, dim=-1)[1]
         weights = scores.gather(1, ids)
-        if cfg.norm_topk_prob and (cfg.model_type == "deepseek_v3" or cfg.num_experts_per_tok > 1):
+        if cfg.normalizes_topk:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return weights * cfg.routed_scaling_factor, ids
 
