@@ -7,7 +7,6 @@ allocated), so the export and the loader agree on what a checkpoint holds.
 """
 from __future__ import annotations
 
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -27,49 +26,39 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 class CheckpointTensors:
-    """`with CheckpointTensors(folder, cfg) as ckpt:` then `ckpt.top(name)` for a tensor outside
-    the layers and `ckpt.layer(i)` for all of layer i's (a dict; only one layer is held at a time
-    by the caller). Errors name the file and the tensor."""
+    """`ckpt.top(name)` for a tensor outside the layers, `ckpt.layer(i)` for all of layer i's (a dict;
+    the caller holds one layer at a time). Each read opens the shards it needs and closes them after:
+    safetensors maps a file, and pages read through a mapping stay resident while it is open.
+    Errors name the file and the tensor."""
 
     def __init__(self, folder: Path, cfg: ModelConfig):
         self.cfg, self.folder = cfg, Path(folder)
         self.expected = expected_shapes(cfg)
-        self.stack = ExitStack()
-        self.where: dict[int | None, list[tuple[Path, str]]] = {}  # layer (None: outside) -> stored keys
+        self.where: dict[int | None, dict[Path, list[str]]] = {}  # layer (None: outside) -> file -> stored keys
         self.keys: dict[Path, set[str]] = {}
-        self.handles = {}
         for file in weight_files(self.folder):
-            self.handles[file] = self.stack.enter_context(open_safetensors(file))
-            self.keys[file] = set(self.handles[file].keys())
+            with open_safetensors(file) as f:
+                self.keys[file] = set(f.keys())
             for key in sorted(self.keys[file]):
                 layer = LAYER_NAME.match(key)
-                self.where.setdefault(int(layer.group(1)) if layer else None, []).append((file, key))
-
-    def __enter__(self) -> "CheckpointTensors":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stack.close()
+                self.where.setdefault(int(layer.group(1)) if layer else None, {}).setdefault(file, []).append(key)
 
     def stored_dtype(self, name: str) -> str:
-        """The safetensors dtype of a stored tensor ("BF16", "F32", ...)."""
-        for file, key in self.where.get(None, []):
-            if key == name:
-                return self.handles[file].get_slice(key).get_dtype()
-        raise CheckpointError(f"missing tensor {name} in {self.folder}")
+        """The safetensors dtype of a stored tensor outside the layers ("BF16", "F32", ...)."""
+        file = self.file_of(name)
+        with open_safetensors(file) as f:
+            return f.get_slice(name).get_dtype()
 
     def top(self, name: str) -> torch.Tensor:
-        for file, key in self.where.get(None, []):
-            if key == name:
-                return self.checked(self.read(file, key), file, {name})[name]
-        raise CheckpointError(f"missing tensor {name} (expected shape {self.expected[name]}) in {self.folder}")
+        file = self.file_of(name)
+        return self.read(file, [name], {name})[name]
 
     def layer(self, i: int) -> dict[str, torch.Tensor]:
         prefix = f"model.layers.{i}."
         want = {n for n in self.expected if n.startswith(prefix)}
         found: dict[str, torch.Tensor] = {}
-        for file, key in self.where.get(i, []):
-            found.update(self.checked(self.read(file, key), file, want))
+        for file, keys in self.where.get(i, {}).items():
+            found.update(self.read(file, keys, want))
         missing = sorted(want - set(found))
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -77,8 +66,20 @@ class CheckpointTensors:
                                   f"in {self.folder}")
         return found
 
-    def read(self, file: Path, key: str) -> dict[str, torch.Tensor]:
-        return dict(read_checked(self.handles[file], key, self.keys[file], self.cfg, file))
+    def file_of(self, name: str) -> Path:
+        for file, keys in self.where.get(None, {}).items():
+            if name in keys:
+                return file
+        shape = f" (expected shape {self.expected[name]})" if name in self.expected else ""
+        raise CheckpointError(f"missing tensor {name}{shape} in {self.folder}")
+
+    def read(self, file: Path, keys: list[str], want: set[str]) -> dict[str, torch.Tensor]:
+        """The tensors of `want` among those `keys` of `file` hold (normalized, checked)."""
+        kept = {}
+        with open_safetensors(file) as f:
+            for key in keys:
+                kept.update(self.checked(dict(read_checked(f, key, self.keys[file], self.cfg, file)), file, want))
+        return kept
 
     def checked(self, tensors: dict[str, torch.Tensor], file: Path, want: set[str]) -> dict[str, torch.Tensor]:
         """Keep the tensors in `want`; one the model has no place for, or of the wrong shape, is an error."""

@@ -46,17 +46,17 @@ def export_gguf(folder: Path, out: Path, outtype: str = "auto", tokenizer_pre: s
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     try:
-        with CheckpointTensors(folder, cfg) as ckpt:
-            base = OUTTYPES[resolve_outtype(outtype, ckpt)]
-            writer = gguf.GGUFWriter(str(partial), ARCH)
-            add_hparams(writer, cfg, folder.name, FILE_TYPES[base])
-            add_vocab(writer, folder, cfg.vocab_size, tokenizer_pre)
-            total = plan(writer, cfg, base)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            write_tensors(writer, cfg, ckpt, base, total)
-            writer.close()
+        ckpt = CheckpointTensors(folder, cfg)
+        base = OUTTYPES[resolve_outtype(outtype, ckpt)]
+        writer = gguf.GGUFWriter(str(partial), ARCH)
+        add_hparams(writer, cfg, folder.name, FILE_TYPES[base])
+        add_vocab(writer, folder, cfg.vocab_size, tokenizer_pre)
+        total = plan(writer, cfg, base)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        write_tensors(writer, cfg, ckpt, base, total)
+        writer.close()
         os.replace(partial, out)
     finally:
         partial.unlink(missing_ok=True)
