@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     folder, out = args.gguf
     try:
         written = export_gguf(folder, out, args.outtype, tokenizer_pre=args.tokenizer_pre)
-    except (ExportError, CheckpointError, ConfigError, FileNotFoundError) as err:
+    except (ExportError, CheckpointError, ConfigError, OSError) as err:  # OSError: e.g. no room for OUT
         print(f"latentkv export: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {written}")

@@ -15,6 +15,7 @@ from hashlib import sha256
 from pathlib import Path
 
 import gguf
+from transformers import AutoTokenizer
 
 from latentkv.export.gguf_check import ExportError
 
@@ -54,8 +55,6 @@ def add_vocab(writer: gguf.GGUFWriter, folder: Path, vocab_size: int, pre: str |
     convert_hf_to_gguf writes them. `pre`: llama.cpp's pre-tokenizer name (None: detected).
     Returns the pre-tokenizer written."""
     spec = tokenizer_spec(folder)
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     tokens, types = token_list(tokenizer, vocab_size, folder)
     pre = pre or pre_tokenizer(tokenizer, spec, folder)
@@ -66,8 +65,17 @@ def add_vocab(writer: gguf.GGUFWriter, folder: Path, vocab_size: int, pre: str |
     special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
     if not special.merges:
         raise ExportError(f"{folder / 'tokenizer.json'}: no BPE merges (model.merges); llama.cpp's gpt2 tokenizer needs them")
+    # llama.cpp's default depends on the pre-tokenizer: say what the folder's tokenizer does
+    special.add_special_token.update(adds_special(tokenizer))
     special.add_to_gguf(writer, quiet=True)
     return pre
+
+
+def adds_special(tokenizer) -> dict[str, bool]:
+    """Whether encoding a text puts BOS before it and EOS after it (add_bos_token / add_eos_token)."""
+    plain, full = tokenizer.encode("a", add_special_tokens=False), tokenizer.encode("a")
+    added = len(full) > len(plain)
+    return {"bos": added and full[0] == tokenizer.bos_token_id, "eos": added and full[-1] == tokenizer.eos_token_id}
 
 
 def tokenizer_spec(folder: Path) -> dict:

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from latentkv.config import ModelConfig
-from latentkv.export.checkpoint import CheckpointTensors, expected_shapes
+from latentkv.export.checkpoint import CheckpointTensors
 from latentkv.export.gguf_check import ExportError, check_representable
 from latentkv.export.gguf_metadata import ARCH, add_hparams
 from latentkv.export.gguf_tensors import FILE_TYPES, OUTTYPES, byte_shape, encode, model_tensors, tensor_type
@@ -45,13 +45,13 @@ def export_gguf(folder: Path, out: Path, outtype: str = "auto", tokenizer_pre: s
     check_representable(cfg, str(folder))
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
+    ckpt = CheckpointTensors(folder, cfg)
+    base = OUTTYPES[resolve_outtype(outtype, ckpt)]
+    writer = gguf.GGUFWriter(str(partial), ARCH)  # the file is opened by write_header_to_file
+    add_hparams(writer, cfg, folder.name, FILE_TYPES[base])
+    add_vocab(writer, folder, cfg.vocab_size, tokenizer_pre)
+    total = plan(writer, cfg, base, ckpt.expected)
     try:
-        ckpt = CheckpointTensors(folder, cfg)
-        base = OUTTYPES[resolve_outtype(outtype, ckpt)]
-        writer = gguf.GGUFWriter(str(partial), ARCH)
-        add_hparams(writer, cfg, folder.name, FILE_TYPES[base])
-        add_vocab(writer, folder, cfg.vocab_size, tokenizer_pre)
-        total = plan(writer, cfg, base)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -59,6 +59,7 @@ def export_gguf(folder: Path, out: Path, outtype: str = "auto", tokenizer_pre: s
         writer.close()
         os.replace(partial, out)
     finally:
+        writer.close()
         partial.unlink(missing_ok=True)
     return out
 
@@ -72,9 +73,10 @@ def resolve_outtype(outtype: str, ckpt: CheckpointTensors) -> str:
     return AUTO[stored]
 
 
-def plan(writer: gguf.GGUFWriter, cfg: ModelConfig, base: gguf.GGMLQuantizationType) -> int:
-    """Add every tensor's info (name, shape, type, bytes), from meta tensors; returns the total bytes."""
-    shapes = expected_shapes(cfg)
+def plan(writer: gguf.GGUFWriter, cfg: ModelConfig, base: gguf.GGMLQuantizationType,
+         shapes: dict[str, tuple[int, ...]]) -> int:
+    """Add every tensor's info (name, shape, type, bytes) from meta tensors of the checkpoint's
+    `shapes` (checkpoint.expected_shapes); returns the total bytes."""
 
     def meta(name: str) -> torch.Tensor:
         return torch.empty(shapes[name], device="meta")

@@ -21,14 +21,16 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from tokenizers import processors
 
 from latentkv import LLM, SamplingParams
 from latentkv.convert import convert
 from latentkv.convert.options import ConvertOptions
 from latentkv.export import export_gguf
 from latentkv.model.loader import load_model
+from gguf_files import save_deepseek
 from test_gguf_writer import EXPORTABLE
-from tiny_lm import save_tiny_llama
+from tiny_lm import VOCAB, build_tokenizer, save_tiny_llama
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -99,14 +101,19 @@ def test_llama_cpp_runs_a_stock_conversion_of_a_llama(tmp_path):
 
 
 def test_llama_cpp_tokenizes_as_the_folder_does(tiny_lm, padded_vocab, smollm2_tokenizer, tmp_path):
-    """The tiny byte-level BPE (llama.cpp's gpt-2 pre-tokenizer) and SmolLM2's (smollm) in a model whose
-    vocabulary is padded from 49152 to 102400 rows: llama.cpp loads it and splits text into the ids
-    the folder's tokenizer gives."""
+    """The tiny byte-level BPE (llama.cpp's gpt-2 pre-tokenizer), the same putting BOS first, and
+    SmolLM2's (smollm) in a model whose vocabulary is padded from 49152 to 102400 rows: llama.cpp
+    loads them and splits text into the ids the folder's tokenizer gives, BOS included or not."""
     text = "héllo wörld, ça va? 日本語 1314151 and 3.33 -- def main(): return 42  😀 I've been 'told"
     folder, _, tiny = tiny_lm("v2_dense")
-    for model, tok in ((folder, tiny), (padded_vocab, smollm2_tokenizer)):
+    with_bos = build_tokenizer()
+    with_bos.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    bos_folder = save_deepseek(tmp_path / "bos", with_bos, VOCAB)
+    assert with_bos.encode(text)[0] == 0
+    for model, tok in ((folder, tiny), (bos_folder, with_bos), (padded_vocab, smollm2_tokenizer)):
         llm = llama_cpp.Llama(str(export_gguf(model, tmp_path / f"{model.name}.gguf", "f32")), n_ctx=32, vocab_only=True,
                               verbose=False)
         assert llm.n_vocab() == json.loads((model / "config.json").read_text())["vocab_size"]
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text, add_special_tokens=False)
+        assert llm.tokenize(text.encode(), add_bos=True, special=False) == tok.encode(text)  # BOS as the folder's
     assert_llama_cpp_runs_it_as_latentkv(padded_vocab, tmp_path, 49152)

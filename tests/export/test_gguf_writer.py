@@ -95,6 +95,8 @@ def test_tokenizer_metadata(tiny_lm, tmp_path):
     merges = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]
     assert len(fields["tokenizer.ggml.merges"]) == len(merges)
     assert fields["tokenizer.chat_template"] == tok.chat_template
+    # the tiny tokenizer adds no BOS / EOS when encoding: said explicitly (llama.cpp's default varies)
+    assert fields["tokenizer.ggml.add_bos_token"] is False and fields["tokenizer.ggml.add_eos_token"] is False
 
 
 def grid_folder(src, dst, seed: int = 0):
