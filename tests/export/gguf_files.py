@@ -16,6 +16,9 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 from tiny import BASE
 
+# the tiny configs (tests/tiny.py) llama.cpp can run; v2_moe_group_limited is refused (test_gguf_check.py)
+EXPORTABLE = ["v2_dense", "v3_dense_qlora", "v3_moe_sigmoid", "v2_yarn", "v3_yarn_halves_tied"]
+
 
 def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, tuple[str, np.ndarray]]]:
     """(metadata key -> value, tensor name -> (type name, float32 values in numpy's reversed order))."""

@@ -28,8 +28,7 @@ from latentkv.convert import convert
 from latentkv.convert.options import ConvertOptions
 from latentkv.export import export_gguf
 from latentkv.model.loader import load_model
-from gguf_files import save_deepseek
-from test_gguf_writer import EXPORTABLE
+from gguf_files import EXPORTABLE, save_deepseek
 from tiny_lm import VOCAB, build_tokenizer, save_tiny_llama
 
 llama_cpp = pytest.importorskip("llama_cpp")

@@ -12,15 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gguf_files import expected_tensors, read_gguf
+from gguf_files import EXPORTABLE, expected_tensors, read_gguf
 from latentkv.export import export_gguf
 from latentkv.export.gguf_check import ExportError
 from latentkv.export.gguf_writer import OUTTYPE_CHOICES
 from latentkv.model.loader import CheckpointError
-
-# the tiny configs llama.cpp can run (v2_moe_group_limited is refused: tests/export/test_gguf_check.py)
-EXPORTABLE = ["v2_dense", "v3_dense_qlora", "v3_moe_sigmoid", "v2_yarn", "v3_yarn_halves_tied"]
-
 
 @pytest.mark.parametrize("name", EXPORTABLE)
 def test_float32_round_trip_is_exact(tiny_lm, tmp_path, name):
