@@ -74,7 +74,7 @@ class CheckpointTensors:
         raise CheckpointError(f"missing tensor {name}{shape} in {self.folder}")
 
     def read(self, file: Path, keys: list[str], want: set[str]) -> dict[str, torch.Tensor]:
-        """The tensors of `want` among those `keys` of `file` hold (normalized, checked)."""
+        """Read `keys` of `file` (normalized and checked as the loader does); keep those in `want`."""
         kept = {}
         with open_safetensors(file) as f:
             for key in keys:
