@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from latentkv.commands import bench, convert, data, generate, heal, serve, store
+from latentkv.commands import bench, convert, data, export, generate, heal, serve, store
 from latentkv.commands import eval as evaluate
 
 # One module per subcommand in latentkv/commands/ (`generate` also adds `chat`, `convert` adds
 # `convert-sweep`); each one's `register(subparsers)` adds its parsers and sets their `func`.
-COMMAND_MODULES = [generate, convert, evaluate, heal, bench, serve, store, data]
+COMMAND_MODULES = [generate, convert, export, evaluate, heal, bench, serve, store, data]
 
 
 def build_parser() -> argparse.ArgumentParser:

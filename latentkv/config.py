@@ -88,6 +88,16 @@ class ModelConfig:
         return bool(self.n_routed_experts) and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
 
     @property
+    def limits_groups(self) -> bool:
+        """The router keeps only the experts of the best `topk_group` of `n_group` groups."""
+        return self.topk_method != "greedy" and self.n_group > 1
+
+    @property
+    def normalizes_topk(self) -> bool:
+        """The chosen experts' weights are divided by their sum (V2 only when more than one is chosen)."""
+        return self.norm_topk_prob and (self.model_type == "deepseek_v3" or self.num_experts_per_tok > 1)
+
+    @property
     def eos_token_ids(self) -> list[int]:
         if self.eos_token_id is None:
             return []

@@ -9,6 +9,7 @@ import torch
 from latentkv.kernels import attention as attention_kernels, build, decode_ops
 from latentkv.sources import chat_data
 from tiny import CONFIGS, save_hf_model
+from tiny_lm import save_tiny_lm
 
 torch.set_num_threads(1)  # tiny models: a second spinning thread only adds contention
 os.environ.setdefault("LATENTKV_THREADS", "1")  # engines (default: all cores) follow the same rule
@@ -46,6 +47,22 @@ def tiny_checkpoints(tmp_path_factory):
             folder = root / name
             cache[name] = (folder, save_hf_model(name, folder))
         return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory):
+    """name -> (folder with weights + tokenizer, transformers model, tokenizer)."""
+    root = tmp_path_factory.mktemp("tiny_lm")
+    built = {}
+
+    def get(name: str = "v3_dense_qlora", tokenizer: bool = True):
+        key = (name, tokenizer)
+        if key not in built:
+            folder = root / f"{name}{'' if tokenizer else '_notok'}"
+            built[key] = (folder, *save_tiny_lm(folder, name, tokenizer))
+        return built[key]
 
     return get
 

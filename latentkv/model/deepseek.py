@@ -54,8 +54,8 @@ class Gate(nn.Module):
         else:
             self.e_score_correction_bias = None
         self.softmax = cfg.scoring_func == "softmax"  # else sigmoid
-        self.group_limited = cfg.topk_method != "greedy" and cfg.n_group > 1
-        self.normalized = cfg.norm_topk_prob and (cfg.model_type == "deepseek_v3" or cfg.num_experts_per_tok > 1)
+        self.group_limited = cfg.limits_groups
+        self.normalized = cfg.normalizes_topk
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> weights [T, k] (float32), expert ids [T, k]."""

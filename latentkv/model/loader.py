@@ -197,7 +197,7 @@ def read_checked(f, name: str, names: set[str], cfg: ModelConfig, file: Path):
         raise CheckpointError(f"{file}: cannot read tensor {name} ({type(err).__name__}: {err})") from None
 
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")  # a decoder layer's tensor; group 1: its index
 _FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 _SKIP_SUFFIXES = ("weight_scale_inv", "rotary_emb.inv_freq")
 
@@ -206,7 +206,7 @@ def read_tensor(f, name: str, names: set[str], cfg: ModelConfig):
     """Yield (parameter name, tensor) for one stored tensor; normalizes storage variants."""
     if name.endswith(_SKIP_SUFFIXES):
         return
-    layer = _LAYER.match(name)
+    layer = LAYER_NAME.match(name)
     if layer and int(layer.group(1)) >= cfg.num_hidden_layers:
         return  # multi-token-prediction layers: not part of next-token inference
     tensor = f.get_tensor(name)

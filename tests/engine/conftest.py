@@ -1,26 +1,9 @@
-"""Engine test fixtures: tiny DeepSeek checkpoints with a tokenizer (built by
-tests/tiny_lm.py), once per session, and one intra-op thread."""
+"""Engine test fixtures: one intra-op thread (the tiny checkpoints with a tokenizer, `tiny_lm`, are
+tests/conftest.py's)."""
 from __future__ import annotations
 
 import pytest
 import torch
-from tiny_lm import save_tiny_lm
-
-
-@pytest.fixture(scope="session")
-def tiny_lm(tmp_path_factory):
-    """name -> (folder with weights + tokenizer, transformers model, tokenizer)."""
-    root = tmp_path_factory.mktemp("tiny_lm")
-    built = {}
-
-    def get(name: str = "v3_dense_qlora", tokenizer: bool = True):
-        key = (name, tokenizer)
-        if key not in built:
-            folder = root / f"{name}{'' if tokenizer else '_notok'}"
-            built[key] = (folder, *save_tiny_lm(folder, name, tokenizer))
-        return built[key]
-
-    return get
 
 
 @pytest.fixture(autouse=True, scope="module")
