@@ -209,8 +209,9 @@ def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: i
     return extension().linear(x, packed, ACT8 + bits, out_features, EXT.state["isa"])
 
 
-def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups]."""
+def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
+    """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups] float32,
+    the codes' sums [M, groups] int32."""
     return tuple(extension().quantize_activations(x, groups, EXT.state["isa"]))
 
 

@@ -25,15 +25,16 @@ def isas():
 
 
 def reference_activations(x: torch.Tensor, groups: int):
-    """x [M, K] -> int8 codes [M, 32 groups], d_x, s_x [M, groups]: round(x * fl(127 / amax)) to
-    nearest even, d_x = amax / 127, s_x = d_x * sum(codes), all in float32 (tensor / tensor
-    divisions: PyTorch turns a scalar numerator into reciprocal-times, which rounds differently)."""
+    """x [M, K] -> int8 codes [M, 32 groups], d_x, s_x [M, groups], the codes' sums [M, groups] int32:
+    round(x * fl(127 / amax)) to nearest even, d_x = amax / 127, s_x = d_x * sum(codes), all in float32
+    (tensor / tensor divisions: PyTorch turns a scalar numerator into reciprocal-times, which rounds
+    differently)."""
     xg = F.pad(x.float(), (0, 32 * groups - x.shape[1])).view(x.shape[0], groups, 32)
     amax = xg.abs().amax(-1)
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.round(xg * inv[..., None])
     d = amax / torch.full_like(amax, 127.0)
-    return q.to(torch.int8).view(x.shape[0], -1), d, d * q.sum(-1)
+    return q.to(torch.int8).view(x.shape[0], -1), d, d * q.sum(-1), q.sum(-1).to(torch.int32)
 
 
 def weights(bits: int, n: int, k: int, seed: int = 0):
@@ -51,7 +52,7 @@ def weights(bits: int, n: int, k: int, seed: int = 0):
 def reference(x, codes, d_w, m_w):
     """The terms each output element sums -> (their float64 sum [M, N], the bound above)."""
     groups = codes.shape[1] // 32
-    q, d, s = reference_activations(x, groups)
+    q, d, s, _ = reference_activations(x, groups)
     isum = torch.einsum("mgj,ngj->mng", q.double().view(len(x), groups, 32), codes.view(len(codes), groups, 32))
     terms = isum * (d_w.T[None] * d[:, None, :]).double()            # fl(d_w * d_x) as the kernel rounds it
     if m_w is not None:
@@ -77,6 +78,7 @@ def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
     x[3, 5] = 1e4    # one outlier: the rest of its group rounds to few levels
     x = x.to(dtype)
     got, want = qlinear.quantize_activations(x[:, 1:], 7), reference_activations(x[:, 1:], 7)  # strided, K = 202
+    assert len(got) == len(want) == 4
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert got[0].abs().max() == 127 and (got[0][2, 32:64] == 0).all()
