@@ -6,8 +6,8 @@
 // the output rows, never K.
 //   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|16|32, N, isa) -> y [M, N] in x's dtype.
 // And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
-// group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX2 maddubs / scalar,
-// through the same entry (so the decode plan's capsule runs them too).
+// group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX-512 VNNI vpdpbusd /
+// AVX2 maddubs / scalar, through the same entry (so the decode plan's capsule runs them too).
 // And a MoE layer's experts in one call (moe.h), over the same kernels as work units (qlinear_kernel.h).
 // This file holds the ISA namespaces; the entries follow them.
 #include "kernel_fns.h"
@@ -22,6 +22,7 @@
 #include <cmath>
 #include <type_traits>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 // A record's scales (and mins) at byte offset `at`: float16 (w4a8) or float32 (w8a8).
@@ -327,6 +328,19 @@ static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
 }  // namespace isa_avx2
 #pragma GCC pop_options
 
+// The integer-dot linears on AVX-512 VNNI (qlinear_dot_vnni.h): isa_avx512's 16 lanes, vpdpbusd for
+// the integer sums. Served from code 2 where the CPU has avx512_vnni (cpu_isa.h has_avx512_vnni:
+// Cascade Lake and Ice Lake lack avx512_bf16, code 3); the activations quantized as on AVX2.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+namespace isa_avx512vnni {
+using isa_avx512::Vec, isa_avx512::BLOCK, isa_avx512::GROUP, isa_avx512::AHEAD, isa_avx512::store_lanes;
+using isa_avx2::quantize_group;
+#include "qlinear_dot_vnni.h"
+#include "qlinear_dot_impl.h"
+}  // namespace isa_avx512vnni
+#pragma GCC pop_options
+
 namespace isa_scalar {
 struct Vec {  // one lane: the same operations, so the same bits as the SIMD paths
   static constexpr int W = 1;
@@ -446,6 +460,12 @@ std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t is
   return {a.rows, a.sums, a.sx, a.qsum};
 }
 
+// Which path runs the integer-dot linears on `isa` here: avx512_vnni, avx2 or scalar.
+std::string dot_path(int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "qlinear: this CPU does not support instruction set ", isa);
+  return Kernel(104, isa, false).dot_path();
+}
+
 #include "swiglu.h"  // common/: silu_mul (decode_ops' too), for the MoE op
 #include "moe.h"
 
@@ -454,6 +474,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>(), "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("moe", &moe, py::call_guard<py::gil_scoped_release>(), "a MoE layer's routed and shared experts (see moe.h)");
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x, s_x and the codes' sums");
+  m.def("dot_path", &dot_path, "the integer-dot linears' path on an instruction set: avx512_vnni, avx2 or scalar");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
   // for the decode plan (decode_ops/decode_step.h), which calls `linear` and `moe` without Python between
   m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the types kernel_fns.h declares

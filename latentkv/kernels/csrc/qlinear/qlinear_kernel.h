@@ -88,13 +88,21 @@ struct Kernel {
   Kernel(int64_t kind_, int64_t isa_, bool bf16_x_) : kind(kind_), isa(isa_), bf16_x(bf16_x_) {
     TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32 || dot(),
                 "qlinear: kind must be 4, 8, 16, 32, 104 or 108, got ", kind);
-    if (dot()) {  // AVX-512 CPUs run the AVX2 path (no 512-bit variant yet: none to test it on)
+    if (dot()) {  // AVX-512 without VNNI (Skylake) runs the AVX2 path
       const bool w4 = kind == 104;
-      dot_fn = isa >= 1 ? (w4 ? isa_avx2::dot_units<isa_avx2::W4> : isa_avx2::dot_units<isa_avx2::W8>)
-                        : (w4 ? isa_scalar::dot_units<isa_scalar::W4> : isa_scalar::dot_units<isa_scalar::W8>);
-      count = isa >= 1 ? static_cast<Count>([](int64_t, int64_t N) { return isa_avx2::dot_unit_count(N); })
-                       : static_cast<Count>([](int64_t, int64_t N) { return isa_scalar::dot_unit_count(N); });
-      quantize = isa >= 1 ? isa_avx2::quantize_rows : isa_scalar::quantize_rows;
+      if (vnni()) {
+        dot_fn = w4 ? isa_avx512vnni::dot_units<isa_avx512vnni::W4> : isa_avx512vnni::dot_units<isa_avx512vnni::W8>;
+        count = [](int64_t, int64_t N) { return isa_avx512vnni::dot_unit_count(N); };
+        quantize = isa_avx512vnni::quantize_rows;
+      } else if (isa >= 1) {
+        dot_fn = w4 ? isa_avx2::dot_units<isa_avx2::W4> : isa_avx2::dot_units<isa_avx2::W8>;
+        count = [](int64_t, int64_t N) { return isa_avx2::dot_unit_count(N); };
+        quantize = isa_avx2::quantize_rows;
+      } else {
+        dot_fn = w4 ? isa_scalar::dot_units<isa_scalar::W4> : isa_scalar::dot_units<isa_scalar::W8>;
+        count = [](int64_t, int64_t N) { return isa_scalar::dot_unit_count(N); };
+        quantize = isa_scalar::quantize_rows;
+      }
     } else if (amx()) {
       count = [](int64_t, int64_t N) { return isa_amx::amx_unit_count(N); };
     } else if (pairs()) {  // bf16 rows times bf16 weights by vdpbf16ps
@@ -116,6 +124,9 @@ struct Kernel {
   }
 
   bool dot() const { return kind == 104 || kind == 108; }
+  bool vnni() const { return dot() && isa >= 2 && has_avx512_vnni(); }  // the integer sums by vpdpbusd
+  // the integer-dot kinds' path (the constructor's choice, by name)
+  const char* dot_path() const { return vnni() ? "avx512_vnni" : isa >= 1 ? "avx2" : "scalar"; }
   bool amx() const { return isa >= 4 && kind == 16 && bf16_x; }  // AMX tiles (qlinear.cpp isa_amx)
   bool pairs() const { return isa >= 3 && kind == 16 && bf16_x; }  // x as words of two bf16
   // words per record of the packed weight
