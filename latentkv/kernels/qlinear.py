@@ -14,9 +14,10 @@ Built, ISA-chosen and self-checked by kernels/build.py; `LATENTKV_QLINEAR=0` swi
 them with one warning.
 
 The integer-dot linears (`dot_linear`, csrc/qlinear/qlinear_dot_impl.h) quantize the activations too: int8
-per row and group of 32 (scale max|x| / 127), times int4 (w4a8) or int8 (w8a8) weights with AVX2's
-u8 x s8 byte products (32 multiply-adds an instruction against 8 float FMAs); the same fixed
-reduction order per output element on every path.
+per row and group of 32 (scale max|x| / 127), times int4 (w4a8) or int8 (w8a8) weights with u8 x s8
+byte products: AVX-512 VNNI's vpdpbusd where the CPU has it (64 multiply-adds an instruction, into
+int32), else AVX2's maddubs (32, against 8 float FMAs); the same fixed reduction order per output
+element on every path (`dot_path()` says which runs).
 """
 from __future__ import annotations
 
@@ -209,8 +210,15 @@ def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: i
     return extension().linear(x, packed, ACT8 + bits, out_features, EXT.state["isa"])
 
 
-def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups]."""
+def dot_path() -> str:
+    """Which path runs dot_linear on the ISA that serves: "avx512_vnni" (vpdpbusd; AVX-512 CPUs with
+    avx512_vnni, csrc/qlinear/qlinear_dot_vnni.h), "avx2" (maddubs) or "scalar"."""
+    return extension().dot_path(EXT.state["isa"])
+
+
+def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
+    """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups] float32,
+    the codes' sums [M, groups] int32."""
     return tuple(extension().quantize_activations(x, groups, EXT.state["isa"]))
 
 

@@ -7,7 +7,9 @@ bits do not depend on the rows beside it: tests/model/test_qlinear.py), SwiGLU t
 decode_ops' silu_mul runs (common/swiglu_rows.h) on the same ISA, and sums a token's slots in the
 reference's order with the reference's roundings (a float32 product, then a float32 sum, per slot;
 the shared experts last). So for every record kind, float32 and bf16 activations and every ISA the
-two agree bit for bit, and a token's row is the same alone, in any batch and on any thread count."""
+two agree bit for bit (the integer-dot kinds on avx512 and above: the VNNI path where the CPU has
+avx512_vnni, qlinear.dot_path), and a token's row is the same alone, in any batch and on any thread
+count."""
 import pytest
 import torch
 

@@ -1,7 +1,9 @@
 """The integer-dot w4a8 / w8a8 linears (kernels/qlinear.py dot_linear, kernels/csrc/qlinear/qlinear_dot_impl.h) against
 a PyTorch reference of the same quantization math, on every instruction set this CPU runs.
 
-The activation codes, d_x and s_x must equal the reference exactly (one IEEE operation each). The
+The activation codes, d_x, s_x and the codes' sums must equal the reference exactly (one IEEE
+operation each). On AVX-512 CPUs with avx512_vnni the avx512 and higher ISAs run the vpdpbusd path
+(qlinear_dot_vnni.h), elsewhere the AVX2 path (test_each_isa_runs_its_dot_path). The
 output: each group's integer dot product is exact and the kernel adds G groups' terms
 float(isum) * fl(d_w * d_x) (+ m_w * s_x) into one float32 total with fmas, so it may differ from the
 float64 sum of the same terms by at most 2 G rounding errors of 2^-24 of the terms' absolute sum:
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latentkv import cpu
 from latentkv.kernels.build import ISAS
 from latentkv.kernels import build, qlinear
 from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8
@@ -20,20 +23,24 @@ from threads import torch_threads
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
 
 
+ALL = ["scalar", "avx2", "avx512", "avx512_bf16", "amx"]  # every ISA name (those this CPU lacks skip)
+
+
 def isas():
     return qlinear.EXT.supported_isas()
 
 
 def reference_activations(x: torch.Tensor, groups: int):
-    """x [M, K] -> int8 codes [M, 32 groups], d_x, s_x [M, groups]: round(x * fl(127 / amax)) to
-    nearest even, d_x = amax / 127, s_x = d_x * sum(codes), all in float32 (tensor / tensor
-    divisions: PyTorch turns a scalar numerator into reciprocal-times, which rounds differently)."""
+    """x [M, K] -> int8 codes [M, 32 groups], d_x, s_x [M, groups], the codes' sums [M, groups] int32:
+    round(x * fl(127 / amax)) to nearest even, d_x = amax / 127, s_x = d_x * sum(codes), all in float32
+    (tensor / tensor divisions: PyTorch turns a scalar numerator into reciprocal-times, which rounds
+    differently)."""
     xg = F.pad(x.float(), (0, 32 * groups - x.shape[1])).view(x.shape[0], groups, 32)
     amax = xg.abs().amax(-1)
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.round(xg * inv[..., None])
     d = amax / torch.full_like(amax, 127.0)
-    return q.to(torch.int8).view(x.shape[0], -1), d, d * q.sum(-1)
+    return q.to(torch.int8).view(x.shape[0], -1), d, d * q.sum(-1), q.sum(-1).to(torch.int32)
 
 
 def weights(bits: int, n: int, k: int, seed: int = 0):
@@ -51,7 +58,7 @@ def weights(bits: int, n: int, k: int, seed: int = 0):
 def reference(x, codes, d_w, m_w):
     """The terms each output element sums -> (their float64 sum [M, N], the bound above)."""
     groups = codes.shape[1] // 32
-    q, d, s = reference_activations(x, groups)
+    q, d, s, _ = reference_activations(x, groups)
     isum = torch.einsum("mgj,ngj->mng", q.double().view(len(x), groups, 32), codes.view(len(codes), groups, 32))
     terms = isum * (d_w.T[None] * d[:, None, :]).double()            # fl(d_w * d_x) as the kernel rounds it
     if m_w is not None:
@@ -66,7 +73,7 @@ def run(x, packed, bits, n, isa, monkeypatch):
     return qlinear.dot_linear(x, packed, bits, n)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ALL)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
     if isa not in isas():
@@ -77,13 +84,14 @@ def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
     x[3, 5] = 1e4    # one outlier: the rest of its group rounds to few levels
     x = x.to(dtype)
     got, want = qlinear.quantize_activations(x[:, 1:], 7), reference_activations(x[:, 1:], 7)  # strided, K = 202
+    assert len(got) == len(want) == 4
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert got[0].abs().max() == 127 and (got[0][2, 32:64] == 0).all()
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ALL)
 @pytest.mark.parametrize("n,k", [(16, 32), (53, 96), (130, 50), (70, 200), (1, 7)])  # N, K off the 16/64 blocks and 32 groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_the_reference(bits, isa, n, k, dtype, monkeypatch):
@@ -108,6 +116,41 @@ def test_every_isa_gives_the_same_bits(bits, monkeypatch):
                            + [run(x, packed, bits, 100, isa, monkeypatch)]) for isa in isas()}
     for isa, out in outs.items():
         assert torch.equal(out, outs["scalar"]), isa
+
+
+def test_each_isa_runs_its_dot_path(monkeypatch):
+    """avx512 and above: vpdpbusd where the CPU has avx512_vnni, else AVX2's maddubs; avx2: maddubs."""
+    for isa in isas():
+        monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
+        vnni = ISAS[isa] >= ISAS["avx512"] and cpu.features()["avx512_vnni"]
+        assert qlinear.dot_path() == ("avx512_vnni" if vnni else "scalar" if isa == "scalar" else "avx2"), isa
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_extreme_codes_are_exact_on_every_isa(bits, monkeypatch):
+    """The largest products (codes 15 or +-127 times activations +-127, so every code at the top of its
+    range) and the smallest (0, -127): no int16 or int32 step saturates, and every ISA gives the
+    reference's integer sums: with d_w = 1, m_w = 0 and x = +-127 (codes x, d_x = 1) the outputs are
+    the sums over K, exact in float32 (integers below 2^24)."""
+    n, k = 64, 256
+    gen = torch.Generator().manual_seed(7)
+    x = torch.where(torch.rand(5, k, generator=gen) < 0.5, -127.0, 127.0)
+    x[1] = 127.0   # all codes 127: the largest positive sums
+    x[2] = -127.0  # all -127
+    hi = torch.randint(0, 2, (n, k), generator=gen)
+    if bits == 4:
+        codes = hi * 15  # 0 or 15 per weight
+        codes[:8] = 15
+        ones = torch.stack((torch.ones(k // 32, n), torch.full((k // 32, n), 8.0)), -1)  # scale 1, min 0
+        packed, w = qlinear.pack_w4a8(codes, ones), codes
+    else:
+        codes = (hi * 254 - 127).to(torch.int8)  # -127 or 127
+        codes[:8], codes[8:16] = 127, -127
+        packed, w = qlinear.pack_w8a8(codes, torch.ones(n)), codes
+    want = x.double() @ w.double().T
+    for isa in isas():
+        y = run(x, packed, bits, n, isa, monkeypatch)
+        assert torch.equal(y.double(), want), (isa, (y.double() - want).abs().max().item())
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -153,7 +196,7 @@ def test_without_the_extension_w4a8_runs_int4_with_one_warning(monkeypatch):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+@pytest.mark.parametrize("isa", ALL)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_activation_reaches_its_row_and_only_it(bits, isa, bad, monkeypatch):
     """As in a float linear, a NaN or Inf input makes its row's outputs non-finite (so the engine's

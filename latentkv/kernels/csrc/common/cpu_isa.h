@@ -1,6 +1,8 @@
 // Which instruction sets this CPU runs, for every native extension of latentkv (one place).
 // Codes as kernels/build.py ISAS: 0 scalar, 1 avx2+fma, 2 avx512 (f/bw/vl/dq), 3 avx512 + bf16 + vnni,
 // 4 amx (3 with AMX tiles and bf16 tile products, and the kernel's leave to use the tile state).
+// avx512_vnni alone (Cascade Lake, Ice Lake: no avx512_bf16) is no code of its own: a kernel with a
+// VNNI path serves it from code 2 where `has_avx512_vnni()` (qlinear's integer-dot linears).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -20,13 +22,24 @@ inline bool amx_permitted() {
 #endif
 }
 
+inline bool isa_supported(int64_t isa);
+
+// Code 2 and avx512_vnni's vpdpbusd (u8 x s8 -> s32 dot products of four).
+inline bool has_avx512_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return isa_supported(2) && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 inline bool isa_supported(int64_t isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (isa == 4)
     return isa_supported(3) && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && amx_permitted();
-  if (isa == 3)
-    return isa_supported(2) && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+  if (isa == 3) return has_avx512_vnni() && __builtin_cpu_supports("avx512bf16");
   if (isa == 2)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");

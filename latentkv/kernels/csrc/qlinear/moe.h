@@ -86,6 +86,7 @@ at::Tensor gather_rows(const at::Tensor& t, const std::vector<int64_t>& src) {
 Act gather(const Act& a, const std::vector<int64_t>& src) {
   Act g;
   g.rows = gather_rows(a.rows, src), g.sums = gather_rows(a.sums, src), g.sx = gather_rows(a.sx, src);
+  g.qsum = gather_rows(a.qsum, src);
   return g;
 }
 

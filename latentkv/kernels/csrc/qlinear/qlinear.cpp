@@ -6,8 +6,8 @@
 // the output rows, never K.
 //   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|16|32, N, isa) -> y [M, N] in x's dtype.
 // And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
-// group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX2 maddubs / scalar,
-// through the same entry (so the decode plan's capsule runs them too).
+// group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX-512 VNNI vpdpbusd /
+// AVX2 maddubs / scalar, through the same entry (so the decode plan's capsule runs them too).
 // And a MoE layer's experts in one call (moe.h), over the same kernels as work units (qlinear_kernel.h).
 // This file holds the ISA namespaces; the entries follow them.
 #include "kernel_fns.h"
@@ -22,11 +22,22 @@
 #include <cmath>
 #include <type_traits>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 // A record's scales (and mins) at byte offset `at`: float16 (w4a8) or float32 (w8a8).
 static inline const uint16_t* halves(const uint8_t* rec, int at) { return reinterpret_cast<const uint16_t*>(rec + at); }
 static inline const float* floats(const uint8_t* rec, int at) { return reinterpret_cast<const float*>(rec + at); }
+
+// The integer-dot formats that read a record's codes where they lie (qlinear_dot_impl.h's Codes):
+// isum gets the record and the first of its rows.
+struct CodesInPlace {
+  struct Codes {
+    const uint8_t* rec;
+    int lane;
+  };
+  static inline Codes codes(const uint8_t* rec, int lane) { return {rec, lane}; }
+};
 
 // IEEE half -> float, exact (the scalar path's twin of vcvtph2ps): subnormals as mantissa * 2^-24.
 static inline float half_to_float(uint16_t h) {
@@ -244,77 +255,24 @@ struct Vec {
 constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE = 4;
 #include "qlinear_impl.h"
 
-// Integer-dot formats (qlinear_dot_impl.h). w4a8: rows p and p + 4 of each 8-row half share 32 bytes
-// (slots 2p, 2p + 1; qlinear.py W4A8_SLOTS), so three hadds leave the 8 rows' sums in lane order;
-// byte j of a row holds input j (low nibble) and input j + 16 (high). maddubs (u8 codes x s8
-// activations, pairs to i16: at most 2 * 15 * 127) then madd (-> i32): exact.
-struct W4 {
-  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 2, SCALE = BLOCK * 16;
-  static constexpr bool MIN = true;
-  static inline __m256 scale(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + lane); }
-  static inline __m256 min(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + BLOCK + lane); }
-  static inline __m256 isum(const uint8_t* rec, int lane, const int8_t* x) {
-    const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-    const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16)));
-    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    __m256i s[4];
-    for (int p = 0; p < 4; ++p) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + lane * 16 + 32 * p));
-      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-      s[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
-    }
-    return _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3])));
-  }
-};
-
-// w8a8: a row's 32 int8 codes in input order; |w| x sign(x, w) for maddubs (codes in -127..127:
-// pairs at most 2 * 127 * 127 < 2^15), then six hadds and a lane swap put row r in lane r.
-struct W8 {
-  static constexpr int REC = BLOCK * 32 + BLOCK * 4, SCALE = BLOCK * 32;
-  static constexpr bool MIN = false;
-  static inline __m256 scale(const uint8_t* rec, int lane) { return Vec::load(floats(rec, SCALE) + lane); }
-  static inline __m256 min(const uint8_t*, int) { return Vec::zero(); }
-  static inline __m256 isum(const uint8_t* rec, int lane, const int8_t* x) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), ones = _mm256_set1_epi16(1);
-    __m256i s[8];
-    for (int r = 0; r < 8; ++r) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + (lane + r) * 32));
-      s[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
-    }
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31)));
-  }
-};
-
-// One group of 32 float activations -> int8 codes round(v * 127 / max|v|) (nearest even: the
-// MXCSR default), returns max|v|: NaN when an input is NaN (nan_group; max_ps alone would drop it).
-static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
-  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 mx = _mm256_and_ps(_mm256_loadu_ps(v), mag);
-  __m256 nan = _mm256_cmp_ps(mx, mx, _CMP_UNORD_Q);
-  for (int i = 8; i < 32; i += 8) {
-    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(v + i), mag);
-    mx = _mm256_max_ps(mx, a), nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, mx);
-  float amax = 0.0f;
-  for (float l : lanes) amax = l > amax ? l : amax;
-  if (_mm256_movemask_ps(nan)) return nan_group(q, sum);
-  const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-  alignas(32) int32_t c[32];
-  for (int i = 0; i < 32; i += 8)
-    _mm256_store_si256(reinterpret_cast<__m256i*>(c + i), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), id)));
-  int32_t s = 0;
-  for (int j = 0; j < 32; ++j) q[j] = (int8_t)c[j], s += c[j];
-  *sum = s;
-  return amax;
-}
+#include "qlinear_dot_avx2.h"  // W4, W8, quantize_group
 #include "qlinear_dot_impl.h"
 #include "exp_poly.h"     // common/: e^x (SwiGLU's)
 #include "swiglu_rows.h"  // common/: SwiGLU's rows (the MoE op's; decode_ops' silu_mul runs the same)
 }  // namespace isa_avx2
+#pragma GCC pop_options
+
+// The integer-dot linears on AVX-512 VNNI (qlinear_dot_vnni.h): isa_avx512's 16 lanes, vpdpbusd for
+// the integer sums. Served from code 2 where the CPU has avx512_vnni (cpu_isa.h has_avx512_vnni:
+// Cascade Lake and Ice Lake lack avx512_bf16, code 3); the activations quantized as on AVX2.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+namespace isa_avx512vnni {
+using isa_avx512::Vec, isa_avx512::BLOCK, isa_avx512::GROUP, isa_avx512::AHEAD, isa_avx512::store_lanes;
+using isa_avx2::quantize_group;
+#include "qlinear_dot_vnni.h"
+#include "qlinear_dot_impl.h"
+}  // namespace isa_avx512vnni
 #pragma GCC pop_options
 
 namespace isa_scalar {
@@ -341,48 +299,7 @@ struct Vec {  // one lane: the same operations, so the same bits as the SIMD pat
 constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE = 6;
 #include "qlinear_impl.h"
 
-struct W4 {  // the AVX2 layout (slot 2p / 2p + 1 of rows p, p + 4 in each half), one row at a time
-  static constexpr int REC = BLOCK * 16 + 2 * BLOCK * 2, SCALE = BLOCK * 16;
-  static constexpr bool MIN = true;
-  static inline float scale(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + lane); }
-  static inline float min(const uint8_t* rec, int lane) { return Vec::half(halves(rec, SCALE) + BLOCK + lane); }
-  static inline float isum(const uint8_t* rec, int lane, const int8_t* x) {
-    const int r = lane & 7;
-    const uint8_t* c = rec + ((lane & 8) + 2 * (r & 3) + (r >> 2)) * 16;
-    int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += (c[j] & 15) * x[j] + (c[j] >> 4) * x[j + 16];
-    return (float)s;
-  }
-};
-
-struct W8 {
-  static constexpr int REC = BLOCK * 32 + BLOCK * 4, SCALE = BLOCK * 32;
-  static constexpr bool MIN = false;
-  static inline float scale(const uint8_t* rec, int lane) { return Vec::load(floats(rec, SCALE) + lane); }
-  static inline float min(const uint8_t*, int) { return 0.0f; }
-  static inline float isum(const uint8_t* rec, int lane, const int8_t* x) {
-    const int8_t* w = reinterpret_cast<const int8_t*>(rec) + lane * 32;
-    int32_t s = 0;
-    for (int j = 0; j < 32; ++j) s += w[j] * x[j];
-    return (float)s;
-  }
-};
-
-static inline float quantize_group(const float* v, int8_t* q, int32_t* sum) {
-  float amax = 0.0f;
-  bool nan = false;
-  for (int j = 0; j < 32; ++j) amax = std::fabs(v[j]) > amax ? std::fabs(v[j]) : amax, nan |= std::isnan(v[j]);
-  if (nan) return nan_group(q, sum);
-  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-  int32_t s = 0;
-  for (int j = 0; j < 32; ++j) {
-    const float y = v[j] * id;  // one rounding, as the SIMD paths' mul
-    q[j] = (int8_t)std::nearbyint(y);
-    s += q[j];
-  }
-  *sum = s;
-  return amax;
-}
+#include "qlinear_dot_scalar.h"  // W4, W8, quantize_group
 #include "qlinear_dot_impl.h"
 #include "exp_poly.h"     // common/: e^x (SwiGLU's)
 #include "swiglu_rows.h"  // common/: SwiGLU's rows (the MoE op's; decode_ops' silu_mul runs the same)
@@ -427,13 +344,19 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
   return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
 }
 
-// x [M, K] -> int8 codes [M, Kp], d_x [M, G], s_x [M, G] as the integer-dot linears quantize it
-// (qlinear_dot_impl.h; exposed for the tests' reference).
+// x [M, K] -> int8 codes [M, Kp], d_x [M, G], s_x [M, G] and the codes' sums [M, G] int32 as the
+// integer-dot linears quantize it (qlinear_dot_impl.h; exposed for the tests' reference).
 std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t isa) {
   check_x(x, at::empty({1, 1, 1}, at::kInt), isa);
   TORCH_CHECK(x.size(1) <= G * 32, "qlinear: x has more than G * 32 inputs");
   const Act a = Kernel(108, isa, false).prepare(x, G, false);
-  return {a.rows, a.sums, a.sx};
+  return {a.rows, a.sums, a.sx, a.qsum};
+}
+
+// Which path runs the integer-dot linears on `isa` here: avx512_vnni, avx2 or scalar.
+std::string dot_path(int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "qlinear: this CPU does not support instruction set ", isa);
+  return Kernel(104, isa, false).dot_path();
 }
 
 #include "swiglu.h"  // common/: silu_mul (decode_ops' too), for the MoE op
@@ -443,8 +366,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>(), "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("moe", &moe, py::call_guard<py::gil_scoped_release>(), "a MoE layer's routed and shared experts (see moe.h)");
-  m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x and s_x");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
+  m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x, s_x and the codes' sums");
+  m.def("dot_path", &dot_path, "the integer-dot linears' path on an instruction set: avx512_vnni, avx2 or scalar");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512 (integer-dot linears by VNNI where the CPU has avx512_vnni), 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
   // for the decode plan (decode_ops/decode_step.h), which calls `linear` and `moe` without Python between
   m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the types kernel_fns.h declares
   m.attr("moe_capsule") = export_fn<MoeFn>(&moe);

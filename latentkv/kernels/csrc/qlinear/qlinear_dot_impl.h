@@ -1,14 +1,18 @@
 // Integer-dot linears y = x · Wᵀ with int8 activations (w4a8: int4 weights; w8a8: int8 weights),
 // one instruction set. Included by qlinear.cpp inside `namespace <isa>` after qlinear_impl.h (BLOCK,
-// GROUP, AHEAD, Vec with mul) and that namespace's weight formats W4 / W8, each giving
+// GROUP, AHEAD, Vec with mul, store_lanes) and that namespace's quantize_group and weight formats
+// W4 / W8, each giving
 //   REC (bytes per record), MIN (a min term follows the scales), scale(rec, lane) and min(rec, lane)
 //   -> Vec::T: the W rows lane.. of the record's scales d_w (and mins m_w) as floats,
-//   isum(rec, lane, xq) -> Vec::T: for the W rows lane.. of the record, the exact integer dot product
-//                                  of their 32 codes with the group's 32 int8 activations, as floats.
+//   Codes, codes(rec, lane): the W rows lane.. of the record's codes as isum reads them (taken once
+//                            per record for all the activation rows of a pass),
+//   isum(codes, xq, xsum) -> Vec::T: for those rows, the exact integer dot product of their 32 codes
+//                                    with the group's 32 int8 activations xq (xsum: their sum), as floats.
 // Nothing here may include a header.
 //
-// Activations (quantized by qlinear.cpp's quantize_rows, one row at a time): per row and group of
-// 32 inputs int8 codes q_x = round(x * 127 / max|x|), d_x = max|x| / 127 and s_x = d_x * sum(q_x).
+// Activations (quantized by quantize_rows below, one row at a time): per row and group of 32 inputs
+// int8 codes q_x = round(x * 127 / max|x|) (-127..127), d_x = max|x| / 127, s_x = d_x * sum(q_x) and
+// the integer sum(q_x) itself.
 // Packed weights (kernels/qlinear.py pack_w4a8 / pack_w8a8): output rows in blocks of 16, one record
 // per (block, group): the 16 rows' codes, then [16] scale d_w and (w4a8) [16] min m_w: float16 for
 // w4a8 (Q4_1's 5 bits a weight; widened exactly), float32 for w8a8.
@@ -21,11 +25,11 @@
 constexpr int DOT_MB = 4;  // activation rows per pass
 
 // P panels (W rows each: panel i is packed panel first + i, output columns (first + i) * W ...)
-// times MB activation rows over all G groups. xq [MB rows, stride ldq] int8, xd / xs [MB rows][G].
+// times MB activation rows over all G groups. xq [MB rows, stride ldq] int8, xd / xs / xi [MB rows][G].
 template <class D, int P, int MB>
 static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64_t first, const int8_t* __restrict xq,
                               int64_t ldq, const float* __restrict xd, const float* __restrict xs,
-                              float* __restrict out, int64_t ldo, int64_t N) {
+                              const int32_t* __restrict xi, float* __restrict out, int64_t ldo, int64_t N) {
   constexpr int W = Vec::W, PB = BLOCK / W;
   const uint8_t* base[P];
   int lane[P];
@@ -44,11 +48,12 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {  // unrolled: the totals stay in registers
       const uint8_t* rec = base[p] + g * D::REC;
+      const typename D::Codes codes = D::codes(rec, lane[p]);
       const typename Vec::T scale = D::scale(rec, lane[p]);
       const typename Vec::T mins = D::MIN ? D::min(rec, lane[p]) : Vec::zero();
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
-        const typename Vec::T isum = D::isum(rec, lane[p], xq + m * ldq + g * GROUP);
+        const typename Vec::T isum = D::isum(codes, xq + m * ldq + g * GROUP, xi[m * G + g]);
         tot[p][m] = Vec::fma(isum, Vec::mul(scale, Vec::set1(xd[m * G + g])), tot[p][m]);
         if constexpr (D::MIN) tot[p][m] = Vec::fma(mins, Vec::set1(xs[m * G + g]), tot[p][m]);
       }
@@ -62,18 +67,18 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
 // 1) over one block at a time: its records stream in order, and the totals fit the registers.
 template <class D, int U>
 static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8_t* xq, int64_t M, int64_t ldq,
-                     const float* xd, const float* xs, float* out, int64_t ldo, int64_t N) {
+                     const float* xd, const float* xs, const int32_t* xi, float* out, int64_t ldo, int64_t N) {
   constexpr int PB = BLOCK / Vec::W;
   const int64_t first = block * PB;
   int64_t m = 0;
   for (; m + DOT_MB <= M; m += DOT_MB)
     for (int u = 0; u < U; ++u)
-      dot_panels<D, PB, DOT_MB>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G, out + m * ldo,
-                                ldo, N);
+      dot_panels<D, PB, DOT_MB>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G, xi + m * G,
+                                out + m * ldo, ldo, N);
   const auto at = [&](auto rows) {
     for (int u = 0; u < U; ++u)
       dot_panels<D, PB, decltype(rows)::value>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G,
-                                               out + m * ldo, ldo, N);
+                                               xi + m * G, out + m * ldo, ldo, N);
   };
   switch (M - m) {
     case 3: at(std::integral_constant<int, 3>{}); break;
@@ -89,22 +94,23 @@ constexpr int DOT_U = 2;
 static inline int64_t dot_unit_count(int64_t N) { return ((N + BLOCK - 1) / BLOCK + DOT_U - 1) / DOT_U; }
 
 // Units u0..u1 of y [M, N] (stride ldo) from the quantized activations (xq [M, G*32] stride ldq, xd /
-// xs [M, G]); any split gives the same bits (qlinear.cpp splits them over threads, moe.h over
+// xs / xi [M, G]); any split gives the same bits (qlinear.cpp splits them over threads, moe.h over
 // (expert, unit) items).
 template <class D>
 static void dot_units(const uint8_t* packed, int64_t G, const int8_t* xq, int64_t M, int64_t ldq, const float* xd,
-                      const float* xs, float* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1) {
-  for (int64_t u = u0; u < u1; ++u) dot_unit<D, DOT_U>(packed, G, u * DOT_U, xq, M, ldq, xd, xs, out, ldo, N);
+                      const float* xs, const int32_t* xi, float* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1) {
+  for (int64_t u = u0; u < u1; ++u) dot_unit<D, DOT_U>(packed, G, u * DOT_U, xq, M, ldq, xd, xs, xi, out, ldo, N);
 }
 
-// x [M rows, stride ldx] float32 (zeros past K, G groups a row) -> codes q [M, 32 G], d_x and s_x [M, G].
-static void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t G, int8_t* q, float* d, float* s) {
+// x [M rows, stride ldx] float32 (zeros past K, G groups a row) -> codes q [M, 32 G], d_x, s_x and
+// sum(q_x) [M, G].
+static void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t G, int8_t* q, float* d, float* s, int32_t* qs) {
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       for (int64_t g = 0; g < G; ++g) {
         int32_t sum;
         const float dx = quantize_group(x + m * ldx + g * GROUP, q + (m * G + g) * GROUP, &sum) / 127.0f;
-        d[m * G + g] = dx, s[m * G + g] = dx * (float)sum;
+        d[m * G + g] = dx, s[m * G + g] = dx * (float)sum, qs[m * G + g] = sum;
       }
   });
 }

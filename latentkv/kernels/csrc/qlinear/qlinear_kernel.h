@@ -55,19 +55,20 @@ at::Tensor pair_rows(const at::Tensor& x, int64_t Kp, int64_t Mp = -1) {
 // x [M, K] as a kernel reads it (Kernel::prepare), one row per row of x:
 //   float32 rows [M, Kp] (int4: input k times 16^-(k % 8) (qlinear_impl.h), `sums` each group's sum of x [M, G]);
 //   words of two bf16 [Mp, Kp / 2] (vdpbf16ps; AMX: Mp whole 16-row tiles);
-//   int8 codes [M, Kp] with `sums` d_x and `sx` s_x [M, G] (the integer-dot kinds, qlinear_dot_impl.h).
+//   int8 codes [M, Kp] with `sums` d_x, `sx` s_x [M, G] and `qsum` the codes' sums [M, G] int32 (the
+//   integer-dot kinds, qlinear_dot_impl.h).
 struct Act {
-  at::Tensor rows, sums, sx;
+  at::Tensor rows, sums, sx, qsum;
   const int32_t* head = nullptr;  // AMX's linear entry: rows below M16 read in place from x (stride ldh words)
   int64_t ldh = 0, M16 = 0;
 };
 
 using Units = void (*)(const int32_t*, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t,
                        int64_t, int64_t);
-using DotUnits = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int64_t, const float*, const float*, float*,
-                          int64_t, int64_t, int64_t, int64_t);
+using DotUnits = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int64_t, const float*, const float*,
+                          const int32_t*, float*, int64_t, int64_t, int64_t, int64_t);
 using Count = int64_t (*)(int64_t, int64_t);  // (M, N) -> work units
-using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*);
+using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*, int32_t*);
 
 // kind: 4 (int4), 8 (int8), 16 (bf16 weights), 32 (float32 weights)
 Units pick_kind(int64_t kind, Units i4, Units i8, Units b16, Units f32) {
@@ -87,13 +88,21 @@ struct Kernel {
   Kernel(int64_t kind_, int64_t isa_, bool bf16_x_) : kind(kind_), isa(isa_), bf16_x(bf16_x_) {
     TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32 || dot(),
                 "qlinear: kind must be 4, 8, 16, 32, 104 or 108, got ", kind);
-    if (dot()) {  // AVX-512 CPUs run the AVX2 path (no 512-bit variant yet: none to test it on)
+    if (dot()) {  // AVX-512 without VNNI (Skylake) runs the AVX2 path
       const bool w4 = kind == 104;
-      dot_fn = isa >= 1 ? (w4 ? isa_avx2::dot_units<isa_avx2::W4> : isa_avx2::dot_units<isa_avx2::W8>)
-                        : (w4 ? isa_scalar::dot_units<isa_scalar::W4> : isa_scalar::dot_units<isa_scalar::W8>);
-      count = isa >= 1 ? static_cast<Count>([](int64_t, int64_t N) { return isa_avx2::dot_unit_count(N); })
-                       : static_cast<Count>([](int64_t, int64_t N) { return isa_scalar::dot_unit_count(N); });
-      quantize = isa >= 1 ? isa_avx2::quantize_rows : isa_scalar::quantize_rows;
+      if (vnni()) {
+        dot_fn = w4 ? isa_avx512vnni::dot_units<isa_avx512vnni::W4> : isa_avx512vnni::dot_units<isa_avx512vnni::W8>;
+        count = [](int64_t, int64_t N) { return isa_avx512vnni::dot_unit_count(N); };
+        quantize = isa_avx512vnni::quantize_rows;
+      } else if (isa >= 1) {
+        dot_fn = w4 ? isa_avx2::dot_units<isa_avx2::W4> : isa_avx2::dot_units<isa_avx2::W8>;
+        count = [](int64_t, int64_t N) { return isa_avx2::dot_unit_count(N); };
+        quantize = isa_avx2::quantize_rows;
+      } else {
+        dot_fn = w4 ? isa_scalar::dot_units<isa_scalar::W4> : isa_scalar::dot_units<isa_scalar::W8>;
+        count = [](int64_t, int64_t N) { return isa_scalar::dot_unit_count(N); };
+        quantize = isa_scalar::quantize_rows;
+      }
     } else if (amx()) {
       count = [](int64_t, int64_t N) { return isa_amx::amx_unit_count(N); };
     } else if (pairs()) {  // bf16 rows times bf16 weights by vdpbf16ps
@@ -115,6 +124,9 @@ struct Kernel {
   }
 
   bool dot() const { return kind == 104 || kind == 108; }
+  bool vnni() const { return dot() && isa >= 2 && has_avx512_vnni(); }  // the integer sums by vpdpbusd
+  // the integer-dot kinds' path (the constructor's choice, by name)
+  const char* dot_path() const { return vnni() ? "avx512_vnni" : isa >= 1 ? "avx2" : "scalar"; }
   bool amx() const { return isa >= 4 && kind == 16 && bf16_x; }  // AMX tiles (qlinear.cpp isa_amx)
   bool pairs() const { return isa >= 3 && kind == 16 && bf16_x; }  // x as words of two bf16
   // words per record of the packed weight
@@ -150,7 +162,9 @@ struct Kernel {
     if (dot()) {
       a.rows = at::empty({M, Kp}, x.options().dtype(at::kChar));
       a.sums = at::empty({M, G}, x.options().dtype(at::kFloat)), a.sx = at::empty({M, G}, x.options().dtype(at::kFloat));
-      quantize(xp, ldx, M, G, a.rows.data_ptr<int8_t>(), a.sums.data_ptr<float>(), a.sx.data_ptr<float>());
+      a.qsum = at::empty({M, G}, x.options().dtype(at::kInt));
+      quantize(xp, ldx, M, G, a.rows.data_ptr<int8_t>(), a.sums.data_ptr<float>(), a.sx.data_ptr<float>(),
+               a.qsum.data_ptr<int32_t>());
     } else if (kind == 4) {
       // each row's sum per group (in input order: a fixed order per row) for the min term, and
       // x' = x * 16^-(k % 8) (k % 8 < 7) for the in-place nibbles (qlinear_impl.h)
@@ -179,7 +193,8 @@ struct Kernel {
     const int64_t ld = a.rows.stride(0);
     if (dot()) {
       dot_fn(reinterpret_cast<const uint8_t*>(packed), G, a.rows.data_ptr<int8_t>() + m0 * ld, M, ld,
-             a.sums.data_ptr<float>() + m0 * G, a.sx.data_ptr<float>() + m0 * G, static_cast<float*>(out), ldo, N, u0, u1);
+             a.sums.data_ptr<float>() + m0 * G, a.sx.data_ptr<float>() + m0 * G, a.qsum.data_ptr<int32_t>() + m0 * G,
+             static_cast<float*>(out), ldo, N, u0, u1);
     } else if (amx()) {
       TORCH_CHECK(m0 == 0 || a.M16 == 0, "qlinear: AMX rows read in place start at row 0");
       isa_amx::amx_units(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>() + m0 * ld, ld,
