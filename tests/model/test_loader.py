@@ -225,3 +225,39 @@ def test_a_tensor_stored_twice_is_named(tiny_checkpoints, tmp_path):
     save_file({name: load_file(folder / "model.safetensors")[name]}, folder / "extra.safetensors")
     with pytest.raises(CheckpointError, match=rf"tensor {name} is stored twice: in .*extra\.safetensors and in .*model\.safetensors"):
         load_model(folder, quantization="int8")
+
+
+RSS_PROBE = """
+import json, re, sys, torch
+from latentkv.model.loader import load_model
+from latentkv.model.route import decide_route
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return int(re.search(field + r":\\s+(\\d+) kB", f.read()).group(1)) << 10
+
+route = decide_route("cpu", torch.bfloat16, "auto", "w4a8")  # the kernels are built and loaded before measuring
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) restarts from the RSS now
+before = status("VmRSS")
+model = load_model(sys.argv[1], route=route)
+held = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+print(json.dumps({"growth": status("VmHWM") - before, "held": sum(t.nbytes for t in held.values())}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak RSS from /proc/self")
+def test_streaming_w4a8_load_peaks_at_the_packed_model_plus_a_shard(random_checkpoints):
+    """The peak RSS a w4a8 load adds (in a fresh process) is at most the packed model + the largest
+    shard + 64 MiB (a tensor in flight, the packing's temporaries, the allocator's slack); loading
+    all then packing added the bf16 model + a shard (~480 MiB here against a ~240 MiB bound). The
+    peak is the process's VmHWM, reset before loading: getrusage's ru_maxrss keeps the parent's peak
+    across fork + exec on Linux (~1 GiB of pytest's here)."""
+    folder = random_checkpoints("mid")
+    done = subprocess.run([sys.executable, "-c", RSS_PROBE, str(folder)], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    shard = max(f.stat().st_size for f in weight_files(folder))
+    bound = measured["held"] + shard + (64 << 20)
+    assert measured["growth"] <= bound, f"peak RSS grew {measured['growth'] >> 20} MiB; bound {bound >> 20} MiB"
