@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from ..config import ModelConfig
 from ..cpu import native_bf16
 from ..facts import ATTENTION_BACKEND_DEFAULT, MODEL_DTYPES
-from ..sizes import available_memory
+from ..sizes import available_memory, return_freed_memory
 from .deepseek import MLAForCausalLM
 from .footprint import GIB, load_bytes, param_dtype
 from .quant import QuantLinear
@@ -38,6 +38,7 @@ from .route import Route, decide_route
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 FP8_BLOCK = 128
 BAR_BYTES = 256 << 20  # checkpoints from this size load with a progress bar (small ones load in a blink)
+TRIM_BYTES = 128 << 20  # read between two returns of freed heap memory (sizes.return_freed_memory)
 
 
 class CheckpointError(ValueError):
@@ -104,6 +105,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
         load_weights(model, file_tensors(files, cfg, bar), route.dtype)
         bar.update(total - bar.n)  # the shards' headers, and tensors skipped (multi-token prediction)
     model.pack_weights()
+    return_freed_memory()
     return model.eval()
 
 
@@ -224,6 +226,7 @@ def load_weights(model: MLAForCausalLM, tensors, dtype: torch.dtype, partial: bo
     owner, waiting = packing_waits(model, params, slots, expected)
     seen: dict[str, str] = {}
     where: set[str] = set()
+    untrimmed = 0  # bytes read since freed memory was last given back
     for name, tensor, source in tensors:
         where.add(str(source))
         if tied and name == "lm_head.weight":
@@ -241,6 +244,10 @@ def load_weights(model: MLAForCausalLM, tensors, dtype: torch.dtype, partial: bo
             if not waiting[module]:  # its float weight goes: the loader keeps no reference to it
                 params.pop(slots[name][0])
                 module.pack_weights()
+        untrimmed += tensor.nbytes
+        if untrimmed >= TRIM_BYTES and owner:  # packing's freed temporaries would stay resident
+            return_freed_memory()
+            untrimmed = 0
     missing = sorted(expected - seen.keys())
     if missing and not partial:
         pname, rows = slots[missing[0]]
