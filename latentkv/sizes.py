@@ -1,6 +1,10 @@
-"""Memory sizes: reading "2GiB"-style sizes, how much memory a device has free, this process's peak RSS."""
+"""Memory sizes: reading "2GiB"-style sizes, how much memory a device has free, this process's peak RSS,
+and giving freed heap memory back to the system."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 import re
 import resource
@@ -47,3 +51,21 @@ def peak_rss() -> int:
     """This process's peak resident set size in bytes (ru_maxrss: KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def return_freed_memory() -> bool:
+    """Give the heap memory this process freed back to the system (glibc's malloc_trim(0)); False
+    where the C library has no such call. glibc keeps freed chunks between live ones: packing a
+    model's linears one after the other (long-lived buffers among large temporaries) left ~27% of
+    the packed size resident but free (DeepSeek-V3-mini: 410 MiB over 1.5 GiB packed)."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    return bool(trim is not None and trim(0) >= 0)

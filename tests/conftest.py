@@ -72,6 +72,33 @@ def tiny_name(request):
     return request.param
 
 
+@pytest.fixture(scope="session")
+def bundled_source():
+    """The bundled SmolLM2 GGUF as a source, its tokenizer loaded once (random-model folders carry it)."""
+    from latentkv.sources.readers import read_source
+
+    source = read_source()
+    source.tokenizer()
+    return source
+
+
+@pytest.fixture(scope="session")
+def random_checkpoints(tmp_path_factory, bundled_source):
+    """shape -> a `latentkv bench random-model` folder of that shape (seed 0; 32 MiB shards, so `mid`
+    has several), written once per run."""
+    from latentkv.bench.random_model import write_random_model
+
+    root = tmp_path_factory.mktemp("random")
+    cache = {}
+
+    def get(shape: str):
+        if shape not in cache:
+            cache[shape] = write_random_model(shape, root / shape, seed=0, shard_bytes=32 << 20, source=bundled_source)
+        return cache[shape]
+
+    return get
+
+
 @pytest.fixture
 def few_chat_prompts(tmp_path, monkeypatch):
     """Five chat prompts (both splits) instead of the full file, and a fresh user cache: answers

@@ -11,19 +11,11 @@ from ..cache.accounting import gqa_bytes_per_token, latent_bytes_per_token
 from ..config import ModelConfig
 from ..plots import new_figure, save_figure
 from .report import print_table, write_json
+from .shapes import DEEPSEEK_V2_LITE, DEEPSEEK_V3
 
 CONTEXTS = [1024 * 2**i for i in range(7)]  # 1K .. 64K
 MIB = 2**20
 
-DEEPSEEK_V2_LITE = dict(
-    model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944, num_hidden_layers=27,
-    num_attention_heads=16, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-)
-DEEPSEEK_V3 = dict(
-    model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
-    num_attention_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-    q_lora_rank=1536,
-)
 
 
 def cache_rows(name: str, cfg: ModelConfig, gqa: tuple[int, int, int] | None) -> list[dict]:

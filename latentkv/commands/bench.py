@@ -1,17 +1,21 @@
 """`latentkv bench {memory,decode,throughput,prefix,serve,kernel,contention}`: each runs its baselines in the same
-run, prints a table with ratios, and writes JSON + PNG under --out."""
+run, prints a table with ratios, and writes JSON + PNG under --out. `latentkv bench random-model` writes
+a random-weight checkpoint of a real shape to bench with."""
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 
 from latentkv import cpu
-from latentkv.bench import contention, decode, kernel, memory, prefix, serve, store_restart, throughput
+from latentkv.bench import contention, decode, kernel, memory, prefix, random_model, serve, store_restart, throughput
 from latentkv.bench.models import default_models
+from latentkv.bench.shapes import SHAPES
 from latentkv.facts import CACHE_DTYPES, MODEL_DTYPES
 from latentkv.model.quant import QUANTIZATIONS
+from latentkv.sizes import parse_memory
 from latentkv.sources.readers import default_gguf_path
 
 BENCHES = {"memory": memory, "decode": decode, "throughput": throughput, "prefix": prefix,
@@ -152,7 +156,31 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
     add_threads_arg(p)
     p.set_defaults(func=run_kernel)
+
+    p = sub.add_parser("random-model", help="write a seeded random-weight checkpoint of a real DeepSeek shape "
+                                            "(a Hugging Face folder) to bench loading, memory and speed at that size")
+    p.add_argument("--shape", required=True, choices=sorted(SHAPES),
+                   help="deepseek-v2-lite (the release's config: 15.7B parameters, 31 GB), deepseek-v3-mini (V3-style, "
+                        "1.9B), mid (133M: the test suite's memory check), tiny / tiny-v3 (unit tests)")
+    p.add_argument("--out", required=True, help="the folder to write (its old shards are removed)")
+    p.add_argument("--seed", type=int, default=0, help="the same seed writes the same bytes (default 0)")
+    p.add_argument("--shard-size", type=parse_memory, help="safetensors shard size, e.g. 512MiB (default 1GiB)")
+    p.add_argument("--gguf", nargs="?", const="", metavar="PATH",
+                   help="also write the folder as a Q4_0 GGUF holding the same values (default path: <out>-Q4_0.gguf)")
+    p.set_defaults(func=run_random_model)
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
+
+
+def run_random_model(args) -> int:
+    try:
+        out = random_model.write_random_model(args.shape, args.out, args.seed, args.shard_size)
+    except ValueError as err:
+        print(f"latentkv bench random-model: {err}", file=sys.stderr)
+        return 2
+    print(f"latentkv bench random-model: wrote {out}")
+    if args.gguf is not None:
+        print(f"latentkv bench random-model: wrote {random_model.write_gguf_twin(out, args.gguf or None)}")
+    return 0
 
 
 def set_threads(args) -> None:

@@ -210,9 +210,10 @@ class MLAForCausalLM(nn.Module):
 
     def pack_weights(self) -> None:
         """Once the loader filled the weights: each module that keeps them in a kernel's layout
-        (model/quant.py) packs them, and the attention stores W_UK / W_UV as the route says."""
+        (model/quant.py) packs them (those the loader packed as they filled are skipped), and the
+        attention stores W_UK / W_UV as the route says."""
         for module in self.modules():
-            if module is not self and hasattr(module, "pack_weights"):
+            if module is not self and hasattr(module, "pack_weights") and not getattr(module, "packed", False):
                 module.pack_weights()
 
     @property

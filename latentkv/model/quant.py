@@ -17,6 +17,8 @@ ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`
 The model is built with these classes (model/route.py `Route.linear`: the route says which); each
 holds the checkpoint's float `weight` until the loader, having filled it, calls `pack_weights()`,
 which turns it into the kernel's layout once. `from_linear` packs a copy of an nn.Linear.
+Packing works on blocks of rows (every layout is row-local, padded at the end only), so its float
+and integer temporaries stay a few MiB whatever the matrix (a 102400-row lm_head took ~3 GiB whole).
 """
 from __future__ import annotations
 
@@ -30,10 +32,12 @@ SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them
 INT4_GROUP = 32
 QUANTIZATIONS = ("int8", "int4", "w4a8", "w8a8")
 INT_DOT = {"w4a8": "int4", "w8a8": "int8"}  # integer-dot kinds (CPU, the native kernel) -> the weight-only kind without it
+PACK_ELEMENTS = 1 << 22  # weights packed at a time (pack_weights): 16 MiB of float32 temporaries per step
 
 
 class QuantLinear(nn.Module):
-    """A linear whose weight is stored packed; subclasses give `pack(weight)` and
+    """A linear whose weight is stored packed; subclasses give `pack(weight [n, K]) -> {buffer name:
+    tensor}` (row-local: n rows' buffers, rows along dim 0 or as `ROW_DIMS` says) and
     `matmul(x [M, K]) -> [M, N]`. `parts` (a packed projection's checkpoint tensors, as
     PackedLinear's) lets the loader fill `weight` part by part. `uses_qlinear`: latentkv's kernel
     (kernels/qlinear.py) runs it, else ATen's int kernels (the route decides)."""
@@ -57,16 +61,28 @@ class QuantLinear(nn.Module):
         q.pack_weights()
         return q
 
+    ROW_DIMS: dict[str, int] = {}  # a buffer whose rows are not along dim 0 -> its row dim
+
     @torch.no_grad()
     def pack_weights(self) -> None:
-        """The loaded `weight` -> the kernel's buffers; the float weight goes (a tied lm_head's
-        embedding stays with the embedding). Once: a later call does nothing (a module that reads its
-        children's packed buffers, deepseek.MoE, packs them first, whatever order its caller visits)."""
-        if "weight" not in self._parameters:
+        """The loaded `weight` -> the kernel's buffers, PACK_ELEMENTS weights (whole blocks of the
+        kernels' row padding) at a time; the float weight goes (a tied lm_head's embedding stays
+        with the embedding). Once: a later call does nothing (a module that reads its children's
+        packed buffers, deepseek.MoE, packs them first, whatever order its caller visits)."""
+        if self.packed:
             return
         weight = self.weight.detach()
         del self.weight
-        self.pack(weight)
+        rows = max(qlinear.ROW_PAD, PACK_ELEMENTS // max(self.in_features, 1) // qlinear.ROW_PAD * qlinear.ROW_PAD)
+        pieces = [self.pack(weight[start:start + rows]) for start in range(0, weight.shape[0], rows)]
+        for name in list(pieces[0]):
+            parts = [piece.pop(name) for piece in pieces]
+            self.register_buffer(name, parts[0] if len(parts) == 1 else torch.cat(parts, self.ROW_DIMS.get(name, 0)))
+
+    @property
+    def packed(self) -> bool:
+        """pack_weights ran: the float weight is gone."""
+        return "weight" not in self._parameters
 
     @property
     def record(self) -> int | None:
@@ -88,13 +104,12 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(QuantLinear):
-    def pack(self, weight: torch.Tensor) -> None:
+    def pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         codes, scale = quantize_int8(weight)
-        self.register_buffer("scales", scale.to(weight.dtype))
+        scales = scale.to(weight.dtype)
         if self.uses_qlinear:
-            self.register_buffer("weight_packed", qlinear.pack_int8(codes, self.scales))
-        else:
-            self.register_buffer("weight_int8", codes)
+            return {"scales": scales, "weight_packed": qlinear.pack_int8(codes, scales)}
+        return {"scales": scales, "weight_int8": codes}
 
     @property
     def record(self) -> int | None:
@@ -133,14 +148,15 @@ class Int4Linear(QuantLinear):
     block) and cut off after the matmul (a view): MLA's packed q / kv_a projection (9 x 146 + 320 =
     1634 rows for the bundled model) otherwise stayed unquantized."""
 
-    def pack(self, w: torch.Tensor) -> None:
+    ROW_DIMS = {"scale_zero": 1}  # [K/32, N, 2]
+
+    def pack(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.uses_qlinear:
             codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
-            self.register_buffer("weight_packed", qlinear.pack_int4(codes, scale_zero.to(w.dtype)))
-            return
-        codes, scale_zero = quantize_int4(F.pad(w, (0, 0, 0, -self.out_features % 16)))
-        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
-        self.register_buffer("scale_zero", scale_zero.to(w.dtype))
+            return {"weight_packed": qlinear.pack_int4(codes, scale_zero.to(w.dtype))}
+        codes, scale_zero = quantize_int4(F.pad(w, (0, 0, 0, -w.shape[0] % 16)))  # only the last block is short
+        return {"weight_int4": torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
+                "scale_zero": scale_zero.to(w.dtype)}
 
     @property
     def record(self) -> int | None:
@@ -160,9 +176,9 @@ class W4A8Linear(QuantLinear):
 
     record = qlinear.ACT8 + 4
 
-    def pack(self, w: torch.Tensor) -> None:
+    def pack(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
-        self.register_buffer("weight_packed", qlinear.pack_w4a8(codes, scale_zero.to(w.dtype)))
+        return {"weight_packed": qlinear.pack_w4a8(codes, scale_zero.to(w.dtype))}
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
         return qlinear.dot_linear(flat, self.weight_packed, 4, self.out_features)
@@ -173,9 +189,9 @@ class W8A8Linear(QuantLinear):
 
     record = qlinear.ACT8 + 8
 
-    def pack(self, w: torch.Tensor) -> None:
+    def pack(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         codes, scale = quantize_int8(w)
-        self.register_buffer("weight_packed", qlinear.pack_w8a8(codes, scale.to(w.dtype)))
+        return {"weight_packed": qlinear.pack_w8a8(codes, scale.to(w.dtype))}
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
         return qlinear.dot_linear(flat, self.weight_packed, 8, self.out_features)
@@ -189,9 +205,9 @@ class FixedOrderLinear(QuantLinear):
     and runs ~4x slower than its GEMV on an AVX2 EPYC, and oneDNN picks its bf16 kernels by M and
     CPU (on an AMX Xeon the lm_head's row 0 changed bits from M = 33)."""
 
-    def pack(self, w: torch.Tensor) -> None:
+    def pack(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         self.bits = 16 if w.dtype == torch.bfloat16 else 32
-        self.register_buffer("weight_packed", (qlinear.pack_bf16 if self.bits == 16 else qlinear.pack_f32)(w))
+        return {"weight_packed": (qlinear.pack_bf16 if self.bits == 16 else qlinear.pack_f32)(w)}
 
     @property
     def record(self) -> int | None:

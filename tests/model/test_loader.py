@@ -1,13 +1,21 @@
 """Loader: shards, dtypes, and errors that name the tensor or file."""
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from latentkv.config import ConfigError
-from latentkv.model.loader import CheckpointError, checkpoint_tensors, load_model
+from latentkv.config import ConfigError, ModelConfig
+from latentkv.facts import MODEL_DTYPES
+from latentkv.model import loader
+from latentkv.model.footprint import load_bytes, model_bytes
+from latentkv.model.loader import (CheckpointError, checkpoint_slots, checkpoint_tensors, copy_param, empty_model,
+                                   file_tensors, load_model, meta_model, weight_files)
+from latentkv.model.route import decide_route
 
 
 def copy_folder(src, dst):
@@ -150,3 +158,106 @@ def test_garbage_tokenizer_and_generation_config_name_the_file(tmp_path):
     (folder / "generation_config.json").write_text('{"eos_token_id": "two"}')
     with pytest.raises(ValueError, match="generation_config.json: eos_token_id"):
         find_eos_token_ids(folder, None, None)
+
+
+def load_all_then_pack(folder, route):
+    """The loader before it streamed: the whole model allocated in its dtype, every tensor copied
+    in, then every linear packed (the reference the streaming load must match bit for bit)."""
+    cfg = ModelConfig.from_file(folder / "config.json")
+    model = empty_model(cfg, route)
+    params, slots = dict(model.named_parameters(remove_duplicate=False)), checkpoint_slots(model)
+    for name, tensor, file in file_tensors(weight_files(folder), cfg):
+        if not (cfg.tie_word_embeddings and name == "lm_head.weight"):
+            copy_param(params, slots, name, tensor, file, route.dtype)
+    for module in model.modules():
+        if module is not model and hasattr(module, "pack_weights"):
+            module.pack_weights()
+    return model
+
+
+def held_tensors(model) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+
+
+WEIGHTS = [("float32", None), ("bfloat16", None), ("bfloat16", "int4"), ("bfloat16", "w4a8")]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype,quantization", WEIGHTS)
+def test_streaming_load_gives_the_load_all_then_pack_bits(tiny_checkpoints, tiny_name, dtype, quantization):
+    folder, _ = tiny_checkpoints(tiny_name)
+    route = decide_route("cpu", MODEL_DTYPES[dtype], "auto", quantization)
+    streamed, reference = held_tensors(load_model(folder, route=route)), held_tensors(load_all_then_pack(folder, route))
+    assert streamed.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert streamed[name].dtype == tensor.dtype and torch.equal(streamed[name], tensor), name
+    assert not any(t.is_meta for t in streamed.values())
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype,quantization", WEIGHTS + [("float32", "int8")])
+def test_the_memory_estimate_is_what_the_loaded_model_holds(tiny_checkpoints, tiny_name, dtype, quantization):
+    folder, _ = tiny_checkpoints(tiny_name)
+    route = decide_route("cpu", MODEL_DTYPES[dtype], "auto", quantization)
+    estimate = model_bytes(meta_model(ModelConfig.from_file(folder / "config.json"), route))
+    held = {id(t): t for t in held_tensors(load_model(folder, route=route)).values()}  # a tied one once
+    assert estimate == sum(t.nbytes for t in held.values())
+
+
+def test_not_enough_memory_is_refused_before_any_tensor_is_read(tiny_checkpoints, monkeypatch):
+    folder, _ = tiny_checkpoints("v3_moe_sigmoid")
+
+    def no_reading(file):
+        raise AssertionError(f"{file} was opened before the memory check")
+
+    monkeypatch.setattr(loader, "available_memory", lambda device: 1 << 10)  # the tiny model needs ~1 MiB
+    monkeypatch.setattr(loader, "open_safetensors", no_reading)
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    need = load_bytes(meta_model(ModelConfig.from_file(folder / "config.json"), decide_route()))
+    assert str(folder) in str(err.value) and f"needs about {need / 2**30:.1f} GiB" in str(err.value)
+    assert "0.0 GiB is available on cpu" in str(err.value) and "--quantization" in str(err.value)
+
+
+def test_a_tensor_stored_twice_is_named(tiny_checkpoints, tmp_path):
+    folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
+    name = "model.layers.0.self_attn.o_proj.weight"
+    save_file({name: load_file(folder / "model.safetensors")[name]}, folder / "extra.safetensors")
+    with pytest.raises(CheckpointError, match=rf"tensor {name} is stored twice: in .*extra\.safetensors and in .*model\.safetensors"):
+        load_model(folder, quantization="int8")
+
+
+RSS_PROBE = """
+import json, re, sys, torch
+from latentkv.model.loader import load_model
+from latentkv.model.route import decide_route
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return int(re.search(field + r":\\s+(\\d+) kB", f.read()).group(1)) << 10
+
+route = decide_route("cpu", torch.bfloat16, "auto", "w4a8")  # the kernels are built and loaded before measuring
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) restarts from the RSS now
+before = status("VmRSS")
+model = load_model(sys.argv[1], route=route)
+held = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+print(json.dumps({"growth": status("VmHWM") - before, "held": sum(t.nbytes for t in held.values())}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak RSS from /proc/self")
+def test_streaming_w4a8_load_peaks_at_the_packed_model_plus_a_shard(random_checkpoints):
+    """The peak RSS a w4a8 load adds (in a fresh process) is at most the packed model + the largest
+    shard + 64 MiB (a tensor in flight, the packing's temporaries, the allocator's slack); loading
+    all then packing added the bf16 model + a shard (~480 MiB here against a ~240 MiB bound). The
+    peak is the process's VmHWM, reset before loading: getrusage's ru_maxrss keeps the parent's peak
+    across fork + exec on Linux (~1 GiB of pytest's here)."""
+    folder = random_checkpoints("mid")
+    done = subprocess.run([sys.executable, "-c", RSS_PROBE, str(folder)], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    shard = max(f.stat().st_size for f in weight_files(folder))
+    bound = measured["held"] + shard + (64 << 20)
+    assert measured["growth"] <= bound, f"peak RSS grew {measured['growth'] >> 20} MiB; bound {bound >> 20} MiB"

@@ -98,3 +98,26 @@ def test_unknown_quantization_is_refused(tiny_checkpoints):
     folder, _ = tiny_checkpoints("v2_dense")
     with pytest.raises(ValueError, match="quantization"):
         load_model(folder, quantization="int3")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind,uses_qlinear", [("fixed-order", True), ("int8", True), ("int8", False), ("int4", True),
+                                               ("int4", False), ("w4a8", True), ("w8a8", True)])
+def test_packing_in_row_blocks_gives_the_whole_matrix_bits(kind, uses_qlinear, dtype, monkeypatch):
+    """pack_weights packs PACK_ELEMENTS weights at a time: 200 rows (not a multiple of the kernels' 64)
+    in blocks of 64 rows give the buffers packing them at once gives, bit for bit."""
+    from latentkv.model import quant
+
+    if uses_qlinear and not qlinear.available():
+        pytest.skip(f"qlinear not built: {qlinear.unavailable_reason()}")
+    weight = torch.randn(200, 96, generator=torch.Generator().manual_seed(0)).to(dtype)
+    packed = []
+    for elements in (200 * 96, 1):  # whole; one block of 64 rows at a time
+        monkeypatch.setattr(quant, "PACK_ELEMENTS", elements)
+        linear = quant.LINEAR_CLASSES[kind](96, 200, uses_qlinear=uses_qlinear)
+        linear.weight.data = weight.clone()
+        linear.pack_weights()
+        assert linear.packed and not hasattr(linear, "weight")
+        packed.append(dict(linear.named_buffers()))
+    assert packed[0].keys() == packed[1].keys() and packed[0]
+    assert all(torch.equal(packed[0][name], packed[1][name]) for name in packed[0])
