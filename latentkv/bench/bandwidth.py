@@ -26,9 +26,10 @@ def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of distinct weights one decode step reads: parameters and the buffers of
+    """Bytes of distinct weights one batch-1 decode step reads: parameters and the buffers of
     quantized linears (as stored), tied weights once; not the embedding table (decode
-    reads one row of it) unless it doubles as an unquantized output head."""
+    reads one row of it) unless it doubles as an unquantized output head; of a MoE layer's
+    routed experts, the num_experts_per_tok of n_routed_experts one token reads."""
     embed = model.model.embed_tokens.weight
     head = getattr(model.lm_head, "weight", None)
     head_is_embed = head is not None and head.data_ptr() == embed.data_ptr()
@@ -38,6 +39,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
+    cfg = model.config
+    if cfg.n_routed_experts:
+        unread = 1 - cfg.num_experts_per_tok / cfg.n_routed_experts
+        for module in model.modules():
+            experts = getattr(module, "experts", None)
+            if isinstance(experts, torch.nn.ModuleList):
+                total -= int(unread * sum(t.numel() * t.element_size()
+                                          for t in itertools.chain(experts.parameters(), experts.buffers())))
     return total
 
 
