@@ -125,7 +125,7 @@ def check_memory(folder: Path, model: MLAForCausalLM, route: Route) -> None:
         raise CheckpointError(
             f"{folder}: loading it as {str(route.dtype).removeprefix('torch.')} with {route.weights} weights needs "
             f"about {need / GIB:.1f} GiB but {available / GIB:.1f} GiB is available on {route.device}; "
-            "free memory, or load it quantized (--quantization w4a8 or int4: about a quarter of bf16's bytes)")
+            "free memory, or load it quantized (--quantization w4a8 or int4: about a third of bf16's bytes)")
 
 
 def meta_model(cfg: ModelConfig, route: Route) -> MLAForCausalLM:
