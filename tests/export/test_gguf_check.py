@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -52,10 +54,7 @@ def test_what_llama_cpp_cannot_run_is_refused(overrides, message):
 
 def test_a_native_conversion_is_refused_whole_without_writing(tiny_lm, tmp_path):
     src, _, _ = tiny_lm("v2_dense")
-    folder = tmp_path / "native"
-    folder.mkdir()
-    for f in src.iterdir():
-        (folder / f.name).write_bytes(f.read_bytes())
+    folder = Path(shutil.copytree(src, tmp_path / "native"))
     raw = json.loads((src / "config.json").read_text())
     raw["latentkv"] = {"kv_a_layernorm": False, "kv_lora_ranks": [16, 12, 16]}
     (folder / "config.json").write_text(json.dumps(raw))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -160,10 +162,7 @@ def test_half_precision_outtypes_are_the_rounded_values(tiny_lm, tmp_path, outty
 
 def test_auto_keeps_a_bf16_folder_bf16(tiny_lm, tmp_path):
     src, _, _ = tiny_lm("v2_dense")
-    folder = tmp_path / "bf16"
-    folder.mkdir()
-    for f in src.iterdir():
-        (folder / f.name).write_bytes(f.read_bytes())
+    folder = Path(shutil.copytree(src, tmp_path / "bf16"))
     save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(src / "model.safetensors")).items()},
               str(folder / "model.safetensors"), metadata={"format": "pt"})
     fields, tensors = read_gguf(export_gguf(folder, tmp_path / "m.gguf"))
@@ -175,10 +174,7 @@ def test_auto_keeps_a_bf16_folder_bf16(tiny_lm, tmp_path):
 def test_zero_shared_experts_become_one_zero_expert(tiny_lm, tmp_path):
     """llama.cpp's deepseek2 always adds a shared expert; with zero weights it adds exactly 0."""
     src, _, _ = tiny_lm("v3_moe_sigmoid")
-    folder = tmp_path / "noshared"
-    folder.mkdir()
-    for f in src.iterdir():
-        (folder / f.name).write_bytes(f.read_bytes())
+    folder = Path(shutil.copytree(src, tmp_path / "noshared"))
     cfg = json.loads((src / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "n_shared_experts": 0}))
     save_file({k: v for k, v in load_file(str(src / "model.safetensors")).items() if "shared_experts" not in k},
