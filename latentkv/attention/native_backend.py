@@ -42,10 +42,10 @@ class NativeBackend(TorchBackend):
 
     def kernel_isa(self, dtype: torch.dtype, prefill: bool) -> str:
         """The loops that run for this dtype under the chosen ISA: bf16 dot products and AMX tiles
-        serve bf16 rows only (float32 ones run the avx512 loops), and AMX the prefill alone."""
+        serve bf16 rows only (float32 ones run the avx512 loops)."""
         if dtype != torch.bfloat16 and self.isa in ("avx512_bf16", "amx"):
             return "avx512"
-        return "avx512_bf16" if self.isa == "amx" and not prefill else self.isa
+        return self.isa
 
     def prefill_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
         if not self.runs_prefill_kernel(dtype, device):

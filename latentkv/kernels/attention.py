@@ -2,14 +2,15 @@
 batch-invariant prefill span. attention/native_backend.py's NativeBackend decides when they run.
 
 - `mla_decode`: absorbed queries [B, M, r+dr] over one layer's paged latent -> o_lat [B, M, r].
-  Paths: avx512_bf16 (bf16 queries: vdpbf16ps, csrc/attention/mla_decode_bf16.h; an int8 latent:
-  vpdpbusd, mla_decode_vnni.h), avx512 and scalar (float32 FMAs, mla_decode_impl.h), avx2
+  Paths: amx (bf16 queries: scores and value sums on AMX tiles, csrc/attention/mla_decode_amx.h),
+  avx512_bf16 (bf16 queries: vdpbf16ps, mla_decode_bf16.h; an int8 latent of a rank that is a
+  multiple of 64: vpdpbusd, mla_decode_vnni.h, on AMX CPUs too), avx512 and scalar (float32 FMAs, mla_decode_impl.h), avx2
   (intrinsics, mla_decode_avx2.h). A sequence's keys are cut into work items of DECODE_SPAN tokens
   at fixed positions for contexts up to DECODE_SPAN x DECODE_MAX_SPANS tokens (longer ones: at most
   DECODE_MAX_SPANS items), merged in order: the same bits alone, batched, on any thread count.
 - `mla_prefill`: one span of attention/prefill.py's span_prefill, for PREFILL_DTYPES on every ISA:
   float32 FMAs at the ISA's width (mla_prefill_f32.h; bf16 tensors widened), bf16 dot products for
-  bf16 on avx512_bf16 (mla_prefill_bf16.h).
+  bf16 on avx512_bf16 (mla_prefill_bf16.h), AMX tiles on amx (mla_prefill_amx.h).
 LATENTKV_NATIVE=0 switches the extension off (the PyTorch reference backend then serves).
 """
 from __future__ import annotations

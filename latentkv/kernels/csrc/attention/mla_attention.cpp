@@ -53,6 +53,7 @@ namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: 
 #include "mla_decode_vnni.h"
 #include "mla_prefill_bf16.h"
 #include "mla_prefill_amx.h"
+#include "mla_decode_amx.h"
 }
 #pragma GCC pop_options
 
@@ -176,6 +177,12 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   std::vector<int32_t> qsum(dp_i8 ? B * M * 2 : 0);
   if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
 
+  // AMX (isa 4): the scores of the bf16 path on tiles (mla_decode_amx.h); the int8 VNNI path stays
+  const bool dp_amx = isa >= 4 && dp_bf16 && !dp_i8 && D % 2 == 0;
+  const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;
+  const int64_t qblocks = (M + 15) / 16 * (split ? 2 : 1) * isa_avx512bf16::amx_query_block((int)D);
+  std::vector<uint32_t> qpack(dp_amx ? B * qblocks : 0);
+  if (dp_amx) isa_avx512bf16::pack_queries(q16, B, (int)M, (int)D, (int)r, split, qpack.data(), (int)std::min<int64_t>(threads, B));
   SpanFn attend = span_fn(isa);
   // No more threads than work: an idle member of a team still costs a fork and a join per region
   // (two regions per layer and step), and the merge of a short batch is a few thousand FMAs.
@@ -187,10 +194,19 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
     std::vector<float> tile(TILE * D), sc(TILE + 64 + r);
     std::vector<uint16_t> tile16, pairs16, zero16;
     if (dp_bf16) tile16.resize(64 * Dp), pairs16.resize(64 * r), zero16.assign(Dp, 0);
+    std::unique_ptr<isa_avx512bf16::AmxDecodeScratch> amx;
+    if (dp_amx) {
+      amx.reset(new isa_avx512bf16::AmxDecodeScratch((int)D, (int)r));
+      isa_avx512bf16::amx_decode_configure((int)D);
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       int64_t b = item_b[it];
-      if (dp_i8)
+      if (dp_amx)
+        isa_avx512bf16::attend_span_amx(job, b, item_t0[it], item_t1[it], qpack.data() + b * qblocks, lim.data() + b * M,
+                                        acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
+                                        {tile16.data(), pairs16.data(), zero16.data()}, *amx);
+      else if (dp_i8)
         isa_avx512bf16::attend_span_i8(job, b, item_t0[it], item_t1[it], q16 + b * M * D, q8.data() + b * M * 2 * r,
                                        qs.data() + b * M, qsum.data() + b * M * 2, lim.data() + b * M,
                                        acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
@@ -203,6 +219,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
         attend(job, b, item_t0[it], item_t1[it], qf.data() + b * M * D, lim.data() + b * M, acc.get() + it * M * r,
                mx.data() + it * M, sum.data() + it * M, tile.data(), sc.data());
     }
+    if (dp_amx) isa_avx512bf16::amx_decode_release();
   }
 
   // Log-sum-exp merge of each sequence's spans, in span order.
