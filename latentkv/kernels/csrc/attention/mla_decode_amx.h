@@ -34,29 +34,6 @@ struct AmxDecodeScratch {
         keys((size_t)16 * ((D + 31) / 32 * 32)) {}
 };
 
-// out[j][i] = in[i][j] for 16 x 16 words: 32-bit and 64-bit interleaves within 128-bit lanes, then
-// a 4 x 4 transpose of the lanes.
-static inline void transpose16(const uint32_t* in, uint32_t* out) {
-  __m512i u[4][4];
-  for (int g = 0; g < 4; ++g) {
-    const __m512i r0 = _mm512_loadu_si512(in + (4 * g) * 16), r1 = _mm512_loadu_si512(in + (4 * g + 1) * 16);
-    const __m512i r2 = _mm512_loadu_si512(in + (4 * g + 2) * 16), r3 = _mm512_loadu_si512(in + (4 * g + 3) * 16);
-    const __m512i a = _mm512_unpacklo_epi32(r0, r1), b = _mm512_unpackhi_epi32(r0, r1);
-    const __m512i c = _mm512_unpacklo_epi32(r2, r3), d = _mm512_unpackhi_epi32(r2, r3);
-    // lane L of u[g][k]: column 4L + k, rows 4g .. 4g + 3
-    u[g][0] = _mm512_unpacklo_epi64(a, c), u[g][1] = _mm512_unpackhi_epi64(a, c);
-    u[g][2] = _mm512_unpacklo_epi64(b, d), u[g][3] = _mm512_unpackhi_epi64(b, d);
-  }
-  for (int k = 0; k < 4; ++k) {
-    const __m512i x0 = _mm512_shuffle_i32x4(u[0][k], u[1][k], 0x44), x1 = _mm512_shuffle_i32x4(u[0][k], u[1][k], 0xEE);
-    const __m512i x2 = _mm512_shuffle_i32x4(u[2][k], u[3][k], 0x44), x3 = _mm512_shuffle_i32x4(u[2][k], u[3][k], 0xEE);
-    _mm512_storeu_si512(out + k * 16, _mm512_shuffle_i32x4(x0, x2, 0x88));
-    _mm512_storeu_si512(out + (4 + k) * 16, _mm512_shuffle_i32x4(x0, x2, 0xDD));
-    _mm512_storeu_si512(out + (8 + k) * 16, _mm512_shuffle_i32x4(x1, x3, 0x88));
-    _mm512_storeu_si512(out + (12 + k) * 16, _mm512_shuffle_i32x4(x1, x3, 0xDD));
-  }
-}
-
 // pv [16][r] = w [16 rows][16 pairs of tokens] . pairs ([16 pairs][r values x 2], pair_rows' layout):
 // 16 values per C tile, their lanes in pair_rows' order (as values_block's). Tiles: A 2, B 4 / 6, C 0 / 1 / 3.
 #define AMX_PV(C, B, z)                                   \
@@ -255,7 +232,7 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
       sumv = _mm512_fmadd_ps(sumv, alpha, _mm512_add_ps(tot0, tot1));
       alignas(64) float al[16];
       _mm512_store_ps(al, alpha);
-      transpose16(a.wt.data(), a.w.data());
+      transpose16(a.wt.data(), 16, a.w.data(), 16);
       amx_decode_values(a.w.data(), s.pairs, r, a.pv.data());
       for (int g = 0; g < G; ++g) {  // acc = acc * alpha + pv (one rounding)
         const __m512 ag = _mm512_set1_ps(al[g]);

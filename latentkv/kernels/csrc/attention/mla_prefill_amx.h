@@ -1,148 +1,251 @@
-// The bf16 prefill span (mla_prefill_bf16.h's contract, packing and online softmax) with its two
-// products on AMX tiles: scores of 16 query rows x 16 keys per C tile (A: the rows' query pairs,
-// B: the packed key pairs as they lie: [16 pairs][16 keys] at a stride of KB keys), then the
-// values (A: the rows' probability pairs, B: the packed value pairs: [16 key pairs][16 dims]).
-// Included by mla_attention.cpp inside `namespace isa_avx512bf16` (its target includes amx-tile
-// and amx-bf16; these functions run only where cpu_isa.h's code 4 holds) after mla_prefill_bf16.h.
+// The bf16 prefill span (mla_prefill_bf16.h's contract: the job, its key blocks of KB at absolute
+// positions, the online softmax) on AMX tiles, transposed so that query rows are vector lanes:
+//   scores  S^T [keys][rows] = K . Q^T: A tiles the keys as they lie (16 keys x 16 pairs), B tiles
+//           the pass's queries packed as [16 pairs][32 rows] (two 16-row groups).
+//   softmax per 16-row group over the C tiles' key rows: one vector per key, so the running max and
+//           sum need no horizontal reductions, e^x as 2^(x log2 e) by vscalefps.
+//   values  O^T [dims][rows] = V^T . P^T: A tiles the values packed as [dims][pairs of keys] once per
+//           block and head, B tiles the probabilities as [pairs of keys][rows]; the running outputs
+//           are kept as [dims][rows] for the item, so the rescale by alpha is one vector per dim.
+// Included by mla_attention.cpp inside `namespace isa_avx512bf16` (target includes amx-tile and
+// amx-bf16; these functions run only where cpu_isa.h's code 4 holds) after mla_prefill_bf16.h.
 //
 // The job's P (query / key pairs) is padded to a multiple of 16 with zero pairs (a tile's depth).
-// A row's bits: its scores are one tile lane's products in the unit's order over the pairs, its
-// softmax the bf16 kernel's, its output fma(acc, alpha, one tile lane's products over the block's
-// keys): nothing depends on the other rows in its tile, the item, the thread or the
-// span's position in the prompt (batch-invariant as the vdpbf16ps kernel, in another order).
+// The running max m is kept in raw (unscaled) scores here: m, l, acc stay this kernel's between the
+// spans of one prefill (attention/prefill.py calls one kernel for all of them).
+// A row's bits: its scores are one tile lane's products in the instruction's order over the pairs,
+// its softmax lane-wise in key order, its output fma(acc, alpha, one lane's products over the
+// block's keys): nothing depends on the other rows in its tile, the item, the thread or the span's
+// position in the prompt (batch-invariant as the vdpbf16ps kernel, in another order).
 
-constexpr int AMX_ROWS = 32;  // query rows per pass: two 16-row tiles
+constexpr int AMX_ROWS = 32;  // query rows per pass: two 16-row groups
 
 #include "amx_tiles.h"
 
-// sc [32 rows][KB] = q pairs qp [32 rows][P] . key block kp ([P][KB][2] bf16), unscaled, in two
-// halves of 32 keys: C tiles 0-3 (rows 0-15 / 16-31 x keys 0-15 / 16-31 of the half), A tiles 4-5,
-// B tiles 6-7, each loaded once per 16 pairs (no tile waits for a product still reading it).
-static inline void amx_scores(const uint32_t* qp, int P, const uint16_t* kp, float* sc) {
-  static_assert(KB == 64, "two halves of 32 keys per block");
+static_assert(KB == 64, "two halves of 32 keys per block, two steps of 16 key pairs");
+
+// Keys as A tiles and values as V^T A tiles, in the job's kp / vp buffers (same sizes as the
+// vdpbf16ps kernel's layouts): kp [H, nkb, KB keys, P pairs], vp [H, nkb, dvp, KB/2 pairs of keys].
+static void prefill_pack_amx(const PrefillJob& j, int h, int kb) {
+  uint32_t* ka = reinterpret_cast<uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2);
+  uint32_t* vt = reinterpret_cast<uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2);
+  for (int k = 0; k < KB; ++k) {
+    const int64_t t = (int64_t)kb * KB + k;
+    uint32_t* row = ka + (int64_t)k * j.P;
+    if (j.dn % 2 == 0) {  // the key's words as they lie: the nope part, then the rope key
+      std::memcpy(row, j.kv + (t * j.H + h) * (j.dn + j.dv), (size_t)j.dn * 2);
+      std::memcpy(row + j.dn / 2, j.kr + t * j.dr, (size_t)j.dr * 2);
+      std::fill(row + (j.dn + j.dr) / 2, row + j.P, 0u);
+    } else {
+      for (int p = 0; p < j.P; ++p) row[p] = (uint32_t)key_elem(j, t, h, 2 * p) | (uint32_t)key_elem(j, t, h, 2 * p + 1) << 16;
+    }
+  }
+  alignas(64) uint32_t pairs[16 * 16];
+  for (int p0 = 0; p0 < KB / 2; p0 += 16)
+    for (int d0 = 0; d0 < j.dvp; d0 += 16) {
+      for (int p = 0; p < 16; ++p) {
+        const int64_t t = (int64_t)kb * KB + 2 * (p0 + p);
+        const uint16_t* v0 = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn;
+        const uint16_t* v1 = v0 + j.H * (j.dn + j.dv);
+        for (int d = 0; d < 16; ++d)
+          pairs[p * 16 + d] = d0 + d < j.dv ? (uint32_t)v0[d0 + d] | (uint32_t)v1[d0 + d] << 16 : 0u;
+      }
+      transpose16(pairs, 16, vt + (int64_t)d0 * (KB / 2) + p0, KB / 2);
+    }
+}
+
+// st [KB keys][32 rows] = keys ka [KB][P] . the pass's queries qt [P/16][16 pairs][32 rows], unscaled:
+// per half of 32 keys C tiles 0-3 (keys 0-15 / 16-31 x rows 0-15 / 16-31), A tiles 4-5, B tiles 6-7.
+static inline void amx_prefill_scores(const uint32_t* ka, int P, const uint32_t* qt, float* st) {
   for (int half = 0; half < 2; ++half) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int p = 0; p < P; p += 16) {
-      const uint16_t* k = kp + ((int64_t)p * KB + 32 * half) * 2;
-      _tile_loadd(4, qp + p, P * 4);
-      _tile_loadd(6, k, KB * 4);
+    const uint32_t* k = ka + (int64_t)32 * half * P;
+    for (int s = 0; s < P / 16; ++s) {
+      _tile_loadd(4, k + 16 * s, P * 4);
+      _tile_loadd(6, qt + s * 512, 128);
       _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, k + 32, KB * 4);
+      _tile_loadd(7, qt + s * 512 + 16, 128);
       _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, qp + 16 * P + p, P * 4);
+      _tile_loadd(5, k + 16 * P + 16 * s, P * 4);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
-    float* out = sc + 32 * half;
-    _tile_stored(0, out, KB * 4);
-    _tile_stored(1, out + 16, KB * 4);
-    _tile_stored(2, out + 16 * KB, KB * 4);
-    _tile_stored(3, out + 16 * KB + 16, KB * 4);
+    float* o = st + 32 * half * 32;
+    _tile_stored(0, o, 128);
+    _tile_stored(1, o + 16, 128);
+    _tile_stored(2, o + 16 * 32, 128);
+    _tile_stored(3, o + 16 * 32 + 16, 128);
   }
 }
 
-// pv [16 rows][dvp] = pp [16 rows][KB/2 pairs] . vp ([KB/2][dvp][2] bf16), for value dims
-// [d0, d0 + 16 nd), nd <= 4: C tiles 0..nd-1 from zero, A tile 4, B tiles 5-7. (The running
-// outputs are not loaded into the tiles: vector stores just before would stall the tile loads.)
-static inline void amx_values(float* pv, int dvp, const uint32_t* pp, const uint16_t* vp, int d0, int nd) {
-  const int so = dvp * 4;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int half = 0; half < KB / 32; ++half) {  // 16 key pairs per A tile
-    const uint16_t* v = vp + ((int64_t)half * 16 * dvp + d0) * 2;
-    _tile_loadd(4, pp + half * 16, (KB / 2) * 4);
-    _tile_loadd(5, v, so);
-    _tile_dpbf16ps(0, 4, 5);
-    if (nd > 1) {
-      _tile_loadd(6, v + 32, so);
-      _tile_dpbf16ps(1, 4, 6);
+// pvt [dvp][32 rows] (the 16 rows of group g at lanes 16 g) = vt ([dvp][KB/2]) . pt ([KB/2][32 rows]):
+// C tiles 0-3 (16 dims each), A tiles 4 / 5 / 7 / 4, B tile 6.
+static inline void amx_prefill_values(const uint32_t* vt, int dvp, const uint32_t* pt, int g, float* pvt) {
+  for (int d0 = 0; d0 < dvp; d0 += 64) {
+    const int nd = std::min(4, (dvp - d0) / 16);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int s = 0; s < 2; ++s) {  // 16 pairs of keys a step
+      const uint32_t* a = vt + (int64_t)d0 * (KB / 2) + 16 * s;
+      _tile_loadd(6, pt + s * 16 * 32 + 16 * g, 128);
+      _tile_loadd(4, a, KB * 2);
+      _tile_dpbf16ps(0, 4, 6);
+      if (nd > 1) {
+        _tile_loadd(5, a + 16 * (KB / 2), KB * 2);
+        _tile_dpbf16ps(1, 5, 6);
+      }
+      if (nd > 2) {
+        _tile_loadd(7, a + 32 * (KB / 2), KB * 2);
+        _tile_dpbf16ps(2, 7, 6);
+      }
+      if (nd > 3) {
+        _tile_loadd(4, a + 48 * (KB / 2), KB * 2);
+        _tile_dpbf16ps(3, 4, 6);
+      }
     }
-    if (nd > 2) {
-      _tile_loadd(7, v + 64, so);
-      _tile_dpbf16ps(2, 4, 7);
-    }
-    if (nd > 3) {
-      _tile_loadd(5, v + 96, so);
-      _tile_dpbf16ps(3, 4, 5);
-    }
+    float* o = pvt + (int64_t)d0 * 32 + 16 * g;
+    _tile_stored(0, o, 128);
+    if (nd > 1) _tile_stored(1, o + 16 * 32, 128);
+    if (nd > 2) _tile_stored(2, o + 32 * 32, 128);
+    if (nd > 3) _tile_stored(3, o + 48 * 32, 128);
   }
-  _tile_stored(0, pv + d0, so);
-  if (nd > 1) _tile_stored(1, pv + d0 + 16, so);
-  if (nd > 2) _tile_stored(2, pv + d0 + 32, so);
-  if (nd > 3) _tile_stored(3, pv + d0 + 48, so);
 }
 
-// Per-thread scratch: the item's rows padded to whole tiles (zero queries past the item).
+// 2^x: x = n + f, f in [-1/2, 1/2], 2^f by Cephes' exp2f polynomial (~2 ulp), 2^n by vscalefps
+// (which also takes n past the exponent range to 0 or inf). Only finite x reach the lanes used.
+static inline __m512 exp2_poly(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// One 16-row group's online-softmax step over a block (scores st [KB][32], lanes 16 g .. 16 g + 15):
+// updates m / l (raw-score max, sum), writes the probabilities as bf16 pairs of keys pt [KB/2][32]
+// and returns alpha. pos: the lanes' positions; k0: the block's first key position.
+static inline __m512 amx_prefill_softmax(const float* st, int g, __m512i pos, int64_t k0, float c, __m512* m,
+                                         __m512* l, uint32_t* pt) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  // lane i sees keys k with k0 + k <= pos_i: the first (pos_i - k0 + 1) of the block
+  const __m512i seen = _mm512_sub_epi32(pos, _mm512_set1_epi32((int)k0));  // key index of the lane's last visible key
+  __mmask16 vis[KB];
+  __m512 tmax = ninf;
+  const bool whole = _mm512_cmp_epi32_mask(seen, _mm512_set1_epi32(KB - 1), _MM_CMPINT_NLT) == 0xFFFF;  // no causal cut
+  for (int k = 0; k < KB; ++k) {
+    vis[k] = whole ? (__mmask16)0xFFFF : _mm512_cmp_epi32_mask(seen, _mm512_set1_epi32(k), _MM_CMPINT_NLT);
+    tmax = _mm512_mask_max_ps(tmax, vis[k], tmax, _mm512_loadu_ps(st + k * 32 + 16 * g));
+  }
+  const __mmask16 any = vis[0];
+  const __m512 old = *m, now = _mm512_mask_max_ps(old, any, old, tmax);
+  const __m512 cv = _mm512_set1_ps(c), mc = _mm512_mul_ps(now, cv);
+  // alpha: 1 where no key of the block is seen (the state stays as it was), 0 from an empty state
+  const __mmask16 had = _mm512_cmp_ps_mask(old, ninf, _CMP_NEQ_OQ);
+  __m512 alpha = _mm512_maskz_mov_ps(had, exp2_poly(_mm512_sub_ps(_mm512_mul_ps(old, cv), mc)));
+  alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), any, alpha);
+  *m = now;
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  for (int k = 0; k < KB; k += 2) {
+    const __m512 p0 = _mm512_maskz_mov_ps(vis[k], exp2_poly(_mm512_fmsub_ps(_mm512_loadu_ps(st + k * 32 + 16 * g), cv, mc)));
+    const __m512 p1 =
+        _mm512_maskz_mov_ps(vis[k + 1], exp2_poly(_mm512_fmsub_ps(_mm512_loadu_ps(st + (k + 1) * 32 + 16 * g), cv, mc)));
+    s0 = _mm512_add_ps(s0, p0);
+    s1 = _mm512_add_ps(s1, p1);
+    _mm512_storeu_si512(pt + (k / 2) * 32 + 16 * g, _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+  }
+  *l = _mm512_fmadd_ps(*l, alpha, _mm512_add_ps(s0, s1));
+  return alpha;
+}
+
+// Per-thread scratch: an item's queries as B tiles, its running outputs as [dvp][RB rows].
 struct AmxScratch {
-  std::vector<uint32_t> qp;  // [RB][P]
-  std::vector<float> o, m, l, sc, pv, alpha;  // o [RB][dvp], m / l [RB], sc [32][KB], pv [32][dvp], alpha [RB]
-  std::vector<uint32_t> pp;  // [RB][KB/2]
+  std::vector<uint32_t> qt, rows, pt;  // qt [RB/32][P/16][16][32], rows [16][P], pt [RB/32][KB/2][32]
+  std::vector<float> st, pvt, ot;      // st [KB][32], pvt [dvp][32], ot [dvp][RB]
   AmxScratch(const PrefillJob& j)
-      : qp((size_t)RB * j.P), o((size_t)RB * j.dvp), m(RB), l(RB), sc(AMX_ROWS * KB), pv((size_t)AMX_ROWS * j.dvp),
-        alpha(RB), pp(RB * (KB / 2)) {}
+      : qt((size_t)RB * j.P), rows((size_t)16 * j.P), pt(RB * (KB / 2)), st(KB * 32), pvt((size_t)j.dvp * 32),
+        ot((size_t)j.dvp * RB) {}
 };
 
 // Rows [i0, i1) (<= RB) of head h against every key block of the span they see.
 static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScratch& s) {
-  const int rows = i1 - i0, padded = (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS, P = j.P, dvp = j.dvp;
+  const int rows = i1 - i0, passes = (rows + AMX_ROWS - 1) / AMX_ROWS, P = j.P, dvp = j.dvp;
   const int64_t last = j.first + i1 - 1;
   if (last < j.key_start) return;
-  for (int r = 0; r < padded; ++r) {
-    const int64_t st = (int64_t)(i0 + r) * j.H + h;
-    query_pairs(j, r < rows ? j.q + st * (j.dn + j.dr) : nullptr, s.qp.data() + (int64_t)r * P);
-    if (r < rows) std::memcpy(s.o.data() + (int64_t)r * dvp, j.acc + st * dvp, (size_t)dvp * 4);
-    else std::fill(s.o.data() + (int64_t)r * dvp, s.o.data() + (int64_t)(r + 1) * dvp, 0.0f);
-    s.m[r] = r < rows ? j.m[st] : -__builtin_inff();
-    s.l[r] = r < rows ? j.l[st] : 0.0f;
+  const float c = j.scale * 1.4426950408889634f;  // e^(scale x) = 2^(c x)
+  __m512 m[RB / 16], l[RB / 16];
+  alignas(64) float mr[16], lr[16];
+  for (int g = 0; g < passes * 2; ++g) {  // 16 rows: queries as B tiles, state into lanes, outputs into ot
+    for (int i = 0; i < 16; ++i) {
+      const int r = 16 * g + i;
+      const int64_t st = (int64_t)(i0 + r) * j.H + h;
+      query_pairs(j, r < rows ? j.q + st * (j.dn + j.dr) : nullptr, s.rows.data() + (int64_t)i * P);
+      mr[i] = r < rows ? j.m[st] : -__builtin_inff();
+      lr[i] = r < rows ? j.l[st] : 0.0f;
+      uint32_t* o = reinterpret_cast<uint32_t*>(s.pvt.data()) + (int64_t)i * dvp;  // rows x dims, transposed below
+      if (r < rows) std::memcpy(o, j.acc + st * dvp, (size_t)dvp * 4);
+      else std::fill(o, o + dvp, 0u);
+    }
+    m[g] = _mm512_load_ps(mr), l[g] = _mm512_load_ps(lr);
+    uint32_t* qt = s.qt.data() + (int64_t)(g / 2) * P * 32 + 16 * (g % 2);
+    for (int p = 0; p < P; p += 16) transpose16(s.rows.data() + p, P, qt + (int64_t)p * 32, 32);
+    for (int d = 0; d < dvp; d += 16)
+      transpose16(reinterpret_cast<const uint32_t*>(s.pvt.data()) + d, dvp,
+                  reinterpret_cast<uint32_t*>(s.ot.data()) + (int64_t)d * RB + 16 * g, RB);
   }
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const int kb_end = (int)std::min<int64_t>(j.nkb, (last - j.key_start) / KB + 1);
   for (int kb = 0; kb < kb_end; ++kb) {
     const int64_t k0 = j.key_start + (int64_t)kb * KB;
-    const uint16_t* kp = j.kp + ((int64_t)h * j.nkb + kb) * P * KB * 2;
-    const uint16_t* vp = j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * dvp * 2;
-    // every pass's scores and softmax first, then the value sums: the probabilities' vector
-    // stores then retire before the value tiles load them (a tile load right after stalls)
-    int active[RB / AMX_ROWS], na = 0;
-    for (int g = 0; g < padded; g += AMX_ROWS) {
-      if (j.first + i0 + std::min(g + AMX_ROWS, rows) - 1 < k0) continue;  // the whole pass sits before the block
-      active[na++] = g;
-      amx_scores(s.qp.data() + g * P, P, kp, s.sc.data());
-      for (int r = 0; r < AMX_ROWS; ++r) {
-        const int row = g + r;
-        const int64_t pos = j.first + i0 + row;
-        uint32_t* pr = s.pp.data() + row * (KB / 2);
-        if (row >= rows || pos < k0) {  // not a row, or no key of this block visible: unchanged
-          for (int k = 0; k < KB / 2; ++k) pr[k] = 0;
-          s.alpha[row] = 1.0f;
-          continue;
-        }
-        const int nv = (int)std::min<int64_t>(KB, pos - k0 + 1);
-        s.alpha[row] = prefill_softmax(s.sc.data() + r * KB, nv, j.scale, &s.m[row], &s.l[row], pr);
+    const uint32_t* ka = reinterpret_cast<const uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * P * KB * 2);
+    const uint32_t* vt = reinterpret_cast<const uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * dvp * 2);
+    // every pass's scores and softmax first, then the value sums: the probabilities' vector stores
+    // then retire before the value tiles load them (a tile load right after stalls)
+    __m512 alpha[RB / 16];
+    bool active[RB / AMX_ROWS];
+    for (int pass = 0; pass < passes; ++pass) {
+      active[pass] = j.first + i0 + std::min(AMX_ROWS * (pass + 1), rows) - 1 >= k0;
+      if (!active[pass]) continue;  // the whole pass sits before the block
+      amx_prefill_scores(ka, P, s.qt.data() + (int64_t)pass * P * 32, s.st.data());
+      for (int g = 0; g < 2; ++g) {
+        const int gi = 2 * pass + g;
+        const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32((int)(j.first + i0 + 16 * gi)), lane);
+        alpha[gi] = amx_prefill_softmax(s.st.data(), g, pos, k0, c, &m[gi], &l[gi], s.pt.data() + pass * (KB / 2) * 32);
       }
     }
-    for (int a = 0; a < na; ++a) {
-      const int g = active[a];
-      for (int t = 0; t < AMX_ROWS; t += 16)
-        for (int d0 = 0; d0 < dvp; d0 += 64)
-          amx_values(s.pv.data() + t * dvp, dvp, s.pp.data() + (g + t) * (KB / 2), vp, d0, std::min(4, (dvp - d0) / 16));
-      for (int r = 0; r < AMX_ROWS; ++r) {  // o = o * alpha + pv (one rounding)
-        const __m512 al = _mm512_set1_ps(s.alpha[g + r]);
-        float* o = s.o.data() + (g + r) * dvp;
-        const float* pv = s.pv.data() + r * dvp;
-        for (int d = 0; d < dvp; d += 16)
-          _mm512_storeu_ps(o + d, _mm512_fmadd_ps(_mm512_loadu_ps(o + d), al, _mm512_loadu_ps(pv + d)));
+    for (int pass = 0; pass < passes; ++pass) {
+      if (!active[pass]) continue;
+      for (int g = 0; g < 2; ++g) amx_prefill_values(vt, dvp, s.pt.data() + pass * (KB / 2) * 32, g, s.pvt.data());
+      for (int g = 0; g < 2; ++g) {  // o = o * alpha + pv (one rounding)
+        const int gi = 2 * pass + g;
+        for (int d = 0; d < dvp; ++d) {
+          float* o = s.ot.data() + (int64_t)d * RB + 16 * gi;
+          _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(o), alpha[gi], _mm512_loadu_ps(s.pvt.data() + d * 32 + 16 * g)));
+        }
       }
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    const int64_t st = (int64_t)(i0 + r) * j.H + h;
-    std::memcpy(j.acc + st * dvp, s.o.data() + (int64_t)r * dvp, (size_t)dvp * 4);
-    j.m[st] = s.m[r], j.l[st] = s.l[r];
+  for (int g = 0; g < passes * 2; ++g) {
+    _mm512_store_ps(mr, m[g]), _mm512_store_ps(lr, l[g]);
+    uint32_t* o = reinterpret_cast<uint32_t*>(s.pvt.data());  // [16 rows][dvp]
+    for (int d = 0; d < dvp; d += 16)
+      transpose16(reinterpret_cast<const uint32_t*>(s.ot.data()) + (int64_t)d * RB + 16 * g, RB, o + d, dvp);
+    for (int i = 0; i < 16 && 16 * g + i < rows; ++i) {
+      const int64_t st = (int64_t)(i0 + 16 * g + i) * j.H + h;
+      std::memcpy(j.acc + st * dvp, o + (int64_t)i * dvp, (size_t)dvp * 4);
+      j.m[st] = mr[i], j.l[st] = lr[i];
+    }
   }
 }
 
@@ -151,7 +254,7 @@ static void prefill_run_amx(PrefillJob& j, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
   {
 #pragma omp for schedule(static)
-    for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) prefill_pack(j, (int)(it / j.nkb), (int)(it % j.nkb));
+    for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) prefill_pack_amx(j, (int)(it / j.nkb), (int)(it % j.nkb));
     AmxScratch scratch(j);
     amx_configure();
 #pragma omp for schedule(dynamic, 1)

@@ -1,6 +1,6 @@
 // AMX tile configuration shared by the kernels that use tiles (qlinear.cpp isa_amx,
-// attention/mla_prefill_amx.h). Included inside a namespace compiled with amx-tile; nothing here may
-// include a header. Callers run it in each thread before its first tile instruction.
+// attention/mla_prefill_amx.h, mla_decode_amx.h). Included inside a namespace compiled with amx-tile
+// and avx512f; nothing here may include a header. Callers run it in each thread before its first tile instruction.
 #pragma once
 
 struct AmxTileConfig {  // ldtilecfg's 64-byte operand, palette 1
@@ -22,4 +22,28 @@ static inline void amx_configure() {  // tiles 0-7: 16 rows of 64 bytes each
   cfg.palette = 1;
   for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   amx_load_config(cfg);
+}
+
+// out[j][i] = in[i][j] for 16 x 16 32-bit words (rows `si` / `so` words apart): interleaves of 32
+// and 64 bits within 128-bit lanes, then a 4 x 4 transpose of the lanes. The AMX kernels turn their
+// rows x pairs blocks into pairs x rows (and back) with it.
+static inline void transpose16(const uint32_t* in, int64_t si, uint32_t* out, int64_t so) {
+  __m512i u[4][4];
+  for (int g = 0; g < 4; ++g) {
+    const __m512i r0 = _mm512_loadu_si512(in + (4 * g) * si), r1 = _mm512_loadu_si512(in + (4 * g + 1) * si);
+    const __m512i r2 = _mm512_loadu_si512(in + (4 * g + 2) * si), r3 = _mm512_loadu_si512(in + (4 * g + 3) * si);
+    const __m512i a = _mm512_unpacklo_epi32(r0, r1), b = _mm512_unpackhi_epi32(r0, r1);
+    const __m512i c = _mm512_unpacklo_epi32(r2, r3), d = _mm512_unpackhi_epi32(r2, r3);
+    // lane L of u[g][k]: column 4L + k, rows 4g .. 4g + 3
+    u[g][0] = _mm512_unpacklo_epi64(a, c), u[g][1] = _mm512_unpackhi_epi64(a, c);
+    u[g][2] = _mm512_unpacklo_epi64(b, d), u[g][3] = _mm512_unpackhi_epi64(b, d);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i x0 = _mm512_shuffle_i32x4(u[0][k], u[1][k], 0x44), x1 = _mm512_shuffle_i32x4(u[0][k], u[1][k], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(u[2][k], u[3][k], 0x44), x3 = _mm512_shuffle_i32x4(u[2][k], u[3][k], 0xEE);
+    _mm512_storeu_si512(out + k * so, _mm512_shuffle_i32x4(x0, x2, 0x88));
+    _mm512_storeu_si512(out + (4 + k) * so, _mm512_shuffle_i32x4(x0, x2, 0xDD));
+    _mm512_storeu_si512(out + (8 + k) * so, _mm512_shuffle_i32x4(x1, x3, 0x88));
+    _mm512_storeu_si512(out + (12 + k) * so, _mm512_shuffle_i32x4(x1, x3, 0xDD));
+  }
 }
