@@ -318,7 +318,11 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   if (isa >= 4) job.P = (job.P + 15) / 16 * 16;  // AMX: whole tiles of pairs (zero pairs past dn + dr)
   job.first = first, job.key_start = key_start, job.scale = (float)scale;
   job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();
-  std::vector<uint16_t> kp((size_t)H * S * job.P * 2), vp((size_t)H * S * dvp);
+  // kept between calls (every span of every layer): fresh ones were zero-filled and page-faulted
+  // in each time, ~20% of an 8K prefill in the kernel's page clearing
+  thread_local std::vector<uint16_t> kp, vp;
+  if (kp.size() < (size_t)H * S * job.P * 2) kp.resize((size_t)H * S * job.P * 2);
+  if (vp.size() < (size_t)H * S * dvp) vp.resize((size_t)H * S * dvp);
   job.kp = kp.data(), job.vp = vp.data();
   job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
   if (isa >= 4) isa_avx512bf16::prefill_run_amx(job, nthreads);
@@ -331,5 +335,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni, 4 amx (bf16 prefill on AMX tiles; decode as 3)");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni, 4 amx (bf16 prefill and decode on AMX tiles)");
 }
