@@ -109,6 +109,21 @@ static inline const uint16_t* half_rows(const uint16_t* const* rows, int D, int 
   return s.keys.data();
 }
 
+// One step c of S^T: keys into A tile TA, the latent / rope queries through B tiles TL / TR (tile
+// numbers are immediates: the steps alternate tiles so a load never waits for a product reading it).
+#define AMX_SCORE_STEP(TA, TL, TR)                  \
+  do {                                              \
+    _tile_loadd(TA, a, ld);                         \
+    if (lat) {                                      \
+      _tile_loadd(TL, q_lat + c * 256, 64);         \
+      _tile_dpbf16ps(0, TA, TL);                    \
+    }                                               \
+    if (rope) {                                     \
+      _tile_loadd(TR, q_rope + c * 256, 64);        \
+      _tile_dpbf16ps(1, TA, TR);                    \
+    }                                               \
+  } while (0)
+
 // S^T of one half-tile (16 tokens) for one row group: st_lat [16][16] (and st_rope where split).
 static inline void amx_decode_scores(const uint16_t* k, int64_t stride, int D, int r, bool split,
                                      const uint32_t* q_lat, const uint32_t* q_rope, float* st_lat, float* st_rope) {
@@ -118,27 +133,8 @@ static inline void amx_decode_scores(const uint16_t* k, int64_t stride, int D, i
   for (int c = 0; c < full; ++c) {
     const uint16_t* a = k + 32 * c;
     const bool lat = !split || 32 * c < r, rope = split && 32 * c + 32 > r;  // unsplit: one sum in C 0
-    if (c & 1) {
-      _tile_loadd(3, a, ld);
-      if (lat) {
-        _tile_loadd(6, q_lat + c * 256, 64);
-        _tile_dpbf16ps(0, 3, 6);
-      }
-      if (rope) {
-        _tile_loadd(4, q_rope + c * 256, 64);
-        _tile_dpbf16ps(1, 3, 4);
-      }
-    } else {
-      _tile_loadd(2, a, ld);
-      if (lat) {
-        _tile_loadd(4, q_lat + c * 256, 64);
-        _tile_dpbf16ps(0, 2, 4);
-      }
-      if (rope) {
-        _tile_loadd(6, q_rope + c * 256, 64);
-        _tile_dpbf16ps(1, 2, 6);
-      }
-    }
+    if (c & 1) AMX_SCORE_STEP(3, 6, 4);
+    else AMX_SCORE_STEP(2, 4, 6);
   }
   if (D % 32) {  // a last step of D % 32 values
     _tile_loadd(5, k + 32 * full, ld);
@@ -154,6 +150,7 @@ static inline void amx_decode_scores(const uint16_t* k, int64_t stride, int D, i
   _tile_stored(0, st_lat, 64);
   if (split) _tile_stored(1, st_rope, 64);
 }
+#undef AMX_SCORE_STEP
 
 // One item as attend_span (mla_decode_impl.h) with q bf16 [M, D]; writes acc [M, r] (in order), mx, sum.
 // qpack: the sequence's blocks from pack_queries.
