@@ -13,3 +13,8 @@ $B bench serve --vllm .venv-vllm/bin/python --threads 2 --concurrency 1 8 32 --r
 date
 bash docs/bench-zen4-s10/vllm_client.sh > $OUT/vllm_client.txt 2>&1
 date
+# after the rest, same quiet window
+$B bench prefix --store --prefixes 4096 --repeats 2 --threads 2 --concurrency 8 --out $OUT/store > $OUT/store.txt 2>&1
+date
+$B bench serve --vllm .venv-vllm/bin/python --threads 2 --scenario pressure --systems latentkv vllm-original --kv-cache-dtype int8 --repeats 1 --out $OUT/pressure-int8 > $OUT/pressure-int8.txt 2>&1
+date
