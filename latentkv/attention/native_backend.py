@@ -40,7 +40,7 @@ class NativeBackend(TorchBackend):
         """Whether absorbed rows of this dtype take the native decode kernel (else the reference's)."""
         return device == "cpu" and dtype in (torch.float32, torch.bfloat16)
 
-    def kernel_isa(self, dtype: torch.dtype, prefill: bool) -> str:
+    def kernel_isa(self, dtype: torch.dtype) -> str:
         """The loops that run for this dtype under the chosen ISA: bf16 dot products and AMX tiles
         serve bf16 rows only (float32 ones run the avx512 loops)."""
         if dtype != torch.bfloat16 and self.isa in ("avx512_bf16", "amx"):
@@ -50,13 +50,13 @@ class NativeBackend(TorchBackend):
     def prefill_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
         if not self.runs_prefill_kernel(dtype, device):
             return super().prefill_route(dtype, device, invariant)
-        spans = f"native spans ({self.kernel_isa(dtype, prefill=True)})"
+        spans = f"native spans ({self.kernel_isa(dtype)})"
         return spans if invariant else f"{spans} for one sequence's chunks, else naive or absorbed by cost"
 
     def decode_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
         if not self.runs_decode_kernel(dtype, device):
             return super().decode_route(dtype, device, invariant)
-        return f"native kernel ({self.kernel_isa(dtype, prefill=False)})"
+        return f"native kernel ({self.kernel_isa(dtype)})"
 
     def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         if self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):

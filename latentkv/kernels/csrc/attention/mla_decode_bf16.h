@@ -235,21 +235,20 @@ static inline void scores_bf16(const uint16_t* q, const uint16_t* const* rows, i
 }
 
 // acc_g [NZ x 16 lanes] = acc_g * alpha_g + sum over the tile's pairs of (w_g pair) . (row pair),
-// for G query rows at once: each pair vector is loaded once for the G rows. Row g's weight of
-// pair p is w[g * wg + p * wp] (row-major here; lanes = rows in mla_decode_amx.h).
+// for G query rows at once: each pair vector is loaded once for the G rows.
 template <int G, int NZ>
-static inline void values_block(float* const* acc, int off, const uint16_t* pairs, int r, const uint32_t* w, int wg,
-                                int wp, const float* alpha) {
+static inline void values_block(float* const* acc, int off, const uint16_t* pairs, int r, const uint32_t* w,
+                                const float* alpha) {
   __m512 a[G][NZ];
   for (int k = 0; k < G; ++k)
     for (int z = 0; z < NZ; ++z) a[k][z] = _mm512_mul_ps(_mm512_loadu_ps(acc[k] + off + 16 * z), _mm512_set1_ps(alpha[k]));
   for (int p = 0; p < BT / 2; ++p) {
-    __m512bh wk[G];
-    for (int k = 0; k < G; ++k) wk[k] = as_bh(_mm512_set1_epi32((int)w[k * wg + p * wp]));
+    __m512bh wp[G];
+    for (int k = 0; k < G; ++k) wp[k] = as_bh(_mm512_set1_epi32((int)w[k * (BT / 2) + p]));
     const uint16_t* src = pairs + (int64_t)p * 2 * r + 2 * off;
     for (int z = 0; z < NZ; ++z) {
       __m512bh v = as_bh(_mm512_loadu_si512((const void*)(src + 32 * z)));
-      for (int k = 0; k < G; ++k) a[k][z] = _mm512_dpbf16_ps(a[k][z], v, wk[k]);
+      for (int k = 0; k < G; ++k) a[k][z] = _mm512_dpbf16_ps(a[k][z], v, wp[k]);
     }
   }
   for (int k = 0; k < G; ++k)
@@ -290,9 +289,9 @@ static inline void attend_tile_rows(const Job& job, int m0, int64_t j0, int n, c
   const uint32_t* w = (const uint32_t*)w16;
   int z = 0;
   const int nz = r / 16;
-  for (; z + 4 <= nz; z += 4) values_block<G, 4>(am, 16 * z, pairs, r, w, BT / 2, 1, alpha);
-  for (; z + 2 <= nz; z += 2) values_block<G, 2>(am, 16 * z, pairs, r, w, BT / 2, 1, alpha);
-  if (z < nz) values_block<G, 1>(am, 16 * z, pairs, r, w, BT / 2, 1, alpha);
+  for (; z + 4 <= nz; z += 4) values_block<G, 4>(am, 16 * z, pairs, r, w, alpha);
+  for (; z + 2 <= nz; z += 2) values_block<G, 2>(am, 16 * z, pairs, r, w, alpha);
+  if (z < nz) values_block<G, 1>(am, 16 * z, pairs, r, w, alpha);
 }
 
 // Lane q of a 32-wide chunk holds value 8 * ((q % 16) / 4) + 4 * (q / 16) + q % 4 of it; of a last
