@@ -1,4 +1,4 @@
-// Paged MLA decode with its scores on AMX tiles (TDPBF16PS), for bf16 queries on CPUs with
+// Paged MLA decode with its scores and value sums on AMX tiles (TDPBF16PS), for bf16 queries on CPUs with
 // amx_bf16 (cpu_isa.h's code 4). Included by mla_attention.cpp inside `namespace isa_avx512bf16`
 // after mla_decode_bf16.h (tile_rows, pair_rows, unpermute, prefetch_rows) and
 // amx_tiles.h; its functions run only on isa 4.
@@ -7,7 +7,7 @@
 //   scores: S^T = K . Q^T with the keys as the A tiles (16 tokens x 32 values, read where they lie:
 //           the cache rows in place for a bf16 cache, the widened tile otherwise) and the group's
 //           query rows (up to 16: heads folded into the tile's columns) as the B tiles, packed once
-//           per item as bf16 pairs. For an int8 / fp8 latent the latent and rope parts sum in two C
+//           per call as bf16 pairs (pack_queries). For an int8 / fp8 latent the latent and rope parts sum in two C
 //           tiles (the query packed twice, each part's values zeroed in the other), the token's scale
 //           applied to the latent sum: s = scale_t * lat + rope.
 //   softmax: over S^T as it comes out of the tiles: lanes are query rows, one vector per token, so
@@ -162,8 +162,6 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
   for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
   const uint16_t* rows[BT];
   float tscale[BT];
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int m0 = 0; m0 < M; m0 += AMX_DECODE_ROWS) {
     const int G = M - m0 < AMX_DECODE_ROWS ? M - m0 : AMX_DECODE_ROWS;
     const __mmask16 rows_g = (__mmask16)((1u << G) - 1);
@@ -222,9 +220,7 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
           tot1 = _mm512_add_ps(tot1, w1);
           if (split) w1 = _mm512_mul_ps(w1, _mm512_set1_ps(tscale[t + 1]));
         }
-        // lane g of the pair word: (w_t[g], w_t+1[g]) as bf16
-        const __m512i pr = _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-        _mm512_storeu_si512(a.wt.data() + (t / 2) * 16, pr);
+        _mm512_storeu_si512(a.wt.data() + (t / 2) * 16, pair_words(w0, w1));  // lane g: (w_t[g], w_t+1[g])
       }
       sumv = _mm512_fmadd_ps(sumv, alpha, _mm512_add_ps(tot0, tot1));
       alignas(64) float al[16];

@@ -136,8 +136,6 @@ static inline __m512 exp2_poly(__m512 x) {
 // and returns alpha. pos: the lanes' positions; k0: the block's first key position.
 static inline __m512 amx_prefill_softmax(const float* st, int g, __m512i pos, int64_t k0, float c, __m512* m,
                                          __m512* l, uint32_t* pt) {
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
   // lane i sees keys k with k0 + k <= pos_i: the first (pos_i - k0 + 1) of the block
   const __m512i seen = _mm512_sub_epi32(pos, _mm512_set1_epi32((int)k0));  // key index of the lane's last visible key
@@ -163,7 +161,7 @@ static inline __m512 amx_prefill_softmax(const float* st, int g, __m512i pos, in
         _mm512_maskz_mov_ps(vis[k + 1], exp2_poly(_mm512_fmsub_ps(_mm512_loadu_ps(st + (k + 1) * 32 + 16 * g), cv, mc)));
     s0 = _mm512_add_ps(s0, p0);
     s1 = _mm512_add_ps(s1, p1);
-    _mm512_storeu_si512(pt + (k / 2) * 32 + 16 * g, _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+    _mm512_storeu_si512(pt + (k / 2) * 32 + 16 * g, pair_words(p0, p1));
   }
   *l = _mm512_fmadd_ps(*l, alpha, _mm512_add_ps(s0, s1));
   return alpha;

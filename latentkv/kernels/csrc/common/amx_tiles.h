@@ -47,3 +47,11 @@ static inline void transpose16(const uint32_t* in, int64_t si, uint32_t* out, in
     _mm512_storeu_si512(out + (12 + k) * so, _mm512_shuffle_i32x4(x1, x3, 0xDD));
   }
 }
+
+// The bf16 pair words of two 16-lane vectors: lane i's (a[i], b[i]), rounded to nearest even, as one
+// row of a B tile whose pairs run across two keys / tokens (the AMX attention kernels' probabilities).
+static inline __m512i pair_words(__m512 a, __m512 b) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}

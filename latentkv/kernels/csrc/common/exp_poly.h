@@ -1,4 +1,5 @@
-// e^x for every native kernel of latentkv (softmax, silu): one polynomial, ~2 ulp, no libm call.
+// e^x for every native kernel of latentkv (softmax, silu): one polynomial, ~2 ulp, no libm call. (The
+// AMX prefill's softmax alone takes 2^x by vscalefps instead: mla_prefill_amx.h exp2_poly.)
 // Included inside each ISA's namespace (`namespace isa_avx2 { #include "exp_poly.h" ... }`) under
 // its `#pragma GCC target`, before the kernels that call it, so no include guard and no includes.
 //
