@@ -10,10 +10,23 @@ MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 MODEL_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 # Latent cache dtypes: "auto" stores the latent in the model dtype; int8 / fp8_e4m3 store one
-# byte per element plus a float32 scale per token and layer (SCALE_BYTES).
-CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
-CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+# byte per element plus a float32 scale per token and layer (SCALE_BYTES), the rope key beside it
+# in 16 bits; the "_rope8" forms store the rope key in int8 too, with a scale of its own per token
+# (a converted model's rope pairs are equalized for it: convert/rope_scale.py).
+ROPE8 = "_rope8"
+CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "int8" + ROPE8, "fp8_e4m3" + ROPE8)
+CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "fp8" + ROPE8: "fp8_e4m3" + ROPE8}
 SCALE_BYTES = 4
+
+
+def latent_dtype(cache_dtype: str) -> str:
+    """The latent's part of a cache dtype: "int8_rope8" -> "int8"."""
+    return cache_dtype.removesuffix(ROPE8)
+
+
+def rope8(cache_dtype: str) -> bool:
+    """Whether a cache dtype stores the rope key in 8 bits."""
+    return cache_dtype.endswith(ROPE8)
 
 # Tokens per cache block (powers of two: the block runs and prefix hashes assume it).
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)

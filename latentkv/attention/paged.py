@@ -17,10 +17,13 @@ def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: 
         rows = cache.kv.view(-1, cache.kv.shape[-1])
         rows.index_copy_(0, slot_mapping, torch.cat((c, k_r), dim=-1).to(cache.dtype))
         return
-    q, scale = quantize_latent(c, cache.cache_dtype)
+    q, scale = quantize_latent(c, cache.latent_dtype)
     cache.latent.view(-1, cache.kv_rank).index_copy_(0, slot_mapping, q)
-    cache.scale.view(-1).index_copy_(0, slot_mapping, scale)
-    slots = cache.scale.numel()  # not view(-1, rope_dim): with rope_dim 0 the -1 is ambiguous
+    slots = cache.latent.shape[0] * cache.block_size  # not view(-1, rope_dim): with rope_dim 0 the -1 is ambiguous
+    if cache.rope8:
+        k_r, rope_scale = quantize_latent(k_r, "int8") if cache.rope_dim else (k_r, torch.ones_like(scale))
+        scale = torch.stack((scale, rope_scale), dim=-1)
+    cache.scale.view(slots, -1).index_copy_(0, slot_mapping, scale.view(len(slot_mapping), -1))
     cache.rope.view(slots, cache.rope_dim).index_copy_(0, slot_mapping, k_r.to(cache.rope.dtype))
 
 
@@ -37,8 +40,8 @@ def read_slots(cache: LatentCache, slots: torch.Tensor) -> torch.Tensor:
     """Flat slots [...] -> their rows [..., kv_rank + rope_dim] in the model dtype (a copy)."""
     if not cache.quantized:
         return cache.kv.view(-1, cache.kv.shape[-1])[slots]
-    n = cache.scale.numel()
-    return cache.dequantize(cache.latent.view(n, cache.kv_rank)[slots], cache.scale.view(n)[slots],
+    n = cache.latent.shape[0] * cache.block_size
+    return cache.dequantize(cache.latent.view(n, cache.kv_rank)[slots], cache.scale.view(n, *cache.scale.shape[2:])[slots],
                             cache.rope.view(n, cache.rope_dim)[slots])
 
 

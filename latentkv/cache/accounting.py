@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from latentkv.cache.latent_cache import rope_dtype
 from latentkv.config import ModelConfig
-from latentkv.facts import MODEL_DTYPES, SCALE_BYTES
+from latentkv.facts import MODEL_DTYPES, SCALE_BYTES, rope8
 
 
 @dataclass
@@ -26,12 +26,13 @@ class KVAccount:
 def latent_bytes(ranks: list[int], rope_dim: int, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:
     """Bytes one token occupies in the latent cache over layers of latent widths `ranks`:
     c (one byte + a scale when quantized, else the model dtype) and k_r (the model dtype; when
-    quantized, `latent_cache.rope_dtype` of it)."""
+    quantized, `latent_cache.rope_dtype` of it; with an 8-bit rope, one byte + a scale) — the
+    sizes LatentCache allocates (tests/cache/test_accounting.py checks them against it)."""
     elt = MODEL_DTYPES[model_dtype].itemsize
     if cache_dtype == "auto":
         return sum((rank + rope_dim) * elt for rank in ranks)
-    rope_elt = rope_dtype(MODEL_DTYPES[model_dtype]).itemsize
-    return sum(rank + SCALE_BYTES + rope_dim * rope_elt for rank in ranks)
+    rope = rope_dim + SCALE_BYTES if rope8(cache_dtype) else rope_dim * rope_dtype(MODEL_DTYPES[model_dtype]).itemsize
+    return sum(rank + SCALE_BYTES + rope for rank in ranks)
 
 
 def latent_bytes_per_token(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:

@@ -5,19 +5,22 @@ so the absorbed path reads key rows `[c ; k_r]` with no copy.
 Quantized (`int8`, `fp8_e4m3`): `c` in one byte per element with a float32 scale per
 token (`scale = max|c| / qmax`), `k_r` in 16 bits (`rope_dtype`: the model dtype, bf16 for a
 float32 model — float32 would make it most of a token's bytes: 384 of 636 for the bundled
-model, against bf16's 8 significant bits, finer than the int8 latent's 7); dequantized when
-attention reads it. Reads and writes through
-block tables live in `latentkv.attention.paged`.
+model, against bf16's 8 significant bits, finer than the int8 latent's 7). The `_rope8` forms
+(facts.ROPE8) store `k_r` as int8 codes with a second float32 scale per token: `scale` is then
+[..., 2] (latent's, rope's), one tensor, so the kernels take the same arguments. Dequantized when
+attention reads it. Reads and writes through block tables live in `latentkv.attention.paged`.
 """
 from __future__ import annotations
 
 import torch
 
-_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}  # the quantized entries of facts.CACHE_DTYPES
+from latentkv.facts import latent_dtype, rope8
+
+_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}  # the quantized latents of facts.CACHE_DTYPES
 
 
 def rope_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The rope key's storage beside a quantized latent, for a model in `dtype`."""
+    """The rope key's 16-bit storage beside a quantized latent, for a model in `dtype`."""
     return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
@@ -34,13 +37,16 @@ class LatentCache:
     ):
         self.block_size, self.kv_rank, self.rope_dim = block_size, kv_rank, rope_dim
         self.dtype, self.cache_dtype = dtype, cache_dtype
+        self.latent_dtype, self.rope8 = latent_dtype(cache_dtype), rope8(cache_dtype)
         if cache_dtype == "auto":
             self.kv = torch.zeros(num_blocks, block_size, kv_rank + rope_dim, dtype=dtype, device=device)
         else:
             # fp8 is stored as raw bytes: index_put on float8 tensors is not implemented everywhere.
-            self.latent = torch.zeros(num_blocks, block_size, kv_rank, dtype=torch.int8 if cache_dtype == "int8" else torch.uint8, device=device)
-            self.scale = torch.zeros(num_blocks, block_size, dtype=torch.float32, device=device)
-            self.rope = torch.zeros(num_blocks, block_size, rope_dim, dtype=rope_dtype(dtype), device=device)
+            codes = torch.int8 if self.latent_dtype == "int8" else torch.uint8
+            self.latent = torch.zeros(num_blocks, block_size, kv_rank, dtype=codes, device=device)
+            self.scale = torch.zeros(num_blocks, block_size, *((2,) if self.rope8 else ()), dtype=torch.float32, device=device)
+            self.rope = torch.zeros(num_blocks, block_size, rope_dim, dtype=torch.int8 if self.rope8 else rope_dtype(dtype),
+                                    device=device)
 
     @property
     def quantized(self) -> bool:
@@ -49,13 +55,17 @@ class LatentCache:
     @property
     def qmax(self) -> float:
         """The largest code magnitude of a quantized latent (a token's max |c| maps to it)."""
-        return _QMAX[self.cache_dtype]
+        return _QMAX[self.latent_dtype]
 
     def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        """codes [..., r], scale [...], rope [..., dr] -> [..., r + dr] in the model dtype,
-        written in place into one buffer (one pass; no float32 temporaries, no cat)."""
+        """codes [..., r], scale [...] (or [..., 2] with an 8-bit rope), rope [..., dr] ->
+        [..., r + dr] in the model dtype, written in place into one buffer (no cat)."""
         out = torch.empty(*codes.shape[:-1], self.kv_rank + self.rope_dim, dtype=self.dtype, device=codes.device)
-        dequantize_latent(codes, scale, self.cache_dtype, self.dtype, out=out[..., : self.kv_rank])
+        if self.rope8:
+            dequantize_latent(codes, scale[..., 0], self.latent_dtype, self.dtype, out=out[..., : self.kv_rank])
+            dequantize_latent(rope, scale[..., 1], "int8", self.dtype, out=out[..., self.kv_rank:])
+            return out
+        dequantize_latent(codes, scale, self.latent_dtype, self.dtype, out=out[..., : self.kv_rank])
         out[..., self.kv_rank :] = rope
         return out
 
@@ -67,7 +77,8 @@ class LatentCache:
 
 
 def quantize_latent(c: torch.Tensor, cache_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """c [T, r] -> (one-byte codes [T, r], scale [T]) with a per-token dynamic scale."""
+    """c [T, r] -> (one-byte codes [T, r], scale [T]) with a per-token dynamic scale
+    (`cache_dtype`: the latent's, "int8" or "fp8_e4m3"; the 8-bit rope key takes "int8")."""
     cf = c.float()
     scale = cf.abs().amax(dim=-1).clamp_min(1e-12) / _QMAX[cache_dtype]
     scaled = cf / scale[:, None]

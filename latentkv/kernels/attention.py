@@ -24,8 +24,8 @@ DECODE_SPAN, DECODE_MAX_SPANS = 64, 64  # csrc/attention/mla_job.h SPAN, MAX_SPA
 
 
 def probe(module, isa: int) -> list:
-    """The self-check's inputs (kernels/build.py): decode over float32, bf16 and int8 caches with
-    float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
+    """The self-check's inputs (kernels/build.py): decode over float32, bf16 and int8 caches (an
+    int8 rope key too) with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
     prefill span in both dtypes."""
     gen = torch.Generator().manual_seed(0)
     heads, rank, dr, bs = 4, 64, 16, 16
@@ -35,6 +35,8 @@ def probe(module, isa: int) -> list:
     latent = torch.randint(-127, 128, (6, bs, rank), generator=gen, dtype=torch.int8)
     scale = torch.rand(6, bs, generator=gen) / 64
     rope = torch.randn(6, bs, dr, generator=gen).bfloat16()
+    rope8 = torch.randint(-127, 128, (6, bs, dr), generator=gen, dtype=torch.int8)
+    scale2 = torch.rand(6, bs, 2, generator=gen) / 64  # an 8-bit rope: [latent's, rope's] scale per token
     empty = torch.empty(0)
     out = []
     for q_len in (1, 2):
@@ -42,7 +44,8 @@ def probe(module, isa: int) -> list:
         pos = torch.tensor([[39, 38], [16, 15]])[:, :q_len] if q_len > 1 else torch.empty(0, dtype=torch.long)
         for qdt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             q = query.to(qdt)
-            for name, caches in (("kv", (kv.to(qdt), empty, empty, empty)), ("int8", (empty, latent, scale, rope))):
+            for name, caches in (("kv", (kv.to(qdt), empty, empty, empty)), ("int8", (empty, latent, scale, rope)),
+                                 ("int8 rope8", (empty, latent, scale2, rope8))):
                 got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, isa, 1)
                 out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
     # a latent that ends mid-chunk (rank % 32 == 16, as the default conversion's 240): bf16 queries

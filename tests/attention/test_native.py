@@ -64,9 +64,13 @@ def stored_rows(cache, slots):
     if not cache.quantized:
         return cache.kv.view(-1, cache.kv.shape[-1])[slots].double()
     codes = cache.latent.view(-1, cache.kv_rank)[slots]
-    values = codes.double() if cache.cache_dtype == "int8" else codes.view(torch.float8_e4m3fn).double()
-    scale = cache.scale.view(-1)[slots].double()
-    return torch.cat((values * scale[:, None], cache.rope.view(cache.scale.numel(), cache.rope_dim)[slots].double()), dim=-1)
+    values = codes.double() if cache.latent_dtype == "int8" else codes.view(torch.float8_e4m3fn).double()
+    n = cache.latent.shape[0] * cache.block_size
+    scale = cache.scale.view(n, -1)[slots].double()
+    rope = cache.rope.view(n, cache.rope_dim)[slots].double()
+    if cache.rope8:  # codes times the token's rope scale, in the model dtype (as the kernels widen them)
+        rope = (rope * scale[:, 1:]).to(cache.dtype).double()
+    return torch.cat((values * scale[:, :1], rope), dim=-1)
 
 
 def exact_attention(query, rows, query_lens, lengths, heads):
@@ -104,14 +108,15 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
 @pytest.mark.parametrize("isa", attention_kernels.supported_isas())
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
                                                (torch.bfloat16, "int8"), (torch.bfloat16, "fp8_e4m3"),
-                                               (torch.float32, "int8")])
+                                               (torch.float32, "int8"), (torch.bfloat16, "int8_rope8"),
+                                               (torch.float32, "fp8_e4m3_rope8")])
 def test_batch_of_lengths_ending_mid_block_every_isa(isa, dtype, cache_dtype):
     run_case([1, 17, 300, 45], heads=9, rank=64, rope=32, dtype=dtype, cache_dtype=cache_dtype, isa=isa)
 
 
 @pytest.mark.parametrize("heads,rank,rope", [(1, 32, 0), (16, 512, 64), (128, 128, 16), (3, 256, 64), (2, 48, 8),
                                              (9, 248, 96), (9, 240, 96), (5, 44, 6), (4, 37, 3)])  # widths off the vector lanes
-@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3", "int8_rope8"])
 def test_heads_ranks_and_rope_widths(heads, rank, rope, cache_dtype):
     run_case([33, 130], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype=cache_dtype, seed=heads)
 
@@ -132,7 +137,8 @@ def test_several_query_tokens_are_causal(dtype):
 
 @pytest.mark.parametrize("isa", attention_kernels.supported_isas())
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.bfloat16, "int8"),
-                                               (torch.bfloat16, "fp8_e4m3"), (torch.float32, "int8")])
+                                               (torch.bfloat16, "fp8_e4m3"), (torch.float32, "int8"),
+                                               (torch.bfloat16, "int8_rope8")])
 @pytest.mark.parametrize("rank,rope", [(64, 16), (240, 96)])  # 240: the latent ends mid-chunk (the default conversion)
 def test_result_does_not_depend_on_the_batch_or_threads(isa, dtype, cache_dtype, rank, rope):
     """Batch invariance: a sequence's output is bit-identical alone, in a batch of mixed lengths

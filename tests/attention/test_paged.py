@@ -45,6 +45,24 @@ def test_pieces_of_block_runs_equal_the_gather(cache_dtype):
     assert block_runs(list(range(0, 40, 2))) is None  # too fragmented: gather instead
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_8_bit_rope_key_round_trips_within_half_a_step(dtype):
+    """int8_rope8: the rope key as int8 codes with its own per-token scale (max|k_r| / 127), the
+    latent's scale beside it in one [.., 2] tensor; read back within half a code step (plus the
+    model dtype's rounding of code x scale)."""
+    gen = torch.Generator().manual_seed(5)
+    cache = LatentCache(num_blocks=3, block_size=4, kv_rank=16, rope_dim=8, dtype=dtype, cache_dtype="int8_rope8")
+    c, k_r = torch.randn(6, 16, generator=gen), torch.randn(6, 8, generator=gen) * torch.logspace(-2, 1, 6)[:, None]
+    slots = torch.tensor([8, 9, 10, 11, 0, 1])
+    write(cache, c.to(dtype), k_r.to(dtype), slots)
+    assert cache.rope.dtype == torch.int8 and cache.scale.shape == (3, 4, 2)
+    kv = gather(cache, torch.tensor([[2, 0]]))[0, :6].float()
+    step = k_r.to(dtype).float().abs().amax(-1, keepdim=True) / 127
+    rounding = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
+    assert ((kv[:, 16:] - k_r.to(dtype).float()).abs() <= step / 2 * (1 + 1e-5) + k_r.abs() * rounding).all()
+    assert (kv[:, :16] - c.to(dtype).float()).abs().max() <= c.abs().max() / 127 / 2 + c.abs().max() * rounding
+
+
 def test_int8_scale_is_max_abs_over_127():
     c = torch.tensor([[0.5, -2.54, 1.0]])
     q, scale = quantize_latent(c, "int8")

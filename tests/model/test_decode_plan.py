@@ -78,6 +78,8 @@ def cache_tensors(caches):
     ("v3_dense_qlora", "bfloat16", "fixed-order", "auto", True, False),  # bf16 records (vdpbf16ps where the CPU has it)
     ("v2_dense", "bfloat16", "fixed-order", "int8", False, True),
     ("v2_dense", "bfloat16", "w4a8", "int8", True, False),
+    ("v2_dense", "float32", "int4", "int8_rope8", False, True),  # the rope key in int8 too
+    ("v3_dense_qlora", "bfloat16", "fixed-order", "fp8_e4m3_rope8", True, False),
     # MoE layers (the first layer dense): the router's ops in C++, the experts in qlinear's native call
     ("v2_moe_group_limited", "float32", "int4", "auto", True, False),
     ("v3_moe_sigmoid", "float32", "fixed-order", "int8", True, False),

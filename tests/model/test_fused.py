@@ -101,7 +101,7 @@ def test_rope(dtype, interleaved):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3", "int8_rope8", "fp8_e4m3_rope8"])
 @pytest.mark.parametrize("rank,rope", [(256, 64), (32, 0), (48, 16)])
 @torch.no_grad()
 def test_write_latent_matches_the_reference_writer(dtype, cache_dtype, rank, rope):
@@ -118,9 +118,14 @@ def test_write_latent_matches_the_reference_writer(dtype, cache_dtype, rank, rop
     if cache_dtype == "auto":
         close(ours.kv, ref.kv, dtype)
         return
-    assert torch.equal(ours.scale, ref.scale)
-    close(ours.rope, ref.rope, dtype)
-    if cache_dtype == "int8":
+    if ours.rope8:  # codes of the rotated key: the native rotation may round one code the other way
+        assert torch.equal(ours.scale[..., 0], ref.scale[..., 0])
+        torch.testing.assert_close(ours.scale[..., 1], ref.scale[..., 1], rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=0)
+        assert (ours.rope.int() - ref.rope.int()).abs().le(1).all()
+    else:
+        assert torch.equal(ours.scale, ref.scale)
+        close(ours.rope, ref.rope, dtype)
+    if ours.latent_dtype == "int8":
         assert (ours.latent.int() - ref.latent.int()).abs().max() <= 1
     else:
         values = [cache.latent.view(torch.float8_e4m3fn).float() for cache in (ours, ref)]

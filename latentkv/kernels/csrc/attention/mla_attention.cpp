@@ -112,9 +112,12 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
     TORCH_CHECK(latent.size(-1) == r && rope.size(-1) == D - r, "mla_decode: latent/rope widths do not match D");
     TORCH_CHECK(latent.scalar_type() == at::kChar || latent.scalar_type() == at::kByte,
                 "mla_decode: latent must be int8 or uint8 (fp8 e4m3 bits)");
-    TORCH_CHECK(scale.scalar_type() == at::kFloat, "mla_decode: scale must be float32");
-    TORCH_CHECK(rope.scalar_type() == at::kFloat || rope.scalar_type() == at::kBFloat16,
-                "mla_decode: rope must be float32 or bfloat16");
+    TORCH_CHECK(rope.scalar_type() == at::kFloat || rope.scalar_type() == at::kBFloat16 || rope.scalar_type() == at::kChar,
+                "mla_decode: rope must be float32, bfloat16 or int8");
+    job.rope_i8 = rope.scalar_type() == at::kChar;
+    job.scale_stride = job.rope_i8 ? 2 : 1;
+    TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == latent.numel() / r * job.scale_stride,
+                "mla_decode: scale must be float32, one per token (two with an int8 rope: latent's, rope's)");
     job.kind = latent.scalar_type() == at::kChar ? KIND_I8 : KIND_FP8;
     job.latent = latent.data_ptr();
     job.scale = scale.data_ptr<float>();

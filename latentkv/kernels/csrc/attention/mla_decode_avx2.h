@@ -160,14 +160,14 @@ static inline void prefetch_bytes(const void* p, int64_t bytes) {
 static inline void prefetch_row(const Job& job, const int64_t* table, int64_t j) {
   const int D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
   const int64_t slot = table[j / bs] * bs + j % bs;
-  const int rope_bytes = dr * (job.rope_bf16 ? 2 : 4);
+  const int rope_bytes = dr * (job.rope_i8 ? 1 : job.rope_bf16 ? 2 : 4);
   switch (job.kind) {
     case KIND_F32: prefetch_bytes((const float*)job.kv + slot * D, 4 * D); break;
     case KIND_BF16: prefetch_bytes((const uint16_t*)job.kv + slot * D, 2 * D); break;
     default:
       prefetch_bytes((const int8_t*)job.latent + slot * r, r);
       prefetch_bytes((const char*)job.rope + slot * rope_bytes, rope_bytes);
-      prefetch_l1(job.scale + slot);
+      prefetch_l1(job.scale + slot * job.scale_stride);
   }
 }
 

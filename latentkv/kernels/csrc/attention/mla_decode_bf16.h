@@ -89,7 +89,7 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
       continue;
     }
     int64_t j = j0 + t, slot = table[j / bs] * bs + j % bs;
-    if (job.kind == KIND_I8 || job.kind == KIND_FP8) tscale[t] = job.scale[slot];
+    if (job.kind == KIND_I8 || job.kind == KIND_FP8) tscale[t] = job.scale[slot * job.scale_stride];
     if (job.kind == KIND_BF16) {
       rows[t] = (const uint16_t*)job.kv + slot * D;
       continue;
@@ -124,7 +124,10 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
       _mm512_storeu_si512((void*)(dst + i), (__m512i)v);
     }
     if (job.rope_bf16) __builtin_memcpy(dst + r, (const uint16_t*)job.rope + slot * dr, sizeof(uint16_t) * dr);
-    else
+    else if (job.rope_i8) {  // values in bf16 (codes times the token's rope scale), as the reference dequantizes
+      const float rs = job.scale[slot * 2 + 1];
+      for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(rs * (float)((const int8_t*)job.rope)[slot * dr + i]);
+    } else
       for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(((const float*)job.rope)[slot * dr + i]);
   }
 }
@@ -137,7 +140,7 @@ static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j
   const int bs = job.bs;
   const bool quant = job.kind == KIND_I8 || job.kind == KIND_FP8;
   const int64_t row = quant ? job.r : (int64_t)job.D * (job.kind == KIND_F32 ? 4 : 2);
-  const int64_t rope_row = quant ? (int64_t)(job.D - job.r) * (job.rope_bf16 ? 2 : 4) : 0;
+  const int64_t rope_row = quant ? (int64_t)(job.D - job.r) * (job.rope_i8 ? 1 : job.rope_bf16 ? 2 : 4) : 0;
   const int64_t n = j1 - j0;
   for (int64_t j = j0 + n * part / parts; j < j0 + n * (part + 1) / parts; ++j) {
     int64_t slot = table[j / bs] * bs + j % bs;

@@ -67,10 +67,11 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) static inline void
     case KIND_F32: widen_f32((const float*)job.kv + slot * D, dst, D, 1.0f); break;
     case KIND_BF16: widen_bf16((const uint16_t*)job.kv + slot * D, dst, D, 1.0f); break;
     default: {
-      float sc = job.scale[slot];
-      if (job.kind == KIND_I8) widen_i8((const int8_t*)job.latent + slot * r, dst, r, sc);
-      else widen_fp8((const uint8_t*)job.latent + slot * r, dst, r, sc);
-      if (job.rope_bf16) widen_bf16((const uint16_t*)job.rope + slot * dr, dst + r, dr, 1.0f);
+      const float* sc = job.scale + slot * job.scale_stride;
+      if (job.kind == KIND_I8) widen_i8((const int8_t*)job.latent + slot * r, dst, r, sc[0]);
+      else widen_fp8((const uint8_t*)job.latent + slot * r, dst, r, sc[0]);
+      if (job.rope_i8) widen_i8((const int8_t*)job.rope + slot * dr, dst + r, dr, sc[1]);
+      else if (job.rope_bf16) widen_bf16((const uint16_t*)job.rope + slot * dr, dst + r, dr, 1.0f);
       else widen_f32((const float*)job.rope + slot * dr, dst + r, dr, 1.0f);
     }
   }

@@ -161,7 +161,7 @@ static void attend_span_i8(const Job& job, int64_t b, int64_t t0, int64_t t1, co
       int64_t j = j0 + t, slot = table[j / bs] * bs + j % bs;
       lat[t] = (const int8_t*)job.latent + slot * r;
       rope[t] = (const uint16_t*)job.rope + slot * dr;
-      tscale[t] = job.scale[slot];
+      tscale[t] = job.scale[slot];  // scale_stride 1: this path takes a bf16 rope only
     }
     quad_rows(lat, r, quads);
     for (int m = 0; m < M; ++m) {

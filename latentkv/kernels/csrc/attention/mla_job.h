@@ -25,7 +25,9 @@ inline void prefetch_l2(const void* p) {
 struct Job {
   int M, D, r, bs, kind;
   int64_t nb;
-  bool rope_bf16;
+  bool rope_bf16;  // the rope key beside a quantized latent: bf16, else float32 (or int8 codes: rope_i8)
+  bool rope_i8;    // int8 rope codes, their scale the second of each token's two (scale_stride 2)
+  int scale_stride;  // floats per token in `scale`: 1 (the latent's), 2 (latent's, rope's)
   const void* kv;
   const void* latent;
   const float* scale;

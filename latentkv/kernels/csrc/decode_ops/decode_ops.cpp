@@ -184,10 +184,13 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   if (quantized) {
     TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope_cache.is_contiguous() && latent.size(-1) == r &&
                     scale.scalar_type() == at::kFloat &&
-                    (rope_cache.scalar_type() == c.scalar_type() || rope_cache.scalar_type() == at::kBFloat16) &&
+                    (rope_cache.scalar_type() == c.scalar_type() || rope_cache.scalar_type() == at::kBFloat16 ||
+                     rope_cache.scalar_type() == at::kChar) &&
                     (latent.scalar_type() == at::kChar || latent.scalar_type() == at::kByte),
-                "write_latent: latent [.., r] int8|uint8, scale float32, rope in c's dtype or bf16, all contiguous");
-    slot_count = scale.numel();
+                "write_latent: latent [.., r] int8|uint8, scale float32, rope in c's dtype, bf16 or int8, all contiguous");
+    slot_count = latent.numel() / r;
+    TORCH_CHECK(scale.numel() == slot_count * (rope_cache.scalar_type() == at::kChar ? 2 : 1),
+                "write_latent: scale must hold one float per slot (two with an int8 rope)");
   } else {
     TORCH_CHECK(kv.is_contiguous() && kv.size(-1) == r + dr && kv.scalar_type() == c.scalar_type(),
                 "write_latent: kv must be contiguous [.., r + dr] in c's dtype");
@@ -198,6 +201,8 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
     TORCH_CHECK(sp[t] >= 0 && sp[t] < slot_count, "write_latent: slot ", sp[t], " outside the cache");
   const bool fp8 = quantized && latent.scalar_type() == at::kByte;
   const bool rope16 = quantized && rope_cache.scalar_type() == at::kBFloat16 && c.scalar_type() != at::kBFloat16;
+  const bool rope8 = quantized && rope_cache.scalar_type() == at::kChar;  // scale: [slot][latent's, rope's]
+  const int64_t stride = rope8 ? 2 : 1;
   const float q = (float)qmax;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, c.scalar_type(), "write_latent", [&] {
     const scalar_t *cp = c.data_ptr<scalar_t>(), *kp = k_r.data_ptr<scalar_t>();
@@ -209,7 +214,14 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
         const int64_t slot = sp[t];
         const scalar_t* ct = cp + t * scn;
         rotate_row(kp + t * skn, skk, dr, cosp + t * (dr / 2), sinp + t * (dr / 2), interleaved, row.data());
-        if (rope16) {  // a float32 model's quantized cache (cache/latent_cache.py rope_dtype)
+        if (rope8) {  // as quantize_latent on the rotated key in c's dtype: scale = max|k| / 127
+          float top = 0.0f;
+          for (int64_t i = 0; i < dr; ++i) top = std::max(top, std::fabs(row[i] = (float)cast<scalar_t>(row[i])));
+          const float s = std::max(top, 1e-12f) / 127.0f;
+          scale.data_ptr<float>()[slot * 2 + 1] = dr ? s : 1.0f;
+          int8_t* rope_out = rope_cache.data_ptr<int8_t>() + slot * dr;
+          for (int64_t i = 0; i < dr; ++i) rope_out[i] = (int8_t)std::min(127.0f, std::max(-127.0f, std::nearbyint(row[i] / s)));
+        } else if (rope16) {  // a float32 model's quantized cache (cache/latent_cache.py rope_dtype)
           at::BFloat16* rope_out = rope_cache.data_ptr<at::BFloat16>() + slot * dr;
           for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<at::BFloat16>(row[i]);
         } else {
@@ -225,7 +237,7 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
         float top = 0.0f;
         for (int64_t i = 0; i < r; ++i) top = std::max(top, std::fabs(load(ct, i * sck)));
         const float s = std::max(top, 1e-12f) / q;
-        scale.data_ptr<float>()[slot] = s;
+        scale.data_ptr<float>()[slot * stride] = s;
         if (fp8) {
           uint8_t* out = latent.data_ptr<uint8_t>() + slot * r;
           for (int64_t i = 0; i < r; ++i) out[i] = c10::Float8_e4m3fn(load(ct, i * sck) / s).x;
