@@ -16,6 +16,7 @@ from latentkv.convert.calibrate import LayerStats
 from latentkv.convert.layout import deepseek_config
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.refine import Refiner
+from latentkv.convert.rope_scale import equalize_rope_pairs
 from latentkv.model.rope import default_inv_freq
 from latentkv.sources.source_model import SourceModel
 
@@ -207,6 +208,7 @@ def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None, r
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)
     if refiner:
         w = refiner.layer(i, w, plan.slot_freq, dn, exact and not stock)
+    w = equalize_rope_pairs(w, st.xx, src.num_heads)
     if stock:
         w = stock_latent(w, width, st.xx)
     layer = src.layer(i)
