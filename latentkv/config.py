@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latentkv.facts import MLA_MODEL_TYPES
+from latentkv.facts import CACHE_DTYPES, MLA_MODEL_TYPES
 
 
 class ConfigError(ValueError):
@@ -74,6 +74,7 @@ class ModelConfig:
     kv_lora_ranks: list[int] | None = None
     rope_inv_freq: list[list[float]] | None = None
     q_bias: bool = False
+    cache_dtype: str | None = None  # the cache the folder is served with when none is asked (convert --kv-bytes)
     extensions: dict = field(default_factory=dict)
 
     @property
@@ -152,6 +153,7 @@ class ModelConfig:
             kv_lora_ranks=ext.get("kv_lora_ranks"),
             rope_inv_freq=ext.get("rope_inv_freq"),
             q_bias=ext.get("q_bias", False),
+            cache_dtype=ext.get("cache_dtype"),
             extensions=ext,
         )
         cfg.validate()
@@ -191,6 +193,8 @@ class ModelConfig:
             raise ConfigError(
                 f"latentkv.kv_lora_ranks has {len(self.kv_lora_ranks)} entries; expected num_hidden_layers={self.num_hidden_layers}"
             )
+        if self.cache_dtype is not None and self.cache_dtype not in CACHE_DTYPES:
+            raise ConfigError(f"latentkv.cache_dtype must be one of {list(CACHE_DTYPES)}, got {self.cache_dtype!r}")
         if self.rope_inv_freq is not None:
             if len(self.rope_inv_freq) != self.num_hidden_layers:
                 raise ConfigError(f"latentkv.rope_inv_freq needs one list per layer ({self.num_hidden_layers})")

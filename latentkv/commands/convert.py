@@ -32,6 +32,10 @@ def register(subparsers) -> None:
     p.add_argument("--rope-dim", type=rope_dim_arg, default=None, help="rope dims kept per token (even int, or 'all': exact)")
     p.add_argument("--kv-rank", type=kv_rank_arg, default=None, help="latent width (mean over layers), or 'full'")
     p.add_argument("--cache-ratio", type=float, default=None, help="cache elements as a fraction of the source's (e.g. 0.5)")
+    p.add_argument("--kv-bytes", type=int, default=None, metavar="N",
+                   help="instead of sizes: a budget of served KV cache bytes per token (all layers, scales included); "
+                   "the rope dim, rank and cache format with the best measured chat agreement within it, recorded "
+                   "as the folder's default cache (e.g. 12240: llama.cpp's q8_0 KV cache of SmolLM2)")
     p.add_argument("--calib", nargs="+", default=None, metavar="FILE", help="calibration text (.txt, or .jsonl with a 'text' field)")
     p.add_argument("--calib-tokens", type=int, default=None, help=f"calibration tokens (default {D.calib_tokens})")
     p.add_argument("--calib-chat", type=float, default=None,

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from latentkv.convert import spill
+from latentkv.convert import budget, spill
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.export import export, write_card
 from latentkv.convert.layerwise import converted_perplexity, source_perplexity
@@ -53,6 +53,8 @@ def resolve_sizes(src: SourceModel, options: ConvertOptions) -> ConvertOptions:
     """The options (checked) with rope_dim and kv_rank decided (none given: the measured default)."""
     if options.stock and src.qkv_bias:
         raise ValueError("the stock deepseek_v3 format has no q_proj bias; convert this source without --stock")
+    if options.kv_bytes is not None:
+        return options  # budget.choose decides the sizes from measurements, after calibration
     rope_dim, kv_rank, ratio = options.rope_dim, options.kv_rank, options.cache_ratio
     if ratio is None and kv_rank is None and rope_dim is None:
         ratio = DEFAULT_CACHE_RATIO
@@ -127,7 +129,10 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     step(1, f"reading {source if source is not None else 'the bundled SmolLM2'}", started)
     src = source if isinstance(source, SourceModel) else read_source(source)
     options = resolve_sizes(src, options)
-    resolve_rope_dim(src, options.rope_dim, options.stock)  # fail before the (long) calibration
+    if options.kv_bytes is None:
+        resolve_rope_dim(src, options.rope_dim, options.stock)  # fail before the (long) calibration
+    else:
+        budget.check(src, options.kv_bytes)
     step(2, f"tokenizing calibration text ({options.calib_chat:.0%} chat conversations)", started)
     windows, weights = calibration_windows(src, options.calib, options.calib_tokens, options.ctx, options.calib_chat,
                                            options.calib_weight)
@@ -136,10 +141,20 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".latentkv-scratch-", dir=Path(out).resolve().parent) as scratch:
         stats = calibrate(src, windows, calib_dtype, Path(scratch), weights)
+        measured_caches = []
+        if options.kv_bytes is not None:
+            options, measured_caches = budget.choose(src, stats, options, windows)
         dtype = MODEL_DTYPES[options.dtype]
         cfg, info, parts = convert_parts(src, stats, options, dtype=dtype, windows=windows)
+        if options.cache_dtype:
+            cfg["latentkv"]["cache_dtype"] = options.cache_dtype
+            if options.kv_bytes is not None:
+                cfg["latentkv"]["kv_bytes"] = options.kv_bytes  # the budget it was chosen within
+            budget.check_written(cfg, options)
         record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
                   "rope_theta": info["rope_theta"]}
+        if measured_caches:
+            record["kv_bytes_candidates"] = [asdict(c) for c in measured_caches]
         refined = f", refining each layer {options.refine_steps} steps" if options.refine_steps else ""
         step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}{refined}) and writing {out}",
              started)

@@ -7,14 +7,17 @@ import torch
 
 from latentkv import cpu
 from latentkv.convert.refine import INPUTS
-from latentkv.facts import MODEL_DTYPES
+from latentkv.facts import CACHE_DTYPES, MODEL_DTYPES
 
 
 @dataclass(frozen=True)
 class ConvertOptions:
     """Sizes — rope_dim: even int or "all"; kv_rank: int (mean latent width), "full" or a
     per-layer list; cache_ratio: cache elements as a fraction of the source's (sets both);
-    none of the three: api.DEFAULT_ROPE_DIM at api.DEFAULT_CACHE_RATIO.
+    none of the three: api.DEFAULT_ROPE_DIM at api.DEFAULT_CACHE_RATIO; kv_bytes: instead of them, a
+    budget of served cache bytes per token (all layers, scales included): the rope dim, rank and
+    cache format with the best measured chat agreement within it (budget.py); cache_dtype: the
+    cache format the folder records as its default (latentkv.cache_dtype; kv_bytes sets it).
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
     for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip);
     calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the
@@ -42,6 +45,8 @@ class ConvertOptions:
     rope_dim: int | str | None = None
     kv_rank: int | str | list | None = None
     cache_ratio: float | None = None
+    kv_bytes: int | None = None
+    cache_dtype: str | None = None
     calib: list | None = None
     calib_tokens: int = 16384  # 32768 measured no better (docs/conversion.md, "Time and memory")
     calib_chat: float = 0.5  # measured: docs/conversion.md, "Calibration that covers use"
@@ -68,6 +73,13 @@ class ConvertOptions:
             raise ValueError(f"calib_dtype must be auto or one of {', '.join(MODEL_DTYPES)}")
         if self.stock and self.dtype == "float16":
             raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
+        if self.kv_bytes is not None and (self.rope_dim, self.kv_rank, self.cache_ratio) != (None, None, None):
+            raise ValueError("give --kv-bytes or sizes (--rope-dim, --kv-rank, --cache-ratio), not both")
+        if self.kv_bytes is not None and (self.stock or self.kv_bytes < 1):
+            raise ValueError("--kv-bytes needs a positive number of bytes and the native format (not --stock)")
+        if self.cache_dtype is not None and (self.cache_dtype not in CACHE_DTYPES or self.stock):
+            raise ValueError(f"cache_dtype (the folder's default cache) must be one of {', '.join(CACHE_DTYPES)}, "
+                             "native format only")
         if self.cache_ratio is not None and self.kv_rank is not None:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
         if not 0 <= self.calib_chat <= 1:

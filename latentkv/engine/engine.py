@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from transformers import AutoTokenizer
 
 from latentkv import invariant
 from latentkv.cache.block_pool import BlockPool
+from latentkv.config import ModelConfig
 from latentkv.cpu import default_threads, threads_from_env
 from latentkv.engine.args import EngineArgs
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
@@ -77,8 +79,17 @@ def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
     return []
 
 
+def with_folder_cache(args: EngineArgs, cfg: ModelConfig) -> EngineArgs:
+    """kv_cache_dtype "auto" is the folder's own cache format where it records one
+    (latentkv.cache_dtype: `convert --kv-bytes` chose it), else the model dtype."""
+    if args.kv_cache_dtype == "auto" and cfg.cache_dtype:
+        return replace(args, kv_cache_dtype=cfg.cache_dtype)
+    return args
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs, model, tokenizer):
+        args = with_folder_cache(args, model.config)
         self.args = args  # checked when it was built
         self.model = model
         self.tokenizer = tokenizer
@@ -106,6 +117,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, args.block_size, num_blocks, args.kv_cache_dtype,
                                   args.attention_path, args.seed, args.nan_check, self.eos_token_ids,
                                   args.batch_invariant)
+        # what the engine allocated, scales included (cache/accounting.py's formula gives the same)
+        self.kv_bytes_per_token = sum(c.nbytes() for c in self.runner.caches) // self.capacity_tokens
         if args.batch_invariant:
             invariant.install(model)  # pad small row counts: float32 linears, one-row bf16 ones
             self.scheduler.kv.prompt_blocks_only = True  # decode-computed blocks are not shared (kv_manager.py)
@@ -127,6 +140,8 @@ class LLMEngine:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch.set_num_threads(args.threads or default_threads())  # the native kernel's OpenMP team follows it
         # the engine owns this model: built for its route (batch invariance: the fixed-order linears)
+        if (Path(args.model) / "config.json").is_file():  # else load_model says what is missing
+            args = with_folder_cache(args, ModelConfig.from_file(Path(args.model) / "config.json"))
         route = decide_route(device, resolve_dtype(args.dtype, torch.device(device)), args.attention_backend,
                              args.quantization, args.batch_invariant, args.kv_cache_dtype)
         model = load_model(args.model, route=route)

@@ -1,0 +1,96 @@
+"""`convert --kv-bytes N`: the cache with the best measured chat behaviour within N bytes per token.
+
+Candidates: every rope dim on a grid of ROPE_POINTS steps up to all of the source's in each served format of
+FORMATS, each with the widest latent whose cache, by the engine's own formula
+(cache/accounting.py latent_bytes, scales included), fits N — capped at the width that is
+already exact. Each is built in memory from the one calibration (pipeline.build_model) and
+scored teacher-forced against the source on the first SELECT_EXAMPLES chat prompts of the
+calibration split (the held-out split stays for `eval chat`), through latentkv's own model
+with that cache format (eval/chat.py). The best agreement wins; ties go to fewer bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tqdm.auto import tqdm
+
+from latentkv.cache.accounting import latent_bytes, latent_bytes_per_token
+from latentkv.config import ModelConfig
+from latentkv.convert.layout import converted_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model, plan_rope
+from latentkv.eval.chat import ChatModel, chat_metrics, render_cases
+from latentkv.sources.chat_data import load_chat
+from latentkv.sources.reference import source_logits
+from latentkv.sources.source_model import SourceModel
+
+FORMATS = ("int8_rope8", "int8")  # the 8-bit rope first: it leaves the latent the most bytes
+ROPE_POINTS = 6  # SmolLM2 (3 KV heads x 64): rope 32, 64, ... 192
+SELECT_EXAMPLES = 48
+MIN_RANK = 8
+
+
+@dataclass
+class Candidate:
+    rope_dim: int
+    kv_rank: int
+    cache_dtype: str
+    bytes_per_token: int
+    agreement: float | None = None
+
+    def label(self) -> str:
+        return f"rope {self.rope_dim} + rank {self.kv_rank}, {self.cache_dtype}: {self.bytes_per_token} B/token"
+
+
+def candidates(src: SourceModel, kv_bytes: int, formats=FORMATS) -> list[Candidate]:
+    """Every (format, rope dim) with room for a latent of at least MIN_RANK, at its widest rank."""
+    layers, full_rope = src.num_layers, src.num_kv_heads * src.head_dim
+    step = max(2, full_rope // ROPE_POINTS // 2 * 2)
+    rope_dims = sorted({*range(step, full_rope, step), full_rope})
+    out = []
+    for fmt in formats:
+        for dr in rope_dims:
+            exact_rank = (full_rope - dr) + full_rope  # rows of Z = [f_K; V]: the dropped key dims and V
+            per_rank = latent_bytes([1] * layers, dr, fmt) - latent_bytes([0] * layers, dr, fmt)  # bytes a latent dim costs
+            rank = min(exact_rank, (kv_bytes - latent_bytes([0] * layers, dr, fmt)) // per_rank)
+            if rank >= MIN_RANK:
+                out.append(Candidate(dr, rank, fmt, latent_bytes([rank] * layers, dr, fmt)))
+    return out
+
+
+def choose(src: SourceModel, stats, options: ConvertOptions, windows=None, log=tqdm.write) -> tuple[ConvertOptions, list]:
+    """-> (options with rope_dim, kv_rank and cache_dtype chosen, every candidate measured)."""
+    check(src, options.kv_bytes)
+    found = candidates(src, options.kv_bytes)
+    tokenizer = src.tokenizer()
+    reference = ChatModel(lambda ids: source_logits(src, ids), tokenizer, "source", str(src.path), memoize=True)
+    cases = render_cases(tokenizer, load_chat(src.path, "calib")[:SELECT_EXAMPLES])
+    plans = {}
+    for cand in tqdm(found, desc=f"measuring caches within {options.kv_bytes} B/token", unit="cache"):
+        settings = replace(options, rope_dim=cand.rope_dim, kv_rank=cand.kv_rank, cache_ratio=None, kv_bytes=None)
+        plans_info = plans.setdefault(cand.rope_dim, plan_rope(src, stats, settings))
+        cfg, tensors, _ = build_model(src, stats, settings, plans_info, windows=windows)
+        mine = ChatModel.from_mla(converted_model(cfg, tensors), tokenizer, "", cand.cache_dtype)
+        cand.agreement = chat_metrics(mine, reference, cases, generate=False)["top1_agreement"]
+        log(f"latentkv convert: {cand.label()}: top-1 agreement {cand.agreement:.4f} on {len(cases)} calibration prompts")
+    best = max(found, key=lambda c: (c.agreement, -c.bytes_per_token))
+    log(f"latentkv convert: chose {best.label()}")
+    return replace(options, rope_dim=best.rope_dim, kv_rank=best.kv_rank, cache_ratio=None, cache_dtype=best.cache_dtype), found
+
+
+def check(src: SourceModel, kv_bytes: int) -> None:
+    """Refuse a budget with no candidate before the (long) calibration."""
+    if not candidates(src, kv_bytes):
+        smallest = min(latent_bytes([MIN_RANK] * src.num_layers, 2, fmt) for fmt in FORMATS)
+        raise ValueError(f"--kv-bytes {kv_bytes} is below the smallest cache this converter makes "
+                         f"({smallest} bytes per token for {src.num_layers} layers)")
+
+
+def check_written(cfg: dict, options: ConvertOptions) -> None:
+    """The folder's config, as the engine will read it, serves within the budget (the same formula
+    the engine allocates with: cache/accounting.py)."""
+    if options.kv_bytes is None:
+        return
+    served = latent_bytes_per_token(ModelConfig.from_dict(cfg), options.cache_dtype)
+    if served > options.kv_bytes:
+        raise AssertionError(f"the converted cache takes {served} bytes per token, over --kv-bytes {options.kv_bytes}")

@@ -1,0 +1,58 @@
+"""`convert --kv-bytes`: every candidate fits the budget by the engine's formula, the choice is the
+best measured one, and the folder serves that cache with no flags."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from tiny_lm import save_tiny_llama
+
+from latentkv.cache.accounting import latent_bytes, latent_bytes_per_token
+from latentkv.config import ModelConfig
+from latentkv.convert import budget
+from latentkv.convert.api import convert
+from latentkv.convert.options import ConvertOptions
+from latentkv.llm import LLM
+
+SMOLLM2 = SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64)
+
+
+@pytest.mark.parametrize("kv_bytes", [1500, 5760, 6480, 7800, 12240, 13080, 23040, 40000])
+def test_no_candidate_is_over_the_budget_and_each_takes_all_the_room_it_can(kv_bytes):
+    found = budget.candidates(SMOLLM2, kv_bytes)
+    assert found
+    for c in found:
+        assert c.bytes_per_token == latent_bytes([c.kv_rank] * 30, c.rope_dim, c.cache_dtype) <= kv_bytes
+        exact = 2 * 192 - c.rope_dim
+        assert c.kv_rank == exact or latent_bytes([c.kv_rank + 1] * 30, c.rope_dim, c.cache_dtype) > kv_bytes
+    assert {c.cache_dtype for c in found} <= set(budget.FORMATS)
+
+
+def test_a_budget_below_the_smallest_cache_is_refused_before_calibrating(tmp_path):
+    with pytest.raises(ValueError, match="below the smallest cache"):
+        budget.check(SMOLLM2, 300)
+    with pytest.raises(ValueError, match="not both"):
+        ConvertOptions(kv_bytes=6480, cache_ratio=0.5).check()
+    with pytest.raises(ValueError, match="native format"):
+        ConvertOptions(kv_bytes=6480, stock=True).check()
+
+
+def test_a_tiny_budgeted_conversion_is_served_in_its_chosen_cache(tmp_path, few_chat_prompts, monkeypatch):
+    source = save_tiny_llama(tmp_path / "llama")  # 2 layers, 2 KV heads x 16: 128 B/token in bf16
+    kv_bytes = 70
+    measured = []
+    choose = budget.choose
+    monkeypatch.setattr(budget, "choose", lambda *a, **k: measured.append(choose(*a, **k)) or measured[-1])
+    out = convert(str(source), tmp_path / "mla", ConvertOptions(kv_bytes=kv_bytes, calib_tokens=4 * 64, ctx=64,
+                                                                 eval_tokens=0))
+    chosen, found = measured[0]
+    cfg = ModelConfig.from_file(out / "config.json")
+    assert cfg.cache_dtype == chosen.cache_dtype
+    assert (cfg.qk_rope_head_dim, cfg.kv_lora_rank) == (chosen.rope_dim, chosen.kv_rank)
+    assert latent_bytes_per_token(cfg, cfg.cache_dtype) <= kv_bytes
+    best = max(c.agreement for c in found)
+    assert len(found) > 2 and [c for c in found if c.agreement == best and c.rope_dim == chosen.rope_dim
+                                and c.cache_dtype == chosen.cache_dtype]
+    engine = LLM(str(out), dtype="float32", kv_cache_memory="1MiB").llm_engine
+    assert engine.args.kv_cache_dtype == cfg.cache_dtype  # no flag: the folder's own cache
+    assert engine.kv_bytes_per_token == latent_bytes_per_token(cfg, cfg.cache_dtype, "float32")
