@@ -10,7 +10,8 @@ import sys
 import torch
 
 from latentkv import cpu
-from latentkv.bench import contention, decode, kernel, memory, prefix, random_model, serve, store_restart, throughput
+from latentkv.bench import (contention, decode, frontier, kernel, memory, prefix, random_model, serve, store_restart,
+                            throughput)
 from latentkv.bench.models import default_models
 from latentkv.bench.shapes import SHAPES
 from latentkv.facts import CACHE_DTYPES, MODEL_DTYPES
@@ -157,6 +158,17 @@ def register(subparsers) -> None:
     add_threads_arg(p)
     p.set_defaults(func=run_kernel)
 
+    p = sub.add_parser("frontier", help="KV cache bytes per token vs chat behaviour and perplexity: llama.cpp's "
+                                        "f16 / q8_0 / q4_0 KV cache of the original vs latentkv conversions by budget")
+    p.add_argument("--source", help="the original model (a GGUF for the llama.cpp rows; default: the bundled SmolLM2)")
+    p.add_argument("--budgets", type=int, nargs="+",
+                   help="`convert --kv-bytes` budgets (default: the original's q8_0 and q4_0 KV bytes and a quarter of its f16)")
+    p.add_argument("--folders", nargs="+", help="converted folders to measure too, each in its own default cache")
+    p.add_argument("--out", default="bench-results/frontier", help="folder for the conversions, JSON, table and PNG")
+    p.add_argument("--quick", action="store_true", help="3 chat prompts, short windows, a small calibration: a smoke test")
+    add_threads_arg(p)
+    p.set_defaults(func=run_frontier)
+
     p = sub.add_parser("random-model", help="write a seeded random-weight checkpoint of a real DeepSeek shape "
                                             "(a Hugging Face folder) to bench loading, memory and speed at that size")
     p.add_argument("--shape", required=True, choices=sorted(SHAPES),
@@ -169,6 +181,12 @@ def register(subparsers) -> None:
                    help="also write the folder as a Q4_0 GGUF holding the same values (default path: <out>-Q4_0.gguf)")
     p.set_defaults(func=run_random_model)
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
+
+
+def run_frontier(args) -> int:
+    set_threads(args)
+    frontier.run(args)
+    return 0
 
 
 def run_random_model(args) -> int:

@@ -23,3 +23,13 @@ class SegfaultOnDecode(Steady):
 class FailsToLoad:
     def __init__(self, name):
         raise RuntimeError("fake baseline: no such weights")
+
+
+class SegfaultOnScore:
+    """A llama.cpp scorer (bench/frontier.py LlamaCppScorer's calls) that dies at its first eval."""
+
+    def __init__(self, name, gguf, kind, n_ctx):
+        self.name = name
+
+    def top1(self, cases):
+        os.kill(os.getpid(), signal.SIGSEGV)

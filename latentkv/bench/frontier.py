@@ -1,0 +1,216 @@
+"""`latentkv bench frontier`: KV cache bytes per token against behaviour, one table and one plot.
+
+Rows (each names the command that makes it):
+- llama.cpp on the original GGUF with an f16, q8_0 and q4_0 KV cache (`-ctk X -ctv X`; in its own
+  process: a crash or a missing llama-cpp-python is recorded, never the end of the bench);
+- latentkv's conversions: `convert --kv-bytes N` at each budget (by default the original's q8_0,
+  q4_0 and a quarter of its f16 bytes, so each budget row sits beside the llama.cpp row it is
+  compared with) and any folders given, each in the cache format it is served in.
+Measures: teacher-forced top-1 agreement with the original's float32 reference forward on the
+held-out chat prompts (eval/chat.py's metric: the original's greedy answers, the original judged in
+the same run), in float32 and (ours) bfloat16, and perplexity on the three domains of
+`eval ppl --domains` (docs, prose, code) with the same windows for every row.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from latentkv.bench import isolated
+from latentkv.bench.report import write_json
+from latentkv.bench.systems import llama_cpp_available
+from latentkv.cache.accounting import gqa_bytes_per_token, latent_bytes_per_token
+from latentkv.config import ModelConfig
+from latentkv.convert.api import convert
+from latentkv.convert.options import ConvertOptions
+from latentkv.eval.chat import ChatModel, render_cases
+from latentkv.eval.domains import DOMAINS
+from latentkv.eval.perplexity import perplexity, text_windows
+from latentkv.model.loader import load_model
+from latentkv.plots import new_figure, save_figure
+from latentkv.sources.chat_data import load_chat
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
+
+# llama.cpp's KV types: ggml type id and bytes per element (q8_0: 32 values in 34 bytes, q4_0: in 18)
+LLAMA_KV = {"f16": (1, 2.0), "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32)}
+FULL = {"examples": None, "ppl_tokens": 8192, "calib_tokens": ConvertOptions().calib_tokens, "ctx": 512}
+QUICK = {"examples": 3, "ppl_tokens": 128, "calib_tokens": 256, "ctx": 64}
+LLAMA_SCORER = "latentkv.bench.frontier:LlamaCppScorer"  # built in its own process (isolated.py)
+
+
+def default_budgets(src) -> list[int]:
+    """The original's q8_0 and q4_0 KV bytes per token, and a quarter of its f16 bytes."""
+    f16 = gqa_bytes_per_token(src.num_layers, src.num_kv_heads, src.head_dim, "float16")
+    return [llama_bytes(src, "q8_0"), llama_bytes(src, "q4_0"), f16 // 4]
+
+
+def llama_bytes(src, kind: str) -> int:
+    return round(2 * src.num_layers * src.num_kv_heads * src.head_dim * LLAMA_KV[kind][1])
+
+
+class LlamaCppScorer:
+    """The original GGUF in llama.cpp with one KV cache type; argmax rows and window NLLs (in the
+    bench's child process: isolated.IsolatedSystem forwards the calls)."""
+
+    def __init__(self, name: str, gguf: str, kind: str, n_ctx: int):
+        from llama_cpp import Llama  # optional (the `bench` extra); only when this baseline runs
+
+        ggml_type = LLAMA_KV[kind][0]
+        self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True, type_k=ggml_type,
+                         type_v=ggml_type, flash_attn=True, n_threads=torch.get_num_threads(), verbose=False)
+
+    def rows(self, ids: list[int]) -> np.ndarray:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return np.asarray(self.llm.scores[: len(ids)], dtype=np.float32)
+
+    def top1(self, cases: list[tuple[list[int], int]]) -> list[list[int]]:
+        """Per (ids, answer_start): argmax of the rows that predict the answer."""
+        return [self.rows(ids)[start - 1: len(ids) - 1].argmax(-1).tolist() for ids, start in cases]
+
+    def nll(self, windows: list[list[int]]) -> tuple[float, int]:
+        """Summed next-token NLL over every window's positions 1.., and their count."""
+        total, count = 0.0, 0
+        for ids in windows:
+            logits = torch.from_numpy(self.rows(ids))[:-1]
+            total += float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum"))
+            count += len(ids) - 1
+        return total, count
+
+
+class Judge:
+    """The held-out chat cases, the original's answer argmaxes and perplexity windows, once."""
+
+    def __init__(self, src, examples: int | None, ppl_tokens: int, ctx: int):
+        self.src, tokenizer = src, src.tokenizer()
+        reference = ChatModel(lambda ids: source_logits(src, ids), tokenizer, "source", str(src.path))
+        self.cases = render_cases(tokenizer, load_chat(src.path, "heldout")[:examples])
+        self.ref_top = [reference.answer_logprobs(c).argmax(-1) for c in tqdm(self.cases, desc="original's answers")]
+        self.windows = {d: text_windows(tokenizer, text(), ctx, ppl_tokens) for d, text in DOMAINS.items()}
+        self.base = {d: perplexity(reference.logits, w, desc=f"original ppl {d}")["ppl"] for d, w in self.windows.items()}
+
+    def agreement(self, tops: list) -> float:
+        agree = sum(int((torch.as_tensor(t) == r).sum()) for t, r in zip(tops, self.ref_top))
+        return agree / sum(len(r) for r in self.ref_top)
+
+    def mla(self, folder: Path, cache_dtype: str, dtype: str) -> dict:
+        model = load_model(folder, dtype=getattr(torch, dtype))
+        mine = ChatModel(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), None, "mla", str(folder))
+        row = {f"agreement_{dtype}": self.agreement([mine.answer_logprobs(c).argmax(-1) for c in self.cases])}
+        if dtype == "float32":
+            for d, w in self.windows.items():
+                row[f"ppl_{d}"] = perplexity(mine.logits, w, desc=f"ppl {d}")["ppl"]
+        return row
+
+    def llama(self, system) -> dict:
+        row = {"agreement_float32": self.agreement(system.call("top1", [(list(c.ids), c.answer_start) for c in self.cases]))}
+        for d, w in self.windows.items():
+            total, count = system.call("nll", w.tolist())
+            row[f"ppl_{d}"] = math.exp(total / count)
+        return row
+
+
+def budget_folder(src, kv_bytes: int, out: Path, preset: dict, log) -> Path:
+    """`convert --kv-bytes N` into out/kvN (a folder already there for this budget is reused)."""
+    folder = out / f"kv{kv_bytes}"
+    if (folder / "config.json").is_file() and ModelConfig.from_file(folder / "config.json").extensions.get("kv_bytes") == kv_bytes:
+        log(f"bench frontier: reusing {folder} (converted within {kv_bytes} B/token)")
+        return folder
+    return convert(src, folder, ConvertOptions(kv_bytes=kv_bytes, calib_tokens=preset["calib_tokens"], ctx=preset["ctx"],
+                                               eval_tokens=0))
+
+
+def our_rows(judge: Judge, folders: list[tuple[Path, str, str]], dtypes: list[str]) -> list[dict]:
+    """(folder, cache dtype or None: the folder's own, command) -> a row each."""
+    rows = []
+    for folder, cache_dtype, command in folders:
+        cfg = ModelConfig.from_file(folder / "config.json")
+        cache_dtype = cache_dtype or cfg.cache_dtype or "auto"
+        row = {"system": f"latentkv {folder.name} (rope {cfg.qk_rope_head_dim} + rank {cfg.kv_lora_rank}, {cache_dtype})",
+               "bytes_per_token": latent_bytes_per_token(cfg, cache_dtype, "bfloat16"), "command": command}
+        for dtype in dtypes:
+            row.update(judge.mla(folder, cache_dtype, dtype))
+        rows.append(row)
+    return rows
+
+
+def llama_rows(judge: Judge, gguf: str | None, failed: dict, ctx: int) -> list[dict]:
+    if not (gguf and gguf.endswith(".gguf")):
+        return []
+    if not llama_cpp_available():
+        failed["llama.cpp"] = "skipped: llama-cpp-python is not installed (`pip install latentkv[bench]`)"
+        return []
+    n_ctx = max(ctx, max(len(c.ids) for c in judge.cases)) + 1
+    rows = []
+    for kind in LLAMA_KV:
+        name = f"llama.cpp original, {kind} KV"
+        for system in isolated.start(failed, name, LLAMA_SCORER, gguf, kind, n_ctx):
+            try:
+                measured = judge.llama(system)
+            except isolated.BaselineFailed as e:
+                failed[name] = e.reason
+                continue
+            finally:
+                system.close()
+            rows.append({"system": name, "bytes_per_token": llama_bytes(judge.src, kind),
+                         "command": f"llama.cpp -ctk {kind} -ctv {kind} (llama-cpp-python type_k/type_v, flash_attn)",
+                         **measured})
+    return rows
+
+
+def run_frontier(source=None, out: Path = Path("bench-results/frontier"), budgets: list[int] | None = None,
+                 folders: list[str] = (), quick: bool = False, dtypes=("float32", "bfloat16"), log=print) -> dict:
+    preset = QUICK if quick else FULL
+    out = Path(out)
+    src = read_source(source)
+    budgets = budgets or default_budgets(src)
+    judge = Judge(src, preset["examples"], preset["ppl_tokens"], preset["ctx"])
+    failed: dict = {}
+    rows = llama_rows(judge, str(src.path), failed, preset["ctx"])
+    given = [(Path(f), None, f"latentkv eval chat {f}") for f in folders]
+    made = [(budget_folder(src, b, out, preset, log), None, f"latentkv convert --kv-bytes {b} --out kv{b}") for b in budgets]
+    rows += our_rows(judge, given + made, list(dtypes))
+    for name, reason in failed.items():
+        rows.append({"system": name, "failed": reason})
+    rows.sort(key=lambda r: -r.get("bytes_per_token", 0))
+    columns = ["system", "bytes_per_token", *[f"agreement_{d}" for d in dtypes], *[f"ppl_{d}" for d in DOMAINS], "command"]
+    table = markdown(rows, columns)
+    log(f"Frontier: KV bytes/token vs held-out chat top-1 agreement ({len(judge.cases)} prompts) and perplexity "
+        f"(original: {', '.join(f'{d} {p:.3f}' for d, p in judge.base.items())})\n{table}")
+    payload = {"source": str(src.path), "budgets": budgets, "examples": len(judge.cases), "original_ppl": judge.base,
+               "rows": rows, "failed": failed}
+    write_json(out, "frontier", payload)
+    (out / "frontier.md").write_text(table + "\n")
+    plot_frontier(rows, out)
+    return payload
+
+
+def markdown(rows: list[dict], columns: list[str]) -> str:
+    """The table: agreement to 4 places (the targets differ in the third), perplexity to 3."""
+    def cell(row, c):
+        v = row.get(c)
+        if v is None:
+            return row.get("failed", "-") if c == "command" else "-"
+        return f"{v:.4f}" if c.startswith("agreement") else f"{v:.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+    lines = ["| " + " | ".join(c.replace("_", " ") for c in columns) + " |", "| --- |" + " ---: |" * (len(columns) - 2) + " --- |"]
+    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot_frontier(rows: list[dict], out: Path) -> Path:
+    fig, ax = new_figure("KV cache bytes per token vs chat behaviour", "KV bytes per token", "top-1 agreement with the original")
+    for marker, prefix in (("s", "llama.cpp"), ("o", "latentkv")):
+        points = sorted((r["bytes_per_token"], r["agreement_float32"]) for r in rows
+                        if r["system"].startswith(prefix) and "agreement_float32" in r)
+        if points:
+            ax.plot(*zip(*points), marker=marker, label=prefix)
+    return save_figure(fig, out, "frontier")
+
+
+def run(args) -> dict:
+    return run_frontier(args.source, Path(args.out), args.budgets, args.folders or (), args.quick)
