@@ -30,6 +30,7 @@ from latentkv.convert.options import ConvertOptions
 from latentkv.eval.chat import ChatModel, render_cases
 from latentkv.eval.domains import DOMAINS
 from latentkv.eval.perplexity import perplexity, text_windows
+from latentkv.facts import CACHE_DTYPES
 from latentkv.model.loader import load_model
 from latentkv.plots import new_figure, save_figure
 from latentkv.sources.chat_data import load_chat
@@ -125,6 +126,14 @@ def budget_folder(src, kv_bytes: int, out: Path, preset: dict, log) -> Path:
                                                eval_tokens=0))
 
 
+def folder_arg(text: str) -> tuple[Path, str | None, str]:
+    """"DIR" or "DIR:CACHE_DTYPE" -> (folder, cache dtype or None: its own, the command that measures it)."""
+    folder, _, cache_dtype = text.rpartition(":")
+    if cache_dtype not in CACHE_DTYPES:
+        folder, cache_dtype = text, None
+    return Path(folder), cache_dtype, f"latentkv eval chat {folder}" + (f" --cache-dtype {cache_dtype}" if cache_dtype else "")
+
+
 def our_rows(judge: Judge, folders: list[tuple[Path, str, str]], dtypes: list[str]) -> list[dict]:
     """(folder, cache dtype or None: the folder's own, command) -> a row each."""
     rows = []
@@ -172,7 +181,7 @@ def run_frontier(source=None, out: Path = Path("bench-results/frontier"), budget
     judge = Judge(src, preset["examples"], preset["ppl_tokens"], preset["ctx"])
     failed: dict = {}
     rows = llama_rows(judge, str(src.path), failed, preset["ctx"])
-    given = [(Path(f), None, f"latentkv eval chat {f}") for f in folders]
+    given = [folder_arg(f) for f in folders]
     made = [(budget_folder(src, b, out, preset, log), None, f"latentkv convert --kv-bytes {b} --out kv{b}") for b in budgets]
     rows += our_rows(judge, given + made, list(dtypes))
     for name, reason in failed.items():

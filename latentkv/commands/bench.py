@@ -163,7 +163,8 @@ def register(subparsers) -> None:
     p.add_argument("--source", help="the original model (a GGUF for the llama.cpp rows; default: the bundled SmolLM2)")
     p.add_argument("--budgets", type=int, nargs="+",
                    help="`convert --kv-bytes` budgets (default: the original's q8_0 and q4_0 KV bytes and a quarter of its f16)")
-    p.add_argument("--folders", nargs="+", help="converted folders to measure too, each in its own default cache")
+    p.add_argument("--folders", nargs="+", metavar="DIR[:CACHE_DTYPE]",
+                   help="converted folders to measure too, each in the cache dtype given or its own default")
     p.add_argument("--out", default="bench-results/frontier", help="folder for the conversions, JSON, table and PNG")
     p.add_argument("--quick", action="store_true", help="3 chat prompts, short windows, a small calibration: a smoke test")
     add_threads_arg(p)

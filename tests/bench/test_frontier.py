@@ -39,3 +39,9 @@ def test_a_llama_cpp_row_that_crashes_is_recorded_and_the_others_go_on(monkeypat
     assert frontier.llama_rows(judge, "model.gguf", failed, ctx=8) == []
     assert set(failed) == {f"llama.cpp original, {kind} KV" for kind in frontier.LLAMA_KV}
     assert all("signal 11" in reason for reason in failed.values())
+
+
+def test_a_folder_is_measured_in_the_cache_dtype_given_or_its_own():
+    assert frontier.folder_arg("runs/m:int8_rope8") == (frontier.Path("runs/m"), "int8_rope8",
+                                                        "latentkv eval chat runs/m --cache-dtype int8_rope8")
+    assert frontier.folder_arg("runs/a:b") == (frontier.Path("runs/a:b"), None, "latentkv eval chat runs/a:b")
