@@ -54,14 +54,15 @@ def build_model(name: str, seed: int = 0):
     return model
 
 
-def save_tiny_llama(folder, seed: int = 0):
-    """A random Llama HF folder (a conversion source) with this tokenizer and chat template."""
+def save_tiny_llama(folder, seed: int = 0, **shape):
+    """A random Llama HF folder (a conversion source) with this tokenizer and chat template; shape:
+    LlamaConfig fields to change (e.g. num_attention_heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
-                      initializer_range=0.1)
+    fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1, initializer_range=0.1)
+    cfg = LlamaConfig(**{**fields, **shape})
     LlamaForCausalLM(cfg).save_pretrained(str(folder))
     build_tokenizer().save_pretrained(str(folder))
     return folder

@@ -3,6 +3,9 @@
 Rows (each names the command that makes it):
 - llama.cpp on the original GGUF with an f16, q8_0 and q4_0 KV cache (`-ctk X -ctv X`; in its own
   process: a crash or a missing llama-cpp-python is recorded, never the end of the bench);
+- the original in latentkv's float32 reference forward with its K (after RoPE) and V taken through
+  each llama.cpp KV type and back (ggml_round_trip): the same cache formats without llama.cpp's own
+  numerics (its activations quantized for the dot products), as the conversions are measured;
 - latentkv's conversions: `convert --kv-bytes N` at each budget (by default the original's q8_0,
   q4_0 and a quarter of its f16 bytes, so each budget row sits beside the llama.cpp row it is
   compared with) and any folders given, each in the cache format it is served in.
@@ -42,6 +45,24 @@ LLAMA_KV = {"f16": (1, 2.0), "q8_0": (8, 34 / 32), "q4_0": (2, 18 / 32)}
 FULL = {"examples": None, "ppl_tokens": 8192, "calib_tokens": ConvertOptions().calib_tokens, "ctx": 512}
 QUICK = {"examples": 3, "ppl_tokens": 128, "calib_tokens": 256, "ctx": 64}
 LLAMA_SCORER = "latentkv.bench.frontier:LlamaCppScorer"  # built in its own process (isolated.py)
+GGML_BLOCK = 32  # values per q8_0 / q4_0 block, each with one float16 scale
+SYSTEMS = ("llama.cpp", "reference", "latentkv")
+
+
+def ggml_round_trip(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """x [..., d] (d a multiple of 32) stored as llama.cpp's `kind` and read back: ggml's reference
+    quantizers (q8_0: d = amax/127, round(x/d); q4_0: d = -(the value of largest magnitude)/8,
+    min(15, trunc(x/d + 8.5)) - 8), each block's scale stored as float16."""
+    if kind == "f16":
+        return x.half().to(x.dtype)
+    b = x.reshape(*x.shape[:-1], -1, GGML_BLOCK)
+    if kind == "q8_0":
+        d = b.abs().amax(-1, keepdim=True) / 127
+        q = torch.round(b * torch.where(d > 0, 1 / d, 0))
+    else:
+        d = b.gather(-1, b.abs().argmax(-1, keepdim=True)) / -8
+        q = (b * torch.where(d != 0, 1 / d, 0) + 8.5).trunc().clamp(max=15) - 8
+    return (q * d.half().to(x.dtype)).reshape(x.shape)
 
 
 def default_budgets(src) -> list[int]:
@@ -99,14 +120,23 @@ class Judge:
         agree = sum(int((torch.as_tensor(t) == r).sum()) for t, r in zip(tops, self.ref_top))
         return agree / sum(len(r) for r in self.ref_top)
 
-    def mla(self, folder: Path, cache_dtype: str, dtype: str) -> dict:
-        model = load_model(folder, dtype=getattr(torch, dtype))
-        mine = ChatModel(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), None, "mla", str(folder))
+    def measure(self, mine: ChatModel, dtype: str = "float32") -> dict:
+        """Agreement in `dtype`; with float32, perplexity on every domain too."""
         row = {f"agreement_{dtype}": self.agreement([mine.answer_logprobs(c).argmax(-1) for c in self.cases])}
         if dtype == "float32":
             for d, w in self.windows.items():
                 row[f"ppl_{d}"] = perplexity(mine.logits, w, desc=f"ppl {d}")["ppl"]
         return row
+
+    def mla(self, folder: Path, cache_dtype: str, dtype: str) -> dict:
+        model = load_model(folder, dtype=getattr(torch, dtype))
+        return self.measure(ChatModel(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), None, "mla", str(folder)), dtype)
+
+    def original(self, kind: str) -> dict:
+        """The original (float32 reference forward) with its KV cache stored as llama.cpp's `kind`."""
+        def logits(ids):
+            return source_logits(self.src, ids, lambda x: ggml_round_trip(x, kind))
+        return self.measure(ChatModel(logits, None, "source", str(self.src.path)))
 
     def llama(self, system) -> dict:
         row = {"agreement_float32": self.agreement(system.call("top1", [(list(c.ids), c.answer_start) for c in self.cases]))}
@@ -172,18 +202,29 @@ def llama_rows(judge: Judge, gguf: str | None, failed: dict, ctx: int) -> list[d
     return rows
 
 
+def reference_rows(judge: Judge) -> list[dict]:
+    """The original's cache in each llama.cpp KV type, everything else float32 (ggml_round_trip)."""
+    if judge.src.head_dim % GGML_BLOCK:
+        return []
+    return [{"system": f"original, {kind} KV (float32 forward, cache round trip)", "bytes_per_token": llama_bytes(judge.src, kind),
+             "command": f"latentkv bench frontier --systems reference ({kind})", **judge.original(kind)} for kind in LLAMA_KV]
+
+
 def run_frontier(source=None, out: Path = Path("bench-results/frontier"), budgets: list[int] | None = None,
-                 folders: list[str] = (), quick: bool = False, dtypes=("float32", "bfloat16"), log=print) -> dict:
+                 folders: list[str] = (), quick: bool = False, dtypes=("float32", "bfloat16"), log=print,
+                 systems=SYSTEMS) -> dict:
     preset = QUICK if quick else FULL
     out = Path(out)
     src = read_source(source)
     budgets = budgets or default_budgets(src)
     judge = Judge(src, preset["examples"], preset["ppl_tokens"], preset["ctx"])
     failed: dict = {}
-    rows = llama_rows(judge, str(src.path), failed, preset["ctx"])
-    given = [folder_arg(f) for f in folders]
-    made = [(budget_folder(src, b, out, preset, log), None, f"latentkv convert --kv-bytes {b} --out kv{b}") for b in budgets]
-    rows += our_rows(judge, given + made, list(dtypes))
+    rows = llama_rows(judge, str(src.path), failed, preset["ctx"]) if "llama.cpp" in systems else []
+    rows += reference_rows(judge) if "reference" in systems else []
+    if "latentkv" in systems:
+        given = [folder_arg(f) for f in folders]
+        made = [(budget_folder(src, b, out, preset, log), None, f"latentkv convert --kv-bytes {b} --out kv{b}") for b in budgets]
+        rows += our_rows(judge, given + made, list(dtypes))
     for name, reason in failed.items():
         rows.append({"system": name, "failed": reason})
     rows.sort(key=lambda r: -r.get("bytes_per_token", 0))
@@ -213,7 +254,7 @@ def markdown(rows: list[dict], columns: list[str]) -> str:
 
 def plot_frontier(rows: list[dict], out: Path) -> Path:
     fig, ax = new_figure("KV cache bytes per token vs chat behaviour", "KV bytes per token", "top-1 agreement with the original")
-    for marker, prefix in (("s", "llama.cpp"), ("o", "latentkv")):
+    for marker, prefix in (("s", "llama.cpp"), ("^", "original"), ("o", "latentkv")):
         points = sorted((r["bytes_per_token"], r["agreement_float32"]) for r in rows
                         if r["system"].startswith(prefix) and "agreement_float32" in r)
         if points:
@@ -222,4 +263,4 @@ def plot_frontier(rows: list[dict], out: Path) -> Path:
 
 
 def run(args) -> dict:
-    return run_frontier(args.source, Path(args.out), args.budgets, args.folders or (), args.quick)
+    return run_frontier(args.source, Path(args.out), args.budgets, args.folders or (), args.quick, systems=args.systems)

@@ -166,6 +166,9 @@ def register(subparsers) -> None:
     p.add_argument("--folders", nargs="+", metavar="DIR[:CACHE_DTYPE]",
                    help="converted folders to measure too, each in the cache dtype given or its own default")
     p.add_argument("--out", default="bench-results/frontier", help="folder for the conversions, JSON, table and PNG")
+    p.add_argument("--systems", nargs="+", default=list(frontier.SYSTEMS), choices=list(frontier.SYSTEMS),
+                   help="llama.cpp: the original GGUF in llama.cpp per KV type; reference: the original's float32 forward "
+                        "with its K and V through each llama.cpp KV type; latentkv: the conversions")
     p.add_argument("--quick", action="store_true", help="3 chat prompts, short windows, a small calibration: a smoke test")
     add_threads_arg(p)
     p.set_defaults(func=run_frontier)

@@ -45,3 +45,47 @@ def test_a_folder_is_measured_in_the_cache_dtype_given_or_its_own():
     assert frontier.folder_arg("runs/m:int8_rope8") == (frontier.Path("runs/m"), "int8_rope8",
                                                         "latentkv eval chat runs/m --cache-dtype int8_rope8")
     assert frontier.folder_arg("runs/a:b") == (frontier.Path("runs/a:b"), None, "latentkv eval chat runs/a:b")
+
+
+def test_the_originals_cache_is_measured_in_each_llama_cpp_kv_type_in_the_reference_forward(tmp_path, few_chat_prompts):
+    source = save_tiny_llama(tmp_path / "llama", num_attention_heads=2, num_key_value_heads=2)  # head_dim 32: one ggml block
+    result = frontier.run_frontier(str(source), tmp_path / "f", quick=True, dtypes=("float32",), systems=("reference",),
+                                   log=lambda m: None)
+    rows = {r["system"]: r for r in result["rows"]}
+    assert set(rows) == {f"original, {kind} KV (float32 forward, cache round trip)" for kind in frontier.LLAMA_KV}
+    for kind, (_, per_value) in frontier.LLAMA_KV.items():
+        row = rows[f"original, {kind} KV (float32 forward, cache round trip)"]
+        assert row["bytes_per_token"] == round(2 * 2 * 2 * 32 * per_value) and 0 <= row["agreement_float32"] <= 1
+    # the 4-bit cache moved the perplexity away from the original's (the round trip was applied)
+    q4 = rows["original, q4_0 KV (float32 forward, cache round trip)"]
+    assert all(q4[f"ppl_{d}"] != result["original_ppl"][d] for d in ("docs", "prose", "code"))
+
+
+def test_ggml_round_trip_is_llama_cpps_block_quantization():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 64) * torch.rand(3, 4, 1) * 10
+    assert torch.equal(frontier.ggml_round_trip(x, "f16"), x.half().float())
+    blocks = x.view(3, 4, 2, 32)
+    for kind, levels, lo, hi, rounding in (("q8_0", 127, -127, 127, 0.5), ("q4_0", 8, -8, 7, 1.0)):
+        y = frontier.ggml_round_trip(x, kind).view(3, 4, 2, 32)
+        top = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))  # the value of largest magnitude
+        step = top.abs() / 127 if kind == "q8_0" else -top / 8  # the block's scale (q4_0's signed), stored as float16
+        stored = step.half().float()
+        codes = y / stored
+        assert torch.allclose(codes, codes.round(), atol=1e-4)  # every value on the block's grid
+        assert codes.round().min() >= lo and codes.round().max() <= hi
+        # half a step from rounding (a whole one where q4_0 clamps +8 to +7), plus the float16 scale's error
+        assert ((y - blocks).abs() <= rounding * step.abs() + levels * (step - stored).abs() + 1e-6).all()
+    # q4_0: the value of largest magnitude is kept (as -8 steps of d = -max/8), up to its float16 scale
+    y = frontier.ggml_round_trip(x, "q4_0").view(3, 4, 2, 32)
+    top = blocks.abs().argmax(-1, keepdim=True)
+    assert torch.allclose(y.gather(-1, top), blocks.gather(-1, top), rtol=1e-3)
+
+
+def test_the_reference_forward_with_a_kv_store_changes_only_through_it(tmp_path):
+    from latentkv.sources.readers import read_source
+    from latentkv.sources.reference import source_logits
+    src = read_source(str(save_tiny_llama(tmp_path / "llama")))
+    ids = torch.randint(0, 100, (1, 12))
+    assert torch.equal(source_logits(src, ids, lambda x: x), source_logits(src, ids))
+    assert not torch.allclose(source_logits(src, ids, lambda x: x.round()), source_logits(src, ids))
