@@ -81,6 +81,11 @@ class ModelConfig:
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
+    def served_cache_dtype(self, asked: str) -> str:
+        """The cache a request for `asked` gets: "auto" is the folder's own format where it records
+        one (convert --kv-bytes chose it), else "auto" (the model dtype)."""
+        return self.cache_dtype if asked == "auto" and self.cache_dtype else asked
+
     def kv_rank(self, layer: int) -> int:
         """Latent width of one layer (per-layer ranks come from native checkpoints)."""
         return self.kv_lora_ranks[layer] if self.kv_lora_ranks else self.kv_lora_rank

@@ -82,9 +82,7 @@ def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
 def with_folder_cache(args: EngineArgs, cfg: ModelConfig) -> EngineArgs:
     """kv_cache_dtype "auto" is the folder's own cache format where it records one
     (latentkv.cache_dtype: `convert --kv-bytes` chose it), else the model dtype."""
-    if args.kv_cache_dtype == "auto" and cfg.cache_dtype:
-        return replace(args, kv_cache_dtype=cfg.cache_dtype)
-    return args
+    return replace(args, kv_cache_dtype=cfg.served_cache_dtype(args.kv_cache_dtype))
 
 
 class LLMEngine:

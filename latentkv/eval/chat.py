@@ -79,8 +79,10 @@ class ChatModel:
     """
 
     def __init__(self, logits: Callable[[torch.Tensor], torch.Tensor], tokenizer, kind: str, name: str,
-                 greedy: Callable[[list[list[int]], list[int]], list[list[int]]] | None = None, memoize: bool = False):
+                 greedy: Callable[[list[list[int]], list[int]], list[list[int]]] | None = None, memoize: bool = False,
+                 cache_dtype: str = "auto"):
         self.logits, self.tokenizer, self.kind, self.name, self.greedy = logits, tokenizer, kind, name, greedy
+        self.cache_dtype = cache_dtype  # the latent cache it scores through (MLA models)
         # a reference scored again and again (healing's periodic eval) keeps its answer rows:
         # [answer tokens, vocab] float32 per case
         self.memo: dict | None = {} if memoize else None
@@ -113,9 +115,12 @@ class ChatModel:
 
     @classmethod
     def from_mla(cls, model, tokenizer, folder: str, cache_dtype: str = "auto") -> "ChatModel":
-        """Wrap a loaded latentkv model (e.g. one being healed) from `folder`."""
+        """Wrap a loaded latentkv model (e.g. one being healed) from `folder`; cache_dtype "auto" is the
+        folder's own cache format, as served."""
+        cache_dtype = model.config.served_cache_dtype(cache_dtype)
         return cls(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), tokenizer, "mla (latentkv model)", folder,
-                   lambda prompts, limits: greedy_engine(model, tokenizer, folder, cache_dtype, prompts, limits))
+                   lambda prompts, limits: greedy_engine(model, tokenizer, folder, cache_dtype, prompts, limits),
+                   cache_dtype=cache_dtype)
 
 
 def greedy_uncached(logits_fn, prompts: list[list[int]], limits: list[int], stop: list[int]) -> list[list[int]]:
@@ -249,4 +254,4 @@ def evaluate_chat(model: str | Path | None, reference: str | Path | None = None,
         raise ValueError(f"{mine.name} and the reference {ref.name} have different vocabularies")
     result = chat_metrics(mine, ref, cases, generate, extra_tokens)
     return {"model": f"{mine.name} [{mine.kind}]", "reference": f"{ref.name} [{ref.kind}]", "split": split,
-            "dtype": dtype, "cache_dtype": cache_dtype, **result}
+            "dtype": dtype, "cache_dtype": mine.cache_dtype, **result}

@@ -34,7 +34,8 @@ def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantizatio
     if path is not None and is_mla_folder(Path(path)):
         model = load_model(path, dtype=getattr(torch, dtype), quantization=quantization)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)), tokenizer, "mla (latentkv model)"
+        cache_dtype = model.config.served_cache_dtype(cache_dtype)  # "auto": the folder's own, as served
+        return (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)), tokenizer, f"mla (latentkv model, cache {cache_dtype})"
     if cache_dtype != "auto" or quantization or dtype != "float32":
         raise ValueError("--cache-dtype, --quantization and --dtype apply to MLA models only")
     src = read_source(path)

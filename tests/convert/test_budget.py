@@ -12,6 +12,7 @@ from latentkv.config import ModelConfig
 from latentkv.convert import budget
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
+from latentkv.eval.chat import evaluate_chat
 from latentkv.llm import LLM
 
 SMOLLM2 = SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64)
@@ -56,3 +57,6 @@ def test_a_tiny_budgeted_conversion_is_served_in_its_chosen_cache(tmp_path, few_
     engine = LLM(str(out), dtype="float32", kv_cache_memory="1MiB").llm_engine
     assert engine.args.kv_cache_dtype == cfg.cache_dtype  # no flag: the folder's own cache
     assert engine.kv_bytes_per_token == latent_bytes_per_token(cfg, cfg.cache_dtype, "float32")
+    # eval scores it in the same cache when none is asked (as served), another when asked
+    assert evaluate_chat(str(out), str(source), generate=False)["cache_dtype"] == cfg.cache_dtype
+    assert evaluate_chat(str(out), str(source), generate=False, cache_dtype="fp8_e4m3")["cache_dtype"] == "fp8_e4m3"
