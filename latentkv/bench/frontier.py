@@ -254,11 +254,12 @@ def markdown(rows: list[dict], columns: list[str]) -> str:
 
 def plot_frontier(rows: list[dict], out: Path) -> Path:
     fig, ax = new_figure("KV cache bytes per token vs chat behaviour", "KV bytes per token", "top-1 agreement with the original")
-    for marker, prefix in (("s", "llama.cpp"), ("^", "original"), ("o", "latentkv")):
+    # one line through one system's KV types; conversions are separate models: points only
+    for marker, line, prefix in (("s", "-", "llama.cpp"), ("^", "-", "original"), ("o", "", "latentkv")):
         points = sorted((r["bytes_per_token"], r["agreement_float32"]) for r in rows
                         if r["system"].startswith(prefix) and "agreement_float32" in r)
         if points:
-            ax.plot(*zip(*points), marker=marker, label=prefix)
+            ax.plot(*zip(*points), marker=marker, linestyle=line, label=prefix)
     return save_figure(fig, out, "frontier")
 
 
