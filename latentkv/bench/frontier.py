@@ -169,7 +169,7 @@ def our_rows(judge: Judge, folders: list[tuple[Path, str, str]], dtypes: list[st
     rows = []
     for folder, cache_dtype, command in folders:
         cfg = ModelConfig.from_file(folder / "config.json")
-        cache_dtype = cache_dtype or cfg.cache_dtype or "auto"
+        cache_dtype = cfg.served_cache_dtype(cache_dtype or "auto")
         row = {"system": f"latentkv {folder.name} (rope {cfg.qk_rope_head_dim} + rank {cfg.kv_lora_rank}, {cache_dtype})",
                "bytes_per_token": latent_bytes_per_token(cfg, cache_dtype, "bfloat16"), "command": command}
         for dtype in dtypes:

@@ -10,7 +10,7 @@ makes each pair's key rms proportional to sqrt(rms_k · rms_q) (ALPHA = 1/2; the
 all heads), both measured under the calibration statistics, with the pairs' geometric mean kept.
 Measured (chat top-1 agreement with the source, int8 latent and int8 rope key, SmolLM2): the exact
 conversion 0.977 with equal key energy per pair (ALPHA 0), 0.984 at 1/4, 0.986 at 1/2, lower at
-3/4 and 1, on 86 calibration prompts; docs/conversion.md, "The frontier".
+3/4 and 1, on calibration chat prompts; docs/conversion.md, "The frontier".
 """
 from __future__ import annotations
 
