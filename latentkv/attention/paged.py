@@ -30,9 +30,10 @@ def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: 
 def gather(cache: LatentCache, block_tables: torch.Tensor) -> torch.Tensor:
     """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype (a copy)."""
     b, nb = block_tables.shape
+    ids = block_tables.reshape(-1)  # index_select copies whole rows; advanced indexing was ~6x slower
     if not cache.quantized:
-        return cache.kv[block_tables].view(b, nb * cache.block_size, -1)
-    kv = cache.dequantize(cache.latent[block_tables], cache.scale[block_tables], cache.rope[block_tables])
+        return cache.kv.index_select(0, ids).view(b, nb * cache.block_size, -1)
+    kv = cache.dequantize(*(t.index_select(0, ids) for t in (cache.latent, cache.scale, cache.rope)))
     return kv.view(b, nb * cache.block_size, -1)
 
 
@@ -46,13 +47,20 @@ def read_slots(cache: LatentCache, slots: torch.Tensor) -> torch.Tensor:
 
 
 def read_positions(cache: LatentCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                   keys: torch.Tensor) -> torch.Tensor:
-    """Positions keys [n] of every sequence -> [B, n, r+dr] in the model dtype, zero rows past a
-    sequence's context (stale or unwritten slots must not reach a product with 0)."""
+                   start: int, stop: int) -> torch.Tensor:
+    """Positions start .. stop-1 of every sequence -> [B, stop - start, r+dr] in the model dtype,
+    zero rows past a sequence's context (stale or unwritten slots must not reach a product with 0).
+    Whole blocks are gathered (one row copy per block, not per token) and the rows past each
+    context zeroed in place: a per-token gather and an out-of-place mask were a sixth of a
+    restored 4K prefix's prefill."""
     bs = cache.block_size
-    cols = (keys // bs).clamp(max=block_tables.shape[1] - 1)
-    rows = read_slots(cache, block_tables[:, cols] * bs + keys % bs)  # [B, n, r+dr]
-    return rows.masked_fill((keys[None] >= context_lens[:, None])[..., None], 0)
+    first = start // bs
+    cols = torch.arange(first, -(-stop // bs), device=block_tables.device).clamp(max=block_tables.shape[1] - 1)
+    rows = gather(cache, block_tables[:, cols])[:, start - first * bs:stop - first * bs]
+    for i, length in enumerate(context_lens.tolist()):
+        if length < stop:
+            rows[i, max(length - start, 0):] = 0
+    return rows
 
 
 def pieces(cache: LatentCache, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:

@@ -54,8 +54,7 @@ def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, 
     base, end = spans[0][0], spans[-1][1]
     # up to the last tile's end (zero latents past the context): at least MIN_ROWS rows, so a
     # float32 kv_b_proj never takes MKL's small-M kernels, which round differently (latentkv/invariant.py)
-    key, value = layer.expand(read_positions(cache, meta.block_tables, meta.context_lens,
-                                             torch.arange(end, device=meta.block_tables.device)))
+    key, value = layer.expand(read_positions(cache, meta.block_tables, meta.context_lens, 0, end))
     dv, width = value.shape[-1], key.shape[-1]
     # head-major once, so each tile's keys are a view; SDPA's flash kernels need v as wide as q
     # and k (else the math path, several times slower)
@@ -96,8 +95,7 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     acc = torch.zeros(n, heads, -(-layer.dv // 16) * 16)
     for start in range(0, end, SPAN):
         stop = min(start + SPAN, -(-end // MIN_ROWS) * MIN_ROWS)
-        keys = torch.arange(start, stop, device=meta.block_tables.device)
-        c, k_r = read_positions(cache, meta.block_tables, meta.context_lens, keys)[0].split([layer.kv_rank, layer.dr], dim=-1)
-        kv = layer.kv_b_proj(c).view(stop - start, heads, layer.dn + layer.dv)
-        kernel(q, kv, k_r.contiguous(), layer.dn, first, start, m, l, acc, layer.scale)
+        rows = read_positions(cache, meta.block_tables, meta.context_lens, start, stop)[0]
+        kv = layer.expand_latent(rows).view(stop - start, heads, layer.dn + layer.dv)
+        kernel(q, kv, rows[:, layer.kv_rank:].contiguous(), layer.dn, first, start, m, l, acc, layer.scale)
     return (acc[..., :layer.dv] / l[..., None]).to(q.dtype)

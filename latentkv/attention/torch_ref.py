@@ -93,7 +93,7 @@ def tiled_latent_attention(query: torch.Tensor, cache, meta: AttentionMetadata) 
         for start in range(0, int(pos.max()) + 1, KEY_TILE):
             keys = start + offsets
             # [B, KEY_TILE, r+dr], zero rows past each context
-            kv = read_positions(cache, meta.block_tables, meta.context_lens, keys).float()
+            kv = read_positions(cache, meta.block_tables, meta.context_lens, start, start + KEY_TILE).float()
             scores = invariant.bmm(q, kv.transpose(1, 2)).masked_fill(keys[None, None] > pos[..., None], float("-inf"))
             now = torch.maximum(top, scores.amax(-1))
             alpha = torch.exp(top - now)  # 1 where the tile adds nothing (top holds): exact no-op

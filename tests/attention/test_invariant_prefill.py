@@ -30,11 +30,12 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # of the output's scale
 class Layer(nn.Module):
     """What prefill.py calls back into: MLAttention's expand (kv_b_proj) and softmax scale."""
 
-    expand = MLAttention.expand
+    expand, expand_latent, padded_kv_b = MLAttention.expand, MLAttention.expand_latent, MLAttention.padded_kv_b
 
     def __init__(self, heads=3, rank=32, dn=16, dr=8, dv=12, dtype=torch.float32):
         super().__init__()
         self.n_heads, self.kv_rank, self.dn, self.dr, self.dv = heads, rank, dn, dr, dv
+        self._padded = (None, None)
         self.scale = (dn + dr) ** -0.5
         self.kv_b_proj = nn.Linear(rank, heads * (dn + dv), bias=False).to(dtype)
         nn.init.normal_(self.kv_b_proj.weight, std=rank ** -0.5, generator=torch.Generator().manual_seed(4))
@@ -88,7 +89,7 @@ def test_tiles_sit_at_fixed_positions():
 def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeypatch, impl, dtype, cache_dtype):
     monkeypatch.setattr(prefill_module, "SPAN", 256)  # native: several key spans at this small size
     length = 1100  # the first tiles and two of TILE, the last partly filled
-    layer = Layer(dtype=dtype)
+    layer = Layer(rank=40, dr=24, dtype=dtype)  # bf16: kv_b_proj padded to 64 columns, the rope values in the pad
     cache, table, q_nope, q_rope = prompt(length, layer, dtype, cache_dtype)
     whole = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl)
     for cuts in ([0, 100, 101, 256, 700, length], [0, 1, 512, 513, 1099, length], [0, 300, length]):
@@ -109,6 +110,24 @@ def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(impl, dtype)
         torch.cat((q_nope, q_rope), -1)[None].transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
         is_causal=True, scale=layer.scale)[0].transpose(0, 1).double()
     assert (tiled - plain).abs().max() <= TOL[dtype] * plain.abs().max()
+
+
+@torch.inference_mode()
+def test_the_padded_kv_b_proj_is_kv_b_proj_whatever_the_rope_values():
+    """bf16 with a rank off the tile depth: kv_b_proj's weight zero-padded, the rope values
+    read into the pad (times zero): kv_b_proj's values, unchanged by what the rope values are."""
+    layer = Layer(rank=40, dr=24, dtype=torch.bfloat16)
+    rows = torch.randn(300, 64).bfloat16()
+    assert layer.padded_kv_b().shape == (3 * 28, 64)
+    got = layer.expand_latent(rows)
+    want = layer.kv_b_proj(rows[:, :40]).float()
+    assert (got.float() - want).abs().max() <= 2 ** -7 * want.abs().max()
+    other = rows.clone()
+    other[:, 40:] = torch.randn(300, 24).bfloat16() * 1e4
+    assert torch.equal(layer.expand_latent(other), got)
+    assert Layer(rank=40, dr=8, dtype=torch.bfloat16).padded_kv_b() is None   # no room for the pad
+    assert Layer(rank=64, dr=8, dtype=torch.bfloat16).padded_kv_b() is None   # on the grid already
+    assert Layer(rank=40, dr=24).padded_kv_b() is None   # float32: MKL gains nothing
 
 
 def test_each_prompt_attends_alone_and_decodes_together():

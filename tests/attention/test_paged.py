@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from latentkv.attention.metadata import block_runs
-from latentkv.attention.paged import gather, pieces, write
+from latentkv.attention.paged import gather, pieces, read_positions, write
 from latentkv.cache.latent_cache import LatentCache, dequantize_latent, quantize_latent
 
 
@@ -43,6 +43,28 @@ def test_pieces_of_block_runs_equal_the_gather(cache_dtype):
     if cache_dtype == "auto":
         assert all(p.untyped_storage().data_ptr() == cache.kv.untyped_storage().data_ptr() for p in parts)
     assert block_runs(list(range(0, 40, 2))) is None  # too fragmented: gather instead
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("start,stop", [(0, 24), (5, 11), (8, 16), (13, 30)])
+def test_read_positions_is_the_gather_with_rows_past_each_context_zero(cache_dtype, start, stop):
+    """Two sequences of different lengths, a span that starts mid-block and one past both
+    tables: the gathered rows, zero past each context (stale slots never leak), the cache
+    untouched."""
+    gen = torch.Generator().manual_seed(2)
+    cache = LatentCache(num_blocks=12, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype)
+    slots = torch.arange(48)
+    write(cache, torch.randn(48, 16, generator=gen), torch.randn(48, 8, generator=gen), slots)  # every slot stale-filled
+    tables, lengths = torch.tensor([[3, 7, 1, 5, 0, 0], [2, 9, 11, 4, 8, 6]]), torch.tensor([10, 23])
+    before = [t.clone() for t in cache.tensors()]
+    rows = read_positions(cache, tables, lengths, start, stop)
+    assert rows.shape == (2, stop - start, 24)
+    full = gather(cache, tables)
+    for i, length in enumerate(lengths.tolist()):
+        for j, pos in enumerate(range(start, stop)):
+            want = full[i, pos] if pos < length else torch.zeros(24)
+            assert torch.equal(rows[i, j], want), (i, pos)
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.tensors()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
