@@ -26,7 +26,7 @@ DECODE_SPAN, DECODE_MAX_SPANS = 64, 64  # csrc/attention/mla_job.h SPAN, MAX_SPA
 def probe(module, isa: int) -> list:
     """The self-check's inputs (kernels/build.py): decode over float32, bf16 and int8 caches (an
     int8 rope key too) with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
-    prefill span in both dtypes."""
+    prefill span in both dtypes with keys packed and read in place."""
     gen = torch.Generator().manual_seed(0)
     heads, rank, dr, bs = 4, 64, 16, 16
     tables = torch.tensor([[0, 2, 4], [1, 3, 5]])
@@ -58,14 +58,16 @@ def probe(module, isa: int) -> list:
     for name, caches in (("kv", (kv16.bfloat16(), empty, empty, empty)), ("int8", (empty, latent16, scale, rope16))):
         got = module.mla_decode(q16, *caches, tables, lens, empty.long(), heads, rank16, bs, isa, 1)
         out.append((f"mla_decode rank {rank16} {name}", got, 3e-2))
-    n, dn, dv, span = 5, 16, 16, 64
-    for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
-        q = torch.randn(n, heads, dn + dr, generator=gen).to(dt)
-        keys = torch.randn(span, heads, dn + dv, generator=gen).to(dt)
-        k_r = torch.randn(span, dr, generator=gen).to(dt)
-        m, l, acc = torch.full((n, heads), float("-inf")), torch.zeros(n, heads), torch.zeros(n, heads, 16)
-        module.mla_prefill(q, keys, k_r, dn, 50, 0, m, l, acc, 0.2, isa, 1)
-        out.append((f"mla_prefill {dt}", acc / l[..., None], tol))
+    n, dv, span = 5, 16, 64
+    # dn 16 + dr 16: the AMX kernel packs the keys; dn 32 + dr 32: it reads them in place
+    for dn, dr_p in ((16, dr), (32, 32)):
+        for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            q = torch.randn(n, heads, dn + dr_p, generator=gen).to(dt)
+            keys = torch.randn(span, heads, dn + dv, generator=gen).to(dt)
+            k_r = torch.randn(span, dr_p, generator=gen).to(dt)
+            m, l, acc = torch.full((n, heads), float("-inf")), torch.zeros(n, heads), torch.zeros(n, heads, 16)
+            module.mla_prefill(q, keys, k_r, dn, 50, 0, m, l, acc, 0.2, isa, 1)
+            out.append((f"mla_prefill {dt} dn {dn} dr {dr_p}", acc / l[..., None], tol))
     return out
 
 

@@ -24,11 +24,10 @@ constexpr int AMX_ROWS = 32;  // query rows per pass: two 16-row groups
 
 static_assert(KB == 64, "two halves of 32 keys per block, two steps of 16 key pairs");
 
-// Keys as A tiles and values as V^T A tiles, in the job's kp / vp buffers (same sizes as the
-// vdpbf16ps kernel's layouts): kp [H, nkb, KB keys, P pairs], vp [H, nkb, dvp, KB/2 pairs of keys].
-static void prefill_pack_amx(const PrefillJob& j, int h, int kb) {
+// Keys as A tiles, in the job's kp buffer [H, nkb, KB keys, P pairs] (the vdpbf16ps kernel's size):
+// only where they cannot be read in place (keys_in_place).
+static void prefill_pack_keys_amx(const PrefillJob& j, int h, int kb) {
   uint32_t* ka = reinterpret_cast<uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2);
-  uint32_t* vt = reinterpret_cast<uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2);
   for (int k = 0; k < KB; ++k) {
     const int64_t t = (int64_t)kb * KB + k;
     uint32_t* row = ka + (int64_t)k * j.P;
@@ -40,36 +39,69 @@ static void prefill_pack_amx(const PrefillJob& j, int h, int kb) {
       for (int p = 0; p < j.P; ++p) row[p] = (uint32_t)key_elem(j, t, h, 2 * p) | (uint32_t)key_elem(j, t, h, 2 * p + 1) << 16;
     }
   }
+}
+
+// A block's values as V^T A tiles, vt [dvp][KB/2 pairs of keys] (zero dims past dv).
+static void prefill_pack_values_amx(const PrefillJob& j, int h, int kb, uint32_t* vt) {
   alignas(64) uint32_t pairs[16 * 16];
   for (int p0 = 0; p0 < KB / 2; p0 += 16)
     for (int d0 = 0; d0 < j.dvp; d0 += 16) {
+      const __mmask16 live = (__mmask16)((1u << std::min(16, j.dv - d0)) - 1);
       for (int p = 0; p < 16; ++p) {
         const int64_t t = (int64_t)kb * KB + 2 * (p0 + p);
-        const uint16_t* v0 = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn;
-        const uint16_t* v1 = v0 + j.H * (j.dn + j.dv);
-        for (int d = 0; d < 16; ++d)
-          pairs[p * 16 + d] = d0 + d < j.dv ? (uint32_t)v0[d0 + d] | (uint32_t)v1[d0 + d] << 16 : 0u;
+        const uint16_t* v0 = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn + d0;
+        const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, v0));
+        const __m512i b = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, v0 + j.H * (j.dn + j.dv)));
+        _mm512_store_si512(pairs + p * 16, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
       }
       transpose16(pairs, 16, vt + (int64_t)d0 * (KB / 2) + p0, KB / 2);
     }
 }
 
-// st [KB keys][32 rows] = keys ka [KB][P] . the pass's queries qt [P/16][16 pairs][32 rows], unscaled:
-// per half of 32 keys C tiles 0-3 (keys 0-15 / 16-31 x rows 0-15 / 16-31), A tiles 4-5, B tiles 6-7.
-static inline void amx_prefill_scores(const uint32_t* ka, int P, const uint32_t* qt, float* st) {
+// The keys' A tiles read where they lie: every 16-pair step is 32 words of the nope part (rows
+// H * (dn + dv) words apart) or of the rope key (dr apart), no packing pass. Needs dn and dr
+// multiples of 32 (so P has no zero pairs); DeepSeek's 128 + 64 and the conversions' 64 + 32k are.
+static inline bool keys_in_place(const PrefillJob& j) {
+  return j.dn % 32 == 0 && j.dr % 32 == 0 && j.P == (j.dn + j.dr) / 2 && j.P / 16 <= 32;
+}
+
+// Where step s of a key block's A tiles starts (its row 0: the block's key 0) and its row stride.
+struct KeyTiles {
+  const uint32_t* at[32];
+  int stride[32];  // bytes
+};
+
+static inline void key_tiles(const PrefillJob& j, int h, int kb, KeyTiles& kt) {
+  if (!keys_in_place(j)) {
+    const uint32_t* ka = reinterpret_cast<const uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2);
+    for (int s = 0; s < j.P / 16; ++s) kt.at[s] = ka + 16 * s, kt.stride[s] = j.P * 4;
+    return;
+  }
+  const int64_t t = (int64_t)kb * KB;
+  for (int s = 0; s < j.dn / 32; ++s)
+    kt.at[s] = reinterpret_cast<const uint32_t*>(j.kv + (t * j.H + h) * (j.dn + j.dv) + 32 * s),
+    kt.stride[s] = j.H * (j.dn + j.dv) * 2;
+  for (int s = j.dn / 32; s < j.P / 16; ++s)
+    kt.at[s] = reinterpret_cast<const uint32_t*>(j.kr + t * j.dr + 32 * (s - j.dn / 32)), kt.stride[s] = j.dr * 2;
+}
+
+// st [KB keys][32 rows] = the block's keys kt . the pass's queries qt [P/16][16 pairs][32 rows],
+// unscaled: per half of 32 keys C tiles 0-3 (keys 0-15 / 16-31 x rows 0-15 / 16-31), A tiles 4-5,
+// B tiles 6-7.
+static inline void amx_prefill_scores(const KeyTiles& kt, int P, const uint32_t* qt, float* st) {
   for (int half = 0; half < 2; ++half) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    const uint32_t* k = ka + (int64_t)32 * half * P;
     for (int s = 0; s < P / 16; ++s) {
-      _tile_loadd(4, k + 16 * s, P * 4);
+      const char* k = reinterpret_cast<const char*>(kt.at[s]) + (int64_t)32 * half * kt.stride[s];
+      _tile_loadd(4, k, kt.stride[s]);
       _tile_loadd(6, qt + s * 512, 128);
       _tile_dpbf16ps(0, 4, 6);
       _tile_loadd(7, qt + s * 512 + 16, 128);
       _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, k + 16 * P + 16 * s, P * 4);
+      _tile_loadd(5, k + (int64_t)16 * kt.stride[s], kt.stride[s]);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
@@ -169,15 +201,16 @@ static inline __m512 amx_prefill_softmax(const float* st, int g, __m512i pos, in
 
 // Per-thread scratch: an item's queries as B tiles, its running outputs as [dvp][RB rows].
 struct AmxScratch {
-  std::vector<uint32_t> qt, rows, pt;  // qt [RB/32][P/16][16][32], rows [16][P], pt [RB/32][KB/2][32]
-  std::vector<float> st, pvt, ot;      // st [KB][32], pvt [dvp][32], ot [dvp][RB]
+  std::vector<uint32_t> qt, rows, pt, vt;  // qt [RB/32][P/16][16][32], rows [16][P], pt [RB/32][KB/2][32], vt [dvp][KB/2]
+  std::vector<float> st, pvt, ot;          // st [KB][32], pvt [dvp][32], ot [dvp][RB]
   AmxScratch(const PrefillJob& j)
-      : qt((size_t)RB * j.P), rows((size_t)16 * j.P), pt(RB * (KB / 2)), st(KB * 32), pvt((size_t)j.dvp * 32),
-        ot((size_t)j.dvp * RB) {}
+      : qt((size_t)RB * j.P), rows((size_t)16 * j.P), pt(RB * (KB / 2)), vt((size_t)j.dvp * (KB / 2)), st(KB * 32),
+        pvt((size_t)j.dvp * 32), ot((size_t)j.dvp * RB) {}
 };
 
-// Rows [i0, i1) (<= RB) of head h against every key block of the span they see.
-static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScratch& s) {
+// Rows [i0, i1) (<= RB) of head h against every key block of the span they see. values_packed:
+// the job's vp holds every block's V^T tiles; else each block's are packed here, into s.vt.
+static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, bool values_packed, AmxScratch& s) {
   const int rows = i1 - i0, passes = (rows + AMX_ROWS - 1) / AMX_ROWS, P = j.P, dvp = j.dvp;
   const int64_t last = j.first + i1 - 1;
   if (last < j.key_start) return;
@@ -206,8 +239,10 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
   const int kb_end = (int)std::min<int64_t>(j.nkb, (last - j.key_start) / KB + 1);
   for (int kb = 0; kb < kb_end; ++kb) {
     const int64_t k0 = j.key_start + (int64_t)kb * KB;
-    const uint32_t* ka = reinterpret_cast<const uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * P * KB * 2);
+    KeyTiles kt;
+    key_tiles(j, h, kb, kt);
     const uint32_t* vt = reinterpret_cast<const uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * dvp * 2);
+    if (!values_packed) prefill_pack_values_amx(j, h, kb, s.vt.data()), vt = s.vt.data();
     // every pass's scores and softmax first, then the value sums: the probabilities' vector stores
     // then retire before the value tiles load them (a tile load right after stalls)
     __m512 alpha[RB / 16];
@@ -215,7 +250,7 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
     for (int pass = 0; pass < passes; ++pass) {
       active[pass] = j.first + i0 + std::min(AMX_ROWS * (pass + 1), rows) - 1 >= k0;
       if (!active[pass]) continue;  // the whole pass sits before the block
-      amx_prefill_scores(ka, P, s.qt.data() + (int64_t)pass * P * 32, s.st.data());
+      amx_prefill_scores(kt, P, s.qt.data() + (int64_t)pass * P * 32, s.st.data());
       for (int g = 0; g < 2; ++g) {
         const int gi = 2 * pass + g;
         const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32((int)(j.first + i0 + 16 * gi)), lane);
@@ -247,18 +282,30 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, AmxScra
   }
 }
 
+// Packing passes first where they pay: the keys only where they cannot be read in place; the
+// values once per block where a head's rows span several items (long prompts), else inside the
+// item (a short chunk after a long context reads each block once: packing it all first would write
+// and reread the span's values through memory).
 static void prefill_run_amx(PrefillJob& j, int nthreads) {
   const int items_per_head = (j.n + RB - 1) / RB;
+  const bool pack_keys = !keys_in_place(j), pack_values = items_per_head > 1;
 #pragma omp parallel num_threads(nthreads)
   {
+    if (pack_keys || pack_values) {
 #pragma omp for schedule(static)
-    for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) prefill_pack_amx(j, (int)(it / j.nkb), (int)(it % j.nkb));
+      for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) {
+        const int h = (int)(it / j.nkb), kb = (int)(it % j.nkb);
+        if (pack_keys) prefill_pack_keys_amx(j, h, kb);
+        if (pack_values)
+          prefill_pack_values_amx(j, h, kb, reinterpret_cast<uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2));
+      }
+    }
     AmxScratch scratch(j);
     amx_configure();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < (int64_t)j.H * items_per_head; ++it) {
       const int b = items_per_head - 1 - (int)(it / j.H), h = (int)(it % j.H);
-      prefill_item_amx(j, h, b * RB, std::min(j.n, (b + 1) * RB), scratch);
+      prefill_item_amx(j, h, b * RB, std::min(j.n, (b + 1) * RB), pack_values, scratch);
     }
     _tile_release();
   }
