@@ -14,7 +14,7 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
-STORE_VERSION = 3  # 2: a quantized latent's rope key is bf16 for float32 models; 3: block checksums are SHA-256
+STORE_VERSION = 4  # 2: a quantized latent's rope key is bf16 for float32 models; 3: SHA-256 checksums; 4: XXH3-128
 FULL_HASH_LIMIT = 256 * 2**20
 PIECE = 2**20
 SAMPLES = 16

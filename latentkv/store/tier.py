@@ -3,9 +3,10 @@ pool and latent caches.
 
 - `save`: a block just became full, computed and registered in RAM -> copy its latents
   (all layers) to CPU and hand them to the write-behind queue.
-- `restore`: a prefix lookup missed in RAM -> read the following blocks from disk while
-  they verify, place them in free blocks and register them, so the request's admission
-  sees them as ordinary cached blocks and skips their prefill.
+- `restore`: a prefix lookup missed in RAM -> take free blocks for the following blocks
+  on disk, read each file straight into its block's cache rows (several at once), verify
+  them there and register them, so the request's admission sees them as ordinary cached
+  blocks and skips their prefill.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 
 from latentkv.cache.block_pool import NO_HASH, BlockPool
 from latentkv.facts import dtype_name
-from latentkv.store.files import StoredBlock
+from latentkv.store.files import StoredBlock, layers_of
 from latentkv.store.fingerprint import STORE_VERSION, model_fingerprint
 from latentkv.store.store import LatentStore
 from latentkv.store.writer import WriteBehind
@@ -33,6 +34,7 @@ class StoreTier:
         self.block_size = pool.block_size
         self.writer = WriteBehind(store, max_pending)
         self.on_disk: set[bytes] = set()   # hashes this process wrote or read (skip re-writing)
+        self.rows = block_rows(caches)
 
     @property
     def counters(self):
@@ -60,45 +62,28 @@ class StoreTier:
         room = self.pool.num_free - self.pool.count_revived(hits)
         wanted = [(block_hashes[i], block_hashes[i - 1] if i else NO_HASH, tuple(token_ids[i * bs:(i + 1) * bs]))
                   for i in range(len(hits), min(len(block_hashes), len(hits) + max(room, 0)))]
-        found: list[StoredBlock] = []
-        for block in self.store.read_chain(wanted):
-            if block is None or not self.fits(block):
-                break
-            found.append(block)
-        if not found:
+        present = 0   # files there up to the first gap (a stat each): blocks are taken only for them
+        while present < len(wanted) and self.store.contains(wanted[present][0]):
+            present += 1
+        if present < len(wanted):
+            self.store.counters.misses += 1
+        if not present:
             return []
         self.pool.take(hits)   # so allocating cannot evict the RAM hits themselves
-        ids = self.pool.allocate(len(found))
-        self.place(ids, found)
-        for block_id, block in zip(ids, found):
+        ids = self.pool.allocate(present)
+        slots = [CacheSlots(self.rows, block_id) for block_id in ids]
+        served = []
+        for block_id, block, slot in zip(ids, self.store.read_chain(wanted[:present], slots), slots):
+            if block is None or not slot.complete():
+                break   # this block's rows may hold a failed read: it stays unregistered
             self.pool.register(block_id, block.parent_hash, block.token_ids, block.block_hash)
             self.on_disk.add(block.block_hash)
+            served.append(block_id)
         self.pool.free(list(reversed(ids)) + list(reversed(hits)))
-        return ids
-
-    def fits(self, block: StoredBlock) -> bool:
-        """Shapes and dtypes match this engine's caches (the fingerprint makes this so;
-        checked anyway so a bad file can never raise inside the scheduler)."""
-        if len(block.tensors) != len(self.caches):
-            return False
-        for stored, cache in zip(block.tensors, self.caches):
-            targets = cache.tensors()
-            if len(stored) != len(targets) or any(
-                    s.shape != t.shape[1:] or s.dtype != t.dtype for s, t in zip(stored, targets)):
-                return False
-        return True
-
-    def place(self, block_ids: list[int], blocks: list[StoredBlock]) -> None:
-        """Copy the blocks' latents into the caches: one index_copy_ per cache tensor."""
-        index = torch.tensor(block_ids, device=self.caches[0].tensors()[0].device)
-        for layer, cache in enumerate(self.caches):
-            for j, dst in enumerate(cache.tensors()):
-                src = torch.stack([b.tensors[layer][j] for b in blocks])
-                dst.index_copy_(0, index, src.to(dst.device, non_blocking=True))
+        return served
 
     def close(self) -> None:
         self.writer.close()
-        self.store.close()
 
     def describe(self) -> str:
         return (f"KV store {self.store.root} ({self.store.size / 2**20:.1f} MiB of "
@@ -123,3 +108,39 @@ def open_tier(args, model_dtype: torch.dtype, caches: list, pool: BlockPool) -> 
         warn(f"the KV store {args.kv_store} is not usable ({err}); running without it")
         return None
     return StoreTier(store, caches, pool)
+
+
+def block_rows(caches: list) -> list[list[tuple]]:
+    """Per layer, per cache tensor: (dtype, one block's shape, the tensor's bytes as a
+    [blocks, bytes per block] uint8 array, a view): what CacheSlots hands the reader, made once."""
+    return [[(t.dtype, tuple(t.shape[1:]), t.view(t.shape[0], -1).view(torch.uint8).numpy())
+             for t in cache.tensors()] for cache in caches]
+
+
+class CacheSlots:
+    """files.read_block's `place` for one block of the engine's caches: a stored tensor's pieces
+    are that block's rows of each (layer, j) it holds (block_rows), when dtype and shape match;
+    records which it filled."""
+    def __init__(self, rows: list[list[tuple]], block_id: int):
+        self.rows, self.block_id = rows, block_id
+        self.filled: set[tuple[int, int]] = set()
+
+    def __call__(self, name: str, dtype: torch.dtype, shape: tuple) -> list | None:
+        try:
+            pieces = layers_of(name, shape)
+        except (ValueError, IndexError):
+            return None
+        piece_shape = tuple(shape[1:] if name.startswith("all.") else shape)
+        buffers = []
+        for layer, j in pieces:
+            kinds = self.rows[layer] if 0 <= layer < len(self.rows) else []
+            if not 0 <= j < len(kinds) or kinds[j][:2] != (dtype, piece_shape):
+                return None
+            buffers.append(kinds[j][2][self.block_id])
+        self.filled.update(pieces)
+        return buffers
+
+    def complete(self) -> bool:
+        """Every cache tensor of every layer filled (the fingerprint makes this so; checked so a
+        stray file can never leave a block half written)."""
+        return len(self.filled) == sum(len(kinds) for kinds in self.rows)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from latentkv.cache.block_pool import NO_HASH, hash_block
-from latentkv.store.files import StoredBlock, decode, encode
+from latentkv.store.files import StoredBlock, Unplaceable, decode, encode, raw, read_file
 from latentkv.store.fingerprint import model_fingerprint
 from latentkv.store.store import SUFFIX, LatentStore
 from latentkv.store.writer import WriteBehind
@@ -50,6 +50,32 @@ def test_round_trip_keeps_every_tensor_bit_exact(ranks, quantized):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@pytest.mark.parametrize("ranks", [(16, 16, 16), (16, 24, 8)])
+def test_read_file_places_every_tensor_where_asked_bit_exact(tmp_path, ranks):
+    """A restore reads a file straight into the cache rows `place` names (one preadv per tensor,
+    `all.j` split into its layers): the same bits as decode; a place that refuses a tensor is
+    Unplaceable, not corrupt."""
+    block = make_block(5, parent=b"q" * 16, ranks=ranks)
+    path = tmp_path / "block.safetensors"
+    path.write_bytes(encode(block))
+    targets = [[torch.full_like(t, 7) for t in layer] for layer in block.tensors]
+    asked = []
+
+    def place(name, dtype, shape):
+        asked.append(name)
+        where, j = name.split(".")
+        layers = range(len(targets)) if where == "all" else [int(where)]
+        return [raw(targets[layer][int(j)]) for layer in layers]
+
+    got, size = read_file(path, place)
+    assert size == path.stat().st_size and got.tensors == []
+    assert (got.block_hash, got.parent_hash, got.token_ids) == (block.block_hash, block.parent_hash, block.token_ids)
+    assert all(torch.equal(a, b) for ta, tb in zip(targets, block.tensors) for a, b in zip(ta, tb))
+    assert "token_ids" not in asked   # the tokens are the reader's, never placed
+    with pytest.raises(Unplaceable):
+        read_file(path, lambda name, dtype, shape: None)
+
+
 def chain(n: int) -> list[StoredBlock]:
     blocks, parent = [], NO_HASH
     for i in range(n):
@@ -65,10 +91,10 @@ def test_read_chain_serves_in_order_up_to_the_first_gap(tmp_path):
         if i != 6:   # a gap: block 6 was never written
             store.write(block)
     wanted = [(b.block_hash, b.parent_hash, b.token_ids) for b in blocks]
-    got = store.read_chain(wanted)   # the readers run several files at once
+    got = store.read_chain(wanted)
     assert [g.block_hash if g else None for g in got] == [b.block_hash for b in blocks[:6]] + [None] * 3
     assert all(torch.equal(g.tensors[1][0], b.tensors[1][0]) for g, b in zip(got[:6], blocks))
-    # blocks 7 and 8 may have been read ahead, but only what was served is counted
+    # blocks 7 and 8 are not read: the chain stops at its gap
     assert (store.counters.hits, store.counters.misses) == (6, 1)
     assert store.counters.bytes_read == sum(store.path(b.block_hash).stat().st_size for b in blocks[:6])
     # a corrupt file in the chain: counted, removed, the chain cut there
@@ -76,7 +102,6 @@ def test_read_chain_serves_in_order_up_to_the_first_gap(tmp_path):
     got = store.read_chain(wanted[:5])
     assert [g is not None for g in got] == [True, True, False, False, False]
     assert store.counters.corrupt_blocks == 1 and not store.path(blocks[2].block_hash).exists()
-    store.close()
 
 
 def test_read_verifies_tokens_and_parent(tmp_path):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 import latentkv.cache.block_pool as block_pool
 from latentkv import LLM, SamplingParams
-from latentkv.store.files import decode
+from latentkv.cache.latent_cache import LatentCache
+from latentkv.store.files import StoredBlock, Unplaceable, decode, encode, read_file
 from latentkv.store.store import SUFFIX
+from latentkv.store.tier import CacheSlots, block_rows
 
 BS = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -148,3 +151,25 @@ def test_write_failure_warns_once_then_drops(lm_folder, tmp_path, capsys, monkey
     stats = llm.engine.stats()
     assert stats["store_write_drops"] >= 9 and stats["store_bytes_written"] == 0
     assert capsys.readouterr().err.count("cannot write to the KV store") == 1
+
+
+def test_cache_slots_place_a_block_in_its_rows_and_refuse_another_shape(tmp_path):
+    """The restore's place: a block file lands in one block's rows of every layer's cache
+    tensors (the other blocks untouched); a file of another cache shape is refused whole."""
+    caches = [LatentCache(4, BS, 16, 8, torch.bfloat16, "int8") for _ in range(3)]
+    before = [[t.clone() for t in c.tensors()] for c in caches]
+    rows = [[torch.randint(-127, 128, (BS, 16), dtype=torch.int8), torch.rand(BS), torch.randn(BS, 8).bfloat16()]
+            for _ in range(3)]
+    path = tmp_path / "b.safetensors"
+    path.write_bytes(encode(StoredBlock(b"h" * 16, b"p" * 16, tuple(range(BS)), rows)))
+    slots = CacheSlots(block_rows(caches), 2)
+    read_file(path, slots)
+    assert slots.complete()
+    for layer, cache in enumerate(caches):
+        for j, t in enumerate(cache.tensors()):
+            assert torch.equal(t[2], rows[layer][j])
+            assert torch.equal(t[[0, 1, 3]], before[layer][j][[0, 1, 3]])
+    other = [LatentCache(4, BS, 24, 8, torch.bfloat16, "int8") for _ in range(3)]
+    with pytest.raises(Unplaceable):
+        read_file(path, CacheSlots(block_rows(other), 2))
+    assert not CacheSlots(block_rows(caches), 1).complete()
