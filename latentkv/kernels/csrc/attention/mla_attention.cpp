@@ -318,7 +318,7 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   isa_avx512bf16::PrefillJob job;
   job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
   job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
-  if (isa >= 4) job.P = (job.P + 15) / 16 * 16;  // AMX: whole tiles of pairs (zero pairs past dn + dr)
+  if (isa >= 4) isa_avx512bf16::amx_layout(job);  // whole tiles of pairs: keys read in place or packed
   job.first = first, job.key_start = key_start, job.scale = (float)scale;
   job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();
   // kept between calls (every span of every layer): fresh ones were zero-filled and page-faulted

@@ -25,7 +25,7 @@ constexpr int AMX_ROWS = 32;  // query rows per pass: two 16-row groups
 static_assert(KB == 64, "two halves of 32 keys per block, two steps of 16 key pairs");
 
 // Keys as A tiles, in the job's kp buffer [H, nkb, KB keys, P pairs] (the vdpbf16ps kernel's size):
-// only where they cannot be read in place (keys_in_place).
+// only where they cannot be read in place (amx_layout).
 static void prefill_pack_keys_amx(const PrefillJob& j, int h, int kb) {
   uint32_t* ka = reinterpret_cast<uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2);
   for (int k = 0; k < KB; ++k) {
@@ -58,11 +58,16 @@ static void prefill_pack_values_amx(const PrefillJob& j, int h, int kb, uint32_t
     }
 }
 
-// The keys' A tiles read where they lie: every 16-pair step is 32 words of the nope part (rows
-// H * (dn + dv) words apart) or of the rope key (dr apart), no packing pass. Needs dn and dr
-// multiples of 32 (so P has no zero pairs); DeepSeek's 128 + 64 and the conversions' 64 + 32k are.
-static inline bool keys_in_place(const PrefillJob& j) {
-  return j.dn % 32 == 0 && j.dr % 32 == 0 && j.P == (j.dn + j.dr) / 2 && j.P / 16 <= 32;
+// The keys' A tiles read where they lie, without a packing pass: the nope part in steps of 32
+// elements of the kv rows (H * (dn + dv) apart; a step past dn reads the row's first values,
+// against query pairs that are zero there: products of 0), then the rope key in steps of 32 (dr
+// apart). Needs dr a multiple of 32 and the nope steps within the row (DeepSeek's 128 + 64, the
+// conversions' 50 + 96). Sets the job's pairs for it: pn = the nope steps' pairs, P whole tiles.
+static inline void amx_layout(PrefillJob& j) {
+  const int nope = (j.dn + 31) / 32 * 32;
+  j.keys_in_place = j.dr % 32 == 0 && nope <= j.dn + j.dv && (nope + j.dr) / 32 <= 32;
+  if (j.keys_in_place) j.pn = nope / 2, j.P = j.pn + j.dr / 2;
+  else j.P = (j.P + 15) / 16 * 16;  // zero pairs past dn + dr
 }
 
 // Where step s of a key block's A tiles starts (its row 0: the block's key 0) and its row stride.
@@ -72,17 +77,18 @@ struct KeyTiles {
 };
 
 static inline void key_tiles(const PrefillJob& j, int h, int kb, KeyTiles& kt) {
-  if (!keys_in_place(j)) {
+  if (!j.keys_in_place) {
     const uint32_t* ka = reinterpret_cast<const uint32_t*>(j.kp + ((int64_t)h * j.nkb + kb) * j.P * KB * 2);
     for (int s = 0; s < j.P / 16; ++s) kt.at[s] = ka + 16 * s, kt.stride[s] = j.P * 4;
     return;
   }
   const int64_t t = (int64_t)kb * KB;
-  for (int s = 0; s < j.dn / 32; ++s)
+  const int nope_steps = j.pn / 16;
+  for (int s = 0; s < nope_steps; ++s)
     kt.at[s] = reinterpret_cast<const uint32_t*>(j.kv + (t * j.H + h) * (j.dn + j.dv) + 32 * s),
     kt.stride[s] = j.H * (j.dn + j.dv) * 2;
-  for (int s = j.dn / 32; s < j.P / 16; ++s)
-    kt.at[s] = reinterpret_cast<const uint32_t*>(j.kr + t * j.dr + 32 * (s - j.dn / 32)), kt.stride[s] = j.dr * 2;
+  for (int s = nope_steps; s < j.P / 16; ++s)
+    kt.at[s] = reinterpret_cast<const uint32_t*>(j.kr + t * j.dr + 32 * (s - nope_steps)), kt.stride[s] = j.dr * 2;
 }
 
 // st [KB keys][32 rows] = the block's keys kt . the pass's queries qt [P/16][16 pairs][32 rows],
@@ -288,7 +294,7 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, bool va
 // and reread the span's values through memory).
 static void prefill_run_amx(PrefillJob& j, int nthreads) {
   const int items_per_head = (j.n + RB - 1) / RB;
-  const bool pack_keys = !keys_in_place(j), pack_values = items_per_head > 1;
+  const bool pack_keys = !j.keys_in_place, pack_values = items_per_head > 1;
 #pragma omp parallel num_threads(nthreads)
   {
     if (pack_keys || pack_values) {

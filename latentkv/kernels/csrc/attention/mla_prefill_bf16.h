@@ -23,6 +23,7 @@ constexpr int RB = 64;  // query rows per work item: their float32 state stays i
 
 struct PrefillJob {
   int n, H, dn, dr, dv, dvp, P, pn, S, nkb;  // dvp: dv padded to a multiple of 16 (acc's width)
+  bool keys_in_place = false;                // AMX: key tiles read from kv / k_r (amx_layout)
   int64_t first, key_start;
   float scale;
   const uint16_t* q;
@@ -65,11 +66,13 @@ static void prefill_pack_words(const PrefillJob& j, int h, int kb) {
 }
 
 // One query row q [dn + dr] (nullptr: a zero row) as the P pair words both prefill kernels read:
-// the nope part padded to an even width, then the rope part, zeros past it (P padded to AMX tiles).
+// the nope part as pn pairs (zero padded), then the rope part, zeros past it (P padded to AMX tiles).
 static inline void query_pairs(const PrefillJob& j, const uint16_t* q, uint32_t* qr) {
   if (q && j.dn % 2 == 0) {  // the row's 32-bit words are its pairs as they lie
-    std::memcpy(qr, q, (size_t)(j.dn + j.dr) * 2);
-    std::fill(qr + (j.dn + j.dr) / 2, qr + j.P, 0u);
+    std::memcpy(qr, q, (size_t)j.dn * 2);
+    std::fill(qr + j.dn / 2, qr + j.pn, 0u);
+    std::memcpy(qr + j.pn, q + j.dn, (size_t)j.dr * 2);
+    std::fill(qr + j.pn + j.dr / 2, qr + j.P, 0u);
     return;
   }
   for (int p = 0; p < j.P; ++p) {
