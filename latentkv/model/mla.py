@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import invariant
+from ..cpu import features
 from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
@@ -140,7 +141,7 @@ class MLAttention(nn.Module):
 
     def expand_latent(self, rows: torch.Tensor) -> torch.Tensor:
         """kv_b_proj of cached rows' latents: rows [..., kv_rank + dr] -> [..., H * (dn + dv)].
-        bf16 with a rank off the AMX tile depth (32; the default conversion's 240): the weight is
+        bf16 on AMX with a rank off the tile depth (32; the default conversion's 240): the weight is
         zero-padded to it and the first rope values fill the pad (times zero: the same sums), a view
         of the rows, no copy. oneDNN runs K = 256 at ~1.6x the speed of K = 240 on AMX."""
         weight = self.padded_kv_b()
@@ -150,10 +151,12 @@ class MLAttention(nn.Module):
 
     def padded_kv_b(self) -> torch.Tensor | None:
         """kv_b_proj's weight [H * (dn + dv), kv_rank] zero-padded to a multiple of 32 columns,
-        cached while the weight is unchanged; None where it does not apply (not bf16, no
-        autograd through it, a rank on the grid, or a rope key too short to fill the pad)."""
+        cached while the weight is unchanged; None where it does not apply (no AMX: measured only
+        there; not bf16, autograd through it, a rank on the grid, or a rope key too short to fill
+        the pad)."""
         linear, depth = self.kv_b_proj, -(-self.kv_rank // 32) * 32
-        if (type(linear) is not nn.Linear or linear.bias is not None or linear.weight.dtype != torch.bfloat16
+        if (not features()["amx_bf16"] or type(linear) is not nn.Linear or linear.bias is not None
+                or linear.weight.dtype != torch.bfloat16
                 or depth == self.kv_rank or depth > self.kv_rank + self.dr or torch.is_grad_enabled()):
             return None
         weight = linear.weight

@@ -21,6 +21,7 @@ from latentkv.attention.paged import write
 from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, span_prefill, tiles
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.kernels import attention as attention_kernels
+from latentkv.model import mla as mla_module
 from latentkv.model.mla import MLAttention
 
 BLOCK = 16
@@ -89,7 +90,7 @@ def test_tiles_sit_at_fixed_positions():
 def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeypatch, impl, dtype, cache_dtype):
     monkeypatch.setattr(prefill_module, "SPAN", 256)  # native: several key spans at this small size
     length = 1100  # the first tiles and two of TILE, the last partly filled
-    layer = Layer(rank=40, dr=24, dtype=dtype)  # bf16: kv_b_proj padded to 64 columns, the rope values in the pad
+    layer = Layer(rank=40, dr=24, dtype=dtype)  # bf16 on AMX: kv_b_proj padded to 64 columns, the rope values in the pad
     cache, table, q_nope, q_rope = prompt(length, layer, dtype, cache_dtype)
     whole = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl)
     for cuts in ([0, 100, 101, 256, 700, length], [0, 1, 512, 513, 1099, length], [0, 300, length]):
@@ -113,11 +114,15 @@ def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(impl, dtype)
 
 
 @torch.inference_mode()
-def test_the_padded_kv_b_proj_is_kv_b_proj_whatever_the_rope_values():
-    """bf16 with a rank off the tile depth: kv_b_proj's weight zero-padded, the rope values
-    read into the pad (times zero): kv_b_proj's values, unchanged by what the rope values are."""
-    layer = Layer(rank=40, dr=24, dtype=torch.bfloat16)
+def test_the_padded_kv_b_proj_is_kv_b_proj_whatever_the_rope_values(monkeypatch):
+    """bf16 on AMX with a rank off the tile depth: kv_b_proj's weight zero-padded, the rope values
+    read into the pad (times zero): kv_b_proj's values, unchanged by what the rope values are.
+    (Both CPU kinds are set here, so every machine checks both.)"""
     rows = torch.randn(300, 64).bfloat16()
+    monkeypatch.setattr(mla_module, "features", lambda: {"amx_bf16": False})
+    layer = Layer(rank=40, dr=24, dtype=torch.bfloat16)
+    assert layer.padded_kv_b() is None and torch.equal(layer.expand_latent(rows), layer.kv_b_proj(rows[:, :40]))
+    monkeypatch.setattr(mla_module, "features", lambda: {"amx_bf16": True})
     assert layer.padded_kv_b().shape == (3 * 28, 64)
     got = layer.expand_latent(rows)
     want = layer.kv_b_proj(rows[:, :40]).float()
