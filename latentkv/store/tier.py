@@ -65,9 +65,9 @@ class StoreTier:
         present = 0   # files there up to the first gap (a stat each): blocks are taken only for them
         while present < len(wanted) and self.store.contains(wanted[present][0]):
             present += 1
-        if present < len(wanted):
-            self.store.counters.misses += 1
         if not present:
+            if wanted:
+                self.store.counters.misses += 1
             return []
         self.pool.take(hits)   # so allocating cannot evict the RAM hits themselves
         ids = self.pool.allocate(present)
@@ -79,6 +79,8 @@ class StoreTier:
             self.pool.register(block_id, block.parent_hash, block.token_ids, block.block_hash)
             self.on_disk.add(block.block_hash)
             served.append(block_id)
+        if len(served) == present < len(wanted):
+            self.store.counters.misses += 1   # the gap the stats found (a failed read counted its own)
         self.pool.free(list(reversed(ids)) + list(reversed(hits)))
         return served
 

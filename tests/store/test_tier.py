@@ -104,9 +104,28 @@ def test_damaged_first_block_is_skipped_counted_removed(lm_folder, tmp_path, dam
     llm = make_llm(folder, kv_store=str(store))
     out = run(llm, SECOND)
     stats = llm.engine.stats()
-    assert stats["store_corrupt_blocks"] == 1 and stats["store_hits"] == 0
+    assert stats["store_corrupt_blocks"] == 1 and stats["store_hits"] == 0 and stats["store_misses"] == 1
     llm.engine.close()   # the recomputed block was written again, whole, in its place
     assert decode(path.read_bytes()).token_ids == tuple(PREFIX[:BS])
+    assert out.outputs[0].token_ids == cold.outputs[0].token_ids
+
+
+def test_a_chain_with_a_missing_block_serves_up_to_it(lm_folder, tmp_path):
+    """Block 5 of 8 deleted: blocks 1-4 are read into the cache and served, the gap is one miss,
+    and the blocks taken for nothing go back (the output is the cold run's)."""
+    folder = lm_folder()
+    cold = run(make_llm(folder), SECOND)
+    store = tmp_path / "store"
+    serve_and_stop(folder, store)
+    parent = block_pool.NO_HASH
+    for i in range(5):
+        parent = block_pool.hash_block(parent, PREFIX[i * BS:(i + 1) * BS])
+    (path,) = [p for p in block_paths(store) if p.name.startswith(parent.hex())]
+    path.unlink()
+    llm = make_llm(folder, kv_store=str(store))
+    out = run(llm, SECOND)
+    stats = llm.engine.stats()
+    assert (stats["store_hits"], stats["store_misses"], stats["store_corrupt_blocks"]) == (4, 1, 0)
     assert out.outputs[0].token_ids == cold.outputs[0].token_ids
 
 
