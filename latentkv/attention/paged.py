@@ -37,15 +37,6 @@ def gather(cache: LatentCache, block_tables: torch.Tensor) -> torch.Tensor:
     return kv.view(b, nb * cache.block_size, -1)
 
 
-def read_slots(cache: LatentCache, slots: torch.Tensor) -> torch.Tensor:
-    """Flat slots [...] -> their rows [..., kv_rank + rope_dim] in the model dtype (a copy)."""
-    if not cache.quantized:
-        return cache.kv.view(-1, cache.kv.shape[-1])[slots]
-    n = cache.latent.shape[0] * cache.block_size
-    return cache.dequantize(cache.latent.view(n, cache.kv_rank)[slots], cache.scale.view(n, *cache.scale.shape[2:])[slots],
-                            cache.rope.view(n, cache.rope_dim)[slots])
-
-
 def read_positions(cache: LatentCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
                    start: int, stop: int) -> torch.Tensor:
     """Positions start .. stop-1 of every sequence -> [B, stop - start, r+dr] in the model dtype,
