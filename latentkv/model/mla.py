@@ -19,15 +19,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import invariant
-from ..cpu import features
 from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
+from ..cpu import features
 from . import fused
 from .norm import RMSNorm
 from .rope import apply_rope, layer_inv_freq
 from .route import Route
 from .spec import LayerSpec
+
+
+def weight_version(weight: torch.Tensor) -> tuple[int, int]:
+    """What changes when a weight is loaded or trained in place: a cached copy of it is stale when this does."""
+    return weight.data_ptr(), 0 if weight.is_inference() else weight._version
 
 
 class MLAttention(nn.Module):
@@ -97,7 +102,7 @@ class MLAttention(nn.Module):
         `absorbed_dtype`, refreshed whenever the weight changes."""
         weight = self.kv_b_proj.weight
         training = torch.is_grad_enabled()  # gradients flow through the views
-        version = None if training else (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
+        version = None if training else weight_version(weight)
         if version is not None and self._absorbed[0] == version:
             return self._absorbed[1]
         w = weight.view(self.n_heads, self.dn + self.dv, self.kv_rank)
@@ -159,8 +164,7 @@ class MLAttention(nn.Module):
                 or linear.weight.dtype != torch.bfloat16
                 or depth == self.kv_rank or depth > self.kv_rank + self.dr or torch.is_grad_enabled()):
             return None
-        weight = linear.weight
-        version = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
+        version = weight_version(linear.weight)
         if self._padded[0] != version:
-            self._padded = (version, F.pad(weight.detach(), (0, depth - self.kv_rank)).contiguous())
+            self._padded = (version, F.pad(linear.weight.detach(), (0, depth - self.kv_rank)).contiguous())
         return self._padded[1]
