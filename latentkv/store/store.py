@@ -134,7 +134,7 @@ class LatentStore:
 
     def load(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple,
              place: Place | None = None) -> tuple[StoredBlock | None, str, int]:
-        """One file read and verified, no counters touched (runs on the reader threads) ->
+        """One file read and verified, no counters touched (read_chain counts) ->
         (block or None, "hit" / "absent" / "corrupt" / "collision" / "unplaceable", bytes read).
         A corrupt file is removed; a hit's file is touched (LRU)."""
         path = self.path(block_hash)

@@ -4,8 +4,8 @@ pool and latent caches.
 - `save`: a block just became full, computed and registered in RAM -> copy its latents
   (all layers) to CPU and hand them to the write-behind queue.
 - `restore`: a prefix lookup missed in RAM -> take free blocks for the following blocks
-  on disk, read each file straight into its block's cache rows (several at once), verify
-  them there and register them, so the request's admission sees them as ordinary cached
+  on disk, read each file straight into its block's cache rows, verify them there and
+  register them, so the request's admission sees them as ordinary cached
   blocks and skips their prefill.
 """
 from __future__ import annotations
