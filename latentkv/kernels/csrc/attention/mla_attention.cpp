@@ -324,7 +324,7 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   // kept between calls (every span of every layer): fresh ones were zero-filled and page-faulted
   // in each time, ~20% of an 8K prefill in the kernel's page clearing
   thread_local std::vector<uint16_t> kp, vp;
-  if (kp.size() < (size_t)H * S * job.P * 2) kp.resize((size_t)H * S * job.P * 2);
+  if (!job.keys_in_place && kp.size() < (size_t)H * S * job.P * 2) kp.resize((size_t)H * S * job.P * 2);
   if (vp.size() < (size_t)H * S * dvp) vp.resize((size_t)H * S * dvp);
   job.kp = kp.data(), job.vp = vp.data();
   job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();

@@ -41,6 +41,11 @@ static void prefill_pack_keys_amx(const PrefillJob& j, int h, int kb) {
   }
 }
 
+// Head h's key block kb of V^T tiles in the job's vp buffer [H, nkb, dvp, KB/2 pairs of keys].
+static inline uint32_t* values_tiles(const PrefillJob& j, int h, int kb) {
+  return reinterpret_cast<uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2);
+}
+
 // A block's values as V^T A tiles, vt [dvp][KB/2 pairs of keys] (zero dims past dv).
 static void prefill_pack_values_amx(const PrefillJob& j, int h, int kb, uint32_t* vt) {
   alignas(64) uint32_t pairs[16 * 16];
@@ -247,8 +252,8 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, bool va
     const int64_t k0 = j.key_start + (int64_t)kb * KB;
     KeyTiles kt;
     key_tiles(j, h, kb, kt);
-    const uint32_t* vt = reinterpret_cast<const uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * dvp * 2);
-    if (!values_packed) prefill_pack_values_amx(j, h, kb, s.vt.data()), vt = s.vt.data();
+    if (!values_packed) prefill_pack_values_amx(j, h, kb, s.vt.data());
+    const uint32_t* vt = values_packed ? values_tiles(j, h, kb) : s.vt.data();
     // every pass's scores and softmax first, then the value sums: the probabilities' vector stores
     // then retire before the value tiles load them (a tile load right after stalls)
     __m512 alpha[RB / 16];
@@ -302,8 +307,7 @@ static void prefill_run_amx(PrefillJob& j, int nthreads) {
       for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) {
         const int h = (int)(it / j.nkb), kb = (int)(it % j.nkb);
         if (pack_keys) prefill_pack_keys_amx(j, h, kb);
-        if (pack_values)
-          prefill_pack_values_amx(j, h, kb, reinterpret_cast<uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2));
+        if (pack_values) prefill_pack_values_amx(j, h, kb, values_tiles(j, h, kb));
       }
     }
     AmxScratch scratch(j);
