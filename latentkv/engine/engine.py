@@ -41,6 +41,7 @@ from latentkv.engine.warm import warm_up
 from latentkv.model.loader import load_model, resolve_dtype
 from latentkv.model.route import decide_route
 from latentkv.sampling_params import SamplingParams
+from latentkv.sizes import keep_freed_memory
 from latentkv.store.tier import open_tier
 
 __all__ = ["EngineArgs", "LLMEngine"]
@@ -130,6 +131,7 @@ class LLMEngine:
         # a count the engine chose (all cores) backs off while other processes hold cores; a fixed one stays
         self.governor = ThreadGovernor(torch.get_num_threads(), args.threads is None and threads_from_env() is None
                                        and model.model.embed_tokens.weight.device.type == "cpu")
+        keep_freed_memory()  # the process serves now: a step's freed temporaries serve the next step
         if args.warm:
             warm_up(self, args.warm, args.warm_fraction)
 

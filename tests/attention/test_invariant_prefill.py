@@ -141,7 +141,7 @@ def test_each_prompt_attends_alone_and_decodes_together():
     tables = [[i] * 2 for i in range(5)]
     meta, _ = build_metadata(qlens, ctxs, tables, BLOCK, invariant=True, prompt_lens=[9, 3, 3, 13, 27])
     assert meta.prompt_rows == [5, 0, 0, 1, 3]
-    groups = [(rows.tolist(), sub.prompt_rows) for rows, sub in meta.groups]
+    groups = [(torch.arange(64)[rows].tolist(), sub.prompt_rows) for rows, sub in meta.groups]
     assert groups == [([0, 1, 2, 3, 4], [5]), ([7], [1]), ([8, 9, 10, 11, 12, 13], [3]), ([5, 6], None)]
     # 16 equal prompts: equal lengths used to share one padded batch; invariant, each goes alone
     same, _ = build_metadata([4] * 16, [4] * 16, [[i] for i in range(16)], BLOCK, invariant=True)
