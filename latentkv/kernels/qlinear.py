@@ -67,7 +67,7 @@ def probe_moe(module, isa: int, gen: torch.Generator) -> list:
 
 def probe(module, isa: int) -> list:
     """The self-check's inputs (kernels/build.py): every record kind at one and five rows (the
-    decode and the blocked paths), and the MoE op over them. The FMA paths are documented
+    decode and the blocked paths), the fused SwiGLU (AMX), and the MoE op over them. The FMA paths are documented
     bit-identical, vdpbf16ps (bf16 records times bf16 rows on avx512_bf16) reduces in its own order,
     e^x (the MoE op's SwiGLU) rounds by ISA; the check allows float rounding."""
     gen = torch.Generator().manual_seed(0)
@@ -81,6 +81,15 @@ def probe(module, isa: int) -> list:
         out.append((f"linear bf16 rows={rows}", module.linear(x.bfloat16(), packed[8], 8, n, isa), 3e-2))
         # bf16 weights times bf16 rows: vdpbf16ps on avx512_bf16, its own order (bf16 output rounding)
         out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), packed[16], 16, n, isa), 3e-2))
+    gate_up = probe_weight(16, 64, k, gen)  # I = 32: two units of 16
+    for rows in (5, 40):  # the fused SwiGLU where it runs (AMX), the product then SwiGLU on other paths
+        x = torch.randn(rows, k, generator=gen).bfloat16()
+        if isa >= 4:
+            y = module.swiglu_linear(x, gate_up, 32, isa)
+        else:
+            gate, up = module.linear(x, gate_up, 16, 64, isa).float().chunk(2, dim=-1)
+            y = (F.silu(gate).bfloat16().float() * up).bfloat16()
+        out.append((f"swiglu kind 16 bf16 rows={rows}", y, 3e-2))
     return out + probe_moe(module, isa, gen)
 
 
@@ -240,3 +249,15 @@ def moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torc
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, 16: bf16, or 32: float32) -> [M, out_features] in x's dtype."""
     return extension().linear(x, packed, bits, out_features, EXT.state["isa"])
+
+
+def fused_swiglu(packed_bits: int, inter: int) -> bool:
+    """Whether swiglu_linear runs here for a [gate; up] weight of `packed_bits` (16: bf16) and I = inter:
+    bf16 on AMX (isa 4), I a multiple of 16."""
+    return available() and EXT.state["isa"] >= 4 and packed_bits == 16 and inter % 16 == 0
+
+
+def swiglu_linear(x: torch.Tensor, packed: torch.Tensor, inter: int) -> torch.Tensor:
+    """bf16 x [M, K] times a packed bf16 [gate; up] weight of 2 * inter rows -> silu(gate) * up [M, inter]
+    (the bits of linear then silu_mul; where fused_swiglu says it runs)."""
+    return extension().swiglu_linear(x, packed, inter, EXT.state["isa"])

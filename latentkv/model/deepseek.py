@@ -36,7 +36,12 @@ class MLP(nn.Module):
         self.fused = route.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused.silu_mul(self.gate_up_proj(x), kernel=self.fused))
+        # with decode_ops' SwiGLU, a bf16 product on AMX takes it in its last step (the same bits)
+        swiglu = getattr(self.gate_up_proj, "swiglu", None) if self.fused else None
+        h = swiglu(x) if swiglu is not None else None
+        if h is None:
+            h = fused.silu_mul(self.gate_up_proj(x), kernel=self.fused)
+        return self.down_proj(h)
 
 
 class Gate(nn.Module):

@@ -177,6 +177,44 @@ def test_bf16_weights_times_bf16_rows_on_every_path(isa, monkeypatch):
             assert torch.equal(run(x[r:r + 1], packed, 16, 200, isa, monkeypatch), full[r:r + 1]), r
 
 
+def test_fused_swiglu_has_the_bits_of_the_product_then_silu_mul():
+    """On AMX, swiglu_linear (SwiGLU in the product's last step, units of a gate block and its up
+    block) gives exactly linear's bf16 output through decode_ops' silu_mul: alone, in 1..33 rows,
+    in 300 and 2,100 rows (M blocks), with a K that is not whole groups, on 1 and 2 threads."""
+    if "amx" not in isas():
+        pytest.skip("this CPU has no AMX: the fused SwiGLU does not run")
+    from latentkv.model import fused
+    for k, inter in ((600, 96), (50, 16)):
+        packed, _ = quantized(16, 2 * inter, k, seed=3)
+        x = (torch.randn(2100, k, generator=torch.Generator().manual_seed(4)) * 4).bfloat16()
+        want = fused.silu_mul(qlinear.linear(x, packed, 16, 2 * inter), kernel=True)
+        for threads in (1, 2):
+            with torch_threads(threads):
+                assert torch.equal(qlinear.swiglu_linear(x, packed, inter), want)
+                for m in list(range(1, 34)) + [300]:
+                    assert torch.equal(qlinear.swiglu_linear(x[:m], packed, inter), want[:m]), m
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        qlinear.swiglu_linear(x[:4], qlinear.pack_bf16(torch.randn(40, 50)), 20)
+
+
+def test_the_mlp_takes_the_fused_swiglu_where_it_runs_and_answers_the_same(monkeypatch):
+    """A bf16 fixed-order MLP: its output is the same bits with the fused SwiGLU (AMX) and without
+    it (the product, then silu_mul), and FixedOrderLinear.swiglu says None where it does not run."""
+    from latentkv.model.deepseek import MLP
+    torch.manual_seed(5)
+    route = decide_route("cpu", torch.bfloat16, batch_invariant=True)
+    mlp = MLP(64, 96, route).bfloat16()
+    for module in (mlp.gate_up_proj, mlp.down_proj):
+        module.weight.data.normal_(0, 0.1)
+        module.pack_weights()
+    x = torch.randn(37, 64).bfloat16()
+    assert (mlp.gate_up_proj.swiglu(x) is not None) == ("amx" in isas())
+    fused_out = mlp(x)
+    monkeypatch.setattr(qlinear, "fused_swiglu", lambda bits, inter: False)
+    assert mlp.gate_up_proj.swiglu(x) is None
+    assert torch.equal(mlp(x), fused_out)
+
+
 @torch.no_grad()
 def test_fixed_order_linear_is_the_float32_linear():
     """FixedOrderLinear (what batch-invariant mode puts in place of float32 nn.Linear): the same

@@ -132,11 +132,11 @@ constexpr int64_t KC = 8;  // groups per k block
 // blocks), 6-7 B (two 16-column blocks).
 
 // C tiles for two 16-row tiles (a0, and a1 when TWO: pair words, rows stride lda words, zeros past
-// K) times blocks b, b + 1 over groups g0 .. g1: started from zero (first k block) or from y (their
+// K) times blocks b0, b1 over groups g0 .. g1: started from zero (first k block) or from y (their
 // running totals, float32: exact), stored back to y [32 rows, ldy]. Loads interleaved with the products that need them.
 template <bool TWO>
-static inline void tile_pair(const int32_t* packed, int64_t G, int64_t b, int64_t g0, int64_t g1, const int32_t* a0,
-                             int64_t lda0, const int32_t* a1, int64_t lda1, float* y, int64_t ldy) {
+static inline void tile_pair(const int32_t* packed, int64_t G, int64_t b0, int64_t b1, int64_t g0, int64_t g1,
+                             const int32_t* a0, int64_t lda0, const int32_t* a1, int64_t lda1, float* y, int64_t ldy) {
   const int64_t sy = ldy * 4;
   if (g0 == 0) {
     _tile_zero(0);
@@ -153,8 +153,8 @@ static inline void tile_pair(const int32_t* packed, int64_t G, int64_t b, int64_
       _tile_loadd(3, y + 16 * ldy + 16, sy);
     }
   }
-  const int32_t* w0 = packed + b * G * REC;
-  const int32_t* w1 = w0 + G * REC;
+  const int32_t* w0 = packed + b0 * G * REC;
+  const int32_t* w1 = packed + b1 * G * REC;
   for (int64_t g = g0; g < g1; ++g) {
     _tile_loadd(4, a0 + g * 16, lda0 * 4);
     _tile_loadd(6, w0 + g * REC, 64);
@@ -175,9 +175,22 @@ static inline void tile_pair(const int32_t* packed, int64_t G, int64_t b, int64_
   }
 }
 
-// Work units (pairs of 16-column blocks) of a product with N outputs (never past the packed rows:
-// pack_bf16 pads them to a multiple of 64).
-static inline int64_t amx_unit_count(int64_t N) { return (N + 31) / 32; }
+// Work units of a product with N outputs (never past the packed rows: pack_bf16 pads them to a
+// multiple of 64): pairs of 16-column blocks; with SwiGLU (N = I outputs of a [gate; up] weight of 2I
+// rows, I a multiple of 16) one block of gate and the block of up 16 columns each that gives the same outputs.
+static inline int64_t amx_unit_count(int64_t N, bool swiglu = false) { return swiglu ? N / 16 : (N + 31) / 32; }
+
+// SwiGLU on 32 rows of a unit's sums c [32][32] (gate in columns 0-15, up in 16-31) -> out rows
+// [16] bf16: both rounded to bf16, then isa_avx512's silu_mul_rows (common/swiglu_rows.h), the rows
+// decode_ops' silu_mul and the MoE op run, so the bits equal the linear's bf16 output through silu_mul.
+static inline void swiglu_rows_out(const float* c, int64_t rows, uint16_t* out, int64_t ldo) {
+  alignas(64) uint16_t gate_up[32 * 32], act[32 * 16];
+  for (int64_t i = 0; i < rows; ++i)
+    _mm512_store_si512(gate_up + i * 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(c + i * 32 + 16), _mm512_load_ps(c + i * 32)));
+  isa_avx512::silu_mul_rows(gate_up, act, 0, rows, 16);
+  for (int64_t i = 0; i < rows; ++i)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * ldo), _mm256_load_si256(reinterpret_cast<const __m256i*>(act + i * 16)));
+}
 
 // Units u0..u1 of out [M, N] bf16 (stride ldo) = x [M, G*16 pair words] times the packed bf16 weight: rows below
 // M16 (whole 16-row tiles) read from x (stride ldx words), the others from tail [16, G*16] (stride
@@ -189,6 +202,7 @@ static inline int64_t amx_unit_count(int64_t N) { return (N + 31) / 32; }
 // 32 rows rounded to bf16 once (nearest even, as torch's .to(bfloat16)) as soon as their last k block
 // is stored, while in L1, one 64-byte line per row (a separate pass over the chunk was ~a third of
 // the kernel's time at M = 2,048).
+template <bool SWIGLU = false>
 static void amx_units(const int32_t* packed, int64_t G, const int32_t* x, int64_t M, int64_t ldx, int64_t M16,
                       const int32_t* tail, int64_t ldt, uint16_t* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1) {
   const int64_t Mp = (M + 15) / 16 * 16;
@@ -200,17 +214,22 @@ static void amx_units(const int32_t* packed, int64_t G, const int32_t* x, int64_
   amx_configure();
   for (int64_t m0 = 0; m0 < Mp; m0 += MC) {
     const int64_t m1 = std::min(Mp, m0 + MC);
-    for (int64_t u = u0; u < u1 && u * 32 < N; ++u) {
-      const int64_t n = u * 32, cols = std::min<int64_t>(32, N - n);
+    for (int64_t u = u0; u < u1 && u * (SWIGLU ? 16 : 32) < N; ++u) {
+      const int64_t n = u * (SWIGLU ? 16 : 32), cols = std::min<int64_t>(32, N - n);
+      const int64_t b0 = SWIGLU ? u : 2 * u, b1 = SWIGLU ? u + N / 16 : 2 * u + 1;
       for (int64_t g0 = 0; g0 < G; g0 += KC)
         for (int64_t m = m0; m < m1; m += 32) {
           const int64_t g1 = std::min(G, g0 + KC);
           float* cm = c + (m - m0) * 32;
           if (m + 16 < Mp)
-            tile_pair<true>(packed, G, 2 * u, g0, g1, rows(m), stride(m), rows(m + 16), stride(m + 16), cm, 32);
+            tile_pair<true>(packed, G, b0, b1, g0, g1, rows(m), stride(m), rows(m + 16), stride(m + 16), cm, 32);
           else
-            tile_pair<false>(packed, G, 2 * u, g0, g1, rows(m), stride(m), nullptr, 0, cm, 32);
+            tile_pair<false>(packed, G, b0, b1, g0, g1, rows(m), stride(m), nullptr, 0, cm, 32);
           if (g1 < G) continue;
+          if constexpr (SWIGLU) {
+            swiglu_rows_out(cm, std::min(M, m + 32) - m, out + m * ldo + n, ldo);
+            continue;
+          }
           // the last k block: its 32 rows, just stored (in L1), rounded to bf16 and written out
           for (int64_t i = m; i < std::min(M, m + 32); ++i) {
             const float* ci = cm + (i - m) * 32;
@@ -348,6 +367,27 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
   return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
 }
 
+// silu(x · W_gateᵀ) * (x · W_upᵀ) [M, I] bf16 for bf16 rows x [M, K] and a bf16 [gate; up] weight of 2I
+// rows on AMX (I a multiple of 16): the SwiGLU in the product's last step, where `linear` then
+// silu_mul wrote [M, 2I] and read it back. The same bits as those two (swiglu_rows_out).
+at::Tensor swiglu_linear(at::Tensor x, at::Tensor packed, int64_t I, int64_t isa) {
+  check_x(x, packed, isa);
+  const Kernel kernel(16, isa, x.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(kernel.amx() && I > 0 && I % 16 == 0,
+              "qlinear: the fused SwiGLU runs bf16 rows on AMX (isa 4) with I a multiple of 16, got I = ", I);
+  const int64_t M = x.size(0), G = packed.size(1);
+  check_fit(packed.size(0), G, packed.size(2), kernel.rec(), x.size(1), 2 * I, "packed gate_up weight");
+  auto out = at::empty({M, I}, x.options());
+  if (M > 0) {
+    const Act a = kernel.prepare(x, G, true);
+    const int32_t* w = packed.data_ptr<int32_t>();
+    uint16_t* y = static_cast<uint16_t*>(out.data_ptr());
+    at::parallel_for(0, isa_amx::amx_unit_count(I, true), 1,
+                     [&](int64_t begin, int64_t end) { kernel.run_swiglu(w, G, a, M, y, I, begin, end); });
+  }
+  return out;
+}
+
 // x [M, K] -> int8 codes [M, Kp], d_x [M, G], s_x [M, G] and the codes' sums [M, G] int32 as the
 // integer-dot linears quantize it (qlinear_dot_impl.h; exposed for the tests' reference).
 std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t isa) {
@@ -369,6 +409,7 @@ std::string dot_path(int64_t isa) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>(), "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
+  m.def("swiglu_linear", &swiglu_linear, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of a bf16 [gate; up] linear on AMX, in the product's last step");
   m.def("moe", &moe, py::call_guard<py::gil_scoped_release>(), "a MoE layer's routed and shared experts (see moe.h)");
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x, s_x and the codes' sums");
   m.def("dot_path", &dot_path, "the integer-dot linears' path on an instruction set: avx512_vnni, avx2 or scalar");

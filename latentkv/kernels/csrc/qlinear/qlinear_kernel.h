@@ -186,6 +186,14 @@ struct Kernel {
     return a;
   }
 
+  // SwiGLU units u0..u1 (amx_unit_count(N, true)) of out [M, N] bf16 = silu(gate) * up of a's rows times
+  // a [gate; up] weight of 2N rows (amx() only; N a multiple of 16).
+  void run_swiglu(const int32_t* packed, int64_t G, const Act& a, int64_t M, uint16_t* out, int64_t N, int64_t u0,
+                  int64_t u1) const {
+    isa_amx::amx_units<true>(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>(), a.rows.stride(0), out, N,
+                             N, u0, u1);
+  }
+
   // Units u0..u1 of out [M, N] (stride ldo, of out_type()) = rows m0 .. m0 + M of a times the packed
   // weight (G groups a row).
   void run(const int32_t* packed, int64_t G, const Act& a, int64_t m0, int64_t M, void* out, int64_t ldo, int64_t N,
