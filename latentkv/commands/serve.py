@@ -1,6 +1,7 @@
 """`latentkv serve [MODEL]`: the OpenAI-compatible HTTP server."""
 from __future__ import annotations
 
+import gc
 import sys
 
 import uvicorn
@@ -32,5 +33,9 @@ def run_serve(args) -> int:
                         settings.metrics_public)
     log(f"latentkv: serving {name!r} on http://{settings.host}:{settings.port}/v1"
         + (" (API key required)" if api_key else ""))
+    # the model, engine and app live as long as the process: out of the collector's sight, the
+    # collections that requests' allocations trigger walk only the requests' own objects
+    gc.collect()
+    gc.freeze()
     uvicorn.run(build_app(state), host=settings.host, port=settings.port, log_level="warning")
     return 0
