@@ -314,7 +314,8 @@ static void prefill_run_amx(PrefillJob& j, int nthreads) {
     amx_configure();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < (int64_t)j.H * items_per_head; ++it) {
-      const int b = items_per_head - 1 - (int)(it / j.H), h = (int)(it % j.H);
+      int h, b;
+      prefill_item_of(it, items_per_head, &h, &b);
       prefill_item_amx(j, h, b * RB, std::min(j.n, (b + 1) * RB), pack_values, scratch);
     }
     _tile_release();

@@ -222,10 +222,10 @@ static void prefill_run(PrefillJob& j, int nthreads) {
     for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) prefill_pack(j, (int)(it / j.nkb), (int)(it % j.nkb));
     std::vector<uint32_t> qp((size_t)RB * j.P);
     std::vector<float> dummy(j.dvp);
-    // last rows first: they see the most keys, so dynamic scheduling ends balanced
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < (int64_t)j.H * items_per_head; ++it) {
-      const int b = items_per_head - 1 - (int)(it / j.H), h = (int)(it % j.H);
+      int h, b;
+      prefill_item_of(it, items_per_head, &h, &b);
       prefill_item(j, h, b * RB, std::min(j.n, (b + 1) * RB), qp.data(), dummy.data());
     }
   }

@@ -227,10 +227,10 @@ static void f32_prefill_run(F32PrefillJob<T>& j, int nthreads) {
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) f32_pack<W>(j, (int)(it / j.nkb), (int)(it % j.nkb));
     std::vector<float> qr((size_t)F32_RB * j.D), dummy(j.dvp);
-    // last rows first: they see the most keys, so dynamic scheduling ends balanced
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < (int64_t)j.H * items_per_head; ++it) {
-      const int b = items_per_head - 1 - (int)(it / j.H), h = (int)(it % j.H);
+      int h, b;
+      prefill_item_of(it, items_per_head, &h, &b);
       f32_item<W>(j, h, b * F32_RB, std::min(j.n, (b + 1) * F32_RB), qr.data(), dummy.data());
     }
   }
