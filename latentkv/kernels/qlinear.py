@@ -251,10 +251,15 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) 
     return extension().linear(x, packed, bits, out_features, EXT.state["isa"])
 
 
+def runs_amx() -> bool:
+    """The kernel runs bf16 products on AMX tiles here (built, isa 4 passed the self-check)."""
+    return available() and EXT.state["isa"] >= 4
+
+
 def fused_swiglu(packed_bits: int, inter: int) -> bool:
     """Whether swiglu_linear runs here for a [gate; up] weight of `packed_bits` (16: bf16) and I = inter:
     bf16 on AMX (isa 4), I a multiple of 16."""
-    return available() and EXT.state["isa"] >= 4 and packed_bits == 16 and inter % 16 == 0
+    return runs_amx() and packed_bits == 16 and inter % 16 == 0
 
 
 def swiglu_linear(x: torch.Tensor, packed: torch.Tensor, inter: int) -> torch.Tensor:

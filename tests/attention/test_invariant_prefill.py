@@ -21,6 +21,7 @@ from latentkv.attention.paged import write
 from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, span_prefill, tiles
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.kernels import attention as attention_kernels
+from latentkv.kernels import qlinear
 from latentkv.model import mla as mla_module
 from latentkv.model.mla import MLAttention
 
@@ -36,7 +37,7 @@ class Layer(nn.Module):
     def __init__(self, heads=3, rank=32, dn=16, dr=8, dv=12, dtype=torch.float32):
         super().__init__()
         self.n_heads, self.kv_rank, self.dn, self.dr, self.dv = heads, rank, dn, dr, dv
-        self._padded = (None, None)
+        self._padded = (None, None, None)
         self.scale = (dn + dr) ** -0.5
         self.kv_b_proj = nn.Linear(rank, heads * (dn + dv), bias=False).to(dtype)
         nn.init.normal_(self.kv_b_proj.weight, std=rank ** -0.5, generator=torch.Generator().manual_seed(4))
@@ -130,6 +131,10 @@ def test_the_padded_kv_b_proj_is_kv_b_proj_whatever_the_rope_values(monkeypatch)
     other = rows.clone()
     other[:, 40:] = torch.randn(300, 24).bfloat16() * 1e4
     assert torch.equal(layer.expand_latent(other), got)
+    if qlinear.runs_amx():  # the tile kernel takes it: a row's bits whatever the rows beside it
+        assert layer._padded[2] is not None
+        for m in (1, 17, 37, 128):
+            assert torch.equal(layer.expand_latent(rows[:m]), got[:m]), m
     assert Layer(rank=40, dr=8, dtype=torch.bfloat16).padded_kv_b() is None   # no room for the pad
     assert Layer(rank=64, dr=8, dtype=torch.bfloat16).padded_kv_b() is None   # on the grid already
     assert Layer(rank=40, dr=24).padded_kv_b() is None   # float32: MKL gains nothing
