@@ -75,6 +75,7 @@ def return_freed_memory() -> bool:
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 STEP_MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks below it come from the heap and are reused
 STEP_TRIM_THRESHOLD = 1 << 30   # free heap kept before glibc gives it back
+STEP_TOP_PAD = 64 << 20         # extra heap asked for each time it grows: fewer, larger extensions
 
 
 def keep_freed_memory() -> bool:
@@ -93,4 +94,4 @@ def keep_freed_memory() -> bool:
         return False
     return all(opt(param, value) == 1 for param, value in ((_M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD),
                                                            (_M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD),
-                                                           (_M_TOP_PAD, 64 << 20)))
+                                                           (_M_TOP_PAD, STEP_TOP_PAD)))
