@@ -20,7 +20,7 @@ import torch
 from .build import ISAS, Extension
 
 PREFILL_DTYPES = (torch.float32, torch.bfloat16)
-DECODE_SPAN, DECODE_MAX_SPANS = 64, 64  # csrc/attention/mla_job.h SPAN, MAX_SPANS (tests/test_docs_facts.py)
+DECODE_SPAN, DECODE_MAX_SPANS = 256, 64  # csrc/attention/mla_job.h SPAN, MAX_SPANS (tests/test_docs_facts.py)
 
 
 def probe(module, isa: int) -> list:

@@ -181,7 +181,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
 
   // AMX (isa 4): the bf16 path's scores and value sums on tiles (mla_decode_amx.h); the int8 VNNI path stays
-  const bool dp_amx = isa >= 4 && dp_bf16 && !dp_i8 && D % 2 == 0;
+  const bool dp_amx = isa >= 4 && dp_bf16 && !dp_i8 && D % 2 == 0 && D >= 32;
   const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;
   const int64_t qblocks = (M + 15) / 16 * (split ? 2 : 1) * isa_avx512bf16::amx_query_block((int)D);
   std::vector<uint32_t> qpack(dp_amx ? B * qblocks : 0);

@@ -6,7 +6,7 @@
 
 enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3 };
 constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
-constexpr int64_t SPAN = 64;    // fewest tokens per work item: a 128-token context is two items (both threads)
+constexpr int64_t SPAN = 256;   // fewest tokens per work item (shorter items cost more in set-up and merge than a second thread gains)
 constexpr int64_t MAX_SPANS = 64;  // spans sit at fixed positions (SPAN apart) for contexts up to SPAN x MAX_SPANS
 
 // Software prefetch as volatile asm: GCC (12, -O1 and up) deletes _mm_prefetch / __builtin_prefetch
