@@ -16,7 +16,7 @@ from latentkv.attention.metadata import build_metadata
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.cache.latent_cache import allocate_caches
 from latentkv.engine.outputs import PositionLogprobs
-from latentkv.engine.sampler import gather_logprobs, sample
+from latentkv.engine.sampler import finite_rows, gather_logprobs, sample
 from latentkv.engine.scheduler import SchedulerOutput
 from latentkv.facts import dtype_name
 from latentkv.model import decode_plan
@@ -90,7 +90,7 @@ class ModelRunner:
         sample_logits = logits[:len(rows)]
         if rows:
             picked = sample(sample_logits, [seqs[b] for b, _ in rows], self.eos_token_ids, self.generator)
-            finite = torch.isfinite(sample_logits).all(dim=-1).tolist() if self.nan_check else [True] * len(rows)
+            finite = finite_rows(sample_logits) if self.nan_check else [True] * len(rows)
             for i, (b, _) in enumerate(rows):
                 r = results[b]
                 r.token, r.logprobs, r.chosen_logprob = picked.token_ids[i], picked.logprobs[i], picked.chosen_logprobs[i]

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from latentkv.engine.sampler import sample, truncate
+from latentkv.engine.sampler import finite_rows, first_argmax, sample, truncate
 from latentkv.engine.sequence import Sequence
 from latentkv.sampling_params import SamplingParams
 
@@ -23,6 +23,25 @@ def test_greedy_and_top_k_1_agree():
     a = sample(logits, greedy, []).token_ids
     b = sample(logits, top1, [], torch.Generator().manual_seed(1)).token_ids
     assert a == logits.argmax(-1).tolist() == b
+
+
+def test_first_argmax_is_argmax_with_ties_nan_and_inf():
+    """The greedy choice takes max(dim).indices for speed: the same index as argmax, the first of
+    tied maxima, NaN as the largest."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        x = torch.randint(0, 4, (8, 4099), generator=gen).float()  # many ties
+        if trial % 2:
+            x[0, 1234], x[1, 7], x[1, 9], x[2, 100], x[3, 5] = math.nan, math.inf, math.inf, -math.inf, math.nan
+            x[3, 2] = math.nan
+        assert torch.equal(first_argmax(x), x.argmax(dim=-1))
+
+
+def test_finite_rows_flags_any_nan_or_inf():
+    x = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0)) * 1e4
+    x[1, 3], x[2, 999], x[3, 0], x[4, 5], x[4, 6] = math.nan, math.inf, -math.inf, math.inf, -math.inf
+    x[5] = 3e34  # large and finite: the sum stays finite (3e38 / vocab is the rule's limit)
+    assert finite_rows(x) == [True, False, False, False, False, True]
 
 
 def test_seeded_rows_independent_of_batch():

@@ -66,7 +66,7 @@ static inline int64_t amx_query_block(int D) { return (int64_t)amx_steps(D) * 25
 // o = amx_step_offset(c) + 2p, where o is new to step c (o >= 32c) and in the part; zero elsewhere
 // and for rows past M.
 static void pack_queries(const uint16_t* q, int64_t B, int M, int D, int r, bool split, uint32_t* out, int threads) {
-  const int groups = (M + AMX_DECODE_ROWS - 1) / AMX_DECODE_ROWS, parts = split ? 2 : 1, steps = amx_steps(D);
+  const int groups = (M + AMX_DECODE_ROWS - 1) / AMX_DECODE_ROWS, parts = split ? 2 : 1;
   const int64_t block = amx_query_block(D);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t bg = 0; bg < B * groups; ++bg) {
@@ -76,13 +76,13 @@ static void pack_queries(const uint16_t* q, int64_t B, int M, int D, int r, bool
       uint32_t* dst = out + (bg * parts + part) * block;
       std::fill(dst, dst + block, 0u);
       const int lo = split && part ? r : 0, hi = split && !part ? r : D;
+      const int full = D / 32, tail = D / 2 - 16;  // words of a last step: pairs tail.. of its row
       for (int g = 0; g < AMX_DECODE_ROWS && m0 + g < M; ++g) {
         const uint32_t* row = reinterpret_cast<const uint32_t*>(q + (b * M + m0 + g) * D);
-        for (int c = 0; c < steps; ++c)
-          for (int p = 0, off = amx_step_offset(c, D); p < 16; ++p) {
-            const int o = off + 2 * p;
-            if (o >= 32 * c && o >= lo && o < hi) dst[(int64_t)(16 * c + p) * 16 + g] = row[o / 2];
-          }
+        for (int wd = lo / 2; wd < hi / 2; ++wd) {  // word wd: values 2wd, 2wd + 1, new to step wd / 16
+          const int c = wd / 16 < full ? wd / 16 : full, p = c < full ? wd % 16 : wd - tail;
+          dst[(int64_t)(16 * c + p) * 16 + g] = row[wd];
+        }
       }
     }
   }
