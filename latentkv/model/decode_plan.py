@@ -117,6 +117,7 @@ def layer_entry(layer, cache) -> dict:
     were built from (model/spec.py), as decode_step.h reads them."""
     spec, attn = layer.spec, layer.self_attn
     w_uk, w_uv_t = attn.split_kv_b()
+    uk_packed, uv_packed = attn.head_packs()
     quantized = cache.quantized
     return {
         "w_in": layer.input_layernorm.weight, "eps_in": spec.norm_eps,
@@ -124,7 +125,9 @@ def layer_entry(layer, cache) -> dict:
         "eps_latent": spec.latent_eps,
         "w_q_a_norm": attn.q_a_layernorm.weight if spec.q_lora_rank else None,
         "w_kv_a_norm": attn.kv_a_layernorm.weight if spec.kv_a_layernorm else None,
-        "w_uk": w_uk, "w_uv_t": w_uv_t,
+        "w_uk": w_uk, "w_uv_t": w_uv_t,  # packed: empty -> head_matmul packs per call
+        "uk_packed": w_uk.new_empty(0) if uk_packed is None else uk_packed,
+        "uv_packed": w_uv_t.new_empty(0) if uv_packed is None else uv_packed,
         "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
         "o": linear_entry(attn.o_proj), **mlp_entry(layer.mlp, spec.moe),
         "q_dim": spec.q_dim, "heads": spec.n_heads, "dn": spec.dn, "dr": spec.dr, "dv": spec.dv,

@@ -38,12 +38,22 @@ def runs(kernel: bool) -> bool:
     return kernel and not torch.is_grad_enabled()
 
 
+def head_pack(w: torch.Tensor) -> torch.Tensor:
+    """w [H, K, C] in the native head_matmul's AMX layout (packed once, passed with w), or an empty
+    tensor where that path does not apply (no native ops, not AMX, not bf16, other shapes)."""
+    if not EXT.available():
+        return w.new_empty(0)
+    return EXT.state["module"].head_pack(w.detach(), EXT.state["isa"])
+
+
 def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: torch.Tensor | None = None, *,
-                kernel: bool = False) -> torch.Tensor:
+                kernel: bool = False, packed: torch.Tensor | None = None) -> torch.Tensor:
     """x [N, H, K] · w [H, K, C] per head, times scale; `extra` [N, H, E] times scale beside it
-    -> [N, H, C + E] in x's dtype (w: x's dtype, or bf16 under float32 x — exact values, half the bytes)."""
+    -> [N, H, C + E] in x's dtype (w: x's dtype, or bf16 under float32 x — exact values, half the bytes).
+    packed: head_pack(w), else the native op packs it per call where it runs on AMX."""
     if runs(kernel):
-        return EXT.state["module"].head_matmul(x, w, scale, x.new_empty(0) if extra is None else extra, EXT.state["isa"])
+        return EXT.state["module"].head_matmul(x, w, scale, x.new_empty(0) if extra is None else extra, EXT.state["isa"],
+                                               x.new_empty(0) if packed is None else packed)
     out = torch.bmm(x.transpose(0, 1), w.to(x.dtype)).transpose(0, 1)
     if extra is not None:
         out = torch.cat((out, extra), dim=-1)

@@ -55,7 +55,7 @@ class MLAttention(nn.Module):
         self.interleaved, self.scale, self.rope_factor = spec.interleaved, spec.scale, spec.rope_factor
         self.register_buffer("inv_freq", layer_inv_freq(cfg, spec.index), persistent=False)
         self.backend = backend
-        self._absorbed = (None, None)  # (weight version, contiguous W_UK / W_UVᵀ) for inference
+        self._absorbed = (None, None, (None, None))  # (weight version, contiguous W_UK / W_UVᵀ, their head_packs) for inference
         self._padded = (None, None, None)  # (weight version, kv_b_proj's weight zero-padded to the AMX tile depth, its qlinear pack)
         # their storage dtype for inference (None: the weight's); bf16 beside quantized linears, with
         # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
@@ -111,8 +111,16 @@ class MLAttention(nn.Module):
         if training:
             return w_uk, w_uv_t
         dtype = self.absorbed_dtype or weight.dtype
-        self._absorbed = (version, (w_uk.to(dtype).contiguous(), w_uv_t.to(dtype).contiguous()))  # loaded or trained: refreshed
+        w_uk, w_uv_t = w_uk.to(dtype).contiguous(), w_uv_t.to(dtype).contiguous()
+        packs = (fused.head_pack(w_uk), fused.head_pack(w_uv_t)) if self.fused else (None, None)
+        self._absorbed = (version, (w_uk, w_uv_t), packs)  # loaded or trained: refreshed
         return self._absorbed[1]
+
+    def head_packs(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """split_kv_b()'s weights in the native head_matmul's AMX layout (fused.head_pack; empty off
+        AMX), cached and refreshed with them; None under autograd."""
+        self.split_kv_b()
+        return self._absorbed[2] if not torch.is_grad_enabled() else (None, None)
 
     def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
         """q_nope [B,Q,H,dn], q_rope [B,Q,H,dr] -> the latent query [B, Q*H, kv_rank + dr]
@@ -121,7 +129,7 @@ class MLAttention(nn.Module):
         w_uk, _ = self.split_kv_b()
         if fused.runs(self.fused):  # one native call; each row reduces in a fixed order (batch-invariant)
             rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr),
-                                     kernel=True)
+                                     kernel=True, packed=self.head_packs()[0])
             return rows.view(b, q * h, -1)
         q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype))  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
@@ -133,7 +141,8 @@ class MLAttention(nn.Module):
         b, h = o_lat.shape[0], self.n_heads
         _, w_uv_t = self.split_kv_b()
         if fused.runs(self.fused):
-            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True).view(b, q, h, self.dv)
+            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True,
+                                     packed=self.head_packs()[1]).view(b, q, h, self.dv)
         out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype))  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 

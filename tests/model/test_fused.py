@@ -39,8 +39,9 @@ def isas():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
-@pytest.mark.parametrize("n,heads,k,c,extra", [(1, 9, 64, 256, 64), (7, 3, 40, 33, 0), (70, 2, 16, 130, 8)])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "amx"])
+@pytest.mark.parametrize("n,heads,k,c,extra", [(1, 9, 64, 256, 64), (7, 3, 40, 33, 0), (70, 2, 16, 130, 8),
+                                               (70, 4, 100, 48, 3), (37, 9, 240, 64, 0)])  # amx: K % 32 tails, 16-row tiles
 @torch.no_grad()
 def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     if isa not in isas():
@@ -56,6 +57,9 @@ def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
         exact = torch.cat((exact, e.double()), dim=-1)
     close(out, exact * 0.3, dtype)
     close(reference(fused.head_matmul, x, w, 0.3, e), exact * 0.3, dtype)
+    packed = fused.head_pack(w)  # the AMX layout where that path applies (bf16, C % 16 == 0, K >= 32), else empty
+    assert (packed.numel() > 0) == (isa == "amx" and dtype == torch.bfloat16 and c % 16 == 0 and k >= 32)
+    assert torch.equal(fused.head_matmul(x, w, 0.3, e, kernel=True, packed=packed), out)
 
 
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
@@ -79,13 +83,16 @@ def test_head_matmul_takes_bf16_weights_under_float32_rows(isa, monkeypatch):
 @torch.no_grad()
 def test_head_matmul_rows_do_not_depend_on_the_batch(dtype, c):
     """Batch invariance: a row's bits are the same alone and among 37 others (38 rows: 4-row
-    tiles and single rows; widths with a column tail on every vector width)."""
+    tiles and single rows, or 16-row AMX tiles with a tail; widths with a column tail on every
+    vector width)."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(38, 9, 64, generator=gen).to(dtype)
     w = torch.randn(9, 64, c, generator=gen).to(dtype)
     batched = fused.head_matmul(x, w, 0.125, kernel=True)
+    packed = fused.head_pack(w)  # AMX CPUs, bf16, c = 256: the tile path
     for i in (0, 5, 36, 37):
         assert torch.equal(fused.head_matmul(x[i:i + 1], w, 0.125, kernel=True)[0], batched[i])
+        assert torch.equal(fused.head_matmul(x[i:i + 1], w, 0.125, kernel=True, packed=packed)[0], batched[i])
     assert torch.equal(fused.head_matmul(x[35:37], w, 0.125, kernel=True), batched[35:37])
 
 

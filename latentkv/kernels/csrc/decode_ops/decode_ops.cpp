@@ -1,10 +1,11 @@
 // latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
 // each one call instead of a chain of eager PyTorch ops. Python side: latentkv/kernels/decode_ops.py
 // (build, switch: kernels/build.py), latentkv/model/fused.py (the PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
-//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty) -> [N, H, C + E] in x's dtype
-//       (w in x's dtype, or bf16 under float32 x):
+//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty, isa, packed) -> [N, H, C + E]
+//       in x's dtype (w in x's dtype, or bf16 under float32 x):
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
-//       with `extra` (the rotated q_rope) times scale beside it.
+//       with `extra` (the rotated q_rope) times scale beside it. On isa 4 with bf16 x and w, on AMX
+//       tiles (head_amx.h) from `packed` = head_pack(w, isa) (empty: packed for the call).
 //   rope(x [N, G, d], cos [N, d/2], sin, interleaved) -> rotated [N, G, d].
 //   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
 //       scale, rope): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
@@ -53,6 +54,14 @@ constexpr int HEAD_W = 4, HEAD_NV4 = 2, HEAD_NV1 = 4;  // SSE2-wide vectors (GCC
 #include "decode_ops_impl.h"
 }
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+namespace isa_amx {
+#include "amx_tiles.h"  // common/: the tile configuration
+#include "head_amx.h"   // head_matmul's tile path
+}
+#pragma GCC pop_options
+
 namespace {
 
 using RowsF32 = void (*)(const float*, int, int, const float*, int, float*);
@@ -74,9 +83,23 @@ bool is_float(const at::Tensor& t) {
 
 }  // namespace
 
-std::vector<int64_t> supported_isas() { return isas_up_to(2); }
+std::vector<int64_t> supported_isas() { return isas_up_to(4); }  // 3: the avx512 paths; 4: head_matmul on AMX tiles
 
-at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa) {
+// The AMX path's weight layout (head_amx.h head_pack) for w [H, K, C] bf16, where that path applies on
+// this isa; else an empty tensor (head_matmul then takes its vector tiles).
+at::Tensor head_pack(at::Tensor w, int64_t isa) {
+  check_cpu(w, "head_pack: w");
+  TORCH_CHECK(w.dim() == 3, "head_pack: w must be [H, K, C]");
+  const int64_t H = w.size(0), K = w.size(1), C = w.size(2);
+  if (isa < 4 || !isa_supported(isa) || w.scalar_type() != at::kBFloat16 || !isa_amx::head_applies(K, C))
+    return at::empty({0}, w.options());
+  w = w.contiguous();
+  auto out = at::empty({H, isa_amx::head_steps((int)K), 16, C, 2}, w.options());
+  isa_amx::head_pack((const uint16_t*)w.data_ptr(), H, (int)K, (int)C, (uint16_t*)out.data_ptr());
+  return out;
+}
+
+at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa, at::Tensor packed) {
   check_cpu(x, "head_matmul: x");
   TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
   TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
@@ -91,6 +114,13 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
                 "head_matmul: extra must be [N, H, E] in x's dtype");
   auto out = at::empty({N, H, C + E}, x.options());
   if (N == 0) return out;
+  if (isa >= 4 && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && isa_amx::head_applies(K, C)) {
+    if (packed.numel() == 0) packed = head_pack(w, isa);
+    TORCH_CHECK(packed.dim() == 5 && packed.size(0) == H && packed.size(1) == isa_amx::head_steps((int)K) &&
+                packed.size(3) == C, "head_matmul: packed must be head_pack(w)");
+    isa_amx::head_matmul_amx(x, packed, (float)scale, extra, out);
+    return out;
+  }
   constexpr int64_t CHUNK = 64;  // rows per work item
   const int64_t chunks = (N + CHUNK - 1) / CHUNK;
   const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
@@ -329,9 +359,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_decode_plan(m);
   // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
   m.def("head_matmul", &head_matmul, py::call_guard<py::gil_scoped_release>(), "per-head x·w times scale, with extra columns beside (see decode_ops.cpp)");
+  m.def("head_pack", &head_pack, py::call_guard<py::gil_scoped_release>(), "w [H, K, C] in head_matmul's AMX layout, or empty where that path does not apply");
   m.def("rope", &rope, py::call_guard<py::gil_scoped_release>(), "rotate [N, G, d] by cos/sin [N, d/2]");
   m.def("write_latent", &write_latent, py::call_guard<py::gil_scoped_release>(), "rope on k_r + quantization + write into the paged cache");
   m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 (its avx512 paths), 4 amx (head_matmul)");
 }

@@ -1,12 +1,13 @@
 // The fused decode-step ops of decode_ops.cpp (shapes and meaning there), declared for
-// decode_step.h, which calls them between the weight linears. isa: 0 scalar, 1 avx2+fma, 2 avx512.
+// decode_step.h, which calls them between the weight linears. isa: 0 scalar, 1 avx2+fma, 2 avx512 (3 the same), 4 head_matmul on AMX.
 #pragma once
 #include "torch_lite.h"
 
 #include <cstdint>
 #include <vector>
 
-at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa);
+at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa, at::Tensor packed);
+at::Tensor head_pack(at::Tensor w, int64_t isa);
 at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved);
 void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
                   at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,

@@ -30,6 +30,7 @@ struct PlanLinear {
 
 struct PlanLayer {
   at::Tensor w_in, w_post, w_q_a_norm, w_kv_a_norm, w_uk, w_uv_t;  // norms undefined when absent
+  at::Tensor uk_packed, uv_packed;  // head_pack(w_uk), head_pack(w_uv_t): empty off AMX
   double eps_in = 0, eps_post = 0, eps_latent = 0;
   PlanLinear qkv_a, q_b, o, gate_up, down;  // q_b.out == 0 without q_lora; gate_up, down: dense layers
   PlanMoe moe;  // MoE layers (moe.defined)
@@ -74,6 +75,7 @@ class DecodePlan {
       l.eps_latent = item<double>(d, "eps_latent");
       l.w_q_a_norm = optional_tensor(d, "w_q_a_norm"), l.w_kv_a_norm = optional_tensor(d, "w_kv_a_norm");
       l.w_uk = item<at::Tensor>(d, "w_uk"), l.w_uv_t = item<at::Tensor>(d, "w_uv_t");
+      l.uk_packed = item<at::Tensor>(d, "uk_packed"), l.uv_packed = item<at::Tensor>(d, "uv_packed");
       l.qkv_a = plan_linear(d, "qkv_a"), l.q_b = plan_linear(d, "q_b"), l.o = plan_linear(d, "o");
       l.gate_up = plan_linear(d, "gate_up"), l.down = plan_linear(d, "down"), l.moe = plan_moe(d);
       l.q_dim = item<int64_t>(d, "q_dim"), l.heads = item<int64_t>(d, "heads");
@@ -110,12 +112,12 @@ class DecodePlan {
       write_latent(c, k_r, cos_i, sin_i, l.interleaved, slots, l.kv.defined() ? l.kv : e,
                    l.latent.defined() ? l.latent : e, l.cache_scale.defined() ? l.cache_scale : e,
                    l.cache_rope.defined() ? l.cache_rope : e, l.qmax);
-      at::Tensor query = head_matmul(q.narrow(2, 0, l.dn), l.w_uk, l.scale, q_rope, isa_ops_).view({B, l.heads, -1});
+      at::Tensor query = head_matmul(q.narrow(2, 0, l.dn), l.w_uk, l.scale, q_rope, isa_ops_, l.uk_packed).view({B, l.heads, -1});
       at::Tensor o_lat = decode_(query, l.kv.defined() ? l.kv : e, l.latent.defined() ? l.latent : e,
                                  l.cache_scale.defined() ? l.cache_scale : e, l.cache_rope.defined() ? l.cache_rope : e,
                                  block_tables, context_lens, context_lens.new_empty(0), l.heads, l.rank, l.block_size,
                                  isa_attention_, threads);
-      at::Tensor attn = head_matmul(o_lat, l.w_uv_t, 1.0, e, isa_ops_).view({B, l.heads * l.dv});
+      at::Tensor attn = head_matmul(o_lat, l.w_uv_t, 1.0, e, isa_ops_, l.uv_packed).view({B, l.heads * l.dv});
       std::vector<at::Tensor> post = rms_norm(x, l.w_post, l.eps_post, linear(l.o, attn), isa_ops_);
       x = post[0];
       if (l.moe.defined) {  // MoE.forward: the router, then the experts in one call
