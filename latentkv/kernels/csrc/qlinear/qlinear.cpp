@@ -181,15 +181,26 @@ static inline void tile_pair(const int32_t* packed, int64_t G, int64_t b0, int64
 static inline int64_t amx_unit_count(int64_t N, bool swiglu = false) { return swiglu ? N / 16 : (N + 31) / 32; }
 
 // SwiGLU on 32 rows of a unit's sums c [32][32] (gate in columns 0-15, up in 16-31) -> out rows
-// [16] bf16: both rounded to bf16, then isa_avx512's silu_mul_rows (common/swiglu_rows.h), the rows
-// decode_ops' silu_mul and the MoE op run, so the bits equal the linear's bf16 output through silu_mul.
+// [16] bf16, one vector a row: both rounded to bf16 as the linear's output is (vcvtneps2bf16), then
+// silu_mul_rows' arithmetic (common/swiglu_rows.h: exp_poly, one division, the integer rounding
+// between the ops), so the bits equal the linear's bf16 output through decode_ops' silu_mul (tested;
+// the scalar-shaped loop over 16 values a row took ~8% of a 2,048-token prefill step).
+static inline __m512 bf16_rounded(__m512 v) {  // as the linear rounds its output
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+static inline __m512i bf16_bits(__m512 v) {  // swiglu_rows.h float_to_bf16_bits on 16 lanes
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+}
 static inline void swiglu_rows_out(const float* c, int64_t rows, uint16_t* out, int64_t ldo) {
-  alignas(64) uint16_t gate_up[32 * 32], act[32 * 16];
-  for (int64_t i = 0; i < rows; ++i)
-    _mm512_store_si512(gate_up + i * 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(c + i * 32 + 16), _mm512_load_ps(c + i * 32)));
-  isa_avx512::silu_mul_rows(gate_up, act, 0, rows, 16);
-  for (int64_t i = 0; i < rows; ++i)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * ldo), _mm256_load_si256(reinterpret_cast<const __m256i*>(act + i * 16)));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    const __m512 g = bf16_rounded(_mm512_load_ps(c + i * 32)), u = bf16_rounded(_mm512_load_ps(c + i * 32 + 16));
+    const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, isa_avx512::exp_poly(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    const __m512 act = _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(silu), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * ldo), _mm512_cvtepi32_epi16(bf16_bits(_mm512_mul_ps(act, u))));
+  }
 }
 
 // Units u0..u1 of out [M, N] bf16 (stride ldo) = x [M, G*16 pair words] times the packed bf16 weight: rows below
