@@ -18,7 +18,7 @@
 //   softmax: over the chunk's S^T: lanes are query rows, one vector per token, so the max and
 //           sum need no horizontal reductions; the chunk's weights as bf16 pairs, transposed to
 //           A tiles (rows x pairs of tokens).
-//   pass 2: O = W . V summed over the whole chunk in C tiles (5 column blocks of 16 values at a
+//   pass 2: O = W . V summed over the whole chunk in C tiles (4 column blocks of 16 values at a
 //           time), stored once; acc = acc * alpha + O once per chunk (unpermute fixes the lane
 //           order of pair_rows at the end).
 // A row's bits depend only on its query, its position and the keys: each C element is one tile
@@ -155,46 +155,11 @@ static inline void amx_tile_scores(const uint16_t* k0, int64_t s0, const uint16_
 #undef AMX_SCORE_PAIR
 
 // pv [16][r] = sum over the chunk's tiles of w_k [16 rows][16 pairs] . pairs_k ([16 pairs][r x 2],
-// pair_rows' layout): five column blocks of 16 values at a time summed in C tiles 0-4 over every
-// tile (A 5: weights; B 6 / 7 alternating), stored once.
+// pair_rows' layout), in C tiles over every tile of the chunk, stored once (amx_tiles.h).
 static inline void amx_chunk_values(const uint32_t* w, const uint16_t* pairs, int tiles, int r, float* pv) {
-  const int nz = r / 16, ld = r * 4;
-  for (int z0 = 0; z0 < nz; z0 += 5) {
-    const int cnt = nz - z0 < 5 ? nz - z0 : 5;
-    _tile_zero(0);
-    if (cnt > 1) _tile_zero(1);
-    if (cnt > 2) _tile_zero(2);
-    if (cnt > 3) _tile_zero(3);
-    if (cnt > 4) _tile_zero(4);
-    for (int k = 0; k < tiles; ++k) {
-      const uint16_t* pk = pairs + (int64_t)k * BT * r + 32 * z0;
-      _tile_loadd(5, w + k * 256, 64);
-      _tile_loadd(6, pk, ld);
-      _tile_dpbf16ps(0, 5, 6);
-      if (cnt > 1) {
-        _tile_loadd(7, pk + 32, ld);
-        _tile_dpbf16ps(1, 5, 7);
-      }
-      if (cnt > 2) {
-        _tile_loadd(6, pk + 64, ld);
-        _tile_dpbf16ps(2, 5, 6);
-      }
-      if (cnt > 3) {
-        _tile_loadd(7, pk + 96, ld);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      if (cnt > 4) {
-        _tile_loadd(6, pk + 128, ld);
-        _tile_dpbf16ps(4, 5, 6);
-      }
-    }
-    float* o = pv + 16 * z0;
-    _tile_stored(0, o, ld);
-    if (cnt > 1) _tile_stored(1, o + 16, ld);
-    if (cnt > 2) _tile_stored(2, o + 32, ld);
-    if (cnt > 3) _tile_stored(3, o + 48, ld);
-    if (cnt > 4) _tile_stored(4, o + 64, ld);
-  }
+  amx_sum_blocks(
+      tiles, r / 16, [&](int k) { return w + k * 256; }, 64, [&](int k) { return pairs + (int64_t)k * BT * r; }, r * 4,
+      pv, r);
 }
 
 // One item as attend_span (mla_decode_impl.h) with q bf16 [M, D]; writes acc [M, r] (in order), mx, sum.

@@ -1,5 +1,5 @@
-// AMX tile configuration shared by the kernels that use tiles (qlinear.cpp isa_amx,
-// attention/mla_prefill_amx.h, mla_decode_amx.h). Included inside a namespace compiled with amx-tile
+// AMX tile configuration and helpers shared by the kernels that use tiles (qlinear.cpp isa_amx,
+// attention/mla_prefill_amx.h, mla_decode_amx.h, decode_ops/head_amx.h). Included inside a namespace compiled with amx-tile
 // and avx512f; nothing here may include a header. Callers run it in each thread before its first tile instruction.
 #pragma once
 
@@ -54,4 +54,44 @@ static inline __m512i pair_words(__m512 a, __m512 b) {
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+// out [16][16 * nz] float32 (row stride ldo floats) = sum over `steps` of A(s) . B(s), for 16 rows
+// and nz column blocks of 16: A(s) = a_of(s), 16 rows x 32 bf16 (lda bytes a row); B(s) = b_of(s)
+// + 32 z for block z, 16 pairs x (16 columns x 2) (ldb bytes a row). Four blocks at a time in C
+// tiles 0-3, summed over every step and stored once (A 4, B 5 / 6 alternating). Each output is one
+// tile lane's sum in the instruction's order over the steps. Tiles as amx_configure sets them.
+template <class AOf, class BOf>
+static inline void amx_sum_blocks(int steps, int nz, AOf a_of, int lda, BOf b_of, int ldb, float* out, int64_t ldo) {
+  for (int z0 = 0; z0 < nz; z0 += 4) {
+    const int cnt = nz - z0 < 4 ? nz - z0 : 4;
+    _tile_zero(0);
+    if (cnt > 1) _tile_zero(1);
+    if (cnt > 2) _tile_zero(2);
+    if (cnt > 3) _tile_zero(3);
+    for (int s = 0; s < steps; ++s) {
+      const uint16_t* b = b_of(s) + 32 * z0;
+      _tile_loadd(4, a_of(s), lda);
+      _tile_loadd(5, b, ldb);
+      _tile_dpbf16ps(0, 4, 5);
+      if (cnt > 1) {
+        _tile_loadd(6, b + 32, ldb);
+        _tile_dpbf16ps(1, 4, 6);
+      }
+      if (cnt > 2) {
+        _tile_loadd(5, b + 64, ldb);
+        _tile_dpbf16ps(2, 4, 5);
+      }
+      if (cnt > 3) {
+        _tile_loadd(6, b + 96, ldb);
+        _tile_dpbf16ps(3, 4, 6);
+      }
+    }
+    float* o = out + 16 * z0;
+    const int64_t sto = ldo * 4;
+    _tile_stored(0, o, sto);
+    if (cnt > 1) _tile_stored(1, o + 16, sto);
+    if (cnt > 2) _tile_stored(2, o + 32, sto);
+    if (cnt > 3) _tile_stored(3, o + 48, sto);
+  }
 }

@@ -7,7 +7,8 @@
 //      step s covers k in [off_s, off_s + 32) with off_s = 32s, or K - 32 for a last step of K % 32
 //      values (read inside the row; its pairs below 32s are zero: counted in the step before), so
 //      every tile is 16 rows x 64 bytes;
-//   C: 16 rows x 16 columns summed in float32 over the steps, four column blocks at a time.
+//   C: 16 rows x 16 columns summed in float32 over the steps, four column blocks at a time
+//      (amx_tiles.h amx_sum_blocks, the AMX decode kernel's value sums too).
 // Each output is one tile lane's sum in the instruction's order over the steps: a row's bits depend
 // on its own values only (batch-invariant), not on the other rows of the call.
 // Applies where K >= 32 and even and C % 16 == 0 (head_applies); elsewhere the vector tiles serve.
@@ -37,39 +38,11 @@ static void head_configure() { amx_configure(); }
 static void head_release() { _tile_release(); }
 
 // acc [16, C] (float32, row stride C) = x16 [16, K] (bf16, row stride K; rows past the call's zero)
-// . w (one head's packed blocks). Tiles: C 0-3, A 4, B 5 / 6 alternating.
+// . w (one head's packed blocks), in C tiles over every step (amx_tiles.h amx_sum_blocks).
 static void head_rows_amx(const uint16_t* x16, int K, const uint16_t* packed, int C, float* acc) {
-  const int steps = head_steps(K), nz = C / 16, ldb = C * 4;
-  for (int z0 = 0; z0 < nz; z0 += 4) {
-    const int cnt = nz - z0 < 4 ? nz - z0 : 4;
-    _tile_zero(0);
-    if (cnt > 1) _tile_zero(1);
-    if (cnt > 2) _tile_zero(2);
-    if (cnt > 3) _tile_zero(3);
-    for (int s = 0; s < steps; ++s) {
-      const uint16_t* b = packed + (int64_t)s * 16 * C * 2 + 32 * z0;
-      _tile_loadd(4, x16 + head_step_offset(s, K), K * 2);
-      _tile_loadd(5, b, ldb);
-      _tile_dpbf16ps(0, 4, 5);
-      if (cnt > 1) {
-        _tile_loadd(6, b + 32, ldb);
-        _tile_dpbf16ps(1, 4, 6);
-      }
-      if (cnt > 2) {
-        _tile_loadd(5, b + 64, ldb);
-        _tile_dpbf16ps(2, 4, 5);
-      }
-      if (cnt > 3) {
-        _tile_loadd(6, b + 96, ldb);
-        _tile_dpbf16ps(3, 4, 6);
-      }
-    }
-    float* o = acc + 16 * z0;
-    _tile_stored(0, o, C * 4);
-    if (cnt > 1) _tile_stored(1, o + 16, C * 4);
-    if (cnt > 2) _tile_stored(2, o + 32, C * 4);
-    if (cnt > 3) _tile_stored(3, o + 48, C * 4);
-  }
+  amx_sum_blocks(
+      head_steps(K), C / 16, [&](int s) { return x16 + head_step_offset(s, K); }, K * 2,
+      [&](int s) { return packed + (int64_t)s * 16 * C * 2; }, C * 4, acc, C);
 }
 
 // head_matmul on AMX tiles (bf16 x and w; packed from head_pack): work items of (head, 64 rows).
