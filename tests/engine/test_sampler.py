@@ -40,7 +40,7 @@ def test_first_argmax_is_argmax_with_ties_nan_and_inf():
 def test_finite_rows_flags_any_nan_or_inf():
     x = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0)) * 1e4
     x[1, 3], x[2, 999], x[3, 0], x[4, 5], x[4, 6] = math.nan, math.inf, -math.inf, math.inf, -math.inf
-    x[5] = 3e34  # large and finite: the sum stays finite (3e38 / vocab is the rule's limit)
+    x[5] = 3e38  # the largest finite values: their row sum must not overflow into a false alarm
     assert finite_rows(x) == [True, False, False, False, False, True]
 
 
