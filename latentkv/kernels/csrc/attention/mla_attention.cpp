@@ -200,7 +200,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
     std::unique_ptr<isa_avx512bf16::AmxDecodeScratch> amx;
     if (dp_amx) {
       amx.reset(new isa_avx512bf16::AmxDecodeScratch((int)D, (int)r));
-      isa_avx512bf16::amx_decode_configure((int)D);
+      isa_avx512bf16::amx_configure();
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
