@@ -1,7 +1,8 @@
 #!/bin/bash
-# The AMX Xeon quiet-window run (session 15): everything sequential, nothing else running.
+# The AMX Xeon quiet-window run (session 15; sessions 16 and 17 ran it again into their own OUT): everything
+# sequential, nothing else running.
 cd "$(dirname "$0")/../.."
-OUT=docs/bench-amx-s15
+OUT=${OUT:-docs/bench-amx-s15}
 B=.venv/bin/latentkv
 grep -m1 flags /proc/cpuinfo > $OUT/cpuflags.txt
 date
