@@ -45,13 +45,10 @@ struct AmxDecodeScratch {
 };
 
 // Tiles: amx_tiles.h amx_configure's, every one 16 rows x 64 bytes (no step has a narrower shape:
-// see amx_step_offset).
+// see amx_tiles.h amx_step_offset).
 static void amx_decode_release() { _tile_release(); }
 
-// Step c of a score covers the values [off, off + 32) of each row: 32c, or D - 32 for a last step
-// of D % 32 values (inside the row; the query's values below 32c are zero there). D >= 32, even.
-static inline int amx_steps(int D) { return (D + 31) / 32; }
-static inline int amx_step_offset(int c, int D) { return 32 * c + 32 <= D ? 32 * c : D - 32; }
+// Scores reduce over the D values of a row in amx_tiles.h's steps (amx_steps, amx_step_offset).
 static inline int64_t amx_query_block(int D) { return (int64_t)amx_steps(D) * 256; }
 
 // The B tiles of every sequence's query rows q [B, M, D], packed once per call: for sequence b,

@@ -56,6 +56,13 @@ static inline __m512i pair_words(__m512 a, __m512 b) {
   return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(b, a));
 }
 
+// A reduction over K values in steps of one tile depth (32 bf16): step s covers [off, off + 32) of
+// each row, off = 32s, or K - 32 for a last step of K % 32 values, read inside the row (the other
+// operand holds zeros for the values below 32s, counted in the step before), so every tile stays
+// 16 x 64 bytes. K >= 32, even. (The AMX decode kernel's scores, head_matmul's products.)
+static inline int amx_steps(int K) { return (K + 31) / 32; }
+static inline int amx_step_offset(int s, int K) { return 32 * s + 32 <= K ? 32 * s : K - 32; }
+
 // out [16][16 * nz] float32 (row stride ldo floats) = sum over `steps` of A(s) . B(s), for 16 rows
 // and nz column blocks of 16: A(s) = a_of(s), 16 rows x 32 bf16 (lda bytes a row); B(s) = b_of(s)
 // + 32 z for block z, 16 pairs x (16 columns x 2) (ldb bytes a row). Four blocks at a time in C

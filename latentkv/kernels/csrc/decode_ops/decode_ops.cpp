@@ -94,7 +94,7 @@ at::Tensor head_pack(at::Tensor w, int64_t isa) {
   if (isa < 4 || !isa_supported(isa) || w.scalar_type() != at::kBFloat16 || !isa_amx::head_applies(K, C))
     return at::empty({0}, w.options());
   w = w.contiguous();
-  auto out = at::empty({H, isa_amx::head_steps((int)K), 16, C, 2}, w.options());
+  auto out = at::empty({H, isa_amx::amx_steps((int)K), 16, C, 2}, w.options());
   isa_amx::head_pack((const uint16_t*)w.data_ptr(), H, (int)K, (int)C, (uint16_t*)out.data_ptr());
   return out;
 }
@@ -116,7 +116,7 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   if (N == 0) return out;
   if (isa >= 4 && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && isa_amx::head_applies(K, C)) {
     if (packed.numel() == 0) packed = head_pack(w, isa);
-    TORCH_CHECK(packed.dim() == 5 && packed.size(0) == H && packed.size(1) == isa_amx::head_steps((int)K) &&
+    TORCH_CHECK(packed.dim() == 5 && packed.size(0) == H && packed.size(1) == isa_amx::amx_steps((int)K) &&
                 packed.size(3) == C, "head_matmul: packed must be head_pack(w)");
     isa_amx::head_matmul_amx(x, packed, (float)scale, extra, out);
     return out;

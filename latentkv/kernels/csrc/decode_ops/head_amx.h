@@ -3,27 +3,24 @@
 // of a decode step. Included by decode_ops.cpp inside `namespace isa_amx` after amx_tiles.h (and torch).
 //
 //   A: 16 rows x 32 values of x (row-major, as the rows lie: no packing of the activations);
-//   B: the weight in pairs of k for every 16 columns, packed once per weight (head_pack):
-//      step s covers k in [off_s, off_s + 32) with off_s = 32s, or K - 32 for a last step of K % 32
-//      values (read inside the row; its pairs below 32s are zero: counted in the step before), so
-//      every tile is 16 rows x 64 bytes;
+//   B: the weight in pairs of k for every 16 columns, packed once per weight (head_pack), in
+//      amx_tiles.h's steps (a last K % 32 values read as the row's last 32, the repeated pairs zero
+//      in the pack), so every tile is 16 rows x 64 bytes;
 //   C: 16 rows x 16 columns summed in float32 over the steps, four column blocks at a time
 //      (amx_tiles.h amx_sum_blocks, the AMX decode kernel's value sums too).
 // Each output is one tile lane's sum in the instruction's order over the steps: a row's bits depend
 // on its own values only (batch-invariant), not on the other rows of the call.
 // Applies where K >= 32 and even and C % 16 == 0 (head_applies); elsewhere the vector tiles serve.
 
-static inline int head_steps(int K) { return (K + 31) / 32; }
-static inline int head_step_offset(int s, int K) { return 32 * s + 32 <= K ? 32 * s : K - 32; }
 static inline bool head_applies(int64_t K, int64_t C) { return K >= 32 && K % 2 == 0 && C % 16 == 0; }
 
 // w [H, K, C] bf16 bits -> packed [H, steps, 16, C, 2]: pair p of step s holds (w[k][c], w[k+1][c]),
-// k = head_step_offset(s) + 2p, where k is new to step s (k >= 32s); zero elsewhere.
+// k = amx_step_offset(s) + 2p, where k is new to step s (k >= 32s); zero elsewhere.
 static void head_pack(const uint16_t* w, int64_t H, int K, int C, uint16_t* out) {
-  const int steps = head_steps(K);
+  const int steps = amx_steps(K);
   for (int64_t h = 0; h < H; ++h)
     for (int s = 0; s < steps; ++s)
-      for (int p = 0, off = head_step_offset(s, K); p < 16; ++p) {
+      for (int p = 0, off = amx_step_offset(s, K); p < 16; ++p) {
         uint16_t* dst = out + ((h * steps + s) * 16 + p) * (int64_t)C * 2;
         const int k = off + 2 * p;
         for (int c = 0; c < C; ++c) {
@@ -41,7 +38,7 @@ static void head_release() { _tile_release(); }
 // . w (one head's packed blocks), in C tiles over every step (amx_tiles.h amx_sum_blocks).
 static void head_rows_amx(const uint16_t* x16, int K, const uint16_t* packed, int C, float* acc) {
   amx_sum_blocks(
-      head_steps(K), C / 16, [&](int s) { return x16 + head_step_offset(s, K); }, K * 2,
+      amx_steps(K), C / 16, [&](int s) { return x16 + amx_step_offset(s, K); }, K * 2,
       [&](int s) { return packed + (int64_t)s * 16 * C * 2; }, C * 4, acc, C);
 }
 
