@@ -129,7 +129,7 @@ class MLAttention(nn.Module):
         w_uk, _ = self.split_kv_b()
         if fused.runs(self.fused):  # one native call; each row reduces in a fixed order (batch-invariant)
             rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr),
-                                     kernel=True, packed=self.head_packs()[0])
+                                     kernel=True, packed=self._absorbed[2][0])  # split_kv_b's, just refreshed
             return rows.view(b, q * h, -1)
         q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype))  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
@@ -142,7 +142,7 @@ class MLAttention(nn.Module):
         _, w_uv_t = self.split_kv_b()
         if fused.runs(self.fused):
             return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True,
-                                     packed=self.head_packs()[1]).view(b, q, h, self.dv)
+                                     packed=self._absorbed[2][1]).view(b, q, h, self.dv)
         out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype))  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
