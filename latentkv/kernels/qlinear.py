@@ -173,7 +173,7 @@ def pack_bf16(w: torch.Tensor) -> torch.Tensor:
 
 
 # w4a8: storage slot s of each 8-row half holds row W4A8_SLOTS[s], so that rows p and p + 4 share 32
-# bytes and the AVX2 kernel's three hadds leave the 8 rows' sums in lane order (qlinear.cpp W4)
+# bytes and the AVX2 kernel's three hadds leave the 8 rows' sums in lane order (qlinear_dot_avx2.h W4)
 W4A8_SLOTS = (0, 4, 1, 5, 2, 6, 3, 7)
 
 

@@ -1,4 +1,4 @@
-// AMX tile configuration and helpers shared by the kernels that use tiles (qlinear.cpp isa_amx,
+// AMX tile configuration and helpers shared by the kernels that use tiles (qlinear_amx.cpp isa_amx,
 // attention/mla_prefill_amx.h, mla_decode_amx.h, decode_ops/head_amx.h). Included inside a namespace compiled with amx-tile
 // and avx512f; nothing here may include a header. Callers run it in each thread before its first tile instruction.
 #pragma once

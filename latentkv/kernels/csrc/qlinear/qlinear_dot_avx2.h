@@ -1,5 +1,5 @@
 // Integer-dot weight formats and the activations' quantizer on AVX2 for qlinear_dot_impl.h (maddubs:
-// u8 x s8 byte pairs into int16, madd into int32). Included by qlinear.cpp inside `namespace
+// u8 x s8 byte pairs into int16, madd into int32). Included by qlinear_avx2.cpp inside `namespace
 // isa_avx2` after qlinear_impl.h; the AVX-512 VNNI path (qlinear_dot_vnni.h) quantizes with this
 // quantize_group too. Nothing here may include a header.
 

@@ -1,5 +1,5 @@
 // Integer-dot linears y = x · Wᵀ with int8 activations (w4a8: int4 weights; w8a8: int8 weights),
-// one instruction set. Included by qlinear.cpp inside `namespace <isa>` after qlinear_impl.h (BLOCK,
+// one instruction set. Included by each qlinear_<isa>.cpp inside `namespace <isa>` after qlinear_impl.h (BLOCK,
 // GROUP, AHEAD, Vec with mul, store_lanes) and that namespace's quantize_group and weight formats
 // W4 / W8, each giving
 //   REC (bytes per record), MIN (a min term follows the scales), scale(rec, lane) and min(rec, lane)

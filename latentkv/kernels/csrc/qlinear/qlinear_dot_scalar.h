@@ -1,6 +1,6 @@
 // Integer-dot weight formats and the activations' quantizer, one row at a time, for
 // qlinear_dot_impl.h: the scalar path every other is checked against (the same integer sums, the
-// same float steps). Included by qlinear.cpp inside `namespace isa_scalar` after qlinear_impl.h.
+// same float steps). Included by qlinear_scalar.cpp inside `namespace isa_scalar` after qlinear_impl.h.
 // Nothing here may include a header.
 
 struct W4 : CodesInPlace {  // the AVX2 layout (slot 2p / 2p + 1 of rows p, p + 4 in each half), one row at a time

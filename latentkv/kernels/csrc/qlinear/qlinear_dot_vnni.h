@@ -1,6 +1,6 @@
 // Integer-dot weight formats on AVX-512 VNNI for qlinear_dot_impl.h: vpdpbusd multiplies u8 by s8
 // bytes and adds each four products into an int32 lane (exact: no saturation, no int16 step).
-// Included by qlinear.cpp inside `namespace isa_avx512vnni` (isa_avx512's Vec: W = 16, so a panel is
+// Included by qlinear_avx512.cpp inside `namespace isa_avx512vnni` (isa_avx512's Vec: W = 16, so a panel is
 // a whole 16-row record, lane 0). Nothing here may include a header.
 //
 // The records are pack_w4a8's / pack_w8a8's (kernels/qlinear.py), each row's codes in one run of

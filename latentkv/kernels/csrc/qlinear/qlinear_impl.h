@@ -1,4 +1,4 @@
-// Weight-only quantized linear y = x · Wᵀ, one instruction set. Included once per ISA by qlinear.cpp
+// Weight-only quantized linear y = x · Wᵀ, one instruction set. Included once per ISA by its qlinear_<isa>.cpp
 // inside `namespace <isa>` under `#pragma GCC target(...)`, after that namespace's `struct Vec`
 // (W float lanes: zero, load, store, set1, fma, nibble, byte). Nothing here may include a header.
 //
@@ -113,7 +113,7 @@ static inline void store_lanes(float* row, int64_t n, int64_t N, typename Vec::T
 }
 
 // Activation elements per group: 32 floats, or for vdpbf16ps 16 words of two bf16 (x as pairs:
-// `pair_rows` in qlinear.cpp), so a pair is one broadcast.
+// `pair_rows` in qlinear_kernel.h), so a pair is one broadcast.
 template <class F>
 constexpr int x_step() { return Vec::DPBF16 && F::PAIRS ? GROUP / 2 : GROUP; }
 

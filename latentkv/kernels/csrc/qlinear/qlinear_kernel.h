@@ -1,4 +1,5 @@
-// How qlinear.cpp's entries run a packed linear, at file scope after its ISA namespaces: the kernel
+// How qlinear.cpp's entries run a packed linear, at file scope after its scalar namespace (the other
+// ISAs' kernels reach it through qlinear_paths.h): the kernel
 // of a record kind on an instruction set for x's dtype (`Kernel`), x in the form that kernel reads
 // (`Act`, `Kernel::prepare`), and the output in work units (`Kernel::units`, `Kernel::run`). The
 // `linear` entry runs one linear's units over the threads; the MoE op (moe.h) runs the units of
@@ -63,18 +64,6 @@ struct Act {
   int64_t ldh = 0, M16 = 0;
 };
 
-using Units = void (*)(const int32_t*, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t,
-                       int64_t, int64_t);
-using DotUnits = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int64_t, const float*, const float*,
-                          const int32_t*, float*, int64_t, int64_t, int64_t, int64_t);
-using Count = int64_t (*)(int64_t, int64_t);  // (M, N) -> work units
-using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, float*, int32_t*);
-
-// kind: 4 (int4), 8 (int8), 16 (bf16 weights), 32 (float32 weights)
-Units pick_kind(int64_t kind, Units i4, Units i8, Units b16, Units f32) {
-  return kind == 4 ? i4 : kind == 8 ? i8 : kind == 16 ? b16 : f32;
-}
-
 // The kernel of record kind 4, 8, 16, 32 (qlinear_impl.h) or 104, 108 (int8 activations times int4 /
 // int8 weights: qlinear_dot_impl.h) on `isa` for x in bf16 (bf16_x) or float32.
 struct Kernel {
@@ -89,37 +78,15 @@ struct Kernel {
     TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32 || dot(),
                 "qlinear: kind must be 4, 8, 16, 32, 104 or 108, got ", kind);
     if (dot()) {  // AVX-512 without VNNI (Skylake) runs the AVX2 path
-      const bool w4 = kind == 104;
-      if (vnni()) {
-        dot_fn = w4 ? isa_avx512vnni::dot_units<isa_avx512vnni::W4> : isa_avx512vnni::dot_units<isa_avx512vnni::W8>;
-        count = [](int64_t, int64_t N) { return isa_avx512vnni::dot_unit_count(N); };
-        quantize = isa_avx512vnni::quantize_rows;
-      } else if (isa >= 1) {
-        dot_fn = w4 ? isa_avx2::dot_units<isa_avx2::W4> : isa_avx2::dot_units<isa_avx2::W8>;
-        count = [](int64_t, int64_t N) { return isa_avx2::dot_unit_count(N); };
-        quantize = isa_avx2::quantize_rows;
-      } else {
-        dot_fn = w4 ? isa_scalar::dot_units<isa_scalar::W4> : isa_scalar::dot_units<isa_scalar::W8>;
-        count = [](int64_t, int64_t N) { return isa_scalar::dot_unit_count(N); };
-        quantize = isa_scalar::quantize_rows;
-      }
+      const DotPath path = vnni() ? isa_avx512vnni::dot_path() : isa >= 1 ? isa_avx2::dot_path() : isa_scalar::dot_path();
+      dot_fn = kind == 104 ? path.w4 : path.w8, count = path.count, quantize = path.quantize;
     } else if (amx()) {
-      count = [](int64_t, int64_t N) { return isa_amx::amx_unit_count(N); };
-    } else if (pairs()) {  // bf16 rows times bf16 weights by vdpbf16ps
-      units_fn = isa_avx512bf16::linear_units<isa_avx512bf16::BF16>;
-      count = isa_avx512bf16::linear_unit_count;
-    } else if (isa >= 2) {
-      units_fn = pick_kind(kind, isa_avx512::linear_units<isa_avx512::Int4>, isa_avx512::linear_units<isa_avx512::Int8>,
-                           isa_avx512::linear_units<isa_avx512::BF16>, isa_avx512::linear_units<isa_avx512::F32>);
-      count = isa_avx512::linear_unit_count;
-    } else if (isa == 1) {
-      units_fn = pick_kind(kind, isa_avx2::linear_units<isa_avx2::Int4>, isa_avx2::linear_units<isa_avx2::Int8>,
-                           isa_avx2::linear_units<isa_avx2::BF16>, isa_avx2::linear_units<isa_avx2::F32>);
-      count = isa_avx2::linear_unit_count;
-    } else {
-      units_fn = pick_kind(kind, isa_scalar::linear_units<isa_scalar::Int4>, isa_scalar::linear_units<isa_scalar::Int8>,
-                           isa_scalar::linear_units<isa_scalar::BF16>, isa_scalar::linear_units<isa_scalar::F32>);
-      count = isa_scalar::linear_unit_count;
+      count = [](int64_t, int64_t N) { return isa_amx::unit_count(N); };
+    } else {  // pairs(): bf16 rows times bf16 weights by vdpbf16ps
+      const LinearPath path = pairs() ? isa_avx512bf16::linear_path() : isa >= 2 ? isa_avx512::linear_path()
+                              : isa == 1 ? isa_avx2::linear_path() : isa_scalar::linear_path();
+      units_fn = kind == 4 ? path.int4 : kind == 8 ? path.int8 : kind == 16 ? path.bf16 : path.f32;
+      count = path.count;
     }
   }
 
@@ -127,7 +94,7 @@ struct Kernel {
   bool vnni() const { return dot() && isa >= 2 && has_avx512_vnni(); }  // the integer sums by vpdpbusd
   // the integer-dot kinds' path (the constructor's choice, by name)
   const char* dot_path() const { return vnni() ? "avx512_vnni" : isa >= 1 ? "avx2" : "scalar"; }
-  bool amx() const { return isa >= 4 && kind == 16 && bf16_x; }  // AMX tiles (qlinear.cpp isa_amx)
+  bool amx() const { return isa >= 4 && kind == 16 && bf16_x; }  // AMX tiles (qlinear_amx.cpp)
   bool pairs() const { return isa >= 3 && kind == 16 && bf16_x; }  // x as words of two bf16
   // words per record of the packed weight
   int64_t rec() const {
@@ -190,8 +157,8 @@ struct Kernel {
   // a [gate; up] weight of 2N rows (amx() only; N a multiple of 16).
   void run_swiglu(const int32_t* packed, int64_t G, const Act& a, int64_t M, uint16_t* out, int64_t N, int64_t u0,
                   int64_t u1) const {
-    isa_amx::amx_units<true>(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>(), a.rows.stride(0), out, N,
-                             N, u0, u1);
+    isa_amx::units(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>(), a.rows.stride(0), out, N, N, u0, u1,
+                   true);
   }
 
   // Units u0..u1 of out [M, N] (stride ldo, of out_type()) = rows m0 .. m0 + M of a times the packed
@@ -205,8 +172,8 @@ struct Kernel {
              static_cast<float*>(out), ldo, N, u0, u1);
     } else if (amx()) {
       TORCH_CHECK(m0 == 0 || a.M16 == 0, "qlinear: AMX rows read in place start at row 0");
-      isa_amx::amx_units(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>() + m0 * ld, ld,
-                         static_cast<uint16_t*>(out), ldo, N, u0, u1);
+      isa_amx::units(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>() + m0 * ld, ld,
+                     static_cast<uint16_t*>(out), ldo, N, u0, u1, false);
     } else {
       static const float none = 0.0f;  // xsum of the kinds without a min term: never read
       const float* x = pairs() ? reinterpret_cast<const float*>(a.rows.data_ptr<int32_t>()) : a.rows.data_ptr<float>();
