@@ -101,35 +101,38 @@ class MLAttention(nn.Module):
         """W_kvb -> W_UK [H, dn, kv_rank] and W_UVᵀ [H, kv_rank, dv], as the absorbed bmm's take them.
         Without autograd they are cached contiguous (strided views cost a copy per call), in
         `absorbed_dtype`, refreshed whenever the weight changes."""
-        weight = self.kv_b_proj.weight
-        training = torch.is_grad_enabled()  # gradients flow through the views
-        version = None if training else weight_version(weight)
-        if version is not None and self._absorbed[0] == version:
-            return self._absorbed[1]
-        w = weight.view(self.n_heads, self.dn + self.dv, self.kv_rank)
-        w_uk, w_uv_t = w[:, : self.dn], w[:, self.dn :].transpose(1, 2)
-        if training:
-            return w_uk, w_uv_t
-        dtype = self.absorbed_dtype or weight.dtype
-        w_uk, w_uv_t = w_uk.to(dtype).contiguous(), w_uv_t.to(dtype).contiguous()
-        packs = (fused.head_pack(w_uk), fused.head_pack(w_uv_t)) if self.fused else (None, None)
-        self._absorbed = (version, (w_uk, w_uv_t), packs)  # loaded or trained: refreshed
-        return self._absorbed[1]
+        return self._split_and_packs()[0]
 
     def head_packs(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """split_kv_b()'s weights in the native head_matmul's AMX layout (fused.head_pack; empty off
         AMX), cached and refreshed with them; None under autograd."""
-        self.split_kv_b()
-        return self._absorbed[2] if not torch.is_grad_enabled() else (None, None)
+        return self._split_and_packs()[1]
+
+    def _split_and_packs(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple]:
+        """(split_kv_b's weights, head_packs'), from one check of the weight's version."""
+        weight = self.kv_b_proj.weight
+        training = torch.is_grad_enabled()  # gradients flow through the views
+        version = None if training else weight_version(weight)
+        if version is not None and self._absorbed[0] == version:
+            return self._absorbed[1:]
+        w = weight.view(self.n_heads, self.dn + self.dv, self.kv_rank)
+        w_uk, w_uv_t = w[:, : self.dn], w[:, self.dn :].transpose(1, 2)
+        if training:
+            return (w_uk, w_uv_t), (None, None)
+        dtype = self.absorbed_dtype or weight.dtype
+        w_uk, w_uv_t = w_uk.to(dtype).contiguous(), w_uv_t.to(dtype).contiguous()
+        packs = (fused.head_pack(w_uk), fused.head_pack(w_uv_t)) if self.fused else (None, None)
+        self._absorbed = (version, (w_uk, w_uv_t), packs)  # loaded or trained: refreshed
+        return self._absorbed[1:]
 
     def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
         """q_nope [B,Q,H,dn], q_rope [B,Q,H,dr] -> the latent query [B, Q*H, kv_rank + dr]
         (q_lat = W_UKᵀ q_nope beside q_rope), softmax scale included."""
         b, q, h, _ = q_nope.shape
-        w_uk, _ = self.split_kv_b()
+        (w_uk, _), (uk_packed, _) = self._split_and_packs()
         if fused.runs(self.fused):  # one native call; each row reduces in a fixed order (batch-invariant)
             rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr),
-                                     kernel=True, packed=self._absorbed[2][0])  # split_kv_b's, just refreshed
+                                     kernel=True, packed=uk_packed)
             return rows.view(b, q * h, -1)
         q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype))  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
@@ -139,10 +142,10 @@ class MLAttention(nn.Module):
     def unabsorb(self, o_lat: torch.Tensor, q: int) -> torch.Tensor:
         """o_lat [B, Q*H, kv_rank] (attention output in latent space) -> W_UV o_lat [B,Q,H,dv]."""
         b, h = o_lat.shape[0], self.n_heads
-        _, w_uv_t = self.split_kv_b()
+        (_, w_uv_t), (_, uv_packed) = self._split_and_packs()
         if fused.runs(self.fused):
             return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True,
-                                     packed=self._absorbed[2][1]).view(b, q, h, self.dv)
+                                     packed=uv_packed).view(b, q, h, self.dv)
         out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype))  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
