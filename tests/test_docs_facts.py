@@ -35,7 +35,9 @@ def test_the_isa_list_is_the_codes():
     forced = re.search(r"LATENTKV_CPU_ISA=([a-z0-9_|]+)", INTERNALS).group(1).split("|")
     assert sorted(forced) == sorted(build.ISAS)
     assert all(f"`{name}`" in INTERNALS or name in INTERNALS for name in build.ISAS)
-    for cpp in (p for p in KERNELS_CSRC.rglob("*.cpp") if "PYBIND11_MODULE" in p.read_text()):  # each pybind docstring lists the codes it returns
+    modules = [p for p in KERNELS_CSRC.rglob("*.cpp") if "PYBIND11_MODULE" in p.read_text()]  # one per extension
+    assert len(modules) == 3
+    for cpp in modules:  # each pybind docstring lists the codes it returns
         doc = re.search(r'"instruction sets this CPU runs: ([^"]+)"', cpp.read_text()).group(1)
         highest = int(re.search(r"isas_up_to\((\d)\)", cpp.read_text()).group(1))
         assert [int(c) for c in re.findall(r"(?:^|, )(\d) ", doc)] == list(range(highest + 1)), cpp.name
