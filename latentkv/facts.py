@@ -12,11 +12,16 @@ MODEL_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # Latent cache dtypes: "auto" stores the latent in the model dtype; int8 / fp8_e4m3 store one
 # byte per element plus a float32 scale per token and layer (SCALE_BYTES), the rope key beside it
 # in 16 bits; the "_rope8" forms store the rope key in int8 too, with a scale of its own per token
-# (a converted model's rope pairs are equalized for it: convert/rope_scale.py).
+# (a converted model's rope pairs are equalized for it: convert/rope_scale.py). "q4_0" stores
+# both in llama.cpp's q4_0 blocks: 4-bit codes with a float16 scale per Q4_GROUP values (the last
+# group of each may be shorter), the rope key turned by a fixed orthogonal map first
+# (cache/q4.py says why).
 ROPE8 = "_rope8"
-CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "int8" + ROPE8, "fp8_e4m3" + ROPE8)
+Q4 = "q4_0"
+CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "int8" + ROPE8, "fp8_e4m3" + ROPE8, Q4)
 CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "fp8" + ROPE8: "fp8_e4m3" + ROPE8}
 SCALE_BYTES = 4
+Q4_GROUP, Q4_SCALE_BYTES = 32, 2
 
 
 def latent_dtype(cache_dtype: str) -> str:

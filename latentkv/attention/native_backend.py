@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from ..cache import q4
 from ..kernels.attention import available, chosen_isa, mla_decode, mla_prefill, prefill_supported, unavailable_reason
 from .metadata import AttentionMetadata
 from .prefill import span_prefill
@@ -77,6 +78,8 @@ class NativeBackend(TorchBackend):
                 or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
             return super().latent_attention(query, cache, meta)
         heads = query.shape[1] // meta.max_query_len
+        if cache.q4:  # its rope key is stored turned (cache/q4.py): turning the query's rope part keeps the scores
+            query = torch.cat((query[..., :cache.kv_rank], q4.turn(query[..., cache.kv_rank:])), dim=-1)
         if meta.max_query_len == 1:
             return mla_decode(query, cache, meta.block_tables, meta.context_lens, None, heads, self.isa)
         # Batch-invariant: every row through the kernel (its spans sit at fixed positions), in

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..cache import q4
 from ..cache.latent_cache import LatentCache, quantize_latent
 
 
@@ -16,6 +17,14 @@ def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: 
     if not cache.quantized:
         rows = cache.kv.view(-1, cache.kv.shape[-1])
         rows.index_copy_(0, slot_mapping, torch.cat((c, k_r), dim=-1).to(cache.dtype))
+        return
+    if cache.q4:
+        codes, scale = q4.quantize(c)
+        rope_codes, rope_scale = q4.quantize(q4.turn(k_r))
+        slots = cache.latent.shape[0] * cache.block_size
+        cache.latent.view(slots, -1).index_copy_(0, slot_mapping, codes)
+        cache.rope.view(slots, -1).index_copy_(0, slot_mapping, rope_codes)
+        cache.scale.view(slots, -1).index_copy_(0, slot_mapping, torch.cat((scale, rope_scale), dim=-1))
         return
     q, scale = quantize_latent(c, cache.latent_dtype)
     cache.latent.view(-1, cache.kv_rank).index_copy_(0, slot_mapping, q)

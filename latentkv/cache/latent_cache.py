@@ -8,13 +8,16 @@ float32 model — float32 would make it most of a token's bytes: 384 of 636 for 
 model, against bf16's 8 significant bits, finer than the int8 latent's 7). The `_rope8` forms
 (facts.ROPE8) store `k_r` as int8 codes with a second float32 scale per token: `scale` is then
 [..., 2] (latent's, rope's), one tensor, so the kernels take the same arguments. Dequantized when
-attention reads it. Reads and writes through block tables live in `latentkv.attention.paged`.
+attention reads it. `q4_0` (cache/q4.py): `latent` and `rope` hold packed 4-bit codes, `scale`
+float16 scales [..., groups(r) + groups(dr)] (the latent's, then the rope key's). Reads and writes
+through block tables live in `latentkv.attention.paged`.
 """
 from __future__ import annotations
 
 import torch
 
-from latentkv.facts import latent_dtype, rope8
+from latentkv.cache import q4
+from latentkv.facts import Q4, latent_dtype, rope8
 
 _QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}  # the quantized latents of facts.CACHE_DTYPES
 
@@ -40,6 +43,11 @@ class LatentCache:
         self.latent_dtype, self.rope8 = latent_dtype(cache_dtype), rope8(cache_dtype)
         if cache_dtype == "auto":
             self.kv = torch.zeros(num_blocks, block_size, kv_rank + rope_dim, dtype=dtype, device=device)
+        elif cache_dtype == Q4:
+            self.latent = torch.zeros(num_blocks, block_size, q4.packed_bytes(kv_rank), dtype=torch.uint8, device=device)
+            self.rope = torch.zeros(num_blocks, block_size, q4.packed_bytes(rope_dim), dtype=torch.uint8, device=device)
+            self.scale = torch.zeros(num_blocks, block_size, q4.groups(kv_rank) + q4.groups(rope_dim), dtype=torch.float16,
+                                     device=device)
         else:
             # fp8 is stored as raw bytes: index_put on float8 tensors is not implemented everywhere.
             codes = torch.int8 if self.latent_dtype == "int8" else torch.uint8
@@ -53,14 +61,25 @@ class LatentCache:
         return self.cache_dtype != "auto"
 
     @property
+    def q4(self) -> bool:
+        """Whether the cache holds q4_0 blocks (cache/q4.py), the rope key turned."""
+        return self.cache_dtype == Q4
+
+    @property
     def qmax(self) -> float:
-        """The largest code magnitude of a quantized latent (a token's max |c| maps to it)."""
-        return _QMAX[self.latent_dtype]
+        """The largest code magnitude of a quantized latent (a token's max |c| maps to it; 0: q4_0)."""
+        return _QMAX.get(self.latent_dtype, 0.0)
 
     def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        """codes [..., r], scale [...] (or [..., 2] with an 8-bit rope), rope [..., dr] ->
+        """codes [..., r], scale [...] (or [..., 2] with an 8-bit rope; q4_0: cache/q4.py), rope [..., dr] ->
         [..., r + dr] in the model dtype, written in place into one buffer (no cat)."""
         out = torch.empty(*codes.shape[:-1], self.kv_rank + self.rope_dim, dtype=self.dtype, device=codes.device)
+        if self.q4:
+            split = q4.groups(self.kv_rank)
+            q4.dequantize(codes, scale[..., :split], self.kv_rank, self.dtype, out=out[..., : self.kv_rank])
+            rope = q4.dequantize(rope, scale[..., split:], self.rope_dim, torch.float32)
+            out[..., self.kv_rank:] = q4.turn_back(rope)
+            return out
         if self.rope8:
             dequantize_latent(codes, scale[..., 0], self.latent_dtype, self.dtype, out=out[..., : self.kv_rank])
             dequantize_latent(rope, scale[..., 1], "int8", self.dtype, out=out[..., self.kv_rank:])

@@ -24,7 +24,9 @@ from latentkv.sources.chat_data import load_chat
 from latentkv.sources.reference import source_logits
 from latentkv.sources.source_model import SourceModel
 
-FORMATS = ("int8_rope8", "int8")  # the 8-bit rope first: it leaves the latent the most bytes
+# the 8-bit rope first: it leaves the latent the most bytes; q4_0 (4-bit blocks, the rope key turned:
+# cache/q4.py) holds the exact conversion at the q4_0 budget of the original's cache
+FORMATS = ("int8_rope8", "int8", "q4_0")
 ROPE_POINTS = 6  # SmolLM2 (3 KV heads x 64): rope 32, 64, ... 192
 SELECT_EXAMPLES = 48
 MIN_RANK = 8
@@ -51,11 +53,23 @@ def candidates(src: SourceModel, kv_bytes: int, formats=FORMATS) -> list[Candida
     for fmt in formats:
         for dr in rope_dims:
             exact_rank = (full_rope - dr) + full_rope  # rows of Z = [f_K; V]: the dropped key dims and V
-            per_rank = latent_bytes([1] * layers, dr, fmt) - latent_bytes([0] * layers, dr, fmt)  # bytes a latent dim costs
-            rank = min(exact_rank, (kv_bytes - latent_bytes([0] * layers, dr, fmt)) // per_rank)
+            rank = widest_rank(layers, dr, fmt, kv_bytes, exact_rank)
             if rank >= MIN_RANK:
                 out.append(Candidate(dr, rank, fmt, latent_bytes([rank] * layers, dr, fmt)))
     return out
+
+
+def widest_rank(layers: int, rope_dim: int, fmt: str, kv_bytes: int, cap: int) -> int:
+    """The widest latent (at most cap) whose cache fits kv_bytes per token, by the engine's formula
+    (bytes grow with the rank, in steps where scales come in groups); 0 if none does."""
+    lo, hi = 0, cap
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if latent_bytes([mid] * layers, rope_dim, fmt) <= kv_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def choose(src: SourceModel, stats, options: ConvertOptions, windows=None, log=tqdm.write) -> tuple[ConvertOptions, list]:

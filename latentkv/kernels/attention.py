@@ -24,8 +24,8 @@ DECODE_SPAN, DECODE_MAX_SPANS = 256, 64  # csrc/attention/mla_job.h SPAN, MAX_SP
 
 
 def probe(module, isa: int) -> list:
-    """The self-check's inputs (kernels/build.py): decode over float32, bf16 and int8 caches (an
-    int8 rope key too) with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
+    """The self-check's inputs (kernels/build.py): decode over float32, bf16, int8 (an int8 rope key
+    too) and q4_0 caches with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
     prefill span in both dtypes with keys packed and read in place."""
     gen = torch.Generator().manual_seed(0)
     heads, rank, dr, bs = 4, 64, 16, 16
@@ -37,6 +37,10 @@ def probe(module, isa: int) -> list:
     rope = torch.randn(6, bs, dr, generator=gen).bfloat16()
     rope8 = torch.randint(-127, 128, (6, bs, dr), generator=gen, dtype=torch.int8)
     scale2 = torch.rand(6, bs, 2, generator=gen) / 64  # an 8-bit rope: [latent's, rope's] scale per token
+    # q4_0 blocks (cache/q4.py): packed codes, float16 scales per 32 values (two latent groups, one rope)
+    q4_latent = torch.randint(0, 256, (6, bs, rank // 2), generator=gen, dtype=torch.uint8)
+    q4_rope = torch.randint(0, 256, (6, bs, dr // 2), generator=gen, dtype=torch.uint8)
+    q4_scale = (torch.randn(6, bs, 3, generator=gen) / 64).half()
     empty = torch.empty(0)
     out = []
     for q_len in (1, 2):
@@ -45,7 +49,8 @@ def probe(module, isa: int) -> list:
         for qdt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             q = query.to(qdt)
             for name, caches in (("kv", (kv.to(qdt), empty, empty, empty)), ("int8", (empty, latent, scale, rope)),
-                                 ("int8 rope8", (empty, latent, scale2, rope8))):
+                                 ("int8 rope8", (empty, latent, scale2, rope8)),
+                                 ("q4_0", (empty, q4_latent, q4_scale, q4_rope))):
                 got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, isa, 1)
                 out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
     # a latent that ends mid-chunk (rank % 32 == 16, as the default conversion's 240): bf16 queries
@@ -107,7 +112,8 @@ def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: 
                threads: int | None = None) -> torch.Tensor:
     """query [B, M, r+dr] (M = Q*heads rows, absorbed and scaled) over one layer's LatentCache ->
     o_lat [B, M, r] in the query dtype. Rows of query token q see keys j <= query_pos[b, q]
-    (None: the whole context)."""
+    (None: the whole context). A q4_0 cache's rope key is stored turned: the query's must be too
+    (attention/native_backend.py)."""
     empty = query.new_empty(0)
     if cache.quantized:
         kv, latent, scale, rope = empty, cache.latent, cache.scale, cache.rope

@@ -88,6 +88,8 @@ def unsupported(model, caches) -> str | None:
         spec = layer.spec
         if spec.moe and layer.mlp.native is None:
             return f"layer {spec.index}: MoE experts without their native call"
+        if cache.q4:
+            return f"layer {spec.index}: its q4_0 cache is written and read by the per-layer path (no native q4_0 write)"
         if cache.dtype != route.dtype:
             return f"layer {spec.index}: cache dtype {cache.dtype} differs from the model's {route.dtype}"
     return None

@@ -71,7 +71,7 @@ def write_latent(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, cos: to
                  interleaved: bool, slot_mapping: torch.Tensor, *, kernel: bool = False) -> None:
     """Store c [T, r] and k_r [T, dr] (not yet rotated: rotated here) at flat slots [T], quantized
     if the cache is: one pass (the native op), else the reference rope + attention.paged.write."""
-    if runs(kernel) and c.dtype == cache.dtype:
+    if runs(kernel) and c.dtype == cache.dtype and not cache.q4:  # q4_0 blocks: the reference writes them
         empty = c.new_empty(0)
         if cache.quantized:
             EXT.state["module"].write_latent(c, k_r, cos, sin, interleaved, slot_mapping, empty, cache.latent, cache.scale,

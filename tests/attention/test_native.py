@@ -12,6 +12,8 @@ the same bf16 rows, the same int8 / fp8 codes and scales):
   An int8 latent there (rank % 64 == 0, bf16 rope) takes integer dot products (VNNI): the query's
   latent part as two int8 parts hi + lo/256 per row (one part alone measured 3-5e-2), the value
   weights as uint8 per tile: measured <= 3.3e-3;
+- q4_0 (float16 scales per 32 values, the rope key turned): the same tolerances, the exact output
+  taken over the stored (turned) rope key with the turned query;
 - reference vs native: 1e-4 in float32; 5e-2 in bfloat16 (the reference rounds its scores,
   probabilities and dequantized latent to bf16 before the matmuls).
 """
@@ -25,6 +27,7 @@ import torch
 from latentkv.kernels import attention as attention_kernels, build
 from latentkv.attention.metadata import build_metadata
 from latentkv.attention.torch_ref import TorchBackend
+from latentkv.cache import q4
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.attention.paged import write
 
@@ -60,7 +63,14 @@ def filled_cache(lengths, heads, rank, rope, dtype, cache_dtype, block_size, see
 
 
 def stored_rows(cache, slots):
-    """What the cache holds at `slots`, exactly, in float64 -> [n, r + dr]."""
+    """What the cache holds at `slots`, exactly, in float64 -> [n, r + dr] (q4_0: the rope key as
+    stored, turned)."""
+    if cache.q4:
+        n, split = cache.latent.shape[0] * cache.block_size, q4.groups(cache.kv_rank)
+        scale = cache.scale.view(n, -1)[slots]
+        latent = q4.dequantize(cache.latent.view(n, -1)[slots], scale[:, :split], cache.kv_rank, torch.float64)
+        rope = q4.dequantize(cache.rope.view(n, -1)[slots], scale[:, split:], cache.rope_dim, torch.float64)
+        return torch.cat((latent, rope), dim=-1)
     if not cache.quantized:
         return cache.kv.view(-1, cache.kv.shape[-1])[slots].double()
     codes = cache.latent.view(-1, cache.kv_rank)[slots]
@@ -71,6 +81,14 @@ def stored_rows(cache, slots):
     if cache.rope8:  # codes times the token's rope scale, in the model dtype (as the kernels widen them)
         rope = (rope * scale[:, 1:]).to(cache.dtype).double()
     return torch.cat((values * scale[:, :1], rope), dim=-1)
+
+
+def kernel_query(query, cache):
+    """The query the kernel takes: a q4_0 cache's rope key is stored turned, so the query's rope
+    part is turned too (as attention/native_backend.py does)."""
+    if not cache.q4:
+        return query
+    return torch.cat((query[..., :cache.kv_rank], q4.turn(query[..., cache.kv_rank:])), dim=-1)
 
 
 def exact_attention(query, rows, query_lens, lengths, heads):
@@ -93,9 +111,10 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
     gen = torch.Generator().manual_seed(seed + 1)
     query = (torch.randn(len(lengths), q_max * heads, rank + rope, generator=gen) * (rank + rope) ** -0.5 * 2).to(dtype)
     pos = None if q_max == 1 else meta.query_pos
-    got = attention_kernels.mla_decode(query, cache, meta.block_tables, meta.context_lens, pos, heads, isa=isa)
-    reference = TorchBackend().latent_attention(query, cache, meta)
-    exact = exact_attention(query, rows, query_lens, lengths, heads)[..., :rank]
+    turned = kernel_query(query, cache)
+    got = attention_kernels.mla_decode(turned, cache, meta.block_tables, meta.context_lens, pos, heads, isa=isa)
+    reference = TorchBackend().latent_attention(query, cache, meta)  # reads the rope key turned back
+    exact = exact_attention(turned, rows, query_lens, lengths, heads)[..., :rank]
     valid = meta.query_valid.repeat_interleave(heads, dim=1)  # padded query rows are dropped by the caller
     scale = exact.abs().max()
     assert got.dtype == dtype and got.shape == (len(lengths), q_max * heads, rank)
@@ -109,14 +128,15 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
                                                (torch.bfloat16, "int8"), (torch.bfloat16, "fp8_e4m3"),
                                                (torch.float32, "int8"), (torch.bfloat16, "int8_rope8"),
-                                               (torch.float32, "fp8_e4m3_rope8")])
+                                               (torch.float32, "fp8_e4m3_rope8"), (torch.float32, "q4_0"),
+                                               (torch.bfloat16, "q4_0")])
 def test_batch_of_lengths_ending_mid_block_every_isa(isa, dtype, cache_dtype):
     run_case([1, 17, 300, 45], heads=9, rank=64, rope=32, dtype=dtype, cache_dtype=cache_dtype, isa=isa)
 
 
 @pytest.mark.parametrize("heads,rank,rope", [(1, 32, 0), (16, 512, 64), (128, 128, 16), (3, 256, 64), (2, 48, 8),
                                              (9, 248, 96), (9, 240, 96), (5, 44, 6), (4, 37, 3)])  # widths off the vector lanes
-@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3", "int8_rope8"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3", "int8_rope8", "q4_0"])  # q4_0: odd widths too
 def test_heads_ranks_and_rope_widths(heads, rank, rope, cache_dtype):
     run_case([33, 130], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype=cache_dtype, seed=heads)
 
@@ -138,7 +158,7 @@ def test_several_query_tokens_are_causal(dtype):
 @pytest.mark.parametrize("isa", attention_kernels.supported_isas())
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.bfloat16, "int8"),
                                                (torch.bfloat16, "fp8_e4m3"), (torch.float32, "int8"),
-                                               (torch.bfloat16, "int8_rope8")])
+                                               (torch.bfloat16, "int8_rope8"), (torch.bfloat16, "q4_0")])
 @pytest.mark.parametrize("rank,rope", [(64, 16), (240, 96)])  # 240: the latent ends mid-chunk (the default conversion)
 def test_result_does_not_depend_on_the_batch_or_threads(isa, dtype, cache_dtype, rank, rope):
     """Batch invariance: a sequence's output is bit-identical alone, in a batch of mixed lengths

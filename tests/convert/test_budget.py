@@ -29,6 +29,13 @@ def test_no_candidate_is_over_the_budget_and_each_takes_all_the_room_it_can(kv_b
     assert {c.cache_dtype for c in found} <= set(budget.FORMATS)
 
 
+def test_the_q4_0_budget_has_the_exact_conversion_in_q4_0_blocks():
+    """At llama.cpp's q4_0 bytes (6,480 for SmolLM2) the exact conversion (rope 192 + rank 192) fits
+    in q4_0 blocks: 216 bytes a layer, the bytes of q4_0 K and V of the original."""
+    exact = [c for c in budget.candidates(SMOLLM2, 6480) if c.cache_dtype == "q4_0" and c.rope_dim == 192]
+    assert [(c.kv_rank, c.bytes_per_token) for c in exact] == [(192, 6480)]
+
+
 def test_a_budget_below_the_smallest_cache_is_refused_before_calibrating(tmp_path):
     with pytest.raises(ValueError, match="below the smallest cache"):
         budget.check(SMOLLM2, 300)

@@ -45,10 +45,13 @@ def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(t
     check_identical(folder, dtype, attention_backend, quantization=quantization)
 
 
-@pytest.mark.parametrize("cache_dtype,dtype", [("int8_rope8", "bfloat16"), ("int8_rope8", "float32")])
+@pytest.mark.parametrize("cache_dtype,dtype", [("int8_rope8", "bfloat16"), ("int8_rope8", "float32"),
+                                               ("q4_0", "bfloat16"), ("q4_0", "float32")])
 def test_greedy_over_an_8_bit_rope_cache_is_identical_alone_batched_chunked_and_cached(tiny_lm, cache_dtype, dtype,
                                                                                      attention_backend):
-    """The rope key in int8 (a scale of its own per token) read by every path: batch invariance holds."""
+    """The rope key in int8 (a scale of its own per token), or latent and rope key in q4_0 blocks
+    (the rope key turned; the native kernel reads it with a turned query, the prefill paths turned
+    back), read by every path: batch invariance holds."""
     folder, _, _ = tiny_lm("v3_dense_qlora")
     check_identical(folder, dtype, attention_backend, kv_cache_dtype=cache_dtype)
 

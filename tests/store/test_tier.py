@@ -47,12 +47,13 @@ def block_paths(store):
     return sorted(store.glob(f"*/blocks/*/*{SUFFIX}"))
 
 
-def test_restart_reuses_blocks_and_outputs_match_cold(lm_folder, tmp_path):
+@pytest.mark.parametrize("cache", [{}, {"kv_cache_dtype": "q4_0"}])  # q4_0: uint8 codes and float16 scales on disk
+def test_restart_reuses_blocks_and_outputs_match_cold(lm_folder, tmp_path, cache):
     folder = lm_folder()
-    cold = run(make_llm(folder), SECOND)
-    serve_and_stop(folder, tmp_path / "store")
+    cold = run(make_llm(folder, **cache), SECOND)
+    serve_and_stop(folder, tmp_path / "store", **cache)
     assert len(block_paths(tmp_path / "store")) >= 8
-    llm = make_llm(folder, kv_store=str(tmp_path / "store"))
+    llm = make_llm(folder, kv_store=str(tmp_path / "store"), **cache)
     warm = run(llm, SECOND)
     stats = llm.engine.stats()
     assert stats["store_hits"] == 8 and stats["store_corrupt_blocks"] == 0

@@ -4,7 +4,8 @@
 // Python side: latentkv/kernels/attention.py (build, ISA choice, self-check, fallback: kernels/build.py). Shapes:
 //   query [B, M, D] (M = Q*H absorbed query rows, D = kv_rank + rope_dim; bf16 or float32)
 //   cache: kv [blocks, bs, D] (bf16/float32) or latent [blocks, bs, r] int8|uint8(fp8 e4m3)
-//          + scale [blocks, bs] float32 + rope [blocks, bs, D - r] (bf16/float32)
+//          + scale [blocks, bs] float32 + rope [blocks, bs, D - r] (bf16/float32), or q4_0 blocks:
+//          uint8 latent [blocks, bs, (r+1)/2] + uint8 rope [.., (D-r+1)/2] + float16 scale [.., groups]
 //   block_tables [B, nb] int64, context_lens [B] int64, query_pos [B, Q] int64 (or empty:
 //   every row sees the whole context) -> out [B, M, r] in the query dtype.
 #include "kernel_fns.h"
@@ -106,6 +107,19 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
                 "mla_decode: kv must be float32 or bfloat16");
     job.kind = kv.scalar_type() == at::kFloat ? KIND_F32 : KIND_BF16;
     job.kv = kv.data_ptr();
+  } else if (scale.scalar_type() == at::kHalf) {  // q4_0 blocks (latentkv/cache/q4.py)
+    TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope.is_contiguous(),
+                "mla_decode: latent, scale and rope must be contiguous");
+    const int64_t dr = D - r, groups = (r + Q4_GROUP - 1) / Q4_GROUP + (dr + Q4_GROUP - 1) / Q4_GROUP;
+    TORCH_CHECK(latent.scalar_type() == at::kByte && rope.scalar_type() == at::kByte && latent.size(-1) == (r + 1) / 2 &&
+                    rope.size(-1) == (dr + 1) / 2 && scale.size(-1) == groups,
+                "mla_decode: a q4_0 cache is uint8 latent [.., (r+1)/2], uint8 rope [.., (dr+1)/2] and float16 scale "
+                "[.., groups of 32]");
+    job.kind = KIND_Q4;
+    job.scale_stride = (int)groups;
+    job.latent = latent.data_ptr();
+    job.rope = rope.data_ptr();
+    job.scale16 = (const uint16_t*)scale.data_ptr();
   } else {
     TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope.is_contiguous(),
                 "mla_decode: latent, scale and rope must be contiguous");
@@ -163,7 +177,8 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   // bf16 queries on an avx512_bf16 CPU: bf16 dot products straight from the query; otherwise
   // the query rows of each sequence widened once to float32.
   // (r % 32 == 16, the default conversion's 240: the latent ends mid-chunk, in a full chunk)
-  const bool dp_bf16 = isa >= 3 && query.scalar_type() == at::kBFloat16 && (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
+  // (q4_0 rows are widened to float32 by load_row on every ISA: the bf16 loops widen their own kinds)
+  const bool dp_bf16 = isa >= 3 && job.kind != KIND_Q4 && query.scalar_type() == at::kBFloat16 && (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
   std::vector<float> qf(dp_bf16 ? 0 : B * M * D);
   if (dp_bf16) {
   } else if (query.scalar_type() == at::kFloat) {

@@ -164,6 +164,11 @@ static inline void prefetch_row(const Job& job, const int64_t* table, int64_t j)
   switch (job.kind) {
     case KIND_F32: prefetch_bytes((const float*)job.kv + slot * D, 4 * D); break;
     case KIND_BF16: prefetch_bytes((const uint16_t*)job.kv + slot * D, 2 * D); break;
+    case KIND_Q4:
+      prefetch_bytes((const uint8_t*)job.latent + slot * ((r + 1) / 2), (r + 1) / 2);
+      prefetch_bytes((const uint8_t*)job.rope + slot * ((dr + 1) / 2), (dr + 1) / 2);
+      prefetch_l1(job.scale16 + slot * job.scale_stride);
+      break;
     default:
       prefetch_bytes((const int8_t*)job.latent + slot * r, r);
       prefetch_bytes((const char*)job.rope + slot * rope_bytes, rope_bytes);

@@ -7,7 +7,7 @@
 // One work item = one sequence b and one span [t0, t1) of its cached tokens. The item reads
 // each token's latent row once (through the block table, in place), widens it to float32 in
 // an L1 tile (bf16: a shift; int8: times the token's scale; fp8 e4m3: a bit move, times
-// 2^120 and the scale), and uses the tile for all M = Q*H query rows: scores, online softmax
+// 2^120 and the scale; q4_0: a nibble minus 8, times its group's scale), and uses the tile for all M = Q*H query rows: scores, online softmax
 // (running max and sum per row) and the value accumulation, in one pass. Items of one
 // sequence are merged by log-sum-exp in a fixed order (merge below), so the result does not
 // depend on the batch or on the number of threads.
@@ -55,6 +55,34 @@ static inline void widen_fp8(const uint8_t* __restrict src, float* __restrict ds
   }
 }
 
+// float16 bits -> float32 (subnormals included; a q4_0 scale is never inf or NaN).
+static inline float half_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 31u, man = h & 1023u;
+  if (exp == 0) {
+    const float f = (float)man * 5.9604644775390625e-8f;  // man * 2^-24
+    return sign ? -f : f;
+  }
+  const uint32_t u = sign | ((exp + 112u) << 23) | (man << 13);
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// q4_0 codes of a row of n values (cache/q4.py's layout: per group of up to Q4_GROUP, byte j holds
+// value j low and value j + half high) and its float16 scales -> dst [n] float32.
+static inline void widen_q4(const uint8_t* __restrict src, const uint16_t* __restrict sc, float* __restrict dst, int n) {
+  for (int g0 = 0; g0 < n; g0 += Q4_GROUP) {
+    const int size = n - g0 < Q4_GROUP ? n - g0 : Q4_GROUP, half = (size + 1) / 2;
+    const float d = half_to_f32(sc[g0 / Q4_GROUP]);
+    const uint8_t* b = src + g0 / 2;
+    float* o = dst + g0;
+#pragma omp simd
+    for (int j = 0; j < half; ++j) o[j] = (float)((int)(b[j] & 15u) - 8) * d;
+#pragma omp simd
+    for (int j = 0; j < size - half; ++j) o[half + j] = (float)((int)(b[j] >> 4) - 8) * d;
+  }
+}
+
 // Widen token j of sequence `table` into dst [D] float32. Not through memmove: GCC turns the
 // float32 rope's copy into a libc call per token (~10% of the AVX2 kernel at 8K), where the
 // vector loop is a dozen loads and stores.
@@ -66,6 +94,12 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) static inline void
   switch (job.kind) {
     case KIND_F32: widen_f32((const float*)job.kv + slot * D, dst, D, 1.0f); break;
     case KIND_BF16: widen_bf16((const uint16_t*)job.kv + slot * D, dst, D, 1.0f); break;
+    case KIND_Q4: {
+      const uint16_t* sc = job.scale16 + slot * job.scale_stride;
+      widen_q4((const uint8_t*)job.latent + slot * ((r + 1) / 2), sc, dst, r);
+      widen_q4((const uint8_t*)job.rope + slot * ((dr + 1) / 2), sc + (r + Q4_GROUP - 1) / Q4_GROUP, dst + r, dr);
+      break;
+    }
     default: {
       const float* sc = job.scale + slot * job.scale_stride;
       if (job.kind == KIND_I8) widen_i8((const int8_t*)job.latent + slot * r, dst, r, sc[0]);

@@ -4,7 +4,9 @@
 #pragma once
 #include <cstdint>
 
-enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3 };
+// KIND_Q4: llama.cpp's q4_0 blocks for the latent and the (turned) rope key (latentkv/cache/q4.py)
+enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3, KIND_Q4 = 4 };
+constexpr int Q4_GROUP = 32;  // values per float16 scale (cache/q4.py: facts.Q4_GROUP)
 constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
 constexpr int64_t SPAN = 256;   // fewest tokens per work item (shorter items cost more in set-up and merge than a second thread gains)
 constexpr int64_t MAX_SPANS = 64;  // spans sit at fixed positions (SPAN apart) for contexts up to SPAN x MAX_SPANS
@@ -27,11 +29,12 @@ struct Job {
   int64_t nb;
   bool rope_bf16;  // the rope key beside a quantized latent: bf16, else float32 (or int8 codes: rope_i8)
   bool rope_i8;    // int8 rope codes, their scale the second of each token's two (scale_stride 2)
-  int scale_stride;  // floats per token in `scale`: 1 (the latent's), 2 (latent's, rope's)
+  int scale_stride;  // scales per token: 1 (the latent's), 2 (latent's, rope's); KIND_Q4: its groups
   const void* kv;
   const void* latent;
   const float* scale;
   const void* rope;
+  const uint16_t* scale16;  // KIND_Q4: float16 scales, scale_stride per token (the latent's groups, then the rope's)
   const int64_t* block_tables;
 };
 
