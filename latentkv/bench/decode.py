@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..cache.accounting import latent_bytes_per_token
-from ..facts import dtype_name
+from ..facts import CACHE_DTYPES, dtype_name
 from ..plots import new_figure, save_figure
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
 from .isolated import FAILED, attempt, close_all
@@ -32,8 +32,8 @@ def build_systems(args, failed: dict) -> list:
     # the first latentkv row is the one the ratios are taken against; quantized weights are reported
     # separately (a different weight precision, like llama.cpp's Q4_1); int4 / w4a8 on CPU only
     for weight in [w for w in WEIGHT_ROWS if w in weights and (w == "none" or not torch.cuda.is_available())]:
-        for latent in [c for c in ("auto", "int8") if c in latents]:
-            name = " + ".join(part for part in (WEIGHT_ROWS[weight], "int8 latent" if latent == "int8" else "") if part)
+        for latent in [c for c in CACHE_DTYPES if c in latents]:
+            name = " + ".join(part for part in (WEIGHT_ROWS[weight], "" if latent == "auto" else f"{latent} latent") if part)
             systems.append(LatentKVSystem(f"latentkv {name}".strip(), args.model, latent, max_model_len=length,
                                           kv_cache_memory=budget, quantization=None if weight == "none" else weight))
     if getattr(args, "reference_attention", False):  # the same rows on the PyTorch reference attention

@@ -76,7 +76,7 @@ def register(subparsers) -> None:
     p.add_argument("--weights", nargs="+", default=["none", "int4"], choices=["none", "int4", "w4a8"],
                    help="latentkv weight precisions to run: none (the model dtype), int4 (the w4 rows) and/or w4a8 "
                         "(int4 weights, int8 activations: integer dot products); int4 / w4a8 on CPU")
-    p.add_argument("--kv-cache-dtypes", nargs="+", default=["auto", "int8"], choices=["auto", "int8"],
+    p.add_argument("--kv-cache-dtypes", nargs="+", default=["auto", "int8"], choices=list(CACHE_DTYPES),
                    help="latent cache dtypes per weight precision (each row loads its own model: for a model that "
                         "fits once, pick one, e.g. --weights w4a8 --kv-cache-dtypes int8)")
     p.set_defaults(func=lambda a: run("decode", a))
