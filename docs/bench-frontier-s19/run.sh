@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The q4_0 rows of issue 30's frontier (session 2026-12-03 (19)): AMD EPYC with avx512_bf16 (no AMX),
+# 2 threads, quality only. llama.cpp and reference rows: bench-frontier-s14 (the same held-out prompts).
+set -euo pipefail
+grep -m1 flags /proc/cpuinfo > cpuflags.txt
+# the exact conversion (rope 192 + rank 192), scored in q4_0 blocks
+latentkv convert --out exact --rope-dim all --kv-rank full --eval-tokens 0
+# --kv-bytes at the q4_0 budget and at a quarter of the f16 cache: both chose q4_0 (kv6480: rope 160 + rank 224,
+# kv5760: rope 128 + rank 212); the budget folders are made by the bench
+latentkv bench frontier --systems latentkv --budgets 6480 5760 --folders exact:q4_0 --out frontier --threads 2
+# decode speed of the same folder in int8 and q4_0 (bf16, the auto dtype here)
+latentkv bench decode --model exact --no-baselines --threads 2 --contexts 128 4096 --weights none \
+    --kv-cache-dtypes int8 q4_0 --out decode
