@@ -10,13 +10,14 @@ The rope key is turned by a fixed orthogonal map R before it is quantized (`turn
 model's rope key carries RoPE's pairs at very different sizes, and 4 bits per value lose the small
 ones. R = H·S2·P·H·S1: S1, S2 fixed sign flips, H block Walsh-Hadamard matrices (the powers of two
 in dr's binary form), P a stride permutation between the two passes so every output mixes every
-input. It is built once per width from those butterflies and applied as one float32 matmul whose
-rows do not depend on how many there are (invariant.linear); nothing is stored with the model. Measured on the exact SmolLM2 conversion (held-out chat
-agreement, float32, the cache simulated): unturned 0.80; one pass of H·S 0.88; two passes 0.905;
-a dense random orthogonal matrix 0.908 (docs/conversion.md). Scores are unchanged when
-the query's rope part is turned by the same R (kernels/attention.py does, for the native kernel);
-`dequantize` turns the key back for every other reader. The latent is not turned: a converted
-model's latent is already mixed by a random orthogonal matrix (convert/latent.py rotate).
+input. It is built once per width from those butterflies and applied as one float32 matmul
+whose rows do not depend on how many there are (invariant.linear); nothing is stored with the
+model. Measured on the exact SmolLM2 conversion (held-out chat agreement, float32, the cache
+simulated): unturned 0.80; one pass of H·S 0.88; two passes 0.905; a dense random orthogonal
+matrix 0.900-0.908 (docs/conversion.md). Scores are unchanged when the query's rope part is turned
+by the same R (attention/native_backend.py does, for the native kernel); `dequantize` turns the
+key back for every other reader. The latent is not turned: a converted model's latent is already
+mixed by a random orthogonal matrix (convert/latent.py rotate).
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def row_bytes(n: int) -> int:
 
 
 @functools.cache
-def _plan(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(S1, S2, perm, its inverse) of the turn of n values: two fixed ±1 patterns (from SHA-256:
+def _plan(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(S1, S2, perm) of the turn of n values: two fixed ±1 patterns (from SHA-256:
     the same on every machine) and a stride permutation (i -> s·i mod n, s coprime with n, about
     n/3) that carries each Hadamard block's outputs into every block."""
     def signs(salt: bytes) -> torch.Tensor:
@@ -55,7 +56,7 @@ def _plan(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
                              for i in range(n)])
     stride = next(s for s in range(max(1, n // 3), n + 1) if math.gcd(s, n) == 1) if n else 1
     perm = torch.tensor([stride * i % n for i in range(n)], dtype=torch.long)
-    return signs(b"latentkv-q4-1"), signs(b"latentkv-q4-2"), perm, torch.argsort(perm)
+    return signs(b"latentkv-q4-1"), signs(b"latentkv-q4-2"), perm
 
 
 def _hadamard(x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,8 @@ def _hadamard(x: torch.Tensor) -> torch.Tensor:
         h = 1
         while h < b:  # butterflies: pairs (i, i + h) within each 2h run
             y = y.reshape(*y.shape[:-1], b // (2 * h), 2, h)
-            y = torch.stack((y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]), dim=-2).reshape(*x.shape[:-1], b)
+            y = torch.stack((y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]), dim=-2)
+            y = y.reshape(*x.shape[:-1], b)
             h *= 2
         out.append(y * b ** -0.5)
         start += b
@@ -81,7 +83,7 @@ def _hadamard(x: torch.Tensor) -> torch.Tensor:
 def _matrix(n: int) -> torch.Tensor:
     """R [n, n] float32 (R x = H S2 P H S1 x), built once per width from the butterflies above:
     applied as one matmul, ~20x faster than the butterflies' small ops at decode's one row."""
-    s1, s2, perm, _ = _plan(n)
+    s1, s2, perm = _plan(n)
     rows = _hadamard(_hadamard(torch.eye(n) * s1)[..., perm] * s2)  # row i: R e_i, i.e. Rᵀ
     return rows.T.contiguous()
 
