@@ -18,17 +18,16 @@ def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: 
         rows = cache.kv.view(-1, cache.kv.shape[-1])
         rows.index_copy_(0, slot_mapping, torch.cat((c, k_r), dim=-1).to(cache.dtype))
         return
+    slots = cache.latent.shape[0] * cache.block_size  # not view(-1, width): with a width of 0 the -1 is ambiguous
     if cache.q4:
         codes, scale = q4.quantize(c)
         rope_codes, rope_scale = q4.quantize(q4.turn(k_r))
-        slots = cache.latent.shape[0] * cache.block_size
         cache.latent.view(slots, -1).index_copy_(0, slot_mapping, codes)
         cache.rope.view(slots, -1).index_copy_(0, slot_mapping, rope_codes)
         cache.scale.view(slots, -1).index_copy_(0, slot_mapping, torch.cat((scale, rope_scale), dim=-1))
         return
     q, scale = quantize_latent(c, cache.latent_dtype)
     cache.latent.view(-1, cache.kv_rank).index_copy_(0, slot_mapping, q)
-    slots = cache.latent.shape[0] * cache.block_size  # not view(-1, rope_dim): with rope_dim 0 the -1 is ambiguous
     if cache.rope8:
         k_r, rope_scale = quantize_latent(k_r, "int8") if cache.rope_dim else (k_r, torch.ones_like(scale))
         scale = torch.stack((scale, rope_scale), dim=-1)

@@ -55,25 +55,12 @@ static inline void widen_fp8(const uint8_t* __restrict src, float* __restrict ds
   }
 }
 
-// float16 bits -> float32 (subnormals included; a q4_0 scale is never inf or NaN).
-static inline float half_to_f32(uint16_t h) {
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 31u, man = h & 1023u;
-  if (exp == 0) {
-    const float f = (float)man * 5.9604644775390625e-8f;  // man * 2^-24
-    return sign ? -f : f;
-  }
-  const uint32_t u = sign | ((exp + 112u) << 23) | (man << 13);
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-}
-
 // q4_0 codes of a row of n values (cache/q4.py's layout: per group of up to Q4_GROUP, byte j holds
 // value j low and value j + half high) and its float16 scales -> dst [n] float32.
 static inline void widen_q4(const uint8_t* __restrict src, const uint16_t* __restrict sc, float* __restrict dst, int n) {
   for (int g0 = 0; g0 < n; g0 += Q4_GROUP) {
     const int size = n - g0 < Q4_GROUP ? n - g0 : Q4_GROUP, half = (size + 1) / 2;
-    const float d = half_to_f32(sc[g0 / Q4_GROUP]);
+    const float d = f16_to_f32(sc[g0 / Q4_GROUP]);
     const uint8_t* b = src + g0 / 2;
     float* o = dst + g0;
 #pragma omp simd
