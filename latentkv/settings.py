@@ -4,7 +4,7 @@ TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-
 
     model = "path/to/model"          # the MODEL argument overrides it
     dtype = "auto"                   # auto | float32 | bfloat16 | float16
-    kv_cache_dtype = "int8"          # auto | int8 | fp8_e4m3 (default: int8 for the bundled model, else auto)
+    kv_cache_dtype = "int8"          # auto | int8 | fp8_e4m3 | ... (default auto: the folder's own format, else the model dtype)
     quantization = "none"            # quantized linears: none | int8 | int4 (CPU) | w4a8 | w8a8 (CPU)
     block_size = 16                  # tokens per cache block
     kv_cache_memory = "2GiB"         # the latent cache's size in bytes, or ...
@@ -69,8 +69,9 @@ class Settings:
 
     model: str | None = option(None, "the model (the MODEL argument)")
     dtype: str = option("auto", "model dtype: auto, float32, bfloat16, float16", "precision.compute")
-    kv_cache_dtype: str | None = option(None, "latent cache dtype: auto (the model dtype), int8, fp8_e4m3 "
-                                              "(default: int8 for the bundled model, else auto)", "precision.cache")
+    kv_cache_dtype: str | None = option(None, "latent cache dtype: auto (the default: the folder's own format where it "
+                                              "records one, as a default conversion does, else the model dtype), int8, "
+                                              "fp8_e4m3, int8_rope8, fp8_e4m3_rope8, q4_0", "precision.cache")
     quantization: str | None = option(None, "quantized linears: none, int8, int4 (weights); w4a8, w8a8 (int8 activations too); int4, w4a8, w8a8: CPU",
                                       "precision.weights", short="-q")
     block_size: int = option(16, "tokens per cache block (default 16)", "latent_attention.chunk_size", type=int)

@@ -42,7 +42,7 @@ def test_the_default_conversion_answers_the_readme_question():
 
 
 @pytest.mark.skipif(not native_bf16(), reason="bf16 is emulated on this CPU (~1% of float32): bf16 runs where dtype='auto' picks it")
-@pytest.mark.parametrize("cache", ["auto", "int8"])  # int8: what `make serve` runs for the bundled model
+@pytest.mark.parametrize("cache", ["auto", "int8"])  # auto: the folder's int8_rope8, what `make serve` runs
 def test_in_bf16_one_answer_on_every_path_and_the_readme_says_which(cache):
     question, _, allowed = readme_demo()
     folder = resolve_model(None).path

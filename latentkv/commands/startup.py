@@ -17,15 +17,9 @@ def log(message: str) -> None:
 
 
 def engine_args(settings: Settings, resolved: ResolvedModel) -> EngineArgs:
-    return settings.engine_args(str(resolved.path), cache_dtype(settings, resolved))
-
-
-def cache_dtype(settings: Settings, resolved: ResolvedModel) -> str:
-    """As set; else int8 for the bundled model (its default compression was chosen
-    counting an int8 latent), else the model dtype ("auto")."""
-    if settings.kv_cache_dtype is not None:
-        return settings.kv_cache_dtype
-    return "int8" if resolved.bundled else "auto"
+    """The cache dtype as set, else "auto": the folder's own format where it records one (a default
+    conversion records int8_rope8: convert/api.py), else the model dtype."""
+    return settings.engine_args(str(resolved.path), settings.kv_cache_dtype or "auto")
 
 
 def start_engine(settings: Settings) -> tuple[LLMEngine, ResolvedModel]:

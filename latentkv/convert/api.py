@@ -26,15 +26,19 @@ from latentkv.sources.readers import read_source
 from latentkv.sources.source_model import SourceModel
 
 DEFAULTS = ConvertOptions()
-# With no size option: rope 96 + rank 240 for SmolLM2 (336 of 384 elements), by issue 13's rule
-# (docs/conversion.md, "Choosing the default by behaviour"): the smallest cache measured whose
-# held-out chat top-1 agreement is >= sweep.MIN_AGREEMENT and whose perplexity is within
-# sweep.MAX_PPL_RATIO on every domain (rope 96 with the phase window: 0.956 at 336 elements;
-# 0.948 at 328). DEFAULT_ROPE_DIM is also the rope dim of any size given without one (capped at a
-# third of the cache: split_cache). (Here, beside `convert`: the start-up cache key hashes this
-# module's DEFAULT_* with convert's defaults, so changing them makes `make serve` convert again.)
+# With no size option the conversion is exact (rope "all" + rank "full": nothing of the source's attention
+# dropped) and the folder records DEFAULT_CACHE_DTYPE as its cache. Issue 13's rule, in served bytes
+# (docs/conversion.md, "Choosing the default by behaviour"): the smallest cache on the measured frontier whose
+# held-out chat agreement is >= sweep.MIN_AGREEMENT in float32 and in bf16 and whose perplexity is within
+# sweep.MAX_PPL_RATIO on every domain. For SmolLM2 that is the exact conversion in int8_rope8: 11,760 B/token,
+# 0.983 / 0.979; rope 96 + rank 240 took 13,080 B in int8 (0.952 / 0.948) and 10,320 in int8_rope8 (0.953 / 0.948).
+# DEFAULT_ROPE_DIM is the rope dim of a size given without one (capped at a third of the cache: split_cache);
+# DEFAULT_STOCK_RATIO the size of a --stock export given none, before snapping to the target's widths. (Here,
+# beside `convert`: the start-up cache key hashes this module's DEFAULT_* with convert's defaults, so changing
+# them makes `make serve` convert again.)
+DEFAULT_CACHE_DTYPE = "int8_rope8"
 DEFAULT_ROPE_DIM = 96
-DEFAULT_CACHE_RATIO = 7 / 8  # rope 96 + rank 240 = 336 of 384 elements
+DEFAULT_STOCK_RATIO = 7 / 8
 
 
 def split_cache(src: SourceModel, cache_ratio: float, rope_dim) -> tuple[int | str, int]:
@@ -57,7 +61,9 @@ def resolve_sizes(src: SourceModel, options: ConvertOptions) -> ConvertOptions:
         return options  # budget.choose decides the sizes from measurements, after calibration
     rope_dim, kv_rank, ratio = options.rope_dim, options.kv_rank, options.cache_ratio
     if ratio is None and kv_rank is None and rope_dim is None:
-        ratio = DEFAULT_CACHE_RATIO
+        if not options.stock:
+            return replace(options, rope_dim="all", kv_rank="full", cache_dtype=options.cache_dtype or DEFAULT_CACHE_DTYPE)
+        ratio = DEFAULT_STOCK_RATIO
     if options.stock and (options.target != "any" or options.stock_width is not None):
         if ratio is not None:  # the width asked for, before snapping to one the target takes
             kv_rank, ratio = round(float(ratio) * src.kv_elements()) - STOCK_ROPE_DIM, None

@@ -14,10 +14,11 @@ from latentkv.facts import CACHE_DTYPES, MODEL_DTYPES
 class ConvertOptions:
     """Sizes — rope_dim: even int or "all"; kv_rank: int (mean latent width), "full" or a
     per-layer list; cache_ratio: cache elements as a fraction of the source's (sets both);
-    none of the three: api.DEFAULT_ROPE_DIM at api.DEFAULT_CACHE_RATIO; kv_bytes: instead of them, a
+    none of the three: the exact conversion, served in api.DEFAULT_CACHE_DTYPE (--stock: api.DEFAULT_STOCK_RATIO,
+    snapped to the target's widths); kv_bytes: instead of them, a
     budget of served cache bytes per token (all layers, scales included): the rope dim, rank and
     cache format with the best measured chat agreement within it (budget.py); cache_dtype: the
-    cache format the folder records as its default (latentkv.cache_dtype; kv_bytes sets it).
+    cache format the folder records as its default (latentkv.cache_dtype; kv_bytes and the default size set it).
     Data — calib: text files (None: the default corpus); calib_tokens; ctx (window length
     for calibration and evaluation); eval_tokens (held-out tokens to measure, 0: skip);
     calib_dtype: the calibration forward's matmuls, or "auto" (calib_torch_dtype; the

@@ -29,7 +29,7 @@ from latentkv.sources.readers import read_source
 from latentkv.sources.reference import source_logits
 
 DEFAULTS = ConvertOptions()
-# The default conversion: the smallest cache meeting both (issue 13; docs/conversion.md).
+# The default conversion: the smallest cache meeting both, in float32 and bf16 (issue 13; docs/conversion.md).
 MIN_AGREEMENT = 0.95   # held-out chat top-1 agreement with the source
 MAX_PPL_RATIO = 1.05   # perplexity / the source's, on every domain
 SIZES = [1.0, 0.833, 0.75, 0.667, 0.5, 0.25]  # cache elements as a fraction of the source's
@@ -118,6 +118,16 @@ def pick_default(rows: list[dict]) -> dict | None:
     """The smallest native cache (bf16 bytes per token) that meets the bar, or None."""
     good = [r for r in rows if r["format"] == "native" and meets(r)]
     return min(good, key=lambda r: r["bytes_bf16"]) if good else None
+
+
+def pick_served_default(rows: list[dict], original_ppl: dict) -> dict | None:
+    """The smallest served cache of a `bench frontier` table (its latentkv rows: bytes_per_token,
+    agreement_float32 / _bfloat16, ppl per domain) that meets the bar in float32 and in bf16, or None."""
+    def ok(row: dict) -> bool:
+        agreement = min(row.get("agreement_float32", 0), row.get("agreement_bfloat16", 0))
+        return agreement >= MIN_AGREEMENT and max(row[f"ppl_{d}"] / ppl for d, ppl in original_ppl.items()) <= MAX_PPL_RATIO
+    good = [r for r in rows if r["system"].startswith("latentkv") and ok(r)]
+    return min(good, key=lambda r: r["bytes_per_token"]) if good else None
 
 
 def markdown_table(rows: list[dict], base: dict, src_bytes: int) -> str:

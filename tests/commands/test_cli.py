@@ -119,12 +119,3 @@ def test_serve_subprocess_answers_over_http(model_dir, tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "KV bytes per token" in err and "cache capacity 1024 tokens (64 blocks of 16)" in err
-
-
-def test_bundled_model_defaults_to_an_int8_cache(tmp_path):
-    from latentkv.commands.startup import cache_dtype
-    from latentkv.resolve import ResolvedModel
-    from latentkv.settings import Settings
-    bundled, other = ResolvedModel(tmp_path, "b", bundled=True), ResolvedModel(tmp_path, "o")
-    assert (cache_dtype(Settings(), bundled), cache_dtype(Settings(), other)) == ("int8", "auto")
-    assert cache_dtype(Settings(kv_cache_dtype="auto"), bundled) == "auto"
