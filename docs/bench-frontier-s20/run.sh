@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Session 2026-12-03 (20): the default conversion (exact, int8_rope8 recorded) and --kv-bytes 6480 / 5760 re-run on
+# the current q4_0 turn; AMD EPYC avx512_bf16 (no AMX), 2 threads.
+set -euo pipefail
+grep -m1 flags /proc/cpuinfo > cpuflags.txt
+latentkv convert --out default --eval-tokens 0
+latentkv bench frontier --systems latentkv --budgets 6480 5760 --folders default --out frontier --threads 2
+# the plot in docs/conversion.md: session 14's llama.cpp, reference and conversion rows (less its budget rows and the
+# previous default), session 19's exact q4_0 row and these
+python -c "import json; from pathlib import Path; from latentkv.bench.frontier import plot_frontier; \
+s14 = '../bench-frontier-s14/'; old = json.load(open(s14 + 'frontier.json'))['rows']; \
+keep = lambda r: not any(k in r['system'] for k in ('kv6480', 'kv5760', 'default_now')); \
+rows = [r for r in old if keep(r)] + json.load(open(s14 + 'reference.json'))['rows'] \
+     + json.load(open('../bench-frontier-s19/frontier.json'))['rows'][:1] + json.load(open('frontier/frontier.json'))['rows']; \
+plot_frontier(rows, Path('.'))"   # -> frontier.png (committed as frontier-all.png)
