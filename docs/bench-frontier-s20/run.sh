@@ -13,3 +13,10 @@ keep = lambda r: not any(k in r['system'] for k in ('kv6480', 'kv5760', 'default
 rows = [r for r in old if keep(r)] + json.load(open(s14 + 'reference.json'))['rows'] \
      + json.load(open('../bench-frontier-s19/frontier.json'))['rows'][:1] + json.load(open('frontier/frontier.json'))['rows']; \
 plot_frontier(rows, Path('.'))"   # -> frontier.png (committed as frontier-all.png)
+# speed of the new default (exact) against the previous one (rope 96 + rank 240), both in int8_rope8, one after the
+# other on a quiet machine (each run with its transformers baseline: compare the ratios)
+latentkv convert --rope-dim 96 --kv-rank 240 --out old_default --eval-tokens 0
+for m in default old_default; do
+  latentkv bench decode --model $m --threads 2 --contexts 128 4096 --weights none w4a8 --kv-cache-dtypes int8_rope8 \
+      --out dec_$m > decode/decode-$m.txt
+done

@@ -67,8 +67,10 @@ class LatentCache:
 
     @property
     def qmax(self) -> float:
-        """The largest code magnitude of a quantized latent (a token's max |c| maps to it; 0: q4_0)."""
-        return _QMAX.get(self.latent_dtype, 0.0)
+        """The largest code magnitude of a per-token scaled latent (a token's max |c| maps to it)."""
+        if self.latent_dtype not in _QMAX:  # q4_0 scales each 32 values (cache/q4.py); "auto" has no codes
+            raise ValueError(f"a {self.cache_dtype} cache has no per-token code maximum")
+        return _QMAX[self.latent_dtype]
 
     def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         """codes [..., r], scale [...] (or [..., 2] with an 8-bit rope; q4_0: cache/q4.py), rope [..., dr] ->

@@ -71,3 +71,10 @@ def test_the_cache_writes_q4_0_blocks_and_reads_the_rope_key_turned_back(dtype):
     for got, want in ((rows[:, :40].float(), c), (q4.turn(rows[:, 40:].float()), q4.turn(k_r))):
         bound = (want.abs().amax(-1, keepdim=True) / 8 + 0.02 * want.abs().amax(-1, keepdim=True))
         assert ((got - want).abs() <= bound).all()
+
+
+def test_only_per_token_scaled_latents_have_a_code_maximum():
+    assert LatentCache(1, 16, 64, 32, cache_dtype="int8").qmax == 127.0
+    for fmt in ("q4_0", "auto"):  # q4_0 scales each 32 values; a misuse fails loudly instead of passing 0
+        with pytest.raises(ValueError, match="no per-token code maximum"):
+            LatentCache(1, 16, 64, 32, cache_dtype=fmt).qmax
