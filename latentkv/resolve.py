@@ -54,16 +54,13 @@ class ResolvedModel:
     source: Path | None = None              # the Llama-family source, when converted
     original: SourceGeometry | None = None  # its KV geometry, for the banner
     from_cache: bool = False                # a converted folder reused from the cache
-    bundled: bool = False                   # the bundled SmolLM2 (no MODEL given)
 
 
 def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> ResolvedModel:
     """Find or build the MLA folder for MODEL (see the module docstring)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if model is None:
-        resolved = convert_cached(default_gguf_path(), convert_fn, log, name="SmolLM2-135M-Instruct")
-        resolved.bundled = True
-        return resolved
+        return convert_cached(default_gguf_path(), convert_fn, log, name="SmolLM2-135M-Instruct")
     path = Path(model).expanduser()
     if not path.exists():
         raise ResolveError(f"model not found: {path} (give a folder, a .gguf file, or nothing for the bundled SmolLM2)")
