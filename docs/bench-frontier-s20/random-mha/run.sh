@@ -7,3 +7,4 @@ python make_random_mha.py ~/.cache/latentkv/converted/*-original-hf smollm2-rmha
 python answers_subset.py smollm2-rmha   # its own greedy answers: the 86 held-out and 48 selection prompts (~9 min)
 latentkv bench frontier --source smollm2-rmha --systems reference latentkv --budgets 36720 19440 --out frontier \
     --threads 2 | tee frontier.txt
+# (session 20 stopped it after both budgets' selection, before the held-out rows: candidates.txt is its output)
