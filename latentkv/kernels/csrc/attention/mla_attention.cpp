@@ -110,9 +110,9 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   } else if (scale.scalar_type() == at::kHalf) {  // q4_0 blocks (latentkv/cache/q4.py)
     TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope.is_contiguous(),
                 "mla_decode: latent, scale and rope must be contiguous");
-    const int64_t dr = D - r, groups = (r + Q4_GROUP - 1) / Q4_GROUP + (dr + Q4_GROUP - 1) / Q4_GROUP;
-    TORCH_CHECK(latent.scalar_type() == at::kByte && rope.scalar_type() == at::kByte && latent.size(-1) == (r + 1) / 2 &&
-                    rope.size(-1) == (dr + 1) / 2 && scale.size(-1) == groups,
+    const int64_t dr = D - r, groups = q4_groups(r) + q4_groups(dr);
+    TORCH_CHECK(latent.scalar_type() == at::kByte && rope.scalar_type() == at::kByte && latent.size(-1) == q4_bytes(r) &&
+                    rope.size(-1) == q4_bytes(dr) && scale.size(-1) == groups,
                 "mla_decode: a q4_0 cache is uint8 latent [.., (r+1)/2], uint8 rope [.., (dr+1)/2] and float16 scale "
                 "[.., groups of 32]");
     job.kind = KIND_Q4;

@@ -165,8 +165,8 @@ static inline void prefetch_row(const Job& job, const int64_t* table, int64_t j)
     case KIND_F32: prefetch_bytes((const float*)job.kv + slot * D, 4 * D); break;
     case KIND_BF16: prefetch_bytes((const uint16_t*)job.kv + slot * D, 2 * D); break;
     case KIND_Q4:
-      prefetch_bytes((const uint8_t*)job.latent + slot * ((r + 1) / 2), (r + 1) / 2);
-      prefetch_bytes((const uint8_t*)job.rope + slot * ((dr + 1) / 2), (dr + 1) / 2);
+      prefetch_bytes((const uint8_t*)job.latent + slot * q4_bytes(r), q4_bytes(r));
+      prefetch_bytes((const uint8_t*)job.rope + slot * q4_bytes(dr), q4_bytes(dr));
       prefetch_l1(job.scale16 + slot * job.scale_stride);
       break;
     default:

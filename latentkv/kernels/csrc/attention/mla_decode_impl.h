@@ -83,8 +83,8 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) static inline void
     case KIND_BF16: widen_bf16((const uint16_t*)job.kv + slot * D, dst, D, 1.0f); break;
     case KIND_Q4: {
       const uint16_t* sc = job.scale16 + slot * job.scale_stride;
-      widen_q4((const uint8_t*)job.latent + slot * ((r + 1) / 2), sc, dst, r);
-      widen_q4((const uint8_t*)job.rope + slot * ((dr + 1) / 2), sc + (r + Q4_GROUP - 1) / Q4_GROUP, dst + r, dr);
+      widen_q4((const uint8_t*)job.latent + slot * q4_bytes(r), sc, dst, r);
+      widen_q4((const uint8_t*)job.rope + slot * q4_bytes(dr), sc + q4_groups(r), dst + r, dr);
       break;
     }
     default: {

@@ -7,6 +7,9 @@
 // KIND_Q4: llama.cpp's q4_0 blocks for the latent and the (turned) rope key (latentkv/cache/q4.py)
 enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3, KIND_Q4 = 4 };
 constexpr int Q4_GROUP = 32;  // values per float16 scale (cache/q4.py: facts.Q4_GROUP)
+// a q4_0 row of n values (cache/q4.py packed_bytes, groups): its code bytes and its scales
+constexpr int64_t q4_bytes(int64_t n) { return (n + 1) / 2; }
+constexpr int64_t q4_groups(int64_t n) { return (n + Q4_GROUP - 1) / Q4_GROUP; }
 constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
 constexpr int64_t SPAN = 256;   // fewest tokens per work item (shorter items cost more in set-up and merge than a second thread gains)
 constexpr int64_t MAX_SPANS = 64;  // spans sit at fixed positions (SPAN apart) for contexts up to SPAN x MAX_SPANS
