@@ -11,8 +11,9 @@ model's rope key carries RoPE's pairs at very different sizes, and 4 bits per va
 ones. R = H·S2·P·H·S1: S1, S2 fixed sign flips, H block Walsh-Hadamard matrices (the powers of two
 in dr's binary form), P a stride permutation between the two passes so every output mixes every
 input. It is built once per width from those butterflies and applied as one float32 matmul
-whose rows do not depend on how many there are (invariant.linear); nothing is stored with the
-model. Measured on the exact SmolLM2 conversion (held-out chat agreement, float32, the cache
+whose rows do not depend on how many there are (latentkv's fixed-order kernel where it is built:
+MKL's sgemm rounds rows by M differently on each CPU kind, and on the AMX Xeon even padded to a
+multiple of 4); nothing is stored with the model. Measured on the exact SmolLM2 conversion (held-out chat agreement, float32, the cache
 simulated): unturned 0.80; one pass of H·S 0.88; two passes 0.905; a dense random orthogonal
 matrix 0.900-0.908 (docs/conversion.md). Scores are unchanged when the query's rope part is turned
 by the same R (attention/native_backend.py does, for the native kernel); `dequantize` turns the
@@ -29,6 +30,7 @@ import torch
 
 from latentkv import invariant
 from latentkv.facts import Q4_GROUP, Q4_SCALE_BYTES
+from latentkv.kernels import qlinear
 
 
 def groups(n: int) -> int:
@@ -89,6 +91,12 @@ def _matrix(n: int) -> torch.Tensor:
 
 
 @functools.cache
+def _packed(n: int, back: bool) -> torch.Tensor:
+    """R (or Rᵀ) in the fixed-order kernel's float32 record (kernels/qlinear.py pack_f32)."""
+    return qlinear.pack_f32(_matrix(n).T if back else _matrix(n))
+
+
+@functools.cache
 def _weight(n: int, back: bool) -> torch.Tensor:
     """R (or Rᵀ) as a linear's weight [n, depth], its columns zero-padded to a multiple of 8: sgemm
     rounded rows of K = 6 differently by M (measured); zero columns add nothing."""
@@ -101,6 +109,8 @@ def _apply(x: torch.Tensor, back: bool) -> torch.Tensor:
     n = x.shape[-1]
     if n == 0:
         return x
+    if x.device.type == "cpu" and qlinear.available():  # each output reduces in one order, whatever M
+        return qlinear.linear(x.reshape(-1, n).float(), _packed(n, back), 32, n).view(x.shape).to(x.dtype)
     weight = _weight(n, back).to(x.device)
     rows = torch.nn.functional.pad(x.reshape(-1, n).float(), (0, weight.shape[1] - n))
     return invariant.linear(rows, weight).view(x.shape).to(x.dtype)
