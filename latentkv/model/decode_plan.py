@@ -108,7 +108,7 @@ def mlp_entry(mlp, moe: bool) -> dict:
     gate, cfg = mlp.gate, mlp.gate.cfg
     bias = gate.e_score_correction_bias
     return {"moe": {
-        "gate": gate.weight.detach(), "bias": None if bias is None else bias.detach(), "softmax": gate.softmax,
+        "gate": gate.weight.detach(), "gate_packed": gate.packed(), "bias": None if bias is None else bias.detach(), "softmax": gate.softmax,
         "group_limited": gate.group_limited, "noaux": gate.noaux, "normalized": gate.normalized,
         "n_group": cfg.n_group, "topk_group": cfg.topk_group, "k": cfg.num_experts_per_tok,
         "scale": float(cfg.routed_scaling_factor), "safe_rows": invariant.SAFE_ROWS, "native": mlp.native}}

@@ -18,7 +18,7 @@ from ..config import ModelConfig
 from ..kernels import qlinear
 from ..sizes import return_freed_memory
 from . import fused
-from .mla import MLAttention
+from .mla import MLAttention, weight_version
 from .norm import RMSNorm
 from .rope import cos_sin
 from .route import Route, decide_route
@@ -62,11 +62,31 @@ class Gate(nn.Module):
         self.softmax = cfg.scoring_func == "softmax"  # else sigmoid
         self.group_limited = cfg.limits_groups
         self.normalized = cfg.normalizes_topk
+        self._packed = (None, None)  # (weight version, packed()), for inference
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> [T, E] float32 (even in bf16), each row's bits whatever T: latentkv's fixed-order
+        kernel where it runs (MKL's sgemm rounds rows by M on the AMX Xeon at K = 2048 even padded to
+        12), else the padded sgemm (invariant.linear)."""
+        packed = self.packed()
+        if packed is not None:
+            return qlinear.linear(x.float().contiguous(), packed, 32, self.weight.shape[0])
+        return invariant.linear(x.float(), self.weight.float())
+
+    def packed(self) -> torch.Tensor | None:
+        """The weight in qlinear's float32 record, cached while it is unchanged; None under autograd,
+        off CPU or where the kernel is not built."""
+        if torch.is_grad_enabled() or self.weight.device.type != "cpu" or not qlinear.available():
+            return None
+        version = weight_version(self.weight)
+        if self._packed[0] != version:
+            self._packed = (version, qlinear.pack_f32(self.weight.detach()))
+        return self._packed[1]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> weights [T, k] (float32), expert ids [T, k]."""
         cfg = self.cfg
-        logits = invariant.linear(x.float(), self.weight.float())  # float32 even in bf16: pad small M
+        logits = self.logits(x)
         scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
         if self.group_limited:

@@ -16,7 +16,7 @@ import torch
 from latentkv.config import ModelConfig
 from latentkv.kernels import decode_ops, qlinear
 from latentkv.kernels.build import ISAS
-from latentkv.model.deepseek import MoE, moe_reference
+from latentkv.model.deepseek import Gate, MoE, moe_reference
 from latentkv.model.route import decide_route
 from threads import torch_threads
 
@@ -29,12 +29,12 @@ WEIGHTS = [("float32", "fixed-order"), ("bfloat16", "fixed-order"), ("float32", 
 RECORDS = {"int4": 4, "int8": 8, "w4a8": qlinear.ACT8 + 4, "w8a8": qlinear.ACT8 + 8}
 
 
-def config(k: int = 6) -> ModelConfig:
+def config(k: int = 6, **changes) -> ModelConfig:
     return ModelConfig.from_dict(dict(
         model_type="deepseek_v2", vocab_size=128, hidden_size=D, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
         moe_intermediate_size=INTER, n_routed_experts=E, n_shared_experts=SHARED, num_experts_per_tok=k,
-        first_k_dense_replace=1))
+        first_k_dense_replace=1) | changes)
 
 
 @torch.no_grad()
@@ -132,7 +132,8 @@ def test_forward_runs_the_native_call_where_the_route_packs_for_qlinear(monkeypa
     assert torch.equal(layer(x), native(layer, x, weights, ids))
     calls = []
     monkeypatch.setattr(qlinear, "moe", lambda *args: calls.append(args))
-    with torch.enable_grad():  # (the SwiGLU there is PyTorch's too: fused.runs)
+    with torch.enable_grad():  # (the SwiGLU there is PyTorch's too: fused.runs; the router torch's sgemm)
+        weights, ids = layer.gate(x)
         assert torch.equal(layer(x), moe_reference(x, weights, ids, layer.experts, layer.shared_experts))
     assert not calls
     route = decide_route("cpu", torch.float32, "torch")  # torch's linears
@@ -165,3 +166,19 @@ def test_bad_input_is_an_error_naming_it():
         qlinear.moe(x, w, ids, gate_up, gate_up, shared_gate_up, shared_down, kind, inter, shared_inter)
     with pytest.raises(RuntimeError, match="moe gate_up .* does not fit 60 inputs"):
         qlinear.moe(x[:, :60], w, ids, gate_up, down, shared_gate_up, shared_down, kind, inter, shared_inter)
+
+
+@pytest.mark.parametrize("experts,hidden", [(64, 2048), (8, D)])  # DeepSeek-V2-Lite's router; this file's
+@torch.no_grad()
+def test_router_logits_of_a_token_do_not_depend_on_the_batch(experts, hidden):
+    """Gate.logits runs latentkv's fixed-order kernel: MKL's sgemm rounded rows of K = 2048, E = 64 by M
+    on the AMX Xeon even padded to 12 rows, which can flip an expert choice between alone and batched."""
+    gate = Gate(config(hidden_size=hidden, n_routed_experts=experts))
+    gen = torch.Generator().manual_seed(0)
+    gate.weight.copy_(torch.randn(experts, hidden, generator=gen) * hidden ** -0.5)
+    x = torch.randn(40, hidden, generator=gen).to(torch.bfloat16)
+    full = gate.logits(x)
+    assert gate.packed() is not None
+    for m in range(1, 17):
+        assert torch.equal(gate.logits(x[3:3 + m]), full[3:3 + m]), m
+    assert torch.allclose(full, x.float() @ gate.weight.T, atol=1e-4)

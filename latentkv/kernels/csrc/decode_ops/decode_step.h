@@ -122,7 +122,7 @@ class DecodePlan {
       x = post[0];
       if (l.moe.defined) {  // MoE.forward: the router, then the experts in one call
         const PlanMoe& m = l.moe;
-        auto [weights, ids] = route_tokens(m, post[1]);
+        auto [weights, ids] = route_tokens(m, post[1], linear_, isa_linear_);
         carry = moe_(post[1], weights, ids, m.gate_up, m.down, m.shared_gate_up, m.shared_down, m.kind, m.inter,
                      m.shared_inter, isa_linear_);
       } else {

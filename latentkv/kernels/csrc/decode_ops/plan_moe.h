@@ -2,6 +2,7 @@
 // the same ATen ops with the same arguments in the same order (so the same bits), then the experts in
 // qlinear's `moe` (through its capsule, as MoE.forward calls it).
 #pragma once
+#include "kernel_fns.h"
 #include "torch_lite.h"
 
 #include <ATen/ops/constant_pad_nd.h>
@@ -14,8 +15,9 @@
 
 struct PlanMoe {
   bool defined = false;
-  // Gate: weight [E, D] float32, e_score_correction_bias [E] (undefined: none) and its choices
-  at::Tensor gate, bias;
+  // Gate: weight [E, D] float32 (gate_packed: in qlinear's float32 record, as Gate.logits runs it; undefined:
+  // the padded sgemm), e_score_correction_bias [E] (undefined: none) and its choices
+  at::Tensor gate, gate_packed, bias;
   bool softmax = true, group_limited = false, noaux = false, normalized = false;
   int64_t n_group = 1, topk_group = 1, k = 1, safe_rows = 0;
   double scale = 1;
@@ -30,6 +32,7 @@ static PlanMoe plan_moe(const py::dict& d) {
   py::dict m = d["moe"].cast<py::dict>();
   p.defined = true;
   p.gate = m["gate"].cast<at::Tensor>();
+  if (!m["gate_packed"].is_none()) p.gate_packed = m["gate_packed"].cast<at::Tensor>();
   if (!m["bias"].is_none()) p.bias = m["bias"].cast<at::Tensor>();
   p.softmax = m["softmax"].cast<bool>(), p.group_limited = m["group_limited"].cast<bool>();
   p.noaux = m["noaux"].cast<bool>(), p.normalized = m["normalized"].cast<bool>();
@@ -60,14 +63,19 @@ static at::Tensor limit_groups(const PlanMoe& p, const at::Tensor& choice) {
   return grouped.masked_fill(keep.unsqueeze(-1).bitwise_not(), fill).view_as(choice);
 }
 
-// Gate.forward: x [T, D] -> (weights [T, k] float32, ids [T, k]). (Its operators +, /, * as the methods
-// add, div, mul: the same ATen ops.)
-static std::pair<at::Tensor, at::Tensor> route_tokens(const PlanMoe& p, const at::Tensor& x) {
-  const at::Tensor xf = x.to(at::kFloat);
+// Gate.logits: x [T, D] -> [T, E] float32, through `linear` (qlinear's, isa `isa_linear`) where the gate is packed.
+static at::Tensor gate_logits(const PlanMoe& p, const at::Tensor& xf, LinearFn linear, int64_t isa_linear) {
+  if (p.gate_packed.defined()) return linear(xf.contiguous(), p.gate_packed, 32, p.gate.size(0), isa_linear);
   // invariant.linear: float32 rows padded with zero rows to invariant.padded_rows (a multiple of 4 below SAFE_ROWS)
   const int64_t M = xf.size(0), Mp = M >= p.safe_rows || M % 4 == 0 ? M : (M + 3) / 4 * 4;
-  const at::Tensor logits = Mp == M ? at::linear(xf, p.gate)
-                                    : at::linear(at::constant_pad_nd(xf, {0, 0, 0, Mp - M}), p.gate).slice(0, 0, M);
+  return Mp == M ? at::linear(xf, p.gate) : at::linear(at::constant_pad_nd(xf, {0, 0, 0, Mp - M}), p.gate).slice(0, 0, M);
+}
+
+// Gate.forward: x [T, D] -> (weights [T, k] float32, ids [T, k]). (Its operators +, /, * as the methods
+// add, div, mul: the same ATen ops.)
+static std::pair<at::Tensor, at::Tensor> route_tokens(const PlanMoe& p, const at::Tensor& x, LinearFn linear,
+                                                      int64_t isa_linear) {
+  const at::Tensor logits = gate_logits(p, x.to(at::kFloat), linear, isa_linear);
   const at::Tensor scores = p.softmax ? logits.softmax(-1) : logits.sigmoid();
   at::Tensor choice = p.bias.defined() ? scores.add(p.bias) : scores;
   if (p.group_limited) choice = limit_groups(p, choice);
