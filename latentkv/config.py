@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latentkv.facts import CACHE_DTYPES, MLA_MODEL_TYPES
+from latentkv.facts import CACHE_DTYPES, MLA_MODEL_TYPES, UNQUANTIZED_CACHES
 
 
 class ConfigError(ValueError):
@@ -83,7 +83,10 @@ class ModelConfig:
 
     def served_cache_dtype(self, asked: str) -> str:
         """The cache a request for `asked` gets: "auto" is the folder's own format where it records
-        one (convert --kv-bytes chose it), else "auto" (the model dtype)."""
+        one (convert --kv-bytes chose it), else "auto" (the model dtype); "bfloat16" / "float32" are
+        "auto" whatever the folder records (the engine checks the name is the model dtype)."""
+        if asked in UNQUANTIZED_CACHES:
+            return "auto"
         return self.cache_dtype if asked == "auto" and self.cache_dtype else asked
 
     def kv_rank(self, layer: int) -> int:

@@ -19,6 +19,10 @@ MODEL_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ROPE8 = "_rope8"
 Q4 = "q4_0"
 CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "int8" + ROPE8, "fp8_e4m3" + ROPE8, Q4)
+# What a server may ask for besides: the unquantized latent by vLLM's names for it, whatever format the
+# folder records ("auto" serves the folder's own); the name must be the model dtype.
+UNQUANTIZED_CACHES = ("bfloat16", "float32")
+ENGINE_CACHE_DTYPES = CACHE_DTYPES + UNQUANTIZED_CACHES
 CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "fp8" + ROPE8: "fp8_e4m3" + ROPE8}
 SCALE_BYTES = 4
 Q4_GROUP, Q4_SCALE_BYTES = 32, 2

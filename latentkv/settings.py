@@ -71,7 +71,8 @@ class Settings:
     dtype: str = option("auto", "model dtype: auto, float32, bfloat16, float16", "precision.compute")
     kv_cache_dtype: str | None = option(None, "latent cache dtype: auto (the default: the folder's own format where it "
                                               "records one, as a default conversion does, else the model dtype), int8, "
-                                              "fp8_e4m3, int8_rope8, fp8_e4m3_rope8, q4_0", "precision.cache")
+                                              "fp8_e4m3, int8_rope8, fp8_e4m3_rope8, q4_0; bfloat16 / float32: the unquantized "
+                                              "latent (the model dtype) whatever the folder records", "precision.cache")
     quantization: str | None = option(None, "quantized linears: none, int8, int4 (weights); w4a8, w8a8 (int8 activations too); int4, w4a8, w8a8: CPU",
                                       "precision.weights", short="-q")
     block_size: int = option(16, "tokens per cache block (default 16)", "latent_attention.chunk_size", type=int)

@@ -126,7 +126,7 @@ def test_unknown_key_names_it_and_the_allowed_ones(tmp_path):
     # a bad unit, a bad dtype: named, with what is allowed (no silent "auto" for a float cache dtype)
     ('kv_cache_memory = "2 parsecs"\n', "kv_cache_memory", "GiB"),
     ('kv_cache_memory = "-1GiB"\n', "kv_cache_memory", "positive"),
-    ('kv_cache_dtype = "bfloat16"\n', "kv_cache_dtype", "'auto' stores the latent in the model dtype"),
+    ('kv_cache_dtype = "float16"\n', "kv_cache_dtype", "'bfloat16' / 'float32': the unquantized latent"),
     ('[precision]\ncache = "fp16"\n', "precision.cache", "fp8_e4m3"),
     ('dtype = "float8"\n', "dtype", "bfloat16"),
     ('[precision]\ncompute = "half"\n', "precision.compute", "float16"),

@@ -14,7 +14,7 @@ from latentkv.bench import (contention, decode, frontier, kernel, memory, prefix
                             throughput)
 from latentkv.bench.models import default_models
 from latentkv.bench.shapes import SHAPES
-from latentkv.facts import CACHE_DTYPES, MODEL_DTYPES
+from latentkv.facts import ENGINE_CACHE_DTYPES, MODEL_DTYPES
 from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sizes import parse_memory
 from latentkv.sources.readers import default_gguf_path
@@ -76,7 +76,7 @@ def register(subparsers) -> None:
     p.add_argument("--weights", nargs="+", default=["none", "int4"], choices=["none", "int4", "w4a8"],
                    help="latentkv weight precisions to run: none (the model dtype), int4 (the w4 rows) and/or w4a8 "
                         "(int4 weights, int8 activations: integer dot products); int4 / w4a8 on CPU")
-    p.add_argument("--kv-cache-dtypes", nargs="+", default=["auto", "int8"], choices=list(CACHE_DTYPES),
+    p.add_argument("--kv-cache-dtypes", nargs="+", default=["auto", "int8"], choices=list(ENGINE_CACHE_DTYPES),
                    help="latent cache dtypes per weight precision (each row loads its own model: for a model that "
                         "fits once, pick one, e.g. --weights w4a8 --kv-cache-dtypes int8)")
     p.set_defaults(func=lambda a: run("decode", a))
@@ -87,7 +87,7 @@ def register(subparsers) -> None:
     p.add_argument("--not-invariant", action="store_true",
                    help="also run latentkv with batch_invariant off, interleaved (what invariance costs)")
     p.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help="latentkv's weights (default: the model dtype)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=list(CACHE_DTYPES), help="latentkv's latent cache dtype")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(ENGINE_CACHE_DTYPES), help="latentkv's latent cache dtype")
     p.set_defaults(func=lambda a: run("throughput", a))
 
     p = sub.add_parser("contention", help="batch-1 decode while other processes keep some cores busy: "
@@ -120,9 +120,9 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto"] + [d for d in MODEL_DTYPES if d != "float16"],
                    help="model dtype for every server (auto: bfloat16 where the CPU computes it natively, else "
                         "float32; vLLM's MLA backend on AMX CPUs takes bfloat16 only and gets it)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8_e4m3"],
-                   help="latentkv's latent cache (auto: the model dtype; int8 / fp8_e4m3 hold ~1.5x the tokens in "
-                        "the same --cache-memory); vLLM keeps its default cache")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(ENGINE_CACHE_DTYPES),
+                   help="latentkv's latent cache (auto: the folder's own format, else the model dtype; bfloat16 / "
+                        "float32: the unquantized latent); vLLM keeps its default cache")
     p.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help="latentkv's weights (default: the model dtype)")
     p.add_argument("--scenario", default="load", choices=["load", "pressure"],
                    help="load: N requests at once for each --concurrency; pressure: KV memory for 8K tokens of the "

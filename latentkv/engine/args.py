@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from latentkv.facts import (ATTENTION_BACKEND_DEFAULT, ATTENTION_BACKENDS, ATTENTION_PATHS, BLOCK_SIZES, CACHE_DTYPE_ALIASES,
-                            CACHE_DTYPES, MODEL_DTYPE_ALIASES, MODEL_DTYPES)
+                            ENGINE_CACHE_DTYPES, MODEL_DTYPE_ALIASES, MODEL_DTYPES)
 from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sizes import parse_memory
 
@@ -88,8 +88,9 @@ OPTION_CHECKS = {
     "model": ("a path", text),
     "tokenizer": ("a path", text),
     "dtype": (f"one of {['auto', *MODEL_DTYPES]}", model_dtype),
-    "kv_cache_dtype": (f"one of {list(CACHE_DTYPES)} ('auto' stores the latent in the model dtype)",
-                       choice(CACHE_DTYPES, CACHE_DTYPE_ALIASES)),
+    "kv_cache_dtype": (f"one of {list(ENGINE_CACHE_DTYPES)} ('auto': the folder's own format where it records one, "
+                       "else the model dtype; 'bfloat16' / 'float32': the unquantized latent, the model dtype)",
+                       choice(ENGINE_CACHE_DTYPES, CACHE_DTYPE_ALIASES)),
     "quantization": (f"one of {['none', *QUANTIZATIONS]} (int8 / int4: weight-only; w4a8 / w8a8: int8 activations too; int4, w4a8, w8a8: CPU)", quantization),
     "block_size": (f"one of {list(BLOCK_SIZES)}", choice(BLOCK_SIZES)),
     "kv_cache_memory": ("a positive size such as \"2GiB\", \"512MiB\" or a number of bytes", memory),

@@ -66,7 +66,7 @@ def test_unreadable_api_key_file_is_a_clean_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,config,named,allowed", [
-    (["--kv-cache-dtype", "bfloat16"], None, "--kv-cache-dtype = 'bfloat16'", "fp8_e4m3"),   # bad dtype
+    (["--kv-cache-dtype", "int3"], None, "--kv-cache-dtype = 'int3'", "fp8_e4m3"),   # bad dtype
     (["--kv-cache-memory", "2 parsecs"], None, "--kv-cache-memory = '2 parsecs'", "GiB"),     # bad unit
     ([], 'kv_cache_memory = "12 furlongs"\n', "kv_cache_memory = '12 furlongs'", "GiB"),
     ([], '[precision]\ncompute = "half"\n', "precision.compute = 'half'", "bfloat16"),

@@ -64,6 +64,12 @@ def test_a_tiny_budgeted_conversion_is_served_in_its_chosen_cache(tmp_path, few_
     engine = LLM(str(out), dtype="float32", kv_cache_memory="1MiB").llm_engine
     assert engine.args.kv_cache_dtype == cfg.cache_dtype  # no flag: the folder's own cache
     assert engine.kv_bytes_per_token == latent_bytes_per_token(cfg, cfg.cache_dtype, "float32")
+    # vLLM's name for the model dtype asks for the unquantized latent whatever the folder records
+    engine = LLM(str(out), dtype="float32", kv_cache_memory="1MiB", kv_cache_dtype="float32").llm_engine
+    assert engine.args.kv_cache_dtype == "auto" and not engine.runner.caches[0].quantized
+    assert engine.kv_bytes_per_token == latent_bytes_per_token(cfg, "auto", "float32")
+    with pytest.raises(ValueError, match="kv_cache_dtype = 'bfloat16'.*model dtype, float32"):
+        LLM(str(out), dtype="float32", kv_cache_memory="1MiB", kv_cache_dtype="bfloat16")
     # eval scores it in the same cache when none is asked (as served), another when asked
     assert evaluate_chat(str(out), str(source), generate=False)["cache_dtype"] == cfg.cache_dtype
     assert evaluate_chat(str(out), str(source), generate=False, cache_dtype="fp8_e4m3")["cache_dtype"] == "fp8_e4m3"
