@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..cache.accounting import latent_bytes_per_token
-from ..facts import CACHE_DTYPES, dtype_name
+from ..facts import ENGINE_CACHE_DTYPES, dtype_name
 from ..plots import new_figure, save_figure
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
 from .isolated import FAILED, attempt, close_all
@@ -32,21 +32,21 @@ def build_systems(args, failed: dict) -> list:
     # the first latentkv row is the one the ratios are taken against; quantized weights are reported
     # separately (a different weight precision, like llama.cpp's Q4_1); int4 / w4a8 on CPU only
     for weight in [w for w in WEIGHT_ROWS if w in weights and (w == "none" or not torch.cuda.is_available())]:
-        for latent in [c for c in CACHE_DTYPES if c in latents]:
+        for latent in [c for c in ENGINE_CACHE_DTYPES if c in latents]:
             name = " + ".join(part for part in (WEIGHT_ROWS[weight], "" if latent == "auto" else f"{latent} latent") if part)
             systems.append(LatentKVSystem(f"latentkv {name}".strip(), args.model, latent, max_model_len=length,
                                           kv_cache_memory=budget, quantization=None if weight == "none" else weight))
     if getattr(args, "reference_attention", False):  # the same rows on the PyTorch reference attention
-        systems += [LatentKVSystem(f"{s.name} (torch attention)", args.model, s.engine.args.kv_cache_dtype,
+        systems += [LatentKVSystem(f"{s.name} (torch attention)", args.model, s.kv_cache_dtype,
                                    max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
                                    attention_backend="torch") for s in list(systems)]
     if getattr(args, "not_invariant", False):  # the same rows with batch_invariant off: the cost of invariance
-        systems += [LatentKVSystem(f"{s.name} (not invariant)", args.model, s.engine.args.kv_cache_dtype,
+        systems += [LatentKVSystem(f"{s.name} (not invariant)", args.model, s.kv_cache_dtype,
                                    max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
                                    attention_backend=s.engine.args.attention_backend, batch_invariant=False)
                     for s in list(systems) if isinstance(s, LatentKVSystem)]
     if getattr(args, "eager", False):  # the same rows through the modules (enforce_eager): what the decode plan brings
-        systems += [LatentKVSystem(f"{s.name} (eager)", args.model, s.engine.args.kv_cache_dtype,
+        systems += [LatentKVSystem(f"{s.name} (eager)", args.model, s.kv_cache_dtype,
                                    max_model_len=length, kv_cache_memory=budget, quantization=s.engine.args.quantization,
                                    attention_backend=s.engine.args.attention_backend,
                                    batch_invariant=s.engine.args.batch_invariant, enforce_eager=True)

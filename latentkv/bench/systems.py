@@ -38,6 +38,7 @@ _ids = itertools.count()
 class LatentKVSystem:
     def __init__(self, name: str, model: str, kv_cache_dtype: str = "auto", max_model_len: int = 8192 + 256, **engine_kwargs):
         self.name = name
+        self.kv_cache_dtype = kv_cache_dtype  # as asked (engine.args holds it as served)
         self.llm = LLM(model=model, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
                        skip_tokenizer_init=True, max_num_seqs=engine_kwargs.pop("max_num_seqs", 64), **engine_kwargs)
         self.engine = self.llm.engine
