@@ -122,12 +122,15 @@ static void amx_units(const int32_t* packed, int64_t G, const int32_t* x, int64_
   amx_configure();
   for (int64_t m0 = 0; m0 < Mp; m0 += MC) {
     const int64_t m1 = std::min(Mp, m0 + MC);
+    // one pass of 32 rows (decode steps) reuses no weights across k blocks: all of K at once, the C
+    // tiles never stored and reloaded between blocks (the same sums in the same order: the same bits)
+    const int64_t kc = m1 - m0 <= 32 ? G : KC;
     for (int64_t u = u0; u < u1 && u * (SWIGLU ? 16 : 32) < N; ++u) {
       const int64_t n = u * (SWIGLU ? 16 : 32), cols = std::min<int64_t>(32, N - n);
       const int64_t b0 = SWIGLU ? u : 2 * u, b1 = SWIGLU ? u + N / 16 : 2 * u + 1;
-      for (int64_t g0 = 0; g0 < G; g0 += KC)
+      for (int64_t g0 = 0; g0 < G; g0 += kc)
         for (int64_t m = m0; m < m1; m += 32) {
-          const int64_t g1 = std::min(G, g0 + KC);
+          const int64_t g1 = std::min(G, g0 + kc);
           float* cm = c + (m - m0) * 32;
           if (m + 16 < Mp)
             tile_pair<true>(packed, G, b0, b1, g0, g1, rows(m), stride(m), rows(m + 16), stride(m + 16), cm, 32);
