@@ -13,9 +13,9 @@ machine that runs the suite):
 - float32 (MKL sgemm) rounds differently when M is 1, 2, 3, 5, 6, 7, 9, 10 or 11 (its GEMV and
   small-M kernels) and agrees for every M that is a multiple of 4 or at least 12 (bmm: per
   batch entry, the same or better) on the EPYCs; on the AMX Xeon not even then (K = 96..192 at
-  M <= 4, K = 576 / 1536 / 2048 at M <= 12 differ from M = 64), so the float32 matmuls the engine
-  serves with (its linears, the MoE router, the q4_0 rope turn) run latentkv's fixed-order kernel. So float32 (and bf16) linears run latentkv's fixed-order kernel
-  (model/quant.py FixedOrderLinear, which model/route.py builds the engine's model with) where it is built,
+  M <= 4, K = 576 / 1536 / 2048 at M <= 12 differ from M = 64). So float32 (and bf16) linears run
+  latentkv's fixed-order kernel (model/quant.py FixedOrderLinear, which model/route.py builds the
+  engine's model with; the MoE router and the q4_0 rope turn call it too) where it is built,
   and other float32 matmuls with such an M get zero rows up to the next multiple of 4 (the padded
   rows' outputs are dropped). The kernel, not the padding, for the linears: MKL's small-M sgemm
   runs ~4x slower than its GEMV on an AVX2-only EPYC;

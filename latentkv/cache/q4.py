@@ -12,9 +12,9 @@ ones. R = H·S2·P·H·S1: S1, S2 fixed sign flips, H block Walsh-Hadamard matri
 in dr's binary form), P a stride permutation between the two passes so every output mixes every
 input. It is built once per width from those butterflies and applied as one float32 matmul
 whose rows do not depend on how many there are (latentkv's fixed-order kernel where it is built:
-MKL's sgemm rounds rows by M differently on each CPU kind, and on the AMX Xeon even padded to a
-multiple of 4); nothing is stored with the model. Measured on the exact SmolLM2 conversion (held-out chat agreement, float32, the cache
-simulated): unturned 0.80; one pass of H·S 0.88; two passes 0.905; a dense random orthogonal
+MKL's sgemm rounds rows by M, on the AMX Xeon even padded as invariant.linear pads them); nothing
+is stored with the model. Measured on the exact SmolLM2 conversion (held-out chat agreement,
+float32, the cache simulated): unturned 0.80; one pass of H·S 0.88; two passes 0.905; a dense random orthogonal
 matrix 0.900-0.908 (docs/conversion.md). Scores are unchanged when the query's rope part is turned
 by the same R (attention/native_backend.py does, for the native kernel); `dequantize` turns the
 key back for every other reader. The latent is not turned: a converted model's latent is already
