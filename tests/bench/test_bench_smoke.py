@@ -6,10 +6,13 @@ import os
 import socket
 
 import pytest
+import torch
 
 from latentkv.bench.throughput import make_requests
 from latentkv.cli import main
+from latentkv.facts import dtype_name
 from latentkv.kernels import qlinear
+from latentkv.model.loader import resolve_dtype
 from tiny_lm import VOCAB as LM_VOCAB, save_tiny_lm
 
 
@@ -177,6 +180,15 @@ def test_bench_decode_runs_only_the_latent_dtypes_asked_for(tiny, tmp_path):
                  "--kv-cache-dtypes", "int8", "--contexts", "64", "--out", str(out)]) == 0
     row = json.loads((out / "decode.json").read_text())["results"][0]
     assert set(row["tok_s"]) == {"latentkv int8 latent", "latentkv w4 + int8 latent"}
+
+
+def test_bench_decode_runs_the_unquantized_latent_by_the_model_dtypes_name(tiny, tmp_path):
+    name = dtype_name(resolve_dtype("auto", torch.device("cpu")))  # the dtype the bench's model runs in here
+    out = tmp_path / "decode-unquantized"
+    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "none",
+                 "--kv-cache-dtypes", "int8", name, "--contexts", "64", "--out", str(out)]) == 0
+    row = json.loads((out / "decode.json").read_text())["results"][0]
+    assert set(row["tok_s"]) == {"latentkv int8 latent", f"latentkv {name} latent"}
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores: one kept busy, one free")
