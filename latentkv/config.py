@@ -83,7 +83,7 @@ class ModelConfig:
 
     def served_cache_dtype(self, asked: str) -> str:
         """The cache a request for `asked` gets: "auto" is the folder's own format where it records
-        one (convert --kv-bytes chose it), else "auto" (the model dtype); "bfloat16" / "float32" are
+        one (`convert` records it), else "auto" (the model dtype); "bfloat16" / "float32" are
         "auto" whatever the folder records (the engine checks the name is the model dtype)."""
         if asked in UNQUANTIZED_CACHES:
             return "auto"

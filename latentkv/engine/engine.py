@@ -84,7 +84,7 @@ def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
 
 def with_folder_cache(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype) -> EngineArgs:
     """kv_cache_dtype "auto" is the folder's own cache format where it records one
-    (latentkv.cache_dtype: `convert --kv-bytes` chose it), else the model dtype; "bfloat16" /
+    (latentkv.cache_dtype: `convert` records it), else the model dtype; "bfloat16" /
     "float32" the unquantized latent, which is stored in the model dtype `dtype`."""
     asked = args.kv_cache_dtype
     if asked in UNQUANTIZED_CACHES and MODEL_DTYPES[asked] != dtype:
