@@ -81,7 +81,8 @@ def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
 def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata,
                  kernel) -> torch.Tensor:
     """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv],
-    k_r [S,dr], dn, first, key_start, m, l, acc, scale)`, which folds one span of keys into each
+    k_r [S,dr] or [S,G,dr'] (grouped rope keys: q's rope part dr' wide), dn, first, key_start, m, l, acc,
+    scale)`, which folds one span of keys into each
     row's float32 state (running max m [n,H], sum l [n,H], output acc [n,H,dv padded to a
     multiple of 16: the kernel's vector width]) in place.
     Spans sit at fixed positions [k*SPAN, (k+1)*SPAN), the last one cut at a multiple of
@@ -89,7 +90,8 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     n, heads = q_nope.shape[:2]
     first = int(meta.query_pos[0, 0])
     end = first + n
-    q = torch.cat((q_nope, q_rope), dim=-1).contiguous()
+    groups = layer.rope_groups()  # a converted GQA model's rope key un-mixed per group (model/rope_groups.py)
+    q = torch.cat((q_nope, groups.queries(q_rope) if groups else q_rope), dim=-1).contiguous()
     m = torch.full((n, heads), float("-inf"))
     l = torch.zeros(n, heads)
     acc = torch.zeros(n, heads, -(-layer.dv // 16) * 16)
@@ -97,5 +99,7 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
         stop = min(start + SPAN, -(-end // MIN_ROWS) * MIN_ROWS)
         rows = read_positions(cache, meta.block_tables, meta.context_lens, start, stop)[0]
         kv = layer.expand_latent(rows).view(stop - start, heads, layer.dn + layer.dv)
-        kernel(q, kv, rows[:, layer.kv_rank:].contiguous(), layer.dn, first, start, m, l, acc, layer.scale)
+        k_r = rows[:, layer.kv_rank:]
+        k_r = groups.keys(k_r) if groups else k_r.contiguous()
+        kernel(q, kv, k_r, layer.dn, first, start, m, l, acc, layer.scale)
     return (acc[..., :layer.dv] / l[..., None]).to(q.dtype)

@@ -27,6 +27,7 @@ from ..kernels import qlinear
 from . import fused
 from .norm import RMSNorm
 from .rope import apply_rope, layer_inv_freq
+from .rope_groups import RopeGroups, find as find_rope_groups
 from .route import Route
 from .spec import LayerSpec
 
@@ -60,12 +61,43 @@ class MLAttention(nn.Module):
         # their storage dtype for inference (None: the weight's); bf16 beside quantized linears, with
         # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
         self.absorbed_dtype = route.absorbed_dtype
+        # the prefill's grouped rope keys (model/rope_groups.py): (query weight version, groups or None);
+        # a quantized query projection hands its float rows over before it packs them
+        self._rope_groups = (None, None)
+        self.q_linear().before_pack = self._keep_rope_groups
 
     @torch.no_grad()
     def pack_weights(self) -> None:
         """Once loaded (loader.load_model): kv_b_proj's values rounded to the absorbed dtype's grid."""
         if self.absorbed_dtype is not None:
             self.kv_b_proj.weight.copy_(self.kv_b_proj.weight.to(self.absorbed_dtype))
+        self.rope_groups()  # found now, not at the first prompt
+
+    def q_linear(self) -> nn.Module:
+        """The linear whose first rows are the query's (q_b_proj, or the packed q / [c ; k_r] projection)."""
+        return self.q_b_proj if self.q_lora_rank else self.qkv_a_proj
+
+    def rope_groups(self) -> RopeGroups | None:
+        """The grouped rope keys the prefill kernel may attend with (model/rope_groups.py), found once
+        per query weight version; None under autograd, without the native ops, or where the
+        structure does not hold."""
+        if not self.fused or torch.is_grad_enabled():
+            return None
+        linear = self.q_linear()
+        weight = linear._parameters.get("weight")  # gone once a quantized linear packed (kept by _keep_rope_groups)
+        if weight is not None and self._rope_groups[0] != weight_version(weight):
+            self._keep_rope_groups(weight, linear.bias)
+            self._rope_groups = (weight_version(weight), self._rope_groups[1])
+        return self._rope_groups[1]
+
+    @torch.no_grad()
+    def _keep_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """weight [rows, K] (bias [rows]) of q_linear() -> self._rope_groups from its query rope rows."""
+        q = weight[:self.split[0]].detach()
+        if bias is not None:
+            q = torch.cat((q, bias[:self.split[0], None].detach().to(q.dtype)), dim=1)
+        rows = q.view(self.n_heads, self.dn + self.dr, -1)[:, self.dn:]
+        self._rope_groups = ("packed", find_rope_groups(rows, self.inv_freq, self.interleaved))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];

@@ -62,6 +62,7 @@ class QuantLinear(nn.Module):
         return q
 
     ROW_DIMS: dict[str, int] = {}  # a buffer whose rows are not along dim 0 -> its row dim
+    before_pack = None  # a parent's callback(weight, bias) that reads the float weight before it goes
 
     @torch.no_grad()
     def pack_weights(self) -> None:
@@ -72,6 +73,8 @@ class QuantLinear(nn.Module):
         if self.packed:
             return
         weight = self.weight.detach()
+        if self.before_pack is not None:
+            self.before_pack(weight, self.bias)
         del self.weight
         rows = max(qlinear.ROW_PAD, PACK_ELEMENTS // max(self.in_features, 1) // qlinear.ROW_PAD * qlinear.ROW_PAD)
         pieces = [self.pack(weight[start:start + rows]) for start in range(0, weight.shape[0], rows)]

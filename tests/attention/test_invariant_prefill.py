@@ -30,9 +30,13 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # of the output's scale
 
 
 class Layer(nn.Module):
-    """What prefill.py calls back into: MLAttention's expand (kv_b_proj) and softmax scale."""
+    """What prefill.py calls back into: MLAttention's expand (kv_b_proj), softmax scale and rope
+    groups (none: random query rows have no grouped structure; tests/model/test_rope_groups.py)."""
 
     expand, expand_latent, padded_kv_b = MLAttention.expand, MLAttention.expand_latent, MLAttention.padded_kv_b
+
+    def rope_groups(self):
+        return None
 
     def __init__(self, heads=3, rank=32, dn=16, dr=8, dv=12, dtype=torch.float32):
         super().__init__()

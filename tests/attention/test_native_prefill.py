@@ -24,9 +24,11 @@ def tolerance(isa, dtype):
 
 
 def exact(q, kv, k_r, dn, first, scale):
-    """float64 causal attention of rows q [n,H,dn+dr] at first.. over keys 0..S-1 -> [n,H,dv]."""
+    """float64 causal attention of rows q [n,H,dn+dr] at first.. over keys 0..S-1 -> [n,H,dv];
+    k_r [S, dr] (every head's) or [S, G, dr] (one per group of H / G consecutive heads)."""
     n, heads = q.shape[:2]
-    key = torch.cat((kv[..., :dn], k_r[:, None].expand(-1, heads, -1)), -1).double()
+    rope = k_r[:, None].expand(-1, heads, -1) if k_r.dim() == 2 else k_r.repeat_interleave(heads // k_r.shape[1], 1)
+    key = torch.cat((kv[..., :dn], rope), -1).double()
     scores = torch.einsum("nhd,shd->hns", q.double(), key) * scale
     pos = torch.arange(first, first + n)[:, None]
     scores = scores.masked_fill(torch.arange(kv.shape[0])[None] > pos, float("-inf"))
@@ -61,6 +63,23 @@ def test_matches_float64_attention(isa, dtype, heads, dn, dr, dv):
     q, kv, k_r, scale = inputs(n, keys, heads, dn, dr, dv, dtype)
     got, want = run(q, kv, k_r, dn, first, scale, [0, keys], isa), exact(q, kv, k_r, dn, first, scale)
     assert (got.double() - want).abs().max() <= tolerance(isa, dtype) * want.abs().max()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,groups,dn,dr,dv", [(9, 3, 2, 64, 64), (6, 2, 50, 32, 64), (4, 4, 15, 8, 33),
+                                                   (8, 2, 64, 96, 64)])
+@torch.inference_mode()
+def test_grouped_rope_keys_match_float64_attention(isa, dtype, heads, groups, dn, dr, dv):
+    # k_r [S, G, dr]: consecutive heads share one rope key (model/rope_groups.py; SmolLM2's conversion
+    # is the first shape); AMX reads them in place (dr a multiple of 32) or packs them
+    n, keys, first = 150, 256, 120
+    q, kv, _, scale = inputs(n, keys, heads, dn, dr, dv, dtype)
+    k_r = torch.randn(keys, groups, dr, generator=torch.Generator().manual_seed(5)).to(dtype)
+    got, want = run(q, kv, k_r, dn, first, scale, [0, 128, keys], isa), exact(q, kv, k_r, dn, first, scale)
+    assert (got.double() - want).abs().max() <= tolerance(isa, dtype) * want.abs().max()
+    shared = run(q, kv, k_r[:, :1].expand(-1, groups, -1), dn, first, scale, [0, keys], isa)
+    assert torch.equal(shared, run(q, kv, k_r[:, 0], dn, first, scale, [0, keys], isa))  # one group's key: the shared form
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -102,4 +121,6 @@ def test_bad_shapes_are_refused():
         run(q, kv, k_r, 16, 0, scale, [0, 96], ISAS[-1])
     with pytest.raises(RuntimeError, match="one dtype"):
         run(q.float(), kv, k_r, 16, 0, scale, [0, 64], ISAS[-1])
+    with pytest.raises(RuntimeError, match="shapes do not match"):  # 3 rope keys for 2 heads
+        run(q, kv, k_r[:, None].expand(-1, 3, -1), 16, 0, scale, [0, 64], ISAS[-1])
 

@@ -33,7 +33,7 @@ static void prefill_pack_keys_amx(const PrefillJob& j, int h, int kb) {
     uint32_t* row = ka + (int64_t)k * j.P;
     if (j.dn % 2 == 0) {  // the key's words as they lie: the nope part, then the rope key
       std::memcpy(row, j.kv + (t * j.H + h) * (j.dn + j.dv), (size_t)j.dn * 2);
-      std::memcpy(row + j.dn / 2, j.kr + t * j.dr, (size_t)j.dr * 2);
+      std::memcpy(row + j.dn / 2, rope_key(j, t, h), (size_t)j.dr * 2);
       std::fill(row + (j.dn + j.dr) / 2, row + j.P, 0u);
     } else {
       for (int p = 0; p < j.P; ++p) row[p] = (uint32_t)key_elem(j, t, h, 2 * p) | (uint32_t)key_elem(j, t, h, 2 * p + 1) << 16;
@@ -66,7 +66,7 @@ static void prefill_pack_values_amx(const PrefillJob& j, int h, int kb, uint32_t
 // The keys' A tiles read where they lie, without a packing pass: the nope part in steps of 32
 // elements of the kv rows (H * (dn + dv) apart; a step past dn reads the row's first values,
 // against query pairs that are zero there: products of 0), then the rope key in steps of 32 (dr
-// apart). Needs dr a multiple of 32 and the nope steps within the row (DeepSeek's 128 + 64, the
+// apart, or G * dr for grouped rope keys). Needs dr a multiple of 32 and the nope steps within the row (DeepSeek's 128 + 64, the
 // conversions' 50 + 96). Sets the job's pairs for it: pn = the nope steps' pairs, P whole tiles.
 static inline void amx_layout(PrefillJob& j) {
   const int nope = (j.dn + 31) / 32 * 32;
@@ -93,7 +93,7 @@ static inline void key_tiles(const PrefillJob& j, int h, int kb, KeyTiles& kt) {
     kt.at[s] = reinterpret_cast<const uint32_t*>(j.kv + (t * j.H + h) * (j.dn + j.dv) + 32 * s),
     kt.stride[s] = j.H * (j.dn + j.dv) * 2;
   for (int s = nope_steps; s < j.P / 16; ++s)
-    kt.at[s] = reinterpret_cast<const uint32_t*>(j.kr + t * j.dr + 32 * (s - nope_steps)), kt.stride[s] = j.dr * 2;
+    kt.at[s] = reinterpret_cast<const uint32_t*>(rope_key(j, t, h) + 32 * (s - nope_steps)), kt.stride[s] = j.krs * 2;
 }
 
 // st [KB keys][32 rows] = the block's keys kt . the pass's queries qt [P/16][16 pairs][32 rows],

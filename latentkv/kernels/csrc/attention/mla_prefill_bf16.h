@@ -11,6 +11,7 @@
 //   q   [n, H, dn + dr]  bf16, row i at position first + i
 //   kv  [S, H, dn + dv]  bf16: kv_b_proj of the span's latents (k_nope, then v, per head)
 //   k_r [S, dr]          bf16: the span's rotated rope keys, one for all heads; key t at key_start + t
+//       or [S, G, dr]    one per group of hpg = H / G consecutive heads (grouped rope keys, model/rope_groups.py)
 //   m, l [n, H], acc [n, H, dvp] float32 (dv padded to a multiple of 16; the pad stays 0)
 // Scores: q . k with vdpbf16ps (bf16 x bf16 products exact in float32, summed in float32), times
 // the softmax scale in float32. Values: the probabilities rounded to bf16 (2^-9 relative), two
@@ -23,6 +24,7 @@ constexpr int RB = 64;  // query rows per work item: their float32 state stays i
 
 struct PrefillJob {
   int n, H, dn, dr, dv, dvp, P, pn, S, nkb;  // dvp: dv padded to a multiple of 16 (acc's width)
+  int krs, hpg;                              // k_r's row stride (G * dr), heads per rope key (H / G)
   bool keys_in_place = false;                // AMX: key tiles read from kv / k_r (amx_layout)
   int64_t first, key_start;
   float scale;
@@ -34,11 +36,16 @@ struct PrefillJob {
   float *m, *l, *acc;
 };
 
+// Head h's rope key [dr] at span row t.
+static inline const uint16_t* rope_key(const PrefillJob& j, int64_t t, int h) {
+  return j.kr + t * j.krs + (int64_t)(h / j.hpg) * j.dr;
+}
+
 // Element e of head h's key at span row t (the nope part padded to an even width).
 // Past the rope part (P padded to whole AMX tiles: mla_prefill_amx.h): zero pairs.
 static inline uint16_t key_elem(const PrefillJob& j, int64_t t, int h, int e) {
   if (e < 2 * j.pn) return e < j.dn ? j.kv[(t * j.H + h) * (j.dn + j.dv) + e] : 0;
-  return e - 2 * j.pn < j.dr ? j.kr[t * j.dr + e - 2 * j.pn] : 0;
+  return e - 2 * j.pn < j.dr ? rope_key(j, t, h)[e - 2 * j.pn] : 0;
 }
 
 // As prefill_pack where dn is even: a key's pairs are its 32-bit words as they lie (the nope part,
@@ -50,7 +57,7 @@ static void prefill_pack_words(const PrefillJob& j, int h, int kb) {
   for (int k = 0; k < KB; ++k) {
     const int64_t t = (int64_t)kb * KB + k;
     const uint16_t* kv = j.kv + (t * j.H + h) * (j.dn + j.dv);
-    const uint16_t* kr = j.kr + t * j.dr;
+    const uint16_t* kr = rope_key(j, t, h);
     for (int p = 0; p < nope; ++p) kp[p * KB + k] = (uint32_t)kv[2 * p] | (uint32_t)kv[2 * p + 1] << 16;
     for (int p = 0; p < rope; ++p) kp[(nope + p) * KB + k] = (uint32_t)kr[2 * p] | (uint32_t)kr[2 * p + 1] << 16;
     for (int p = nope + rope; p < j.P; ++p) kp[p * KB + k] = 0;

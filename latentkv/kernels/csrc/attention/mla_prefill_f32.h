@@ -13,6 +13,7 @@
 //   q   [n, H, dn + dr]  T (float32, or bf16 widened when packed), row i at position first + i
 //   kv  [S, H, dn + dv]  T: kv_b_proj of the span's latents (k_nope, then v, per head)
 //   k_r [S, dr]          T: the span's rotated rope keys, one for all heads; key t at key_start + t
+//       or [S, G, dr]    one per group of hpg = H / G consecutive heads (grouped rope keys, model/rope_groups.py)
 //   m, l [n, H], acc [n, H, dvp] float32 (dv padded to a multiple of 16; the pad stays 0)
 // Scores: q . k summed in float32 in element order (one FMA chain per lane), times the softmax
 // scale. Values: the float32 probabilities times v, summed in key order.
@@ -35,6 +36,7 @@ template <int W> constexpr int f32_value_z() { return W == 16 ? 4 : 2; }
 template <typename T>
 struct F32PrefillJob {
   int n, H, dn, dr, dv, dvp, D, S, nkb;  // D = dn + dr
+  int krs, hpg;                           // k_r's row stride (G * dr), heads per rope key (H / G)
   int64_t first, key_start;
   float scale;
   const T* q;
@@ -77,7 +79,8 @@ static void f32_pack(const F32PrefillJob<T>& j, int h, int kb) {
     const T* row = j.kv + (t * j.H + h) * (j.dn + j.dv);
     float* kc = kp + (k / KC) * j.D * KC + k % KC;
     for (int e = 0; e < j.dn; ++e) kc[e * KC] = f32_widen(row[e]);
-    for (int e = 0; e < j.dr; ++e) kc[(j.dn + e) * KC] = f32_widen(j.kr[t * j.dr + e]);
+    const T* kr = j.kr + t * j.krs + (int64_t)(h / j.hpg) * j.dr;
+    for (int e = 0; e < j.dr; ++e) kc[(j.dn + e) * KC] = f32_widen(kr[e]);
     for (int d = 0; d < j.dvp; ++d) {
       const int d0 = d < full ? d / VC * VC : full + (d - full) / W * W, cw = d < full ? VC : W;
       vp[d0 * F32_KB + k * cw + d - d0] = d < j.dv ? f32_widen(row[j.dn + d]) : 0.0f;

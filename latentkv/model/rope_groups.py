@@ -1,0 +1,91 @@
+"""Grouped rope keys: a converted GQA model's shared rope key, un-mixed per source KV head for prefill.
+
+An exact conversion of a model with G KV heads keeps, at each RoPE frequency, one rope pair per
+source KV head, mixed by their principal components and balanced (convert/rope_plan.py,
+rope_scale.py): the shared rope key is G pairs wide per frequency, and every query head reads all
+of it. Yet a query head's rows at one frequency are one pair of rows p_h times a vector c_h over
+the frequency's slots (rank 1), and c_h points the same way for every head of one source group.
+So with ĉ_g that direction (unit length), head h's score terms at frequency f are
+    Σ_j q_{h,j} · k_j = (Σ_j ĉ_{g,j} q_{h,j}) · (Σ_j ĉ_{g,j} k_j),
+one pair of query against one pair of key per group: prefill attends with 2F values of rope key a
+head (F frequencies) instead of the shared G·2F (SmolLM2's 3 KV heads: 64 instead of 192, the
+original model's width). The pairs of one frequency turn by one angle, so the un-mixing commutes
+with RoPE and applies to rotated rows. The cache keeps the mixed key (decode reads it as it is).
+
+`find` checks the structure on the loaded query weights (rank 1 within the weight dtype's rounding,
+one direction per group, groups of consecutive heads as GQA numbers them) and returns None where it
+does not hold: DeepSeek's own checkpoints (one slot a frequency), refined or other conversions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import fused
+
+
+@dataclass(frozen=True)
+class RopeGroups:
+    """basis [G, dr, 2F]: group g's un-mixed rope key is k_r · basis[g] (pair f at 2f, 2f + 1);
+    heads_per_group consecutive query heads read each."""
+    basis: torch.Tensor
+    heads_per_group: int
+
+    @property
+    def groups(self) -> int:
+        return self.basis.shape[0]
+
+    # Both through the native per-head matmul: a row's bits do not depend on the rows beside it
+    # (the prefill's batch invariance), bf16 on AMX tiles.
+    def queries(self, q_rope: torch.Tensor) -> torch.Tensor:
+        """q_rope [n, H, dr] (rotated) -> [n, H, 2F]: each head's pairs in its group's basis."""
+        basis = self.basis.repeat_interleave(self.heads_per_group, 0).to(_basis_dtype(q_rope))
+        return fused.head_matmul(q_rope.contiguous(), basis, kernel=True)
+
+    def keys(self, k_r: torch.Tensor) -> torch.Tensor:
+        """k_r [S, dr] (rotated) -> [S, G, 2F] contiguous: every group's un-mixed rope key."""
+        rows = k_r[:, None].expand(-1, self.groups, -1).contiguous()
+        return fused.head_matmul(rows, self.basis.to(_basis_dtype(k_r)), kernel=True)
+
+
+def _basis_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+
+
+def find(rows: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool) -> RopeGroups | None:
+    """rows [H, dr, K]: each head's query rope rows (a bias as one more column), inv_freq [dr/2]
+    each rope pair's frequency -> the groups, or None where the structure does not hold or gains
+    nothing (no frequency with two or more pairs)."""
+    heads, dr = rows.shape[:2]
+    if dr == 0:
+        return None
+    tol = 2 * torch.finfo(rows.dtype).eps  # rank 1 up to the weight's own rounding
+    half = dr // 2
+    slot = torch.arange(half)
+    dims = torch.stack((2 * slot, 2 * slot + 1) if interleaved else (slot, slot + half), dim=-1)  # [dr/2, 2]
+    w = rows.double()[:, dims]  # [H, dr/2, 2, K]
+    freqs = inv_freq.unique()
+    if len(freqs) == half:
+        return None
+    directions = []  # per frequency: its slots and each head's unit direction over them
+    for f in freqs:
+        slots = (inv_freq == f).nonzero().flatten()
+        m = w[:, slots].flatten(2)  # [H, n, 2K]
+        u, s, _ = torch.linalg.svd(m, full_matrices=False)
+        if (s[:, 0] <= 0).any() or (len(slots) > 1 and (s[:, 1] > tol * s[:, 0]).any()):
+            return None
+        c = u[..., 0]  # [H, n], sign fixed by its largest entry
+        directions.append((slots, c * c.gather(1, c.abs().argmax(1, keepdim=True)).sign()))
+    same = torch.stack([(c @ c.T).abs() >= 1 - tol for _, c in directions]).all(0)  # [H, H]
+    group = [int(same[h].nonzero()[0]) for h in range(heads)]  # each head's first look-alike
+    leaders = sorted(set(group))
+    per = heads // len(leaders)
+    if heads % len(leaders) or any(group[h] != leaders[h // per] for h in range(heads)):
+        return None  # not consecutive equal groups
+    basis = torch.zeros(len(leaders), dr, 2 * len(freqs), dtype=torch.float64)
+    for i, (slots, c) in enumerate(directions):
+        for g, leader in enumerate(leaders):
+            for side in range(2):
+                basis[g, dims[slots, side], 2 * i + side] = c[leader]
+    return RopeGroups(basis.float(), per)

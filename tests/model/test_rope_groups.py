@@ -1,0 +1,123 @@
+"""Grouped rope keys (model/rope_groups.py): found on query rows with the structure an exact GQA
+conversion leaves, the un-mixed scores equal the shared key's under RoPE at every position; not
+found where the structure does not hold; a converted model's prefill with them matches the one
+without (float32) and stays batch-invariant (chunked = whole, bf16 and float32)."""
+import pytest
+import torch
+
+from latentkv import LLM, SamplingParams
+from latentkv.model import fused
+from latentkv.model.loader import load_model
+from latentkv.model.mla import MLAttention
+from latentkv.model.rope import apply_rope, cos_sin
+from latentkv.model.rope_groups import find
+
+from latentkv.convert.calibrate import collect_stats
+from latentkv.convert.export import export
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model
+from latentkv.sources.readers import read_source
+
+import llama_tiny
+
+native = pytest.mark.skipif(not fused.available(), reason="the native per-layer ops are not built here")
+
+
+def structured(heads=6, groups=2, counts=(3, 3, 1, 2), k=24, interleaved=True, seed=0):
+    """Query rope rows [H, dr, K] of the conversion's form: at a frequency with n slots, head h's
+    rows are s_h c_g ⊗ p_h (c_g a unit vector over the slots, one per group of consecutive
+    heads); the slots of the frequencies in a shuffled order. -> (rows, inv_freq [dr/2])."""
+    gen = torch.Generator().manual_seed(seed)
+    freq_of_slot = torch.tensor([1.0 / (i + 1) for i, n in enumerate(counts) for _ in range(n)])
+    order = torch.randperm(len(freq_of_slot), generator=gen)
+    inv_freq = freq_of_slot[order]
+    half = len(inv_freq)
+    rows = torch.zeros(heads, 2 * half, k, dtype=torch.float64)
+    for f in inv_freq.unique():
+        slots = (inv_freq == f).nonzero().flatten()
+        c = torch.nn.functional.normalize(torch.randn(groups, len(slots), generator=gen, dtype=torch.float64), dim=1)
+        for h in range(heads):
+            pair = torch.randn(2, k, generator=gen, dtype=torch.float64) * (0.5 + torch.rand(1, generator=gen).item())
+            for j, s in enumerate(slots.tolist()):
+                dims = (2 * s, 2 * s + 1) if interleaved else (s, s + half)
+                rows[h, dims[0]], rows[h, dims[1]] = c[h // (heads // groups), j] * pair
+    return rows.float(), inv_freq
+
+
+@native
+@pytest.mark.parametrize("interleaved", [True, False])
+@torch.inference_mode()
+def test_unmixed_scores_equal_the_shared_keys_under_rope(interleaved):
+    rows, inv_freq = structured(interleaved=interleaved)
+    groups = find(rows, inv_freq, interleaved)
+    assert groups is not None and groups.groups == 2 and groups.heads_per_group == 3
+    assert groups.basis.shape == (2, rows.shape[1], 2 * len(inv_freq.unique()))
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(20, rows.shape[2], generator=gen)
+    q = torch.einsum("hdk,tk->thd", rows, x)  # [T, H, dr]
+    k = torch.randn(30, rows.shape[1], generator=gen)  # any key: only the queries need the structure
+    qc, qs = cos_sin(torch.arange(20) + 7, inv_freq)
+    kc, ks = cos_sin(torch.arange(30), inv_freq)
+    q, k = apply_rope(q, qc, qs, interleaved), apply_rope(k, kc, ks, interleaved)
+    want = torch.einsum("thd,sd->ths", q.double(), k.double())
+    qg, kg = groups.queries(q), groups.keys(k)  # [T, H, 2F], [S, G, 2F]
+    got = torch.einsum("thd,shd->ths", qg.double(), kg.double().repeat_interleave(3, 1))
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("case", ["random", "distinct frequencies", "heads out of order", "rank 2"])
+def test_not_found_where_the_structure_does_not_hold(case):
+    rows, inv_freq = structured()
+    if case == "random":
+        rows = torch.randn_like(rows)
+    elif case == "distinct frequencies":  # DeepSeek's own: one slot a frequency, nothing to un-mix
+        inv_freq = torch.arange(1, len(inv_freq) + 1).float().reciprocal()
+    elif case == "heads out of order":
+        rows = rows[[0, 3, 1, 4, 2, 5]]
+    else:  # a refined conversion: off rank 1 by far more than float32 rounding
+        rows = rows + 1e-4 * torch.randn(rows.shape, generator=torch.Generator().manual_seed(2))
+    assert find(rows, inv_freq, True) is None
+
+
+@pytest.fixture(scope="module")
+def converted_gqa(tmp_path_factory):
+    """The exact conversion of a tiny 2-KV-head Llama (its rope key 2 x head_dim wide)."""
+    root = tmp_path_factory.mktemp("gqa")
+    llama_tiny.save("llama_gqa", root / "src")
+    windows = torch.randint(0, llama_tiny.VOCAB, (3, 48), generator=torch.Generator().manual_seed(2))
+    src = read_source(root / "src")
+    cfg, tensors, info = build_model(src, collect_stats(src, windows), ConvertOptions(rope_dim="all", kv_rank="full"))
+    return export(root / "mla", src, cfg, tensors, info, {"rope_dim": "all", "kv_rank": "full"}), cfg
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_found_on_every_layer_of_an_exact_gqa_conversion(converted_gqa, dtype):
+    out, cfg = converted_gqa
+    model = load_model(out, dtype=dtype)
+    assert model.model.layers[0].self_attn.rope_groups() is None  # under autograd: the reference ops
+    for layer in model.model.layers:
+        with torch.inference_mode():
+            groups = layer.self_attn.rope_groups()
+        assert groups is not None and groups.groups == 2 and groups.basis.shape[2] == cfg["qk_rope_head_dim"] // 2
+
+
+@native
+def test_prefill_with_groups_matches_the_shared_key_and_is_chunk_invariant(converted_gqa, monkeypatch):
+    out, _ = converted_gqa
+    prompt = torch.randint(2, llama_tiny.VOCAB, (150,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=1)
+
+    def run(dtype, chunk=None):
+        llm = LLM(model=str(out), dtype=dtype, skip_tokenizer_init=True, kv_cache_dtype="auto",
+                  max_num_batched_tokens=chunk, kv_cache_memory="64MiB")
+        result = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+        return list(result.outputs[0].token_ids), [max(x.logprob for x in p.values()) if p else None for p in result.prompt_logprobs]
+
+    for dtype in ("float32", "bfloat16"):
+        assert run(dtype) == run(dtype, chunk=64)  # chunks of 64 after cached context: the same bits
+    tokens, logprobs = run("float32")
+    monkeypatch.setattr(MLAttention, "rope_groups", lambda self: None)
+    shared_tokens, shared = run("float32")
+    assert tokens == shared_tokens
+    assert max(abs(a - b) for a, b in zip(logprobs[1:], shared[1:])) <= 1e-4
