@@ -67,6 +67,9 @@ def register(subparsers) -> None:
     add_model_args(p, stock=True)
     p.add_argument("--contexts", type=int, nargs="+")
     p.add_argument("--tokens", type=int, help="tokens decoded per measurement")
+    p.add_argument("--prefill-repeats", type=int, default=1,
+                   help="prompts of each context's length every system prefills, interleaved (the median is "
+                        "reported; default 1: the context's own prompt)")
     p.add_argument("--reference-attention", action="store_true",
                    help="also run every latentkv row on the PyTorch reference attention (native vs reference)")
     p.add_argument("--not-invariant", action="store_true",

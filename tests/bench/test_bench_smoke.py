@@ -1,5 +1,6 @@
 """Each bench subcommand runs in --quick mode on a tiny model and writes its JSON and PNG.
 No timing assertions: only that the measurements exist and are sane numbers."""
+import argparse
 import json
 import math
 import os
@@ -8,6 +9,7 @@ import socket
 import pytest
 import torch
 
+from latentkv.bench.decode import measure_context
 from latentkv.bench.throughput import make_requests
 from latentkv.cli import main
 from latentkv.facts import dtype_name
@@ -150,6 +152,36 @@ def test_bench_prefix_store(tiny, tmp_path):
         assert disk[f"latentkv store on disk, {name} latent"] >= disk[f"latentkv latent in RAM, {name}"]
     assert disk["latentkv store on disk, int8 latent"] < disk["latentkv store on disk, auto latent"]
     assert positive(data["throughput"]["tok_s_store_on"]) and positive(data["throughput"]["tok_s_store_off"])
+
+
+class Recorder:
+    """A bench system that logs what it is asked: (name, prompt's first token) per prepare, and
+    decode runs on the last prompt prepared."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def prepare(self, prompt_ids):
+        self.log.append((self.name, prompt_ids[0]))
+        self.last = prompt_ids[0]
+
+    def decode(self, n):
+        return 0.01 * self.last
+
+
+def test_bench_decode_prefills_every_prompt_interleaved_and_decodes_the_last():
+    log = []
+    prefill, times = measure_context([Recorder("a", log), Recorder("b", log)], [[1] * 4, [2] * 4, [3] * 4],
+                                     argparse.Namespace(tokens=2, repeats=2), {})
+    assert log == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+    assert set(prefill) == {"a", "b"} and all(positive(v) for v in prefill.values())
+    assert times == {"a": [0.03, 0.03], "b": [0.03, 0.03]}
+
+
+def test_bench_decode_prefill_repeats(tiny, tmp_path):
+    data = run_bench("decode", tiny, tmp_path, "--no-baselines", "--weights", "none", "--kv-cache-dtypes", "auto",
+                     "--prefill-repeats", "2")
+    assert all(r["prefill_prompts"] == 2 and positive(r["prefill_tok_s"]["latentkv"]) for r in data["results"])
 
 
 def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tmp_path):

@@ -59,7 +59,7 @@ def test_the_decode_loop_goes_on_without_a_crashed_baseline():
             IsolatedSystem("steady", "fake_baseline:Steady")]
     failed = {}
     try:
-        prefill, times = measure_context(live, [5] * 8, argparse.Namespace(tokens=2, repeats=3), failed)
+        prefill, times = measure_context(live, [[5] * 8], argparse.Namespace(tokens=2, repeats=3), failed)
     finally:
         for s in live[1:]:
             s.close()
