@@ -91,7 +91,9 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     first = int(meta.query_pos[0, 0])
     end = first + n
     groups = layer.rope_groups()  # a converted GQA model's rope key un-mixed per group (model/rope_groups.py)
-    q = torch.cat((q_nope, groups.queries(q_rope) if groups else q_rope), dim=-1).contiguous()
+    q_rope = groups.queries(q_rope) if groups else q_rope
+    dn = layer.dn if layer.scores_nope() else 0  # a zero W_UK: no nope part in the scores
+    q = (torch.cat((q_nope, q_rope), dim=-1) if dn else q_rope).contiguous()
     m = torch.full((n, heads), float("-inf"))
     l = torch.zeros(n, heads)
     acc = torch.zeros(n, heads, -(-layer.dv // 16) * 16)
@@ -99,7 +101,8 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
         stop = min(start + SPAN, -(-end // MIN_ROWS) * MIN_ROWS)
         rows = read_positions(cache, meta.block_tables, meta.context_lens, start, stop)[0]
         kv = layer.expand_latent(rows).view(stop - start, heads, layer.dn + layer.dv)
+        kv = kv if dn else kv[..., layer.dn:].contiguous()
         k_r = rows[:, layer.kv_rank:]
         k_r = groups.keys(k_r) if groups else k_r.contiguous()
-        kernel(q, kv, k_r, layer.dn, first, start, m, l, acc, layer.scale)
+        kernel(q, kv, k_r, dn, first, start, m, l, acc, layer.scale)
     return (acc[..., :layer.dv] / l[..., None]).to(q.dtype)

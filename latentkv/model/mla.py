@@ -64,6 +64,7 @@ class MLAttention(nn.Module):
         # the prefill's grouped rope keys (model/rope_groups.py): (query weight version, groups or None);
         # a quantized query projection hands its float rows over before it packs them
         self._rope_groups = (None, None)
+        self._nope = (None, True)  # (kv_b_proj weight version, whether its key rows are not all zero)
         self.q_linear().before_pack = self._keep_rope_groups
 
     @torch.no_grad()
@@ -71,11 +72,24 @@ class MLAttention(nn.Module):
         """Once loaded (loader.load_model): kv_b_proj's values rounded to the absorbed dtype's grid."""
         if self.absorbed_dtype is not None:
             self.kv_b_proj.weight.copy_(self.kv_b_proj.weight.to(self.absorbed_dtype))
-        self.rope_groups()  # found now, not at the first prompt
+        self.rope_groups(), self.scores_nope()  # found now, not at the first prompt
 
     def q_linear(self) -> nn.Module:
         """The linear whose first rows are the query's (q_b_proj, or the packed q / [c ; k_r] projection)."""
         return self.q_b_proj if self.q_lora_rank else self.qkv_a_proj
+
+    def scores_nope(self) -> bool:
+        """Whether q_nope · k_nope adds to the scores: False where W_UK (kv_b_proj's key rows) is all
+        zero, as in the exact conversion of a model whose keys are all rotated (it keeps dn = 2 zero
+        dims for the format): the prefill kernel then attends without them. Checked once per
+        kv_b_proj weight version; True under autograd."""
+        weight = self.kv_b_proj.weight
+        if torch.is_grad_enabled() or self.dn == 0:
+            return self.dn > 0
+        version = weight_version(weight)
+        if self._nope[0] != version:
+            self._nope = (version, bool(weight.view(self.n_heads, self.dn + self.dv, -1)[:, :self.dn].any()))
+        return self._nope[1]
 
     def rope_groups(self) -> RopeGroups | None:
         """The grouped rope keys the prefill kernel may attend with (model/rope_groups.py), found once

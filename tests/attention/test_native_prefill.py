@@ -67,12 +67,13 @@ def test_matches_float64_attention(isa, dtype, heads, dn, dr, dv):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,groups,dn,dr,dv", [(9, 3, 2, 64, 64), (6, 2, 50, 32, 64), (4, 4, 15, 8, 33),
-                                                   (8, 2, 64, 96, 64)])
+@pytest.mark.parametrize("heads,groups,dn,dr,dv", [(9, 3, 2, 64, 64), (9, 3, 0, 64, 64), (6, 2, 50, 32, 64),
+                                                   (4, 4, 15, 8, 33), (8, 2, 64, 96, 64), (4, 2, 0, 8, 16)])
 @torch.inference_mode()
 def test_grouped_rope_keys_match_float64_attention(isa, dtype, heads, groups, dn, dr, dv):
     # k_r [S, G, dr]: consecutive heads share one rope key (model/rope_groups.py; SmolLM2's conversion
-    # is the first shape); AMX reads them in place (dr a multiple of 32) or packs them
+    # is the first shape, the second without its zero nope part); AMX reads them in place (dr a
+    # multiple of 32) or packs them
     n, keys, first = 150, 256, 120
     q, kv, _, scale = inputs(n, keys, heads, dn, dr, dv, dtype)
     k_r = torch.randn(keys, groups, dr, generator=torch.Generator().manual_seed(5)).to(dtype)

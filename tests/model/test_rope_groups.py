@@ -1,7 +1,8 @@
 """Grouped rope keys (model/rope_groups.py): found on query rows with the structure an exact GQA
 conversion leaves, the un-mixed scores equal the shared key's under RoPE at every position; not
-found where the structure does not hold; a converted model's prefill with them matches the one
-without (float32) and stays batch-invariant (chunked = whole, bf16 and float32)."""
+found where the structure does not hold. A converted model's prefill with them and without its zero
+nope part (MLAttention.scores_nope) matches the one with the shared key and the nope part (float32)
+and stays batch-invariant (chunked = whole, bf16 and float32)."""
 import pytest
 import torch
 
@@ -95,11 +96,20 @@ def converted_gqa(tmp_path_factory):
 def test_found_on_every_layer_of_an_exact_gqa_conversion(converted_gqa, dtype):
     out, cfg = converted_gqa
     model = load_model(out, dtype=dtype)
-    assert model.model.layers[0].self_attn.rope_groups() is None  # under autograd: the reference ops
+    first = model.model.layers[0].self_attn
+    assert first.rope_groups() is None and first.scores_nope()  # under autograd: the reference ops
     for layer in model.model.layers:
         with torch.inference_mode():
             groups = layer.self_attn.rope_groups()
+            # every key dimension is rotated: the format's dn = 2 nope dims are zero, left out of the scores
+            assert not layer.self_attn.scores_nope()
         assert groups is not None and groups.groups == 2 and groups.basis.shape[2] == cfg["qk_rope_head_dim"] // 2
+
+
+@torch.inference_mode()
+def test_deepseek_checkpoints_keep_their_nope_part_and_shared_key(tiny_checkpoints):
+    model = load_model(tiny_checkpoints("v3_dense_qlora")[0])
+    assert all(layer.self_attn.scores_nope() and layer.self_attn.rope_groups() is None for layer in model.model.layers)
 
 
 @native
@@ -117,7 +127,8 @@ def test_prefill_with_groups_matches_the_shared_key_and_is_chunk_invariant(conve
     for dtype in ("float32", "bfloat16"):
         assert run(dtype) == run(dtype, chunk=64)  # chunks of 64 after cached context: the same bits
     tokens, logprobs = run("float32")
-    monkeypatch.setattr(MLAttention, "rope_groups", lambda self: None)
+    monkeypatch.setattr(MLAttention, "rope_groups", lambda self: None)  # the shared key, with its nope part
+    monkeypatch.setattr(MLAttention, "scores_nope", lambda self: True)
     shared_tokens, shared = run("float32")
     assert tokens == shared_tokens
     assert max(abs(a - b) for a, b in zip(logprobs[1:], shared[1:])) <= 1e-4
