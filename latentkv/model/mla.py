@@ -61,11 +61,13 @@ class MLAttention(nn.Module):
         # their storage dtype for inference (None: the weight's); bf16 beside quantized linears, with
         # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
         self.absorbed_dtype = route.absorbed_dtype
-        # the prefill's grouped rope keys (model/rope_groups.py): (query weight version, groups or None);
-        # a quantized query projection hands its float rows over before it packs them
+        # the prefill's grouped rope keys (model/rope_groups.py): (query weight version, groups or None).
+        # A packed query projection hands its float rows over before it packs them where it computes
+        # with them as they are; quantized ones keep the shared key (their rows are not rank 1)
         self._rope_groups = (None, None)
         self._nope = (None, True)  # (kv_b_proj weight version, whether its key rows are not all zero)
-        self.q_linear().before_pack = self._keep_rope_groups
+        if getattr(self.q_linear(), "EXACT", False):
+            self.q_linear().before_pack = self._keep_rope_groups
 
     @torch.no_grad()
     def pack_weights(self) -> None:

@@ -10,6 +10,8 @@ from latentkv import LLM, SamplingParams
 from latentkv.model import fused
 from latentkv.model.loader import load_model
 from latentkv.model.mla import MLAttention
+from latentkv.model.quant import QuantLinear
+from latentkv.model.route import decide_route
 from latentkv.model.rope import apply_rope, cos_sin
 from latentkv.model.rope_groups import find
 
@@ -104,6 +106,19 @@ def test_found_on_every_layer_of_an_exact_gqa_conversion(converted_gqa, dtype):
             # every key dimension is rotated: the format's dn = 2 nope dims are zero, left out of the scores
             assert not layer.self_attn.scores_nope()
         assert groups is not None and groups.groups == 2 and groups.basis.shape[2] == cfg["qk_rope_head_dim"] // 2
+
+
+@native
+@pytest.mark.parametrize("quantization,found", [(None, True), ("int8", False), ("w4a8", False)])
+def test_packed_query_projections_hand_their_rows_over_unless_quantized(converted_gqa, quantization, found):
+    # batch-invariant linears pack the float weight (the engine's default route); quantized rows are
+    # not rank 1, so those keep the shared key
+    route = decide_route("cpu", torch.float32, quantization=quantization, batch_invariant=True)
+    model = load_model(converted_gqa[0], route=route)
+    with torch.inference_mode():
+        for layer in model.model.layers:
+            assert isinstance(layer.self_attn.q_linear(), QuantLinear) and layer.self_attn.q_linear().packed
+            assert (layer.self_attn.rope_groups() is not None) == found
 
 
 @torch.inference_mode()
