@@ -18,39 +18,62 @@ does not hold: DeepSeek's own checkpoints (one slot a frequency), refined or oth
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels import qlinear
 from . import fused
 
 
-@dataclass(frozen=True)
+@dataclass
 class RopeGroups:
     """basis [G, dr, 2F]: group g's un-mixed rope key is k_r · basis[g] (pair f at 2f, 2f + 1);
     heads_per_group consecutive query heads read each."""
     basis: torch.Tensor
     heads_per_group: int
+    _weights: dict = field(default_factory=dict, repr=False, compare=False)  # dtype -> _Weights
 
     @property
     def groups(self) -> int:
         return self.basis.shape[0]
 
-    # Both through the native per-head matmul: a row's bits do not depend on the rows beside it
-    # (the prefill's batch invariance), bf16 on AMX tiles.
+    # Both row-invariant (a row's bits do not depend on the rows beside it: the prefill's batch
+    # invariance), with their weights packed once per dtype: the queries through the native
+    # per-head matmul, the keys through latentkv's fixed-order linear where it is built.
     def queries(self, q_rope: torch.Tensor) -> torch.Tensor:
         """q_rope [n, H, dr] (rotated) -> [n, H, 2F]: each head's pairs in its group's basis."""
-        basis = self.basis.repeat_interleave(self.heads_per_group, 0).to(_basis_dtype(q_rope))
-        return fused.head_matmul(q_rope.contiguous(), basis, kernel=True)
+        w = self._for(q_rope.dtype)
+        return fused.head_matmul(q_rope.contiguous(), w.heads, kernel=True, packed=w.heads_packed)
 
     def keys(self, k_r: torch.Tensor) -> torch.Tensor:
         """k_r [S, dr] (rotated) -> [S, G, 2F] contiguous: every group's un-mixed rope key."""
-        rows = k_r[:, None].expand(-1, self.groups, -1).contiguous()
-        return fused.head_matmul(rows, self.basis.to(_basis_dtype(k_r)), kernel=True)
+        w = self._for(k_r.dtype)
+        if w.keys_packed is not None:
+            out = qlinear.linear(k_r.contiguous(), w.keys_packed, w.bits, w.keys.shape[0])
+        else:
+            out = fused.head_matmul(k_r[:, None].expand(-1, self.groups, -1).contiguous(), self.basis.to(w.heads.dtype),
+                                    kernel=True)
+        return out.view(k_r.shape[0], self.groups, -1)
+
+    def _for(self, dtype: torch.dtype) -> "_Weights":
+        if dtype not in self._weights:
+            dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+            heads = self.basis.repeat_interleave(self.heads_per_group, 0).to(dtype).contiguous()  # [H, dr, 2F]
+            keys = self.basis.permute(0, 2, 1).reshape(-1, self.basis.shape[1]).to(dtype).contiguous()  # [G*2F, dr]
+            bits = 16 if dtype == torch.bfloat16 else 32
+            packed = (qlinear.pack_bf16 if bits == 16 else qlinear.pack_f32)(keys) if qlinear.available() else None
+            self._weights[dtype] = _Weights(heads, fused.head_pack(heads), keys, packed, bits)
+        return self._weights[dtype]
 
 
-def _basis_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+@dataclass(frozen=True)
+class _Weights:
+    heads: torch.Tensor  # [H, dr, 2F]: each query head's group basis
+    heads_packed: torch.Tensor  # fused.head_pack(heads) (empty where not AMX)
+    keys: torch.Tensor  # [G*2F, dr]: the groups' bases as one linear's weight
+    keys_packed: torch.Tensor | None  # its qlinear pack, None where qlinear is not built
+    bits: int
 
 
 def find(rows: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool) -> RopeGroups | None:
