@@ -10,7 +10,7 @@ stamp() { echo "$(date -u +%H:%M:%S) $1" >> $OUT/timing.txt; }
 : > $OUT/timing.txt
 stamp decode
 $B bench decode --threads 2 --contexts 128 4096 8192 --weights none w4a8 --kv-cache-dtypes auto bfloat16 --stock "" \
-    --tokens 32 --repeats 1 --out $OUT/decode > $OUT/decode.txt 2>&1
+    --tokens 32 --repeats 1 ${DECODE_EXTRA:-} --out $OUT/decode > $OUT/decode.txt 2>&1
 stamp throughput
 $B bench throughput --threads 2 --concurrency 1 32 --repeats 1 --out $OUT/throughput > $OUT/throughput.txt 2>&1
 stamp serve-bf16
