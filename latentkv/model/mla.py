@@ -102,18 +102,21 @@ class MLAttention(nn.Module):
         linear = self.q_linear()
         weight = linear._parameters.get("weight")  # gone once a quantized linear packed (kept by _keep_rope_groups)
         if weight is not None and self._rope_groups[0] != weight_version(weight):
-            self._keep_rope_groups(weight, linear.bias)
-            self._rope_groups = (weight_version(weight), self._rope_groups[1])
+            self._rope_groups = (weight_version(weight), self._find_rope_groups(weight, linear.bias))
         return self._rope_groups[1]
 
-    @torch.no_grad()
     def _keep_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """weight [rows, K] (bias [rows]) of q_linear() -> self._rope_groups from its query rope rows."""
+        """q_linear()'s before_pack: its groups, found while its float rows are still there."""
+        self._rope_groups = ("packed", self._find_rope_groups(weight, bias))
+
+    @torch.no_grad()
+    def _find_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None) -> RopeGroups | None:
+        """weight [rows, K] (bias [rows]) of q_linear() -> the groups of its query rope rows."""
         q = weight[:self.split[0]].detach()
         if bias is not None:
             q = torch.cat((q, bias[:self.split[0], None].detach().to(q.dtype)), dim=1)
         rows = q.view(self.n_heads, self.dn + self.dr, -1)[:, self.dn:]
-        self._rope_groups = ("packed", find_rope_groups(rows, self.inv_freq, self.interleaved))
+        return find_rope_groups(rows, self.inv_freq, self.interleaved)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];

@@ -21,9 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from ..kernels import qlinear
 from . import fused
+from .quant import FixedOrderLinear
 
 
 @dataclass
@@ -49,8 +51,8 @@ class RopeGroups:
     def keys(self, k_r: torch.Tensor) -> torch.Tensor:
         """k_r [S, dr] (rotated) -> [S, G, 2F] contiguous: every group's un-mixed rope key."""
         w = self._for(k_r.dtype)
-        if w.keys_packed is not None:
-            out = qlinear.linear(k_r.contiguous(), w.keys_packed, w.bits, w.keys.shape[0])
+        if w.keys is not None:
+            out = w.keys(k_r.contiguous())
         else:
             out = fused.head_matmul(k_r[:, None].expand(-1, self.groups, -1).contiguous(), self.basis.to(w.heads.dtype),
                                     kernel=True)
@@ -60,10 +62,12 @@ class RopeGroups:
         if dtype not in self._weights:
             dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
             heads = self.basis.repeat_interleave(self.heads_per_group, 0).to(dtype).contiguous()  # [H, dr, 2F]
-            keys = self.basis.permute(0, 2, 1).reshape(-1, self.basis.shape[1]).to(dtype).contiguous()  # [G*2F, dr]
-            bits = 16 if dtype == torch.bfloat16 else 32
-            packed = (qlinear.pack_bf16 if bits == 16 else qlinear.pack_f32)(keys) if qlinear.available() else None
-            self._weights[dtype] = _Weights(heads, fused.head_pack(heads), keys, packed, bits)
+            keys = None
+            if qlinear.available():
+                linear = nn.Linear(self.basis.shape[1], self.basis.shape[0] * self.basis.shape[2], bias=False)
+                linear.weight.data = self.basis.permute(0, 2, 1).reshape(linear.weight.shape).to(dtype).contiguous()
+                keys = FixedOrderLinear.from_linear(linear)
+            self._weights[dtype] = _Weights(heads, fused.head_pack(heads), keys)
         return self._weights[dtype]
 
 
@@ -71,9 +75,7 @@ class RopeGroups:
 class _Weights:
     heads: torch.Tensor  # [H, dr, 2F]: each query head's group basis
     heads_packed: torch.Tensor  # fused.head_pack(heads) (empty where not AMX)
-    keys: torch.Tensor  # [G*2F, dr]: the groups' bases as one linear's weight
-    keys_packed: torch.Tensor | None  # its qlinear pack, None where qlinear is not built
-    bits: int
+    keys: FixedOrderLinear | None  # dr -> G*2F: the groups' bases as one linear; None where qlinear is not built
 
 
 def find(rows: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool) -> RopeGroups | None:
