@@ -8,7 +8,7 @@ ORIG=${MODEL_DIR}-original-hf
 wait_up() { for i in $(seq 1 240); do curl -sf http://127.0.0.1:8000/v1/models >/dev/null && return 0; sleep 1; done; return 1; }
 client() { .venv-vllm/bin/python scripts/vllm_bench_client.py --port 8000 --model bench --tokenizer "$MODEL_DIR" \
              --max-concurrency 32 --num-prompts 64 --temperature 0 2>&1 | grep -E "^(Output token throughput|Mean TTFT|Median TTFT|P99 TTFT|Mean TPOT|Median ITL|Successful|Benchmark duration)"; }
-for CACHE in auto bfloat16; do
+for CACHE in ${CACHES:-auto bfloat16}; do
   echo "== latentkv serve (bundled model, bf16 weights, --kv-cache-dtype $CACHE)"
   OMP_NUM_THREADS=2 taskset -c 0-1 .venv/bin/latentkv serve --port 8000 --served-model-name bench \
       --kv-cache-memory 1GiB --kv-cache-dtype $CACHE --no-enable-prefix-caching > /tmp/lkv-serve.log 2>&1 &
