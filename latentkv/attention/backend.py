@@ -65,7 +65,7 @@ class AttentionBackend:
             out = layer.unabsorb(o_lat, q_nope.shape[1])
         else:
             key, value = layer.expand(self.context(cache, meta))
-            out = self.dense_attention(torch.cat((q_nope, q_rope), dim=-1), key, value, meta, layer.scale)
+            out = self.dense_attention(torch.cat((q_nope, layer.full_rope(q_rope)), dim=-1), key, value, meta, layer.scale)
         return out[0] if single else out[meta.query_valid]  # [T, H, dv], back in flat order
 
     def attend_prompt(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:

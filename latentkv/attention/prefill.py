@@ -61,7 +61,7 @@ def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, 
     key = key.transpose(1, 2).contiguous()  # [1, H, end, D]
     value = F.pad(value, (0, width - dv)).transpose(1, 2).contiguous()
     query = q_nope.new_zeros(1, heads, end - base, width)  # rows not computed now stay zero queries
-    query[0, :, first - base:first + n - base] = torch.cat((q_nope, q_rope), dim=-1).transpose(0, 1)
+    query[0, :, first - base:first + n - base] = torch.cat((q_nope, layer.full_rope(q_rope)), dim=-1).transpose(0, 1)
     out = q_nope.new_empty(n, heads, dv)
     for a, b in spans:
         lo, hi = max(a, first), min(b, first + n)  # the rows of this tile computed now
@@ -91,7 +91,7 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     first = int(meta.query_pos[0, 0])
     end = first + n
     groups = layer.rope_groups()  # a converted GQA model's rope key un-mixed per group (model/rope_groups.py)
-    q_rope = groups.queries(q_rope) if groups else q_rope
+    q_rope = groups.queries(q_rope) if groups and not layer.folded else q_rope  # folded: un-mixed already
     dn = layer.dn if layer.scores_nope() else 0  # a zero W_UK: no nope part in the scores
     q = (torch.cat((q_nope, q_rope), dim=-1) if dn else q_rope).contiguous()
     m = torch.full((n, heads), float("-inf"))

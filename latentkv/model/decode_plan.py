@@ -62,7 +62,7 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
     if reason:
         return None, reason
     with torch.no_grad():
-        layers = [layer_entry(layer, cache) for layer, cache in zip(model.model.layers, caches)]
+        layers = [layer_entry(layer, cache, model.route.dtype) for layer, cache in zip(model.model.layers, caches)]
     norm = model.model.norm
     step = decode_ops.extension().DecodePlan(
         layers, norm.weight, norm.eps, qlinear.extension().linear_capsule, qlinear.extension().moe_capsule,
@@ -114,11 +114,13 @@ def mlp_entry(mlp, moe: bool) -> dict:
         "scale": float(cfg.routed_scaling_factor), "safe_rows": invariant.SAFE_ROWS, "native": mlp.native}}
 
 
-def layer_entry(layer, cache) -> dict:
+def layer_entry(layer, cache, dtype: torch.dtype) -> dict:
     """One layer's weights and cache tensors, and the shapes and constants of the spec its modules
-    were built from (model/spec.py), as decode_step.h reads them."""
+    were built from (model/spec.py), as decode_step.h reads them; dtype: the activations'."""
     spec, attn = layer.spec, layer.self_attn
     w_uk, w_uv_t = attn.split_kv_b()
+    groups = attn.rope_groups() if attn.folded else None  # the un-mixed rope query, mixed back (MLAttention.project)
+    mix, mix_packed = groups.mix_weights(dtype) if groups else (None, None)
     uk_packed, uv_packed = attn.head_packs()
     quantized = cache.quantized
     return {
@@ -132,7 +134,8 @@ def layer_entry(layer, cache) -> dict:
         "uv_packed": w_uv_t.new_empty(0) if uv_packed is None else uv_packed,
         "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
         "o": linear_entry(attn.o_proj), **mlp_entry(layer.mlp, spec.moe),
-        "q_dim": spec.q_dim, "heads": spec.n_heads, "dn": spec.dn, "dr": spec.dr, "dv": spec.dv,
+        "rope_slots": groups.slots if groups else None, "mix": mix, "mix_packed": mix_packed,
+        "q_dim": attn.split[0], "heads": spec.n_heads, "dn": spec.dn, "dr": spec.dr, "dv": spec.dv,
         "rank": spec.kv_rank, "scale": spec.scale, "interleaved": spec.interleaved,
         "kv": None if quantized else cache.kv, "latent": cache.latent if quantized else None,
         "cache_scale": cache.scale if quantized else None, "cache_rope": cache.rope if quantized else None,

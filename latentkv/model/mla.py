@@ -63,8 +63,10 @@ class MLAttention(nn.Module):
         self.absorbed_dtype = route.absorbed_dtype
         # the prefill's grouped rope keys (model/rope_groups.py): (query weight version, groups or None).
         # A packed query projection hands its float rows over before it packs them where it computes
-        # with them as they are; quantized ones keep the shared key (their rows are not rank 1)
+        # with them as they are, and packs them folded (rope_groups.fold: the un-mixed rope query,
+        # a third of the rows); quantized ones keep the shared key (their rows are not rank 1)
         self._rope_groups = (None, None)
+        self.folded = False  # the query projection gives the un-mixed rope query [T, H, 2F] (fold)
         self._nope = (None, True)  # (kv_b_proj weight version, whether its key rows are not all zero)
         if getattr(self.q_linear(), "EXACT", False):
             self.q_linear().before_pack = self._keep_rope_groups
@@ -95,8 +97,10 @@ class MLAttention(nn.Module):
 
     def rope_groups(self) -> RopeGroups | None:
         """The grouped rope keys the prefill kernel may attend with (model/rope_groups.py), found once
-        per query weight version; None under autograd, without the native ops, or where the
-        structure does not hold."""
+        per query weight version (those the query projection was folded with, always); None under
+        autograd, without the native ops, or where the structure does not hold."""
+        if self.folded:
+            return self._rope_groups[1]
         if not self.fused or torch.is_grad_enabled():
             return None
         linear = self.q_linear()
@@ -105,9 +109,24 @@ class MLAttention(nn.Module):
             self._rope_groups = (weight_version(weight), self._find_rope_groups(weight, linear.bias))
         return self._rope_groups[1]
 
-    def _keep_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """q_linear()'s before_pack: its groups, found while its float rows are still there."""
-        self._rope_groups = ("packed", self._find_rope_groups(weight, bias))
+    def _keep_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        """q_linear()'s before_pack: its groups, found while its float rows are still there, and
+        with the native ops the folded rows it packs instead (None: it packs its own)."""
+        groups = self._find_rope_groups(weight, bias)
+        self._rope_groups = ("packed", groups)
+        if groups is None or not self.fused:
+            return None
+        self.folded = True
+        if not self.q_lora_rank:  # the packed projection's q part (q_b_proj's output is all q)
+            self.split[0] = self.n_heads * (self.dn + groups.basis.shape[2])
+        return groups.fold(weight, bias, self.dn)
+
+    def full_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
+        """The rotated rope query as project() gives it -> [..., H, dr] over the shared key (mixed
+        back where the projection is folded: decode, the naive path)."""
+        if not self.folded:
+            return q_rope
+        return self._rope_groups[1].mix(q_rope.reshape(-1, *q_rope.shape[-2:])).view(*q_rope.shape[:-1], self.dr)
 
     @torch.no_grad()
     def _find_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None) -> RopeGroups | None:
@@ -132,16 +151,23 @@ class MLAttention(nn.Module):
         return self.o_proj(out.flatten(1))
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], rotate_key: bool = True):
-        """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated), c [T,kv_rank], k_r [T,dr] (rotated
-        unless rotate_key is False: then the fused cache write rotates it)."""
+        """-> q_nope [T,H,dn], q_rope [T,H,dr] (rotated; [T,H,2F] un-mixed where the projection
+        is folded: full_rope mixes it), c [T,kv_rank], k_r [T,dr] (rotated unless rotate_key is
+        False: then the fused cache write rotates it)."""
         q, kv = self.qkv_a_proj(x).split(self.split, dim=-1)
         if self.q_lora_rank:
             q = self.q_b_proj(self.q_a_layernorm(q))
-        q = q.view(x.shape[0], self.n_heads, self.dn + self.dr)
-        q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
+        q = q.view(x.shape[0], self.n_heads, -1)
+        q_nope, q_rope = q[..., :self.dn], q[..., self.dn:]
         c, k_r = kv.split([self.kv_rank, self.dr], dim=-1)
         if self.kv_a_layernorm is not None:
             c = self.kv_a_layernorm(c)
+        if self.folded:  # un-mixed pair f turns at frequency f; interleaved by construction
+            slots = self._rope_groups[1].slots
+            q_rope = fused.rope(q_rope, rope[0][:, slots], rope[1][:, slots], True, kernel=True)
+            if rotate_key:
+                k_r = apply_rope(k_r[:, None], *rope, self.interleaved)[:, 0]
+            return q_nope, q_rope, c, k_r
         if not rotate_key:
             return q_nope, fused.rope(q_rope, *rope, self.interleaved, kernel=True), c, k_r
         # q's heads and the shared key rotate by the same angles: one call for both
@@ -177,9 +203,10 @@ class MLAttention(nn.Module):
         return self._absorbed[1:]
 
     def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
-        """q_nope [B,Q,H,dn], q_rope [B,Q,H,dr] -> the latent query [B, Q*H, kv_rank + dr]
+        """q_nope [B,Q,H,dn], q_rope [B,Q,H,dr] (as project() gives it) -> the latent query [B, Q*H, kv_rank + dr]
         (q_lat = W_UKᵀ q_nope beside q_rope), softmax scale included."""
         b, q, h, _ = q_nope.shape
+        q_rope = self.full_rope(q_rope)
         (w_uk, _), (uk_packed, _) = self._split_and_packs()
         if fused.runs(self.fused):  # one native call; each row reduces in a fixed order (batch-invariant)
             rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr),

@@ -63,7 +63,9 @@ class QuantLinear(nn.Module):
 
     ROW_DIMS: dict[str, int] = {}  # a buffer whose rows are not along dim 0 -> its row dim
     EXACT = False  # whether it computes with the float weight's values as they are (not quantized)
-    before_pack = None  # a parent's callback(weight, bias) that reads the float weight before it goes
+    # a parent's callback(weight, bias) that reads the float weight before it goes; it may return
+    # (weight, bias) to pack instead (MLAttention: its query rows folded, fewer of them)
+    before_pack = None
 
     @torch.no_grad()
     def pack_weights(self) -> None:
@@ -74,8 +76,12 @@ class QuantLinear(nn.Module):
         if self.packed:
             return
         weight = self.weight.detach()
-        if self.before_pack is not None:
-            self.before_pack(weight, self.bias)
+        replaced = self.before_pack(weight, self.bias) if self.before_pack is not None else None
+        if replaced is not None:
+            weight, bias = replaced
+            self.out_features = weight.shape[0]
+            if bias is not None:
+                self.bias = nn.Parameter(bias, requires_grad=False)
         del self.weight
         rows = max(qlinear.ROW_PAD, PACK_ELEMENTS // max(self.in_features, 1) // qlinear.ROW_PAD * qlinear.ROW_PAD)
         pieces = [self.pack(weight[start:start + rows]) for start in range(0, weight.shape[0], rows)]

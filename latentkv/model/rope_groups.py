@@ -31,9 +31,11 @@ from .quant import FixedOrderLinear
 @dataclass
 class RopeGroups:
     """basis [G, dr, 2F]: group g's un-mixed rope key is k_r · basis[g] (pair f at 2f, 2f + 1);
-    heads_per_group consecutive query heads read each."""
+    heads_per_group consecutive query heads read each; slots [F]: a rope slot (column of the
+    layer's cos / sin [T, dr/2]) at pair f's frequency."""
     basis: torch.Tensor
     heads_per_group: int
+    slots: torch.Tensor
     _weights: dict = field(default_factory=dict, repr=False, compare=False)  # dtype -> _Weights
 
     @property
@@ -47,6 +49,31 @@ class RopeGroups:
         """q_rope [n, H, dr] (rotated) -> [n, H, 2F]: each head's pairs in its group's basis."""
         w = self._for(q_rope.dtype)
         return fused.head_matmul(q_rope.contiguous(), w.heads, kernel=True, packed=w.heads_packed)
+
+    def mix(self, q: torch.Tensor) -> torch.Tensor:
+        """Un-mixed queries q [n, H, 2F] (rotated) -> [n, H, dr]: each head's pairs back over the shared key."""
+        weight, packed = self.mix_weights(q.dtype)
+        return fused.head_matmul(q.contiguous(), weight, kernel=True, packed=packed)
+
+    def mix_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """mix's per-head weight [H, 2F, dr] for queries in `dtype`, and its head_pack."""
+        w = self._for(dtype)
+        return w.mix, w.mix_packed
+
+    def fold(self, weight: torch.Tensor, bias: torch.Tensor | None, nope: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A query projection's weight [H * (nope + dr) + rest, K] (bias [same]) -> the one whose
+        head rows are [nope rows ; basisᵀ · rope rows] ([H * (nope + 2F) + rest, K]): its rope part
+        is queries() of the original's, before RoPE (they commute), rounded once to the weight's dtype."""
+        heads = self.basis.shape[0] * self.heads_per_group
+        dr = self.basis.shape[1]
+        b = self.basis.double().repeat_interleave(self.heads_per_group, 0).transpose(1, 2)  # [H, 2F, dr]
+
+        def fold_rows(rows: torch.Tensor) -> torch.Tensor:
+            q = rows[:heads * (nope + dr)].double().view(heads, nope + dr, *rows.shape[1:])
+            rope = torch.einsum("hfd,hd...->hf...", b, q[:, nope:])
+            return torch.cat((torch.cat((q[:, :nope], rope), dim=1).flatten(0, 1).to(rows.dtype), rows[heads * (nope + dr):]))
+
+        return fold_rows(weight), None if bias is None else fold_rows(bias)
 
     def keys(self, k_r: torch.Tensor) -> torch.Tensor:
         """k_r [S, dr] (rotated) -> [S, G, 2F] contiguous: every group's un-mixed rope key."""
@@ -67,7 +94,8 @@ class RopeGroups:
                 linear = nn.Linear(self.basis.shape[1], self.basis.shape[0] * self.basis.shape[2], bias=False)
                 linear.weight.data = self.basis.permute(0, 2, 1).reshape(linear.weight.shape).to(dtype).contiguous()
                 keys = FixedOrderLinear.from_linear(linear)
-            self._weights[dtype] = _Weights(heads, fused.head_pack(heads), keys)
+            mix = heads.transpose(1, 2).contiguous()  # [H, 2F, dr]
+            self._weights[dtype] = _Weights(heads, fused.head_pack(heads), keys, mix, fused.head_pack(mix))
         return self._weights[dtype]
 
 
@@ -76,6 +104,8 @@ class _Weights:
     heads: torch.Tensor  # [H, dr, 2F]: each query head's group basis
     heads_packed: torch.Tensor  # fused.head_pack(heads) (empty where not AMX)
     keys: FixedOrderLinear | None  # dr -> G*2F: the groups' bases as one linear; None where qlinear is not built
+    mix: torch.Tensor  # [H, 2F, dr]: each query head's group basis, transposed (un-mixed -> shared)
+    mix_packed: torch.Tensor  # fused.head_pack(mix)
 
 
 def find(rows: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool) -> RopeGroups | None:
@@ -113,4 +143,5 @@ def find(rows: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool) -> RopeG
         for g, leader in enumerate(leaders):
             for side in range(2):
                 basis[g, dims[slots, side], 2 * i + side] = c[leader]
-    return RopeGroups(basis.float(), per)
+    slots = torch.stack([(inv_freq == f).nonzero()[0, 0] for f in freqs])
+    return RopeGroups(basis.float(), per, slots)

@@ -68,6 +68,35 @@ def test_unmixed_scores_equal_the_shared_keys_under_rope(interleaved):
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@native
+@pytest.mark.parametrize("interleaved", [True, False])
+@torch.inference_mode()
+def test_a_folded_projection_gives_the_unmixed_query_and_mixes_back_to_the_shared_one(interleaved):
+    rows, inv_freq = structured(k=25, interleaved=interleaved)  # [H, dr, K + 1]: the last column the bias
+    groups = find(rows, inv_freq, interleaved)
+    heads, dr, k = rows.shape[0], rows.shape[1], rows.shape[2] - 1
+    gen = torch.Generator().manual_seed(5)
+    nope, rest = 3, 7  # a nope part per head and rows after the query's (the packed projection's [c ; k_r])
+    both = torch.cat((torch.cat((torch.randn(heads, nope, k + 1, generator=gen), rows), dim=1).flatten(0, 1),
+                      torch.randn(rest, k + 1, generator=gen)))
+    weight, bias = both[:, :k], both[:, k]
+    folded, folded_bias = groups.fold(weight, bias, nope)
+    width = 2 * len(inv_freq.unique())
+    assert folded.shape == (heads * (nope + width) + rest, k) and folded_bias.shape == (folded.shape[0],)
+    x = torch.randn(20, k, generator=gen)
+    full = (x @ weight.T + bias)[:, :heads * (nope + dr)].view(20, heads, nope + dr)
+    short = (x @ folded.T + folded_bias)
+    assert torch.equal(short[:, heads * (nope + width):], (x @ weight.T + bias)[:, heads * (nope + dr):])  # the rest as it was
+    short = short[:, :heads * (nope + width)].view(20, heads, nope + width)
+    assert torch.allclose(short[..., :nope], full[..., :nope], atol=1e-5)
+    cos, sin = cos_sin(torch.arange(20) + 11, inv_freq)
+    rotated = apply_rope(full[..., nope:].contiguous(), cos, sin, interleaved)
+    # un-mixed pair f turns at its frequency: the same as un-mixing the rotated shared query
+    unmixed = apply_rope(short[..., nope:].contiguous(), cos[:, groups.slots], sin[:, groups.slots], True)
+    assert (unmixed - groups.queries(rotated)).abs().max() <= 1e-5 * rotated.abs().max()
+    assert (groups.mix(unmixed) - rotated).abs().max() <= 1e-5 * rotated.abs().max()
+
+
 @pytest.mark.parametrize("case", ["random", "distinct frequencies", "heads out of order", "rank 2"])
 def test_not_found_where_the_structure_does_not_hold(case):
     rows, inv_freq = structured()
@@ -119,6 +148,27 @@ def test_packed_query_projections_hand_their_rows_over_unless_quantized(converte
         for layer in model.model.layers:
             assert isinstance(layer.self_attn.q_linear(), QuantLinear) and layer.self_attn.q_linear().packed
             assert (layer.self_attn.rope_groups() is not None) == found
+            # found: the projection packs the folded query rows (a head's rope part 2F wide, not dr)
+            assert layer.self_attn.folded == found
+            spec = layer.spec
+            width = spec.dr // 2 if found else spec.dr
+            assert layer.self_attn.q_linear().out_features == spec.n_heads * (spec.dn + width) + spec.kv_rank + spec.dr
+
+
+@native
+@pytest.mark.parametrize("dtype,cache_dtype", [("float32", "auto"), ("bfloat16", "int8_rope8")])
+@torch.no_grad()
+def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(converted_gqa, dtype, cache_dtype):
+    from test_decode_plan import assert_plan_gives_the_modules_bits, random_caches
+    from latentkv.model import decode_plan
+
+    route = decide_route("cpu", getattr(torch, dtype), "native", None, batch_invariant=True)
+    model = load_model(converted_gqa[0], route=route)
+    assert all(layer.self_attn.folded for layer in model.model.layers)
+    caches = random_caches(model, cache_dtype, 24)
+    plan, reason = decode_plan.build(model, caches)
+    assert plan is not None, reason
+    assert_plan_gives_the_modules_bits(model, plan, caches, 4, True)
 
 
 @torch.inference_mode()
@@ -142,7 +192,9 @@ def test_prefill_with_groups_matches_the_shared_key_and_is_chunk_invariant(conve
     for dtype in ("float32", "bfloat16"):
         assert run(dtype) == run(dtype, chunk=64)  # chunks of 64 after cached context: the same bits
     tokens, logprobs = run("float32")
-    monkeypatch.setattr(MLAttention, "rope_groups", lambda self: None)  # the shared key, with its nope part
+    # the shared key, with its nope part, from the query projection as the checkpoint has it
+    monkeypatch.setattr(MLAttention, "_keep_rope_groups", lambda self, weight, bias: None)
+    monkeypatch.setattr(MLAttention, "rope_groups", lambda self: None)
     monkeypatch.setattr(MLAttention, "scores_nope", lambda self: True)
     shared_tokens, shared = run("float32")
     assert tokens == shared_tokens

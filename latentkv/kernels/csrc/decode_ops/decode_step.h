@@ -19,6 +19,7 @@
 #include "torch_lite.h"
 
 #include <ATen/ops/add.h>  // the residual adds
+#include <ATen/ops/index_select.h>  // a folded query's rope slots
 
 #include <cstdint>
 #include <vector>
@@ -31,6 +32,7 @@ struct PlanLinear {
 struct PlanLayer {
   at::Tensor w_in, w_post, w_q_a_norm, w_kv_a_norm, w_uk, w_uv_t;  // norms undefined when absent
   at::Tensor uk_packed, uv_packed;  // head_pack(w_uk), head_pack(w_uv_t): empty off AMX
+  at::Tensor rope_slots, mix, mix_packed;  // a folded query projection (model/rope_groups.py): undefined without
   double eps_in = 0, eps_post = 0, eps_latent = 0;
   PlanLinear qkv_a, q_b, o, gate_up, down;  // q_b.out == 0 without q_lora; gate_up, down: dense layers
   PlanMoe moe;  // MoE layers (moe.defined)
@@ -76,6 +78,8 @@ class DecodePlan {
       l.w_q_a_norm = optional_tensor(d, "w_q_a_norm"), l.w_kv_a_norm = optional_tensor(d, "w_kv_a_norm");
       l.w_uk = item<at::Tensor>(d, "w_uk"), l.w_uv_t = item<at::Tensor>(d, "w_uv_t");
       l.uk_packed = item<at::Tensor>(d, "uk_packed"), l.uv_packed = item<at::Tensor>(d, "uv_packed");
+      l.rope_slots = optional_tensor(d, "rope_slots"), l.mix = optional_tensor(d, "mix");
+      l.mix_packed = optional_tensor(d, "mix_packed");
       l.qkv_a = plan_linear(d, "qkv_a"), l.q_b = plan_linear(d, "q_b"), l.o = plan_linear(d, "o");
       l.gate_up = plan_linear(d, "gate_up"), l.down = plan_linear(d, "down"), l.moe = plan_moe(d);
       l.q_dim = item<int64_t>(d, "q_dim"), l.heads = item<int64_t>(d, "heads");
@@ -105,10 +109,17 @@ class DecodePlan {
       at::Tensor c = qkv.narrow(1, l.q_dim, l.rank), k_r = qkv.narrow(1, l.q_dim + l.rank, l.dr);
       if (l.q_b.out) q = linear(l.q_b, rms_norm(q, l.w_q_a_norm, l.eps_latent, q.new_empty(0), isa_ops_)[1]);
       if (l.w_kv_a_norm.defined()) c = rms_norm(c, l.w_kv_a_norm, l.eps_latent, c.new_empty(0), isa_ops_)[1];
-      q = q.view({B, l.heads, l.dn + l.dr});
+      q = q.view({B, l.heads, -1});
       at::Tensor cos_i = cos[i], sin_i = sin[i];
-      at::Tensor q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved);
       const at::Tensor e = x.new_empty(0);
+      at::Tensor q_rope;
+      if (l.mix.defined()) {  // MLAttention.project + full_rope: the un-mixed pairs turn, then mix back
+        q_rope = rope(q.narrow(2, l.dn, q.size(2) - l.dn), cos_i.index_select(1, l.rope_slots),
+                      sin_i.index_select(1, l.rope_slots), true);
+        q_rope = head_matmul(q_rope, l.mix, 1.0, e, isa_ops_, l.mix_packed);
+      } else {
+        q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved);
+      }
       write_latent(c, k_r, cos_i, sin_i, l.interleaved, slots, l.kv.defined() ? l.kv : e,
                    l.latent.defined() ? l.latent : e, l.cache_scale.defined() ? l.cache_scale : e,
                    l.cache_rope.defined() ? l.cache_rope : e, l.qmax);
