@@ -80,7 +80,7 @@ def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata,
                  kernel) -> torch.Tensor:
-    """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv],
+    """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv] or [S,Hk,dn+dv],
     k_r [S,dr] or [S,G,dr'] (grouped rope keys: q's rope part dr' wide), dn, first, key_start, m, l, acc,
     scale)`, which folds one span of keys into each
     row's float32 state (running max m [n,H], sum l [n,H], output acc [n,H,dv padded to a
@@ -93,6 +93,7 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     groups = layer.rope_groups()  # a converted GQA model's rope key un-mixed per group (model/rope_groups.py)
     q_rope = groups.queries(q_rope) if groups and not layer.folded else q_rope  # folded: un-mixed already
     dn = layer.dn if layer.scores_nope() else 0  # a zero W_UK: no nope part in the scores
+    per, expand = layer.kv_groups()  # heads sharing kv rows (a converted GQA model's values): one row each
     q = (torch.cat((q_nope, q_rope), dim=-1) if dn else q_rope).contiguous()
     m = torch.full((n, heads), float("-inf"))
     l = torch.zeros(n, heads)
@@ -100,8 +101,11 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     for start in range(0, end, SPAN):
         stop = min(start + SPAN, -(-end // MIN_ROWS) * MIN_ROWS)
         rows = read_positions(cache, meta.block_tables, meta.context_lens, start, stop)[0]
-        kv = layer.expand_latent(rows).view(stop - start, heads, layer.dn + layer.dv)
-        kv = kv if dn else kv[..., layer.dn:].contiguous()
+        if expand is not None:
+            kv = expand(rows[:, :layer.kv_rank]).view(stop - start, heads // per, dn + layer.dv)
+        else:
+            kv = layer.expand_latent(rows).view(stop - start, heads, layer.dn + layer.dv)
+            kv = kv if dn else kv[..., layer.dn:].contiguous()
         k_r = rows[:, layer.kv_rank:]
         k_r = groups.keys(k_r) if groups else k_r.contiguous()
         kernel(q, kv, k_r, dn, first, start, m, l, acc, layer.scale)

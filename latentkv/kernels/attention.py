@@ -26,7 +26,8 @@ DECODE_SPAN, DECODE_MAX_SPANS = 256, 64  # csrc/attention/mla_job.h SPAN, MAX_SP
 def probe(module, isa: int) -> list:
     """The self-check's inputs (kernels/build.py): decode over float32, bf16, int8 (an int8 rope key
     too) and q4_0 caches with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
-    prefill span in both dtypes with keys packed and read in place, one rope key for all heads or one per group."""
+    prefill span in both dtypes with keys packed and read in place, one rope key for all heads or one per group,
+    kv rows per head or per group."""
     gen = torch.Generator().manual_seed(0)
     heads, rank, dr, bs = 4, 64, 16, 16
     tables = torch.tensor([[0, 2, 4], [1, 3, 5]])
@@ -66,16 +67,18 @@ def probe(module, isa: int) -> list:
     n, dv, span = 5, 16, 64
     # dn 16 + dr 16: the AMX kernel packs the keys; dn 16 + dr 32: it reads them in place (its
     # second nope step over the values, against zero query pairs); grouped rope keys [S, 2, dr]
-    # (two heads each, model/rope_groups.py) read in place and packed
-    for dn, dr_p, groups in ((16, dr, 1), (16, 32, 1), (16, 32, 2), (16, dr, 2)):
+    # (two heads each, model/rope_groups.py) read in place and packed; kv rows one per two heads
+    # (MLAttention.kv_groups), with a nope part and without (a converted GQA model's values alone)
+    for dn, dr_p, groups, kv_heads in ((16, dr, 1, heads), (16, 32, 1, heads), (16, 32, 2, heads), (16, dr, 2, heads),
+                                       (16, 32, 2, 2), (0, 32, 2, 2)):
         for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             q = torch.randn(n, heads, dn + dr_p, generator=gen).to(dt)
-            keys = torch.randn(span, heads, dn + dv, generator=gen).to(dt)
+            keys = torch.randn(span, kv_heads, dn + dv, generator=gen).to(dt)
             k_r = torch.randn(span, dr_p, generator=gen).to(dt) if groups == 1 else \
                 torch.randn(span, groups, dr_p, generator=gen).to(dt)
             m, l, acc = torch.full((n, heads), float("-inf")), torch.zeros(n, heads), torch.zeros(n, heads, 16)
             module.mla_prefill(q, keys, k_r, dn, 50, 0, m, l, acc, 0.2, isa, 1)
-            out.append((f"mla_prefill {dt} dn {dn} dr {dr_p} rope keys {groups}", acc / l[..., None], tol))
+            out.append((f"mla_prefill {dt} dn {dn} dr {dr_p} rope keys {groups} kv heads {kv_heads}", acc / l[..., None], tol))
     return out
 
 

@@ -26,6 +26,7 @@ from ..cpu import features
 from ..kernels import qlinear
 from . import fused
 from .norm import RMSNorm
+from .quant import FixedOrderLinear
 from .rope import apply_rope, layer_inv_freq
 from .rope_groups import RopeGroups, find as find_rope_groups
 from .route import Route
@@ -67,7 +68,9 @@ class MLAttention(nn.Module):
         # a third of the rows); quantized ones keep the shared key (their rows are not rank 1)
         self._rope_groups = (None, None)
         self.folded = False  # the query projection gives the un-mixed rope query [T, H, 2F] (fold)
-        self._nope = (None, True)  # (kv_b_proj weight version, whether its key rows are not all zero)
+        # (kv_b_proj weight version, whether its key rows are not all zero, heads per kv row, the span
+        # expansion to those rows): kv_b_facts
+        self._kv_b = (None, True, 1, None)
         if getattr(self.q_linear(), "EXACT", False):
             self.q_linear().before_pack = self._keep_rope_groups
 
@@ -76,7 +79,7 @@ class MLAttention(nn.Module):
         """Once loaded (loader.load_model): kv_b_proj's values rounded to the absorbed dtype's grid."""
         if self.absorbed_dtype is not None:
             self.kv_b_proj.weight.copy_(self.kv_b_proj.weight.to(self.absorbed_dtype))
-        self.rope_groups(), self.scores_nope()  # found now, not at the first prompt
+        self.rope_groups(), self.kv_b_facts()  # found now, not at the first prompt
 
     def q_linear(self) -> nn.Module:
         """The linear whose first rows are the query's (q_b_proj, or the packed q / [c ; k_r] projection)."""
@@ -85,15 +88,38 @@ class MLAttention(nn.Module):
     def scores_nope(self) -> bool:
         """Whether q_nope · k_nope adds to the scores: False where W_UK (kv_b_proj's key rows) is all
         zero, as in the exact conversion of a model whose keys are all rotated (it keeps dn = 2 zero
-        dims for the format): the prefill kernel then attends without them. Checked once per
-        kv_b_proj weight version; True under autograd."""
+        dims for the format): the prefill kernel then attends without them. True under autograd."""
+        return self.kv_b_facts()[0]
+
+    def kv_groups(self) -> tuple[int, nn.Module | None]:
+        """(heads per kv row, the span expansion [S, kv_rank] -> [S, H / per * (dn' + dv)]) where
+        consecutive heads' kv_b_proj rows are equal (those the prefill reads: dn' = dn where
+        scores_nope, else 0), as in the exact conversion of a GQA model (its values per source KV
+        head): the prefill expands and packs one row per group (the kernels take kv [S, Hk, ...]).
+        (1, None) elsewhere, under autograd, or without latentkv's linear kernel."""
+        return self.kv_b_facts()[1:]
+
+    def kv_b_facts(self) -> tuple[bool, int, nn.Module | None]:
+        """(scores_nope, *kv_groups), checked once per kv_b_proj weight version."""
         weight = self.kv_b_proj.weight
-        if torch.is_grad_enabled() or self.dn == 0:
-            return self.dn > 0
+        if torch.is_grad_enabled():
+            return self.dn > 0, 1, None
         version = weight_version(weight)
-        if self._nope[0] != version:
-            self._nope = (version, bool(weight.view(self.n_heads, self.dn + self.dv, -1)[:, :self.dn].any()))
-        return self._nope[1]
+        if self._kv_b[0] != version:
+            self._kv_b = (version, *self._find_kv_groups(weight.detach().view(self.n_heads, self.dn + self.dv, -1)))
+        return self._kv_b[1:]
+
+    def _find_kv_groups(self, w: torch.Tensor) -> tuple[bool, int, nn.Module | None]:
+        """w [H, dn + dv, kv_rank] -> kv_b_facts()."""
+        nope = self.dn > 0 and bool(w[:, :self.dn].any())
+        used = w if nope else w[:, self.dn:]
+        per = next((p for p in range(self.n_heads, 1, -1) if self.n_heads % p == 0
+                    and torch.equal(used, used[::p].repeat_interleave(p, 0))), 1)
+        if per == 1 or not qlinear.available():
+            return nope, 1, None
+        linear = nn.Linear(w.shape[-1], used[::per].numel() // w.shape[-1], bias=False)
+        linear.weight.data = used[::per].reshape(-1, w.shape[-1]).contiguous()
+        return nope, per, FixedOrderLinear.from_linear(linear)
 
     def rope_groups(self) -> RopeGroups | None:
         """The grouped rope keys the prefill kernel may attend with (model/rope_groups.py), found once

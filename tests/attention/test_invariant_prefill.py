@@ -43,6 +43,9 @@ class Layer(nn.Module):
     def scores_nope(self):
         return True
 
+    def kv_groups(self):
+        return 1, None
+
     def __init__(self, heads=3, rank=32, dn=16, dr=8, dv=12, dtype=torch.float32):
         super().__init__()
         self.n_heads, self.kv_rank, self.dn, self.dr, self.dv = heads, rank, dn, dr, dv

@@ -84,6 +84,27 @@ def test_grouped_rope_keys_match_float64_attention(isa, dtype, heads, groups, dn
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,groups,dn,dr,dv", [(9, 3, 3, 0, 64, 64), (9, 3, 3, 2, 64, 64),
+                                                            (6, 2, 1, 16, 32, 48), (4, 2, 2, 15, 8, 33)])
+@pytest.mark.parametrize("rows", [40, 300])  # one work item a head (AMX packs values inside it) / several (packed first)
+@torch.inference_mode()
+def test_kv_rows_per_group_give_the_bits_of_the_rows_repeated_per_head(isa, dtype, heads, kv_heads, groups, dn, dr, dv,
+                                                                      rows):
+    # kv [S, Hk, dn + dv]: consecutive heads with equal kv_b_proj rows read one row (MLAttention.kv_groups;
+    # SmolLM2's conversion: its values per source KV head, the first two shapes)
+    q, _, _, scale = inputs(rows, 256, heads, dn, dr, dv, dtype, seed=6)
+    gen = torch.Generator().manual_seed(7)
+    kv = torch.randn(256, kv_heads, dn + dv, generator=gen).to(dtype)
+    k_r = torch.randn(256, groups, dr, generator=gen).to(dtype)
+    repeated = kv.repeat_interleave(heads // kv_heads, 1).contiguous()
+    got = run(q, kv, k_r, dn, 200, scale, [0, 128, 256], isa)
+    assert torch.equal(got, run(q, repeated, k_r, dn, 200, scale, [0, 128, 256], isa))
+    want = exact(q, repeated, k_r, dn, 200, scale)
+    assert (got.double() - want).abs().max() <= tolerance(isa, dtype) * want.abs().max()
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @torch.inference_mode()
 def test_a_long_context_in_spans_with_large_scores(isa):
     # scores ~ +-30: the running max moves often, every rescale must hold; the rows start past

@@ -1,8 +1,10 @@
 """Grouped rope keys (model/rope_groups.py): found on query rows with the structure an exact GQA
 conversion leaves, the un-mixed scores equal the shared key's under RoPE at every position; not
-found where the structure does not hold. A converted model's prefill with them and without its zero
-nope part (MLAttention.scores_nope) matches the one with the shared key and the nope part (float32)
-and stays batch-invariant (chunked = whole, bf16 and float32)."""
+found where the structure does not hold; the folded query projection gives the un-mixed query and
+the decode plan its bits. A converted model's prefill with them, without its zero nope part
+(MLAttention.scores_nope) and with one kv row per group (MLAttention.kv_groups) matches the one
+with the shared key, the nope part and per-head rows (float32) and stays batch-invariant (chunked
+= whole, bf16 and float32)."""
 import pytest
 import torch
 
@@ -134,6 +136,9 @@ def test_found_on_every_layer_of_an_exact_gqa_conversion(converted_gqa, dtype):
             groups = layer.self_attn.rope_groups()
             # every key dimension is rotated: the format's dn = 2 nope dims are zero, left out of the scores
             assert not layer.self_attn.scores_nope()
+            # the values per source KV head: the prefill expands one kv row per group
+            per, expand = layer.self_attn.kv_groups()
+            assert per == layer.spec.n_heads // 2 and expand.out_features == 2 * layer.spec.dv
         assert groups is not None and groups.groups == 2 and groups.basis.shape[2] == cfg["qk_rope_head_dim"] // 2
 
 
@@ -174,7 +179,8 @@ def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(convert
 @torch.inference_mode()
 def test_deepseek_checkpoints_keep_their_nope_part_and_shared_key(tiny_checkpoints):
     model = load_model(tiny_checkpoints("v3_dense_qlora")[0])
-    assert all(layer.self_attn.scores_nope() and layer.self_attn.rope_groups() is None for layer in model.model.layers)
+    assert all(layer.self_attn.scores_nope() and layer.self_attn.rope_groups() is None
+               and layer.self_attn.kv_groups() == (1, None) for layer in model.model.layers)
 
 
 @native
@@ -196,6 +202,7 @@ def test_prefill_with_groups_matches_the_shared_key_and_is_chunk_invariant(conve
     monkeypatch.setattr(MLAttention, "_keep_rope_groups", lambda self, weight, bias: None)
     monkeypatch.setattr(MLAttention, "rope_groups", lambda self: None)
     monkeypatch.setattr(MLAttention, "scores_nope", lambda self: True)
+    monkeypatch.setattr(MLAttention, "kv_groups", lambda self: (1, None))
     shared_tokens, shared = run("float32")
     assert tokens == shared_tokens
     assert max(abs(a - b) for a, b in zip(logprobs[1:], shared[1:])) <= 1e-4

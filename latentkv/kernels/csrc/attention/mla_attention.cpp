@@ -282,6 +282,7 @@ void prefill_f32(Job job, const at::Tensor& q, const at::Tensor& kv, const at::T
   job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)acc.size(2);
   const int64_t groups = k_r.dim() == 3 ? k_r.size(1) : 1;
   job.krs = (int)(groups * dr), job.hpg = (int)(H / groups);
+  job.kvh = (int)kv.size(1), job.hpk = (int)(H / kv.size(1));
   job.D = (int)(dn + dr), job.S = (int)S, job.nkb = (int)(S / isa_avx2::F32_KB);
   job.first = first, job.key_start = key_start, job.scale = (float)scale;
   job.q = (const T*)q.data_ptr(), job.kv = (const T*)kv.data_ptr(), job.kr = (const T*)k_r.data_ptr();
@@ -320,7 +321,7 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "mla_prefill: m, l, acc must be contiguous float32");
   const int64_t n = q.size(0), H = q.size(1), dr = k_r.size(-1), S = kv.size(0), dv = kv.size(2) - dn, dvp = acc.size(2);
   const int64_t groups = k_r.dim() == 3 ? k_r.size(1) : 1;  // rope keys: one for all heads, or one per group of heads
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == dn + dr && kv.dim() == 3 && kv.size(1) == H && dvp >= dv && dvp < dv + 16 &&
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == dn + dr && kv.dim() == 3 && kv.size(1) > 0 && H % kv.size(1) == 0 && dvp >= dv && dvp < dv + 16 &&
                   (k_r.dim() == 2 || k_r.dim() == 3) && k_r.size(0) == S && groups > 0 && H % groups == 0 &&
                   m.numel() == n * H && l.numel() == n * H && acc.size(0) == n && acc.size(1) == H,
               "mla_prefill: shapes do not match");
@@ -337,6 +338,7 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
   job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
   job.krs = (int)(groups * dr), job.hpg = (int)(H / groups);
+  job.kvh = (int)kv.size(1), job.hpk = (int)(H / kv.size(1));
   if (isa >= 4) isa_avx512bf16::amx_layout(job);  // whole tiles of pairs: keys read in place or packed
   job.first = first, job.key_start = key_start, job.scale = (float)scale;
   job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();

@@ -32,7 +32,7 @@ static void prefill_pack_keys_amx(const PrefillJob& j, int h, int kb) {
     const int64_t t = (int64_t)kb * KB + k;
     uint32_t* row = ka + (int64_t)k * j.P;
     if (j.dn % 2 == 0) {  // the key's words as they lie: the nope part, then the rope key
-      std::memcpy(row, j.kv + (t * j.H + h) * (j.dn + j.dv), (size_t)j.dn * 2);
+      std::memcpy(row, kv_row(j, t, h), (size_t)j.dn * 2);
       std::memcpy(row + j.dn / 2, rope_key(j, t, h), (size_t)j.dr * 2);
       std::fill(row + (j.dn + j.dr) / 2, row + j.P, 0u);
     } else {
@@ -41,9 +41,10 @@ static void prefill_pack_keys_amx(const PrefillJob& j, int h, int kb) {
   }
 }
 
-// Head h's key block kb of V^T tiles in the job's vp buffer [H, nkb, dvp, KB/2 pairs of keys].
+// Head h's key block kb of V^T tiles in the job's vp buffer [Hk, nkb, dvp, KB/2 pairs of keys]
+// (one per kv head: heads that share kv rows share their tiles).
 static inline uint32_t* values_tiles(const PrefillJob& j, int h, int kb) {
-  return reinterpret_cast<uint32_t*>(j.vp + ((int64_t)h * j.nkb + kb) * (KB / 2) * j.dvp * 2);
+  return reinterpret_cast<uint32_t*>(j.vp + ((int64_t)(h / j.hpk) * j.nkb + kb) * (KB / 2) * j.dvp * 2);
 }
 
 // A block's values as V^T A tiles, vt [dvp][KB/2 pairs of keys] (zero dims past dv).
@@ -54,9 +55,9 @@ static void prefill_pack_values_amx(const PrefillJob& j, int h, int kb, uint32_t
       const __mmask16 live = (__mmask16)((1u << std::min(16, j.dv - d0)) - 1);
       for (int p = 0; p < 16; ++p) {
         const int64_t t = (int64_t)kb * KB + 2 * (p0 + p);
-        const uint16_t* v0 = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn + d0;
+        const uint16_t* v0 = kv_row(j, t, h) + j.dn + d0;
         const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, v0));
-        const __m512i b = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, v0 + j.H * (j.dn + j.dv)));
+        const __m512i b = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, v0 + kv_stride(j)));
         _mm512_store_si512(pairs + p * 16, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
       }
       transpose16(pairs, 16, vt + (int64_t)d0 * (KB / 2) + p0, KB / 2);
@@ -90,8 +91,7 @@ static inline void key_tiles(const PrefillJob& j, int h, int kb, KeyTiles& kt) {
   const int64_t t = (int64_t)kb * KB;
   const int nope_steps = j.pn / 16;
   for (int s = 0; s < nope_steps; ++s)
-    kt.at[s] = reinterpret_cast<const uint32_t*>(j.kv + (t * j.H + h) * (j.dn + j.dv) + 32 * s),
-    kt.stride[s] = j.H * (j.dn + j.dv) * 2;
+    kt.at[s] = reinterpret_cast<const uint32_t*>(kv_row(j, t, h) + 32 * s), kt.stride[s] = (int)kv_stride(j) * 2;
   for (int s = nope_steps; s < j.P / 16; ++s)
     kt.at[s] = reinterpret_cast<const uint32_t*>(rope_key(j, t, h) + 32 * (s - nope_steps)), kt.stride[s] = j.krs * 2;
 }
@@ -307,7 +307,7 @@ static void prefill_run_amx(PrefillJob& j, int nthreads) {
       for (int64_t it = 0; it < (int64_t)j.H * j.nkb; ++it) {
         const int h = (int)(it / j.nkb), kb = (int)(it % j.nkb);
         if (pack_keys) prefill_pack_keys_amx(j, h, kb);
-        if (pack_values) prefill_pack_values_amx(j, h, kb, values_tiles(j, h, kb));
+        if (pack_values && h % j.hpk == 0) prefill_pack_values_amx(j, h, kb, values_tiles(j, h, kb));
       }
     }
     AmxScratch scratch(j);

@@ -10,6 +10,8 @@
 // row's bits depend only on its query, its position and the keys (batch-invariant by design).
 //   q   [n, H, dn + dr]  bf16, row i at position first + i
 //   kv  [S, H, dn + dv]  bf16: kv_b_proj of the span's latents (k_nope, then v, per head)
+//       or [S, Hk, dn + dv] one per group of hpk = H / Hk consecutive heads (heads whose kv_b_proj
+//                        rows are equal: a converted GQA model's values, MLAttention.kv_groups)
 //   k_r [S, dr]          bf16: the span's rotated rope keys, one for all heads; key t at key_start + t
 //       or [S, G, dr]    one per group of hpg = H / G consecutive heads (grouped rope keys, model/rope_groups.py)
 //   m, l [n, H], acc [n, H, dvp] float32 (dv padded to a multiple of 16; the pad stays 0)
@@ -25,6 +27,7 @@ constexpr int RB = 64;  // query rows per work item: their float32 state stays i
 struct PrefillJob {
   int n, H, dn, dr, dv, dvp, P, pn, S, nkb;  // dvp: dv padded to a multiple of 16 (acc's width)
   int krs, hpg;                              // k_r's row stride (G * dr), heads per rope key (H / G)
+  int kvh, hpk;                              // kv's heads (Hk) and heads per kv head (H / Hk)
   bool keys_in_place = false;                // AMX: key tiles read from kv / k_r (amx_layout)
   int64_t first, key_start;
   float scale;
@@ -41,10 +44,16 @@ static inline const uint16_t* rope_key(const PrefillJob& j, int64_t t, int h) {
   return j.kr + t * j.krs + (int64_t)(h / j.hpg) * j.dr;
 }
 
+// Head h's kv row [dn + dv] at span row t, and the distance between two span rows' kv.
+static inline const uint16_t* kv_row(const PrefillJob& j, int64_t t, int h) {
+  return j.kv + (t * j.kvh + h / j.hpk) * (j.dn + j.dv);
+}
+static inline int64_t kv_stride(const PrefillJob& j) { return (int64_t)j.kvh * (j.dn + j.dv); }
+
 // Element e of head h's key at span row t (the nope part padded to an even width).
 // Past the rope part (P padded to whole AMX tiles: mla_prefill_amx.h): zero pairs.
 static inline uint16_t key_elem(const PrefillJob& j, int64_t t, int h, int e) {
-  if (e < 2 * j.pn) return e < j.dn ? j.kv[(t * j.H + h) * (j.dn + j.dv) + e] : 0;
+  if (e < 2 * j.pn) return e < j.dn ? kv_row(j, t, h)[e] : 0;
   return e - 2 * j.pn < j.dr ? rope_key(j, t, h)[e - 2 * j.pn] : 0;
 }
 
@@ -56,7 +65,7 @@ static void prefill_pack_words(const PrefillJob& j, int h, int kb) {
   const int nope = j.dn / 2, rope = j.dr / 2;
   for (int k = 0; k < KB; ++k) {
     const int64_t t = (int64_t)kb * KB + k;
-    const uint16_t* kv = j.kv + (t * j.H + h) * (j.dn + j.dv);
+    const uint16_t* kv = kv_row(j, t, h);
     const uint16_t* kr = rope_key(j, t, h);
     for (int p = 0; p < nope; ++p) kp[p * KB + k] = (uint32_t)kv[2 * p] | (uint32_t)kv[2 * p + 1] << 16;
     for (int p = 0; p < rope; ++p) kp[(nope + p) * KB + k] = (uint32_t)kr[2 * p] | (uint32_t)kr[2 * p + 1] << 16;
@@ -64,8 +73,8 @@ static void prefill_pack_words(const PrefillJob& j, int h, int kb) {
   }
   for (int k = 0; k < KB; k += 2) {
     const int64_t t = (int64_t)kb * KB + k;
-    const uint16_t* v0 = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn;
-    const uint16_t* v1 = v0 + j.H * (j.dn + j.dv);
+    const uint16_t* v0 = kv_row(j, t, h) + j.dn;
+    const uint16_t* v1 = v0 + kv_stride(j);
     uint32_t* dst = vp + (k / 2) * j.dvp;
     for (int d = 0; d < j.dv; ++d) dst[d] = (uint32_t)v0[d] | (uint32_t)v1[d] << 16;
     for (int d = j.dv; d < j.dvp; ++d) dst[d] = 0;
@@ -103,7 +112,7 @@ static void prefill_pack(const PrefillJob& j, int h, int kb) {
       kp[(p * KB + k) * 2] = key_elem(j, t, h, 2 * p);
       kp[(p * KB + k) * 2 + 1] = key_elem(j, t, h, 2 * p + 1);
     }
-    const uint16_t* v = j.kv + (t * j.H + h) * (j.dn + j.dv) + j.dn;
+    const uint16_t* v = kv_row(j, t, h) + j.dn;
     uint16_t* dst = vp + (k / 2) * j.dvp * 2 + (k & 1);
     for (int d = 0; d < j.dvp; ++d) dst[2 * d] = d < j.dv ? v[d] : 0;
   }

@@ -12,6 +12,7 @@
 // keys (batch-invariant by design).
 //   q   [n, H, dn + dr]  T (float32, or bf16 widened when packed), row i at position first + i
 //   kv  [S, H, dn + dv]  T: kv_b_proj of the span's latents (k_nope, then v, per head)
+//       or [S, Hk, dn + dv] one per group of hpk = H / Hk consecutive heads (equal kv_b_proj rows)
 //   k_r [S, dr]          T: the span's rotated rope keys, one for all heads; key t at key_start + t
 //       or [S, G, dr]    one per group of hpg = H / G consecutive heads (grouped rope keys, model/rope_groups.py)
 //   m, l [n, H], acc [n, H, dvp] float32 (dv padded to a multiple of 16; the pad stays 0)
@@ -37,6 +38,7 @@ template <typename T>
 struct F32PrefillJob {
   int n, H, dn, dr, dv, dvp, D, S, nkb;  // D = dn + dr
   int krs, hpg;                           // k_r's row stride (G * dr), heads per rope key (H / G)
+  int kvh, hpk;                           // kv's heads (Hk) and heads per kv head (H / Hk)
   int64_t first, key_start;
   float scale;
   const T* q;
@@ -76,7 +78,7 @@ static void f32_pack(const F32PrefillJob<T>& j, int h, int kb) {
   const int full = j.dvp / VC * VC;  // value dims in VC-wide chunks, then W-wide ones (f32_values)
   for (int k = 0; k < F32_KB; ++k) {
     const int64_t t = (int64_t)kb * F32_KB + k;
-    const T* row = j.kv + (t * j.H + h) * (j.dn + j.dv);
+    const T* row = j.kv + (t * j.kvh + h / j.hpk) * (j.dn + j.dv);
     float* kc = kp + (k / KC) * j.D * KC + k % KC;
     for (int e = 0; e < j.dn; ++e) kc[e * KC] = f32_widen(row[e]);
     const T* kr = j.kr + t * j.krs + (int64_t)(h / j.hpg) * j.dr;
