@@ -26,7 +26,7 @@ from ..cpu import features
 from ..kernels import qlinear
 from . import fused
 from .norm import RMSNorm
-from .quant import FixedOrderLinear
+from .quant import FixedOrderLinear, QuantLinear
 from .rope import apply_rope, layer_inv_freq
 from .rope_groups import RopeGroups, find as find_rope_groups
 from .route import Route
@@ -63,15 +63,15 @@ class MLAttention(nn.Module):
         # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
         self.absorbed_dtype = route.absorbed_dtype
         # the prefill's grouped rope keys (model/rope_groups.py): (query weight version, groups or None).
-        # A packed query projection hands its float rows over before it packs them where it computes
-        # with them as they are, and packs them folded (rope_groups.fold: the un-mixed rope query,
-        # a third of the rows); quantized ones keep the shared key (their rows are not rank 1)
+        # A packed query projection (fixed-order or quantized) hands its float rows over before it packs
+        # them, and packs them folded (rope_groups.fold: the un-mixed rope query, a third of the rows;
+        # a quantized one quantizes the folded rows: its output is the un-mixed query whatever its noise)
         self._rope_groups = (None, None)
         self.folded = False  # the query projection gives the un-mixed rope query [T, H, 2F] (fold)
         # (kv_b_proj weight version, whether its key rows are not all zero, heads per kv row, the span
         # expansion to those rows): kv_b_facts
         self._kv_b = (None, True, 1, None)
-        if getattr(self.q_linear(), "EXACT", False):
+        if isinstance(self.q_linear(), QuantLinear):
             self.q_linear().before_pack = self._keep_rope_groups
 
     @torch.no_grad()

@@ -62,7 +62,6 @@ class QuantLinear(nn.Module):
         return q
 
     ROW_DIMS: dict[str, int] = {}  # a buffer whose rows are not along dim 0 -> its row dim
-    EXACT = False  # whether it computes with the float weight's values as they are (not quantized)
     # a parent's callback(weight, bias) that reads the float weight before it goes; it may return
     # (weight, bias) to pack instead (MLAttention: its query rows folded, fewer of them)
     before_pack = None
@@ -214,8 +213,6 @@ class FixedOrderLinear(QuantLinear):
     mode builds the model's CPU linears with it (model/route.py): MKL's small-M sgemm rounds by M
     and runs ~4x slower than its GEMV on an AVX2 EPYC, and oneDNN picks its bf16 kernels by M and
     CPU (on an AMX Xeon the lm_head's row 0 changed bits from M = 33)."""
-
-    EXACT = True
 
     def pack(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         self.bits = 16 if w.dtype == torch.bfloat16 else 32

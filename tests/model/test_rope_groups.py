@@ -143,31 +143,31 @@ def test_found_on_every_layer_of_an_exact_gqa_conversion(converted_gqa, dtype):
 
 
 @native
-@pytest.mark.parametrize("quantization,found", [(None, True), ("int8", False), ("w4a8", False)])
-def test_packed_query_projections_hand_their_rows_over_unless_quantized(converted_gqa, quantization, found):
-    # batch-invariant linears pack the float weight (the engine's default route); quantized rows are
-    # not rank 1, so those keep the shared key
+@pytest.mark.parametrize("quantization", [None, "int8", "w4a8"])
+def test_packed_query_projections_are_folded_before_they_quantize(converted_gqa, quantization):
+    # batch-invariant linears pack the float weight (the engine's default route); quantized ones
+    # quantize the folded rows, so their output is the un-mixed query too
     route = decide_route("cpu", torch.float32, quantization=quantization, batch_invariant=True)
     model = load_model(converted_gqa[0], route=route)
     with torch.inference_mode():
         for layer in model.model.layers:
             assert isinstance(layer.self_attn.q_linear(), QuantLinear) and layer.self_attn.q_linear().packed
-            assert (layer.self_attn.rope_groups() is not None) == found
-            # found: the projection packs the folded query rows (a head's rope part 2F wide, not dr)
-            assert layer.self_attn.folded == found
+            assert layer.self_attn.rope_groups() is not None
+            # the projection packs the folded query rows (a head's rope part 2F wide, not dr)
+            assert layer.self_attn.folded
             spec = layer.spec
-            width = spec.dr // 2 if found else spec.dr
-            assert layer.self_attn.q_linear().out_features == spec.n_heads * (spec.dn + width) + spec.kv_rank + spec.dr
+            assert layer.self_attn.q_linear().out_features == spec.n_heads * (spec.dn + spec.dr // 2) + spec.kv_rank + spec.dr
 
 
 @native
-@pytest.mark.parametrize("dtype,cache_dtype", [("float32", "auto"), ("bfloat16", "int8_rope8")])
+@pytest.mark.parametrize("dtype,cache_dtype,quantization", [("float32", "auto", None), ("bfloat16", "int8_rope8", None),
+                                                          ("bfloat16", "int8_rope8", "w4a8")])
 @torch.no_grad()
-def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(converted_gqa, dtype, cache_dtype):
+def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(converted_gqa, dtype, cache_dtype, quantization):
     from test_decode_plan import assert_plan_gives_the_modules_bits, random_caches
     from latentkv.model import decode_plan
 
-    route = decide_route("cpu", getattr(torch, dtype), "native", None, batch_invariant=True)
+    route = decide_route("cpu", getattr(torch, dtype), "native", quantization, batch_invariant=quantization is None)
     model = load_model(converted_gqa[0], route=route)
     assert all(layer.self_attn.folded for layer in model.model.layers)
     caches = random_caches(model, cache_dtype, 24)
