@@ -91,7 +91,7 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     first = int(meta.query_pos[0, 0])
     end = first + n
     groups = layer.rope_groups()  # a converted GQA model's rope key un-mixed per group (model/rope_groups.py)
-    q_rope = groups.queries(q_rope) if groups and not layer.folded else q_rope  # folded: un-mixed already
+    q_rope = layer.grouped_rope(q_rope)  # the queries in each group's basis, as the keys below
     dn = layer.dn if layer.scores_nope() else 0  # a zero W_UK: no nope part in the scores
     per, expand = layer.kv_groups()  # heads sharing kv rows (a converted GQA model's values): one row each
     q = (torch.cat((q_nope, q_rope), dim=-1) if dn else q_rope).contiguous()

@@ -147,6 +147,12 @@ class MLAttention(nn.Module):
             self.split[0] = self.n_heads * (self.dn + groups.basis.shape[2])
         return groups.fold(weight, bias, self.dn)
 
+    def grouped_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
+        """The rotated rope query as project() gives it -> [T, H, 2F] in each head's group basis where
+        rope_groups() holds (a folded projection gives it so: as it is); else as it is."""
+        groups = self.rope_groups()
+        return groups.queries(q_rope) if groups is not None and not self.folded else q_rope
+
     def full_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
         """The rotated rope query as project() gives it -> [..., H, dr] over the shared key (mixed
         back where the projection is folded: decode, the naive path)."""

@@ -34,7 +34,7 @@ class Layer(nn.Module):
     groups (none: random query rows have no grouped structure; tests/model/test_rope_groups.py)."""
 
     expand, expand_latent, padded_kv_b = MLAttention.expand, MLAttention.expand_latent, MLAttention.padded_kv_b
-    full_rope = MLAttention.full_rope
+    full_rope, grouped_rope = MLAttention.full_rope, MLAttention.grouped_rope
     folded = False  # the shared rope query (no rope groups to fold)
 
     def rope_groups(self):
