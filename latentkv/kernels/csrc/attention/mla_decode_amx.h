@@ -13,8 +13,11 @@
 //           tiles, packed once per call (pack_queries). Every step is 32 values wide: a last
 //           D % 32 values are read as the row's last 32, their query's first values zero (counted
 //           in the step before). For an int8 / fp8 latent the latent and rope parts sum in
-//           separate C tiles and s = scale_t * lat + rope. The tile's rows are paired for the
-//           value products (pair_rows) into the chunk's buffer while they are in L1.
+//           separate C tiles (their steps taken in turns: four chains) and s = scale_t * lat +
+//           rope_scale_t * rope (int8 rope codes are widened as codes, like the latent). A tile's
+//           rows are widened while the tile before it is scored (tile loads never wait on stores
+//           still in flight) and paired for the value products (pair_rows) into the chunk's
+//           buffer while they are in L1.
 //   softmax: over the chunk's S^T: lanes are query rows, one vector per token, so the max and
 //           sum need no horizontal reductions; the chunk's weights as bf16 pairs, transposed to
 //           A tiles (rows x pairs of tokens).
@@ -33,14 +36,14 @@ static_assert(BT == 32, "one A tile of value weights (16 pairs of tokens) per ti
 static_assert(AMX_CHUNK % BT == 0, "whole tiles per chunk");
 
 struct AmxDecodeScratch {
-  std::vector<float> st_lat, st_rope, tscale;  // [AMX_CHUNK][16] score C tiles as stored; [AMX_CHUNK] token scales
+  std::vector<float> st_lat, st_rope, tscale, rscale;  // [AMX_CHUNK][16] score C tiles as stored; [AMX_CHUNK] token scales (latent, rope)
   std::vector<uint32_t> wt, w;        // one tile's weight pairs wt [BT/2][16] (lanes = rows); w [tiles][16 rows][16 pairs]
   std::vector<uint16_t> pairs;        // [AMX_CHUNK/2][2r]: pair_rows of every tile of the chunk
   std::vector<float> pv;              // [16][r]: the value C tiles as stored
   std::vector<uint16_t> keys;         // [2][16][Dp]: half-tiles of rows copied where they are not evenly spaced
   std::vector<__mmask16> vis;         // [AMX_CHUNK]: the lanes that see each token
   AmxDecodeScratch(int D, int r)
-      : st_lat(AMX_CHUNK * 16), st_rope(AMX_CHUNK * 16), tscale(AMX_CHUNK), wt(BT * 8), w(AMX_CHUNK * 8),
+      : st_lat(AMX_CHUNK * 16), st_rope(AMX_CHUNK * 16), tscale(AMX_CHUNK), rscale(AMX_CHUNK), wt(BT * 8), w(AMX_CHUNK * 8),
         pairs((size_t)AMX_CHUNK * r), pv((size_t)16 * r), keys((size_t)32 * ((D + 31) / 32 * 32)), vis(AMX_CHUNK) {}
 };
 
@@ -55,25 +58,29 @@ static inline int64_t amx_query_block(int D) { return (int64_t)amx_steps(D) * 25
 // group m0 / 16 and part (0: all values, or the latent's where split; 1: the rope's where split),
 // a block of steps x [16 pairs][16 rows] words: step c's pair p holds (q[m][o], q[m][o + 1]),
 // o = amx_step_offset(c) + 2p, where o is new to step c (o >= 32c) and in the part; zero elsewhere
-// and for rows past M.
+// and for rows past M. A step that has no value of the part is left as it is (never read: see
+// amx_tile_scores). Each step: the group's rows' 16 words as a 16 x 16 block, transposed.
 static void pack_queries(const uint16_t* q, int64_t B, int M, int D, int r, bool split, uint32_t* out, int threads) {
   const int groups = (M + AMX_DECODE_ROWS - 1) / AMX_DECODE_ROWS, parts = split ? 2 : 1;
   const int64_t block = amx_query_block(D);
+  const int steps = amx_steps(D);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t bg = 0; bg < B * groups; ++bg) {
     const int64_t b = bg / groups;
-    const int m0 = (int)(bg % groups) * AMX_DECODE_ROWS;
+    const int m0 = (int)(bg % groups) * AMX_DECODE_ROWS, G = M - m0 < AMX_DECODE_ROWS ? M - m0 : AMX_DECODE_ROWS;
+    alignas(64) uint32_t words[16][16];
     for (int part = 0; part < parts; ++part) {
       uint32_t* dst = out + (bg * parts + part) * block;
-      std::fill(dst, dst + block, 0u);
-      const int lo = split && part ? r : 0, hi = split && !part ? r : D;
-      const int full = D / 32, tail = D / 2 - 16;  // words of a last step: pairs tail.. of its row
-      for (int g = 0; g < AMX_DECODE_ROWS && m0 + g < M; ++g) {
-        const uint32_t* row = reinterpret_cast<const uint32_t*>(q + (b * M + m0 + g) * D);
-        for (int wd = lo / 2; wd < hi / 2; ++wd) {  // word wd: values 2wd, 2wd + 1, new to step wd / 16
-          const int c = wd / 16 < full ? wd / 16 : full, p = c < full ? wd % 16 : wd - tail;
-          dst[(int64_t)(16 * c + p) * 16 + g] = row[wd];
-        }
+      const int lo = split && part ? r / 2 : 0, hi = split && !part ? r / 2 : D / 2;  // the part's words
+      for (int c = 0; c < steps; ++c) {
+        const int base = amx_step_offset(c, D) / 2, first = 16 * c > lo ? 16 * c : lo;  // new to the step, in the part
+        if (first >= hi || base + 16 <= first) continue;
+        uint32_t lanes = 0;
+        for (int p = 0; p < 16; ++p) lanes |= (uint32_t)(base + p >= first && base + p < hi) << p;
+        for (int g = 0; g < 16; ++g)
+          _mm512_store_si512(words[g], g < G ? _mm512_maskz_loadu_epi32((__mmask16)lanes, q + (b * M + m0 + g) * D + 2 * base)
+                                             : _mm512_setzero_si512());
+        transpose16(&words[0][0], 16, dst + (int64_t)c * 256, 16);
       }
     }
   }
@@ -115,20 +122,27 @@ static inline void amx_tile_scores(const uint16_t* k0, int64_t s0, const uint16_
   if (split) {  // C 0 / 1: latent of each half; 2 / 3: rope; A 4 / 5; B 6 (latent's query), 7 (rope's)
     _tile_zero(2);
     _tile_zero(3);
-    for (int c = 0; c < steps; ++c) {
-      const int off = amx_step_offset(c, D);
-      const bool lat = 32 * c < r, rope = 32 * c + 32 > r;
-      _tile_loadd(4, k0 + off, ld0);
-      if (k1) _tile_loadd(5, k1 + off, ld1);
-      if (lat) {
-        _tile_loadd(6, q_lat + c * 256, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (k1) _tile_dpbf16ps(1, 5, 6);
-      }
-      if (rope) {
-        _tile_loadd(7, q_rope + c * 256, 64);
-        _tile_dpbf16ps(2, 4, 7);
-        if (k1) _tile_dpbf16ps(3, 5, 7);
+    // the latent's steps and the rope's taken in turns: four accumulator chains in flight, not two
+    const int nlat = (r + 31) / 32, rope0 = r / 32, nrope = steps - rope0;
+    for (int i = 0; i < nlat || i < nrope; ++i) {
+      for (int part = 0; part < 2; ++part) {
+        const int c = part ? rope0 + i : i;
+        if (part ? i >= nrope : i >= nlat) continue;
+        const int off = amx_step_offset(c, D);
+        const bool lat = 32 * c < r, rope = 32 * c + 32 > r;
+        if (part && lat) continue;  // the step both parts share (r % 32 != 0): taken in the latent's turn
+        _tile_loadd(4, k0 + off, ld0);
+        if (k1) _tile_loadd(5, k1 + off, ld1);
+        if (lat) {
+          _tile_loadd(6, q_lat + c * 256, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          if (k1) _tile_dpbf16ps(1, 5, 6);
+        }
+        if (rope) {
+          _tile_loadd(7, q_rope + c * 256, 64);
+          _tile_dpbf16ps(2, 4, 7);
+          if (k1) _tile_dpbf16ps(3, 5, 7);
+        }
       }
     }
     _tile_stored(2, st_rope, 64);
@@ -161,7 +175,10 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
   const int64_t* table = job.block_tables + b * job.nb;
   const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;  // latent codes scaled per token
   for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
-  const uint16_t* rows[BT];
+  // Two tiles of rows: tile k + 1 is widened before tile k's scores, so the tile loads never read
+  // rows whose stores are still in flight (s.tile holds 2 x BT rows).
+  const uint16_t* rows_buf[2][BT];
+  const Bf16Scratch half[2] = {s, {s.tile + (int64_t)BT * Dp, s.pairs, s.zero}};
   for (int m0 = 0; m0 < M; m0 += AMX_DECODE_ROWS) {
     const int G = M - m0 < AMX_DECODE_ROWS ? M - m0 : AMX_DECODE_ROWS;
     const __mmask16 rows_g = (__mmask16)((1u << G) - 1);
@@ -179,12 +196,19 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
       // lanes that see a token of this chunk; none: the group is done with this item
       const __mmask16 any = _mm512_mask_cmpgt_epi32_mask(rows_g, nvis, base);
       if (!any) break;
-      // pass 1: scores and pairs, tile by tile (the next tile's rows prefetched meanwhile)
+      // pass 1: scores and pairs, tile by tile (the rows after the next tile's prefetched meanwhile)
+      auto widen = [&](int k) {
+        const int64_t j0 = c0 + (int64_t)k * BT;
+        tile_rows(job, table, j0, (int)(c0 + nt - j0 < BT ? c0 + nt - j0 : BT), Dp, half[k & 1], rows_buf[k & 1],
+                  a.tscale.data() + k * BT, a.rscale.data() + k * BT);
+      };
+      widen(0);
       for (int k = 0; k < tiles; ++k) {
         const int64_t j0 = c0 + (int64_t)k * BT;
         const int n = (int)(c0 + nt - j0 < BT ? c0 + nt - j0 : BT);
-        tile_rows(job, table, j0, n, Dp, s, rows, a.tscale.data() + k * BT);
-        const int64_t p0 = j0 + BT, p1 = j0 + 2 * BT < t1 ? j0 + 2 * BT : t1;  // the next tile
+        const uint16_t* const* rows = rows_buf[k & 1];
+        if (k + 1 < tiles) widen(k + 1);
+        const int64_t p0 = j0 + (k + 1 < tiles ? 2 : 1) * BT, p1 = p0 + BT < t1 ? p0 + BT : t1;  // the next tile not widened yet
         prefetch_rows(job, table, p0, p1, 0, 2);
         int64_t s0, s1 = 0;
         const uint16_t* k0 = half_rows(rows, D, Dp, a.keys.data(), &s0);
@@ -203,7 +227,8 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
         float* st = a.st_lat.data() + t * 16;
         __m512 x = _mm512_loadu_ps(st);
         if (split) {
-          x = _mm512_fmadd_ps(x, _mm512_set1_ps(a.tscale[t]), _mm512_loadu_ps(a.st_rope.data() + t * 16));
+          x = _mm512_fmadd_ps(x, _mm512_set1_ps(a.tscale[t]),
+                              _mm512_mul_ps(_mm512_loadu_ps(a.st_rope.data() + t * 16), _mm512_set1_ps(a.rscale[t])));
           _mm512_storeu_ps(st, x);
         }
         tmax = _mm512_mask_max_ps(tmax, v, tmax, x);

@@ -77,21 +77,55 @@ static inline float softmax_tile(float* sc, int nv, const float* tscale, float* 
   return alpha;
 }
 
+// n int8 codes (or e4m3 bits: fp8) -> their values as bf16 in dst, exactly (an int8 or an e4m3
+// value fits bf16's 8-bit significand); 32 at a time, a last partial chunk masked (no byte past
+// src + n read, no word past dst + n written).
+static inline void widen_codes(const void* src, uint16_t* dst, int n, bool fp8) {
+  for (int i = 0; i < n; i += 32) {
+    const int left = n - i;
+    const __mmask16 mlo = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    const __mmask16 mhi = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : (__mmask16)0;
+    __m512 lo, hi;
+    if (!fp8) {
+      const int8_t* c = (const int8_t*)src + i;
+      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mlo, c)));
+      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mhi, c + 16)));
+    } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
+      const uint8_t* c = (const uint8_t*)src + i;
+      __m512i b0 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mlo, c));
+      __m512i b1 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mhi, c + 16));
+      const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
+      const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
+      lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
+                                                                   _mm512_slli_epi32(_mm512_and_si512(b0, mag), 20))));
+      hi = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b1, sign), 24),
+                                                                   _mm512_slli_epi32(_mm512_and_si512(b1, mag), 20))));
+    }
+    const __mmask32 out = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1ull << left) - 1);
+    _mm512_mask_storeu_epi16((void*)(dst + i), out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
 // Rows of tokens [j0, j0 + n) as bf16 pointers (in place for a bf16 cache, else widened into
-// the scratch tile); rows n..BT-1 point at zeros.
+// the scratch tile); rows n..BT-1 point at zeros. tscale[t]: the token's latent scale (1 unless
+// quantized). int8 rope codes: with rscale, widened as codes like the latent and their scale put
+// in rscale[t] (the caller scales the rope's score part); without, as bf16 values (code x scale
+// rounded, as the reference dequantizes them).
 static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, int Dp, const Bf16Scratch& s,
-                      const uint16_t** rows, float* tscale) {
+                      const uint16_t** rows, float* tscale, float* rscale = nullptr) {
   const int D = job.D, r = job.r, dr = job.D - job.r, bs = job.bs;
+  const bool quant = job.kind == KIND_I8 || job.kind == KIND_FP8;
   int64_t blk = j0 / bs, off = j0 % bs;  // walked, not divided per token (an idiv each was ~1/3 of the bf16 AMX kernel)
   for (int t = 0; t < BT; ++t) {
     tscale[t] = 1.0f;
+    if (rscale) rscale[t] = 1.0f;
     if (t >= n) {
       rows[t] = s.zero;
       continue;
     }
     const int64_t slot = table[blk] * bs + off;
     if (++off == bs) off = 0, ++blk;
-    if (job.kind == KIND_I8 || job.kind == KIND_FP8) tscale[t] = job.scale[slot * job.scale_stride];
+    if (quant) tscale[t] = job.scale[slot * job.scale_stride];
     if (job.kind == KIND_BF16) {
       rows[t] = (const uint16_t*)job.kv + slot * D;
       continue;
@@ -103,30 +137,12 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
       for (int i = 0; i < D; ++i) dst[i] = to_bf16(src[i]);
       continue;
     }
-    for (int i = 0; i < r; i += 32) {
-      __m512 lo, hi;
-      // a last chunk of 16 codes: the other 16 bytes not read (past the slot's latent)
-      const __mmask16 mhi = r - i >= 32 ? (__mmask16)0xFFFF : (__mmask16)0;
-      if (job.kind == KIND_I8) {
-        const int8_t* src = (const int8_t*)job.latent + slot * r + i;
-        lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)src)));
-        hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mhi, src + 16)));
-      } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
-        const uint8_t* src = (const uint8_t*)job.latent + slot * r + i;
-        __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
-        __m512i b1 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mhi, src + 16));
-        const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
-        const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
-        lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
-                                                                     _mm512_slli_epi32(_mm512_and_si512(b0, mag), 20))));
-        hi = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b1, sign), 24),
-                                                                     _mm512_slli_epi32(_mm512_and_si512(b1, mag), 20))));
-      }
-      __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);  // exact: codes
-      _mm512_storeu_si512((void*)(dst + i), (__m512i)v);
-    }
+    widen_codes((const char*)job.latent + slot * r, dst, r, job.kind == KIND_FP8);
     if (job.rope_bf16) __builtin_memcpy(dst + r, (const uint16_t*)job.rope + slot * dr, sizeof(uint16_t) * dr);
-    else if (job.rope_i8) {  // values in bf16 (codes times the token's rope scale), as the reference dequantizes
+    else if (job.rope_i8 && rscale) {
+      rscale[t] = job.scale[slot * 2 + 1];
+      widen_codes((const int8_t*)job.rope + slot * dr, dst + r, dr, false);
+    } else if (job.rope_i8) {  // values in bf16 (codes times the token's rope scale), as the reference dequantizes
       const float rs = job.scale[slot * 2 + 1];
       for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(rs * (float)((const int8_t*)job.rope)[slot * dr + i]);
     } else
