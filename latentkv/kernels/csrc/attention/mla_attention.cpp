@@ -199,8 +199,9 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   const bool dp_amx = isa >= 4 && dp_bf16 && !dp_i8 && D % 2 == 0 && D >= 32;
   const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;
   const int64_t qblocks = (M + 15) / 16 * (split ? 2 : 1) * isa_avx512bf16::amx_query_block((int)D);
-  std::vector<uint32_t> qpack(dp_amx ? B * qblocks : 0);
-  if (dp_amx) isa_avx512bf16::pack_queries(q16, B, (int)M, (int)D, (int)r, split, qpack.data(), (int)std::min<int64_t>(threads, B));
+  // not zeroed: pack_queries writes every step the kernel reads (786 KB a layer at 32 sequences)
+  std::unique_ptr<uint32_t[]> qpack(new uint32_t[dp_amx ? B * qblocks : 0]);
+  if (dp_amx) isa_avx512bf16::pack_queries(q16, B, (int)M, (int)D, (int)r, split, qpack.get(), (int)std::min<int64_t>(threads, B));
   SpanFn attend = span_fn(isa);
   // No more threads than work: an idle member of a team still costs a fork and a join per region
   // (two regions per layer and step), and the merge of a short batch is a few thousand FMAs.
@@ -221,7 +222,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
     for (int64_t it = 0; it < items; ++it) {
       int64_t b = item_b[it];
       if (dp_amx)
-        isa_avx512bf16::attend_span_amx(job, b, item_t0[it], item_t1[it], qpack.data() + b * qblocks, lim.data() + b * M,
+        isa_avx512bf16::attend_span_amx(job, b, item_t0[it], item_t1[it], qpack.get() + b * qblocks, lim.data() + b * M,
                                         acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
                                         {tile16.data(), pairs16.data(), zero16.data()}, *amx);
       else if (dp_i8)
