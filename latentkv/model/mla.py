@@ -117,9 +117,7 @@ class MLAttention(nn.Module):
                     and torch.equal(used, used[::p].repeat_interleave(p, 0))), 1)
         if per == 1 or not qlinear.available():
             return nope, 1, None
-        linear = nn.Linear(w.shape[-1], used[::per].numel() // w.shape[-1], bias=False)
-        linear.weight.data = used[::per].reshape(-1, w.shape[-1]).contiguous()
-        return nope, per, FixedOrderLinear.from_linear(linear)
+        return nope, per, FixedOrderLinear.from_weight(used[::per].reshape(-1, w.shape[-1]).contiguous())
 
     def rope_groups(self) -> RopeGroups | None:
         """The grouped rope keys the prefill kernel may attend with (model/rope_groups.py), found once

@@ -55,9 +55,14 @@ class QuantLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, uses_qlinear: bool = True) -> "QuantLinear":
         """A packed copy of `linear` (its bias shared)."""
-        q = cls(linear.in_features, linear.out_features, uses_qlinear=uses_qlinear)
-        q.weight.data = linear.weight.detach()
-        q.bias = linear.bias
+        return cls.from_weight(linear.weight.detach(), linear.bias, uses_qlinear)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: nn.Parameter | None = None, uses_qlinear: bool = True) -> "QuantLinear":
+        """The packed linear x -> x · weightᵀ (+ bias) of weight [out, in]."""
+        q = cls(weight.shape[1], weight.shape[0], uses_qlinear=uses_qlinear)
+        q.weight.data = weight
+        q.bias = bias
         q.pack_weights()
         return q
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from ..kernels import qlinear
 from . import fused
@@ -90,10 +89,9 @@ class RopeGroups:
             dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
             heads = self.basis.repeat_interleave(self.heads_per_group, 0).to(dtype).contiguous()  # [H, dr, 2F]
             keys = None
-            if qlinear.available():
-                linear = nn.Linear(self.basis.shape[1], self.basis.shape[0] * self.basis.shape[2], bias=False)
-                linear.weight.data = self.basis.permute(0, 2, 1).reshape(linear.weight.shape).to(dtype).contiguous()
-                keys = FixedOrderLinear.from_linear(linear)
+            if qlinear.available():  # the groups' bases as one linear's weight [G*2F, dr]
+                bases = self.basis.permute(0, 2, 1).reshape(-1, self.basis.shape[1])
+                keys = FixedOrderLinear.from_weight(bases.to(dtype).contiguous())
             mix = heads.transpose(1, 2).contiguous()  # [H, 2F, dr]
             self._weights[dtype] = _Weights(heads, fused.head_pack(heads), keys, mix, fused.head_pack(mix))
         return self._weights[dtype]
