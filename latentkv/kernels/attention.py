@@ -25,7 +25,7 @@ DECODE_SPAN, DECODE_MAX_SPANS = 256, 64  # csrc/attention/mla_job.h SPAN, MAX_SP
 
 def probe(module, isa: int) -> list:
     """The self-check's inputs (kernels/build.py): decode over float32, bf16, int8 (an int8 rope key
-    too) and q4_0 caches with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
+    too, and both 64 wide) and q4_0 caches with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
     prefill span in both dtypes with keys packed and read in place, one rope key for all heads or one per group,
     kv rows per head or per group."""
     gen = torch.Generator().manual_seed(0)
@@ -64,6 +64,11 @@ def probe(module, isa: int) -> list:
     for name, caches in (("kv", (kv16.bfloat16(), empty, empty, empty)), ("int8", (empty, latent16, scale, rope16))):
         got = module.mla_decode(q16, *caches, tables, lens, empty.long(), heads, rank16, bs, isa, 1)
         out.append((f"mla_decode rank {rank16} {name}", got, 3e-2))
+    # an int8 latent and rope in whole int8 tile steps (64 wide): on AMX, int8 tile products (mla_decode_amx_i8.h)
+    rope64 = torch.randint(-127, 128, (6, bs, 64), generator=gen, dtype=torch.int8)
+    q64 = torch.randn(2, heads, rank + 64, generator=gen).bfloat16()
+    got = module.mla_decode(q64, empty, latent, scale2, rope64, tables, lens, empty.long(), heads, rank, bs, isa, 1)
+    out.append(("mla_decode int8 rope8 64 + 64", got, 3e-2))
     n, dv, span = 5, 16, 64
     # dn 16 + dr 16: the AMX kernel packs the keys; dn 16 + dr 32: it reads them in place (its
     # second nope step over the values, against zero query pairs); grouped rope keys [S, 2, dr]

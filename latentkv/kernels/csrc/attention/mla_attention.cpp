@@ -46,7 +46,7 @@ namespace isa_avx2 {  // float32 queries: intrinsics, three heads per pass (mla_
 #pragma GCC push_options
 // amx-tile / amx-bf16: for mla_prefill_amx.h alone, whose functions run only on isa 4 (the
 // compiler never emits tile instructions of its own)
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,amx-tile,amx-bf16,avx2,fma,f16c,prefer-vector-width=512")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,amx-tile,amx-bf16,amx-int8,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd (AMX prefill)
 #include "exp_poly.h"
 #include "mla_decode_impl.h"
@@ -55,6 +55,7 @@ namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: 
 #include "mla_prefill_bf16.h"
 #include "mla_prefill_amx.h"
 #include "mla_decode_amx.h"
+#include "mla_decode_amx_i8.h"
 }
 #pragma GCC pop_options
 
@@ -195,13 +196,20 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   std::vector<int32_t> qsum(dp_i8 ? B * M * 2 : 0);
   if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
 
-  // AMX (isa 4): the bf16 path's scores and value sums on tiles (mla_decode_amx.h); the int8 VNNI path stays
-  const bool dp_amx = isa >= 4 && dp_bf16 && !dp_i8 && D % 2 == 0 && D >= 32;
+  // AMX (isa 4): the bf16 path's scores and value sums on tiles (mla_decode_amx.h); the int8 VNNI path stays.
+  // An int8 latent and rope whose widths are whole int8 tile steps: integer tile products (mla_decode_amx_i8.h).
+  const bool dp_amx_i8 = isa >= 4 && dp_bf16 && !dp_i8 && job.kind == KIND_I8 && job.rope_i8 && r % 64 == 0 &&
+                         (D - r) % 64 == 0 && D - r > 0 && has_amx_int8();
+  const bool dp_amx = isa >= 4 && dp_bf16 && !dp_i8 && !dp_amx_i8 && D % 2 == 0 && D >= 32;
   const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;
-  const int64_t qblocks = (M + 15) / 16 * (split ? 2 : 1) * isa_avx512bf16::amx_query_block((int)D);
+  const int64_t qblocks = dp_amx_i8 ? (M + 15) / 16 * isa_avx512bf16::amx_i8_query_block((int)D)
+                                    : (M + 15) / 16 * (split ? 2 : 1) * isa_avx512bf16::amx_query_block((int)D);
   // not zeroed: pack_queries writes every step the kernel reads (786 KB a layer at 32 sequences)
-  std::unique_ptr<uint32_t[]> qpack(new uint32_t[dp_amx ? B * qblocks : 0]);
-  if (dp_amx) isa_avx512bf16::pack_queries(q16, B, (int)M, (int)D, (int)r, split, qpack.get(), (int)std::min<int64_t>(threads, B));
+  std::unique_ptr<uint32_t[]> qpack(new uint32_t[dp_amx || dp_amx_i8 ? B * qblocks : 0]);
+  std::vector<float> qscale(dp_amx_i8 ? B * M * 2 : 0);
+  const int pack_threads = (int)std::min<int64_t>(threads, B);
+  if (dp_amx) isa_avx512bf16::pack_queries(q16, B, (int)M, (int)D, (int)r, split, qpack.get(), pack_threads);
+  if (dp_amx_i8) isa_avx512bf16::pack_queries_i8(q16, B, (int)M, (int)D, (int)r, qpack.get(), qscale.data(), pack_threads);
   SpanFn attend = span_fn(isa);
   // No more threads than work: an idle member of a team still costs a fork and a join per region
   // (two regions per layer and step), and the merge of a short batch is a few thousand FMAs.
@@ -214,14 +222,19 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
     std::vector<uint16_t> tile16, pairs16, zero16;
     if (dp_bf16) tile16.resize(64 * Dp), pairs16.resize(64 * r), zero16.assign(Dp, 0);
     std::unique_ptr<isa_avx512bf16::AmxDecodeScratch> amx;
-    if (dp_amx) {
+    if (dp_amx || dp_amx_i8) {
       amx.reset(new isa_avx512bf16::AmxDecodeScratch((int)D, (int)r));
       isa_avx512bf16::amx_configure();
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       int64_t b = item_b[it];
-      if (dp_amx)
+      if (dp_amx_i8)
+        isa_avx512bf16::attend_span_amx_i8(job, b, item_t0[it], item_t1[it], qpack.get() + b * qblocks,
+                                           qscale.data() + b * M * 2, lim.data() + b * M, acc.get() + it * M * r,
+                                           mx.data() + it * M, sum.data() + it * M,
+                                           {tile16.data(), pairs16.data(), zero16.data()}, *amx);
+      else if (dp_amx)
         isa_avx512bf16::attend_span_amx(job, b, item_t0[it], item_t1[it], qpack.get() + b * qblocks, lim.data() + b * M,
                                         acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
                                         {tile16.data(), pairs16.data(), zero16.data()}, *amx);
@@ -238,7 +251,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
         attend(job, b, item_t0[it], item_t1[it], qf.data() + b * M * D, lim.data() + b * M, acc.get() + it * M * r,
                mx.data() + it * M, sum.data() + it * M, tile.data(), sc.data());
     }
-    if (dp_amx) isa_avx512bf16::amx_decode_release();
+    if (dp_amx || dp_amx_i8) isa_avx512bf16::amx_decode_release();
   }
 
   // Log-sum-exp merge of each sequence's spans, in span order.

@@ -167,23 +167,18 @@ static inline void amx_chunk_values(const uint32_t* w, const uint16_t* pairs, in
       pv, r);
 }
 
-// One item as attend_span (mla_decode_impl.h) with q bf16 [M, D]; writes acc [M, r] (in order), mx, sum.
-// qpack: the sequence's blocks from pack_queries.
-static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, const uint32_t* qpack, const int64_t* lim,
-                            float* acc, float* mx, float* sum, const Bf16Scratch& s, AmxDecodeScratch& a) {
-  const int M = job.M, D = job.D, r = job.r, Dp = (D + 31) / 32 * 32;
-  const int64_t* table = job.block_tables + b * job.nb;
-  const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;  // latent codes scaled per token
+// One item's row groups over its chunks of AMX_CHUNK tokens (acc [M, r] in order, mx, sum as
+// attend_span, mla_decode_impl.h): pass1(m0, c0, nt, tiles) fills the chunk's scores a.st_lat [t][16]
+// (final: every scale applied), a.tscale (the value weight's scale: 1 unless `scaled`) and the pairs
+// a.pairs; then the online softmax over the chunk and its value sums on tiles (pass 2).
+template <class Pass1>
+static inline void amx_item(const Job& job, int64_t t0, int64_t t1, const int64_t* lim, bool scaled, float* acc,
+                            float* mx, float* sum, AmxDecodeScratch& a, Pass1 pass1) {
+  const int M = job.M, r = job.r;
   for (int64_t i = 0; i < (int64_t)M * r; ++i) acc[i] = 0.0f;
-  // Two tiles of rows: tile k + 1 is widened before tile k's scores, so the tile loads never read
-  // rows whose stores are still in flight (s.tile holds 2 x BT rows).
-  const uint16_t* rows_buf[2][BT];
-  const Bf16Scratch half[2] = {s, {s.tile + (int64_t)BT * Dp, s.pairs, s.zero}};
   for (int m0 = 0; m0 < M; m0 += AMX_DECODE_ROWS) {
     const int G = M - m0 < AMX_DECODE_ROWS ? M - m0 : AMX_DECODE_ROWS;
     const __mmask16 rows_g = (__mmask16)((1u << G) - 1);
-    const uint32_t* q_lat = qpack + (int64_t)(m0 / AMX_DECODE_ROWS) * (split ? 2 : 1) * amx_query_block(D);
-    const uint32_t* q_rope = q_lat + amx_query_block(D);
     // per lane g: the tokens it sees from t0 on (lim is absolute), its running max and sum
     alignas(64) int64_t lim_g[16];
     for (int g = 0; g < 16; ++g) lim_g[g] = g < G ? lim[m0 + g] - t0 : 0;
@@ -196,42 +191,13 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
       // lanes that see a token of this chunk; none: the group is done with this item
       const __mmask16 any = _mm512_mask_cmpgt_epi32_mask(rows_g, nvis, base);
       if (!any) break;
-      // pass 1: scores and pairs, tile by tile (the rows after the next tile's prefetched meanwhile)
-      auto widen = [&](int k) {
-        const int64_t j0 = c0 + (int64_t)k * BT;
-        tile_rows(job, table, j0, (int)(c0 + nt - j0 < BT ? c0 + nt - j0 : BT), Dp, half[k & 1], rows_buf[k & 1],
-                  a.tscale.data() + k * BT, a.rscale.data() + k * BT);
-      };
-      widen(0);
-      for (int k = 0; k < tiles; ++k) {
-        const int64_t j0 = c0 + (int64_t)k * BT;
-        const int n = (int)(c0 + nt - j0 < BT ? c0 + nt - j0 : BT);
-        const uint16_t* const* rows = rows_buf[k & 1];
-        if (k + 1 < tiles) widen(k + 1);
-        const int64_t p0 = j0 + (k + 1 < tiles ? 2 : 1) * BT, p1 = p0 + BT < t1 ? p0 + BT : t1;  // the next tile not widened yet
-        prefetch_rows(job, table, p0, p1, 0, 2);
-        int64_t s0, s1 = 0;
-        const uint16_t* k0 = half_rows(rows, D, Dp, a.keys.data(), &s0);
-        const uint16_t* k1 = n > 16 ? half_rows(rows + 16, D, Dp, a.keys.data() + 16 * Dp, &s1) : nullptr;
-        amx_tile_scores(k0, s0, k1, s1, D, r, split, q_lat, q_rope, a.st_lat.data() + k * BT * 16,
-                        a.st_rope.data() + k * BT * 16);
-        prefetch_rows(job, table, p0, p1, 1, 2);  // in halves: all at once stalled on the fill buffers
-        pair_rows(rows, r, a.pairs.data() + (int64_t)k * BT * r);
-      }
+      pass1(m0, c0, nt, tiles);
       // softmax over the chunk: token t is visible to lane g where t < nvis[g] - (c0 - t0)
       __m512 tmax = _mm512_set1_ps(-__builtin_inff());
       for (int t = 0; t < tiles * BT; ++t) {
         const __mmask16 v = t < nt ? _mm512_mask_cmpgt_epi32_mask(rows_g, nvis, _mm512_add_epi32(base, _mm512_set1_epi32(t))) : 0;
         a.vis[t] = v;
-        if (!v) continue;
-        float* st = a.st_lat.data() + t * 16;
-        __m512 x = _mm512_loadu_ps(st);
-        if (split) {
-          x = _mm512_fmadd_ps(x, _mm512_set1_ps(a.tscale[t]),
-                              _mm512_mul_ps(_mm512_loadu_ps(a.st_rope.data() + t * 16), _mm512_set1_ps(a.rscale[t])));
-          _mm512_storeu_ps(st, x);
-        }
-        tmax = _mm512_mask_max_ps(tmax, v, tmax, x);
+        if (v) tmax = _mm512_mask_max_ps(tmax, v, tmax, _mm512_loadu_ps(a.st_lat.data() + t * 16));
       }
       const __m512 now = _mm512_mask_max_ps(mxv, any, mxv, tmax);
       // alpha: 1 for lanes that see nothing here (their state stays exactly as it was)
@@ -244,12 +210,12 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
           if (a.vis[t]) {
             w0 = _mm512_maskz_mov_ps(a.vis[t], exp_poly(_mm512_sub_ps(_mm512_loadu_ps(a.st_lat.data() + t * 16), now)));
             tot0 = _mm512_add_ps(tot0, w0);
-            if (split) w0 = _mm512_mul_ps(w0, _mm512_set1_ps(a.tscale[t]));
+            if (scaled) w0 = _mm512_mul_ps(w0, _mm512_set1_ps(a.tscale[t]));
           }
           if (a.vis[t + 1]) {
             w1 = _mm512_maskz_mov_ps(a.vis[t + 1], exp_poly(_mm512_sub_ps(_mm512_loadu_ps(a.st_lat.data() + (t + 1) * 16), now)));
             tot1 = _mm512_add_ps(tot1, w1);
-            if (split) w1 = _mm512_mul_ps(w1, _mm512_set1_ps(a.tscale[t + 1]));
+            if (scaled) w1 = _mm512_mul_ps(w1, _mm512_set1_ps(a.tscale[t + 1]));
           }
           _mm512_storeu_si512(a.wt.data() + ((t - k * BT) / 2) * 16, pair_words(w0, w1));  // lane g: (w_t[g], w_t+1[g])
         }
@@ -274,4 +240,48 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
     for (int g = 0; g < G; ++g) mx[m0 + g] = mo[g], sum[m0 + g] = so[g];
   }
   for (int m = 0; m < M; ++m) unpermute(acc + (int64_t)m * r, r);
+}
+
+// One item as attend_span (mla_decode_impl.h) with q bf16 [M, D]; writes acc [M, r] (in order), mx, sum.
+// qpack: the sequence's blocks from pack_queries.
+static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, const uint32_t* qpack, const int64_t* lim,
+                            float* acc, float* mx, float* sum, const Bf16Scratch& s, AmxDecodeScratch& a) {
+  const int D = job.D, r = job.r, Dp = (D + 31) / 32 * 32;
+  const int64_t* table = job.block_tables + b * job.nb;
+  const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;  // latent codes scaled per token
+  // Two tiles of rows: tile k + 1 is widened before tile k's scores, so the tile loads never read
+  // rows whose stores are still in flight (s.tile holds 2 x BT rows).
+  const uint16_t* rows_buf[2][BT];
+  const Bf16Scratch half[2] = {s, {s.tile + (int64_t)BT * Dp, s.pairs, s.zero}};
+  amx_item(job, t0, t1, lim, split, acc, mx, sum, a, [&](int m0, int64_t c0, int nt, int tiles) {
+    const uint32_t* q_lat = qpack + (int64_t)(m0 / AMX_DECODE_ROWS) * (split ? 2 : 1) * amx_query_block(D);
+    const uint32_t* q_rope = q_lat + amx_query_block(D);
+    // scores and pairs, tile by tile (the rows after the next tile's prefetched meanwhile)
+    auto widen = [&](int k) {
+      const int64_t j0 = c0 + (int64_t)k * BT;
+      tile_rows(job, table, j0, (int)(c0 + nt - j0 < BT ? c0 + nt - j0 : BT), Dp, half[k & 1], rows_buf[k & 1],
+                a.tscale.data() + k * BT, a.rscale.data() + k * BT);
+    };
+    widen(0);
+    for (int k = 0; k < tiles; ++k) {
+      const int64_t j0 = c0 + (int64_t)k * BT;
+      const int n = (int)(c0 + nt - j0 < BT ? c0 + nt - j0 : BT);
+      const uint16_t* const* rows = rows_buf[k & 1];
+      if (k + 1 < tiles) widen(k + 1);
+      const int64_t p0 = j0 + (k + 1 < tiles ? 2 : 1) * BT, p1 = p0 + BT < t1 ? p0 + BT : t1;  // the next tile not widened yet
+      prefetch_rows(job, table, p0, p1, 0, 2);
+      int64_t s0, s1 = 0;
+      const uint16_t* k0 = half_rows(rows, D, Dp, a.keys.data(), &s0);
+      const uint16_t* k1 = n > 16 ? half_rows(rows + 16, D, Dp, a.keys.data() + 16 * Dp, &s1) : nullptr;
+      float* st = a.st_lat.data() + k * BT * 16;
+      const float* sr = a.st_rope.data() + k * BT * 16;
+      amx_tile_scores(k0, s0, k1, s1, D, r, split, q_lat, q_rope, st, a.st_rope.data() + k * BT * 16);
+      if (split)  // s = scale_t * lat + rope_scale_t * rope
+        for (int t = 0; t < n; ++t)
+          _mm512_storeu_ps(st + t * 16, _mm512_fmadd_ps(_mm512_loadu_ps(st + t * 16), _mm512_set1_ps(a.tscale[k * BT + t]),
+                                                        _mm512_mul_ps(_mm512_loadu_ps(sr + t * 16), _mm512_set1_ps(a.rscale[k * BT + t]))));
+      prefetch_rows(job, table, p0, p1, 1, 2);  // in halves: all at once stalled on the fill buffers
+      pair_rows(rows, r, a.pairs.data() + (int64_t)k * BT * r);
+    }
+  });
 }

@@ -50,6 +50,16 @@ inline bool isa_supported(int64_t isa) {
   return isa == 0;
 }
 
+// Code 4 and amx_int8's int8 tile products (every CPU with amx_bf16 so far has it too; asked anyway).
+inline bool has_amx_int8() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return isa_supported(4) && __builtin_cpu_supports("amx-int8");
+#else
+  return false;
+#endif
+}
+
 // The codes up to `highest` (the best path an extension has) that this CPU runs.
 inline std::vector<int64_t> isas_up_to(int64_t highest) {
   std::vector<int64_t> out;
