@@ -78,6 +78,15 @@ SpanFn span_fn(int64_t isa) {
   return isa_scalar::attend_span;
 }
 
+using MergeFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int, float*, float*, uint16_t*);
+
+MergeFn merge_fn(int64_t isa) {
+  if (isa >= 3) return isa_avx512bf16::merge_row;
+  if (isa == 2) return isa_avx512::merge_row;
+  if (isa == 1) return isa_avx2::merge_row;
+  return isa_scalar::merge_row;
+}
+
 }  // namespace
 
 std::vector<int64_t> supported_isas() { return isas_up_to(4); }
@@ -259,29 +268,15 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   const bool bf16 = query.scalar_type() == at::kBFloat16;
   float* out32 = bf16 ? nullptr : out.data_ptr<float>();
   uint16_t* out16 = bf16 ? (uint16_t*)out.data_ptr() : nullptr;
+  MergeFn merge = merge_fn(isa);
 #pragma omp parallel num_threads(merge_threads)
   {
     std::vector<float> row(r);
 #pragma omp for schedule(static)
     for (int64_t bm = 0; bm < B * M; ++bm) {
-      int64_t b = bm / M, m = bm % M;
-      float top = -__builtin_inff();
-      for (int64_t it = first[b]; it < first[b + 1]; ++it) top = mx[it * M + m] > top ? mx[it * M + m] : top;
-      float total = 0.0f;
-      std::fill(row.begin(), row.end(), 0.0f);
-      for (int64_t it = first[b]; it < first[b + 1]; ++it) {
-        float s = sum[it * M + m];
-        if (s == 0.0f) continue;  // no visible key in this span
-        float w = std::exp(mx[it * M + m] - top);
-        total += w * s;
-        const float* a = acc.get() + (it * M + m) * r;
-        for (int64_t i = 0; i < r; ++i) row[i] += w * a[i];
-      }
-      float inv = total > 0.0f ? 1.0f / total : 0.0f;
-      if (bf16)
-        for (int64_t i = 0; i < r; ++i) out16[bm * r + i] = f32_to_bf16(row[i] * inv);
-      else
-        for (int64_t i = 0; i < r; ++i) out32[bm * r + i] = row[i] * inv;
+      const int64_t b = bm / M, m = bm % M, it0 = first[b];
+      merge(acc.get() + (it0 * M + m) * r, mx.data() + it0 * M + m, sum.data() + it0 * M + m, first[b + 1] - it0, M,
+            (int)r, row.data(), bf16 ? nullptr : out32 + bm * r, bf16 ? out16 + bm * r : nullptr);
     }
   }
   return out;

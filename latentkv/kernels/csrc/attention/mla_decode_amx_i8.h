@@ -39,7 +39,8 @@ static void pack_queries_i8(const uint16_t* q, int64_t B, int M, int D, int r, u
     for (int64_t bg = 0; bg < B * groups; ++bg) {
       const int64_t b = bg / groups;
       const int m0 = (int)(bg % groups) * AMX_DECODE_ROWS, G = M - m0 < AMX_DECODE_ROWS ? M - m0 : AMX_DECODE_ROWS;
-      std::memset(codes.data(), 0, codes.size());
+      for (int g = G; g < 16; ++g)  // rows past M: zero words
+        for (int half = 0; half < 2; ++half) std::memset(codes.data() + (int64_t)(16 * half + g) * D, 0, (size_t)D);
       for (int g = 0; g < G; ++g) {
         const uint16_t* row = q + (b * M + m0 + g) * D;
         for (int part = 0; part < 2; ++part) {
@@ -49,9 +50,9 @@ static void pack_queries_i8(const uint16_t* q, int64_t B, int M, int D, int r, u
             top = _mm512_max_ps(top, _mm512_abs_ps(bf16x16_to_ps(row + i)));
           const float t = _mm512_reduce_max_ps(top), scale = t > 0.0f ? t / 127.0f : 1.0f;
           qs[(b * M + m0 + g) * 2 + part] = scale;
-          const __m512 sv = _mm512_set1_ps(scale), lim = _mm512_set1_ps(127.0f);
+          const __m512 inv = _mm512_set1_ps(1.0f / scale), lim = _mm512_set1_ps(127.0f);
           for (int i = lo; i < hi; i += 16) {
-            const __m512 x = _mm512_div_ps(bf16x16_to_ps(row + i), sv);
+            const __m512 x = _mm512_mul_ps(bf16x16_to_ps(row + i), inv);  // ~2^-23 of q / qs: far below lo's step
             const __m512 h = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(x, h), _mm512_set1_ps(256.0f)),
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

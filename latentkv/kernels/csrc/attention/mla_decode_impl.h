@@ -9,7 +9,7 @@
 // an L1 tile (bf16: a shift; int8: times the token's scale; fp8 e4m3: a bit move, times
 // 2^120 and the scale; q4_0: a nibble minus 8, times its group's scale), and uses the tile for all M = Q*H query rows: scores, online softmax
 // (running max and sum per row) and the value accumulation, in one pass. Items of one
-// sequence are merged by log-sum-exp in a fixed order (merge below), so the result does not
+// sequence are merged by log-sum-exp in a fixed order (merge_row below), so the result does not
 // depend on the batch or on the number of threads.
 #include "mla_job.h"
 
@@ -167,5 +167,42 @@ static void attend_span(const Job& job, int64_t b, int64_t t0, int64_t t1, const
         am[i] = a;
       }
     }
+  }
+}
+
+// The log-sum-exp merge of one query row's spans, in span order: row [r] (scratch) = sum over the
+// items of exp(mx_it - top) * acc_it, written out times 1 / sum(exp(mx_it - top) * sum_it) as float32
+// (out32) or bf16 rounded to nearest even (out16; NaN a quiet NaN). acc / mx / sum: the first item's,
+// `stride` floats (acc: stride * r) to the next. Vectorized at the ISA's width; each lane's sum is
+// the same sequence of float32 operations whatever the width (the bits of every path).
+static void merge_row(const float* acc, const float* mx, const float* sum, int64_t items, int64_t stride, int r,
+                      float* __restrict row, float* out32, uint16_t* out16) {
+  float top = -__builtin_inff();
+  for (int64_t it = 0; it < items; ++it) top = mx[it * stride] > top ? mx[it * stride] : top;
+  float total = 0.0f;
+#pragma omp simd
+  for (int i = 0; i < r; ++i) row[i] = 0.0f;
+  for (int64_t it = 0; it < items; ++it) {
+    const float s = sum[it * stride];
+    if (s == 0.0f) continue;  // no visible key in this span
+    const float w = __builtin_expf(mx[it * stride] - top);
+    total += w * s;
+    const float* __restrict a = acc + it * stride * r;
+#pragma omp simd
+    for (int i = 0; i < r; ++i) row[i] += w * a[i];
+  }
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  if (out32) {
+#pragma omp simd
+    for (int i = 0; i < r; ++i) out32[i] = row[i] * inv;
+    return;
+  }
+#pragma omp simd
+  for (int i = 0; i < r; ++i) {
+    const float f = row[i] * inv;
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    out16[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
   }
 }
