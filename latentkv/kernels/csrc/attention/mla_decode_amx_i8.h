@@ -40,7 +40,7 @@ static void pack_queries_i8(const uint16_t* q, int64_t B, int M, int D, int r, u
       const int64_t b = bg / groups;
       const int m0 = (int)(bg % groups) * AMX_DECODE_ROWS, G = M - m0 < AMX_DECODE_ROWS ? M - m0 : AMX_DECODE_ROWS;
       for (int g = G; g < 16; ++g)  // rows past M: zero words
-        for (int half = 0; half < 2; ++half) std::memset(codes.data() + (int64_t)(16 * half + g) * D, 0, (size_t)D);
+        for (int hl = 0; hl < 2; ++hl) std::memset(codes.data() + (int64_t)(16 * hl + g) * D, 0, (size_t)D);
       for (int g = 0; g < G; ++g) {
         const uint16_t* row = q + (b * M + m0 + g) * D;
         for (int part = 0; part < 2; ++part) {
@@ -64,9 +64,9 @@ static void pack_queries_i8(const uint16_t* q, int64_t B, int M, int D, int r, u
       }
       uint32_t* dst = out + bg * amx_i8_query_block(D);
       for (int part = 0; part < 2; ++part)
-        for (int half = 0; half < 2; ++half) {  // blocks in the order lat hi, lat lo, rope hi, rope lo
+        for (int hl = 0; hl < 2; ++hl) {  // 0: hi, 1: lo; blocks in the order lat hi, lat lo, rope hi, rope lo
           const int lo = part ? r : 0, steps = ((part ? D : r) - lo) / I8_STEP;
-          const uint32_t* src = (const uint32_t*)(codes.data() + (int64_t)half * 16 * D + lo);
+          const uint32_t* src = (const uint32_t*)(codes.data() + (int64_t)hl * 16 * D + lo);
           for (int c = 0; c < steps; ++c, dst += 256) transpose16(src + 16 * c, D / 4, dst, 16);
         }
     }
