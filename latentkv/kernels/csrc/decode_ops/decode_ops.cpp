@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #pragma GCC push_options
@@ -66,6 +67,7 @@ namespace {
 
 using RowsF32 = void (*)(const float*, int, int, const float*, int, float*);
 using RowsBF16 = void (*)(const float*, int, int, const uint16_t*, int, float*);
+using OutBF16 = void (*)(const float*, int64_t, const uint16_t*, int64_t, float, uint16_t*);
 
 template <typename T>
 inline float load(const T* p, int64_t i) { return (float)p[i]; }
@@ -126,6 +128,7 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
   RowsF32 rows_f32 = isa >= 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
   RowsBF16 rows_bf16 = isa >= 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
+  OutBF16 out_bf16 = isa >= 2 ? isa_avx512::head_out_bf16 : isa == 1 ? isa_avx2::head_out_bf16 : isa_scalar::head_out_bf16;
   const float s = (float)scale;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "head_matmul", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -148,6 +151,12 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
           rows_f32(xs.data(), (int)rows, (int)K, (const float*)wp + h * K * C, (int)C, acc.data());
         for (int64_t i = 0; i < rows; ++i) {
           scalar_t* o = op + ((n0 + i) * H + h) * (C + E);
+          if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+            if (E == 0 || sek == 1) {  // the vector rounding of one ISA (the bits of the loop below)
+              out_bf16(acc.data() + i * C, C, E ? (const uint16_t*)(ep + (n0 + i) * sen + h * seh) : nullptr, E, s, (uint16_t*)o);
+              continue;
+            }
+          }
           for (int64_t c = 0; c < C; ++c) o[c] = cast<scalar_t>(acc[i * C + c] * s);
           for (int64_t e = 0; e < E; ++e) o[C + e] = cast<scalar_t>(load(ep, (n0 + i) * sen + h * seh + e * sek) * s);
         }

@@ -91,6 +91,20 @@ static void head_rows_bf16(const float* x, int R, int K, const uint16_t* w, int 
   head_rows<uint16_t>(x, R, K, w, C, acc);
 }
 
+// One bf16 output row of head_matmul: o[c] = bf16(acc[c] * s) for c < C, then o[C + e] = bf16(extra[e] * s)
+// (extra contiguous bf16), rounded to nearest even as torch rounds (a NaN to its quiet NaN).
+static inline uint16_t bf16_round_nan(float f) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, f);
+  return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0u : (uint16_t)float_to_bf16_bits(f);
+}
+static void head_out_bf16(const float* __restrict acc, int64_t C, const uint16_t* __restrict extra, int64_t E, float s,
+                          uint16_t* __restrict o) {
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) o[c] = bf16_round_nan(acc[c] * s);
+#pragma omp simd
+  for (int64_t e = 0; e < E; ++e) o[C + e] = bf16_round_nan(bf16_bits_to_float(extra[e]) * s);
+}
+
 // RMSNorm of rows [t0, t1) of x [T, d] (float or bf16 bits, the weight the same type), with the
 // residual added first when res is given (sum = x + res, rounded to the activation dtype as
 // x + h is): float32 statistics, x * rsqrt(mean(x^2) + eps) * weight, one rounding. The loops
