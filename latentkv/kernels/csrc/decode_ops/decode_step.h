@@ -18,7 +18,7 @@
 #include "plan_moe.h"
 #include "torch_lite.h"
 
-#include <ATen/ops/add.h>  // the residual adds
+#include <ATen/ops/add.h>  // a linear's bias
 #include <ATen/ops/index_select.h>  // a folded query's rope slots
 
 #include <cstdint>
@@ -102,8 +102,11 @@ class DecodePlan {
     const at::Tensor none;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const PlanLayer& l = layers_[i];
-      if (carry.defined()) x = at::add(x, carry);  // DecoderLayer: return x + mlp(normed)
-      at::Tensor h = rms_norm(x, l.w_in, l.eps_in, x.new_empty(0), isa_ops_)[1];
+      // DecoderLayer: return x + mlp(normed); the sum rounded as at::add rounds it, then normed (one pass)
+      std::vector<at::Tensor> in = rms_norm(carry.defined() ? carry : x, l.w_in, l.eps_in, carry.defined() ? x : x.new_empty(0),
+                                            isa_ops_);
+      if (carry.defined()) x = in[0];
+      at::Tensor h = in[1];
       at::Tensor qkv = linear(l.qkv_a, h);
       at::Tensor q = qkv.narrow(1, 0, l.q_dim);
       at::Tensor c = qkv.narrow(1, l.q_dim, l.rank), k_r = qkv.narrow(1, l.q_dim + l.rank, l.dr);
@@ -140,8 +143,8 @@ class DecodePlan {
         carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), isa_ops_));
       }
     }
-    if (carry.defined()) x = at::add(x, carry);
-    return rms_norm(x, w_norm_, eps_norm_, x.new_empty(0), isa_ops_)[1];  // DeepseekModel: self.norm(x)
+    // DeepseekModel: self.norm(x + mlp(normed))
+    return rms_norm(carry.defined() ? carry : x, w_norm_, eps_norm_, carry.defined() ? x : x.new_empty(0), isa_ops_)[1];
   }
 
  private:
