@@ -273,9 +273,8 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
       int64_t s0, s1 = 0;
       const uint16_t* k0 = half_rows(rows, D, Dp, a.keys.data(), &s0);
       const uint16_t* k1 = n > 16 ? half_rows(rows + 16, D, Dp, a.keys.data() + 16 * Dp, &s1) : nullptr;
-      float* st = a.st_lat.data() + k * BT * 16;
-      const float* sr = a.st_rope.data() + k * BT * 16;
-      amx_tile_scores(k0, s0, k1, s1, D, r, split, q_lat, q_rope, st, a.st_rope.data() + k * BT * 16);
+      float *st = a.st_lat.data() + k * BT * 16, *sr = a.st_rope.data() + k * BT * 16;
+      amx_tile_scores(k0, s0, k1, s1, D, r, split, q_lat, q_rope, st, sr);
       if (split)  // s = scale_t * lat + rope_scale_t * rope
         for (int t = 0; t < n; ++t)
           _mm512_storeu_ps(st + t * 16, _mm512_fmadd_ps(_mm512_loadu_ps(st + t * 16), _mm512_set1_ps(a.tscale[k * BT + t]),

@@ -6,8 +6,7 @@
 // tile products (TDPBSSD) with the cache rows as the A tiles where they lie (16 tokens x 64 codes:
 // a block holds whole half-tiles when block_size % 16 == 0; else the rows are copied) and each
 // query row in int8 twice, q / qs ~ hi + lo / 256 per part (latent, rope) with its own scale qs
-// (~2^-16 of the part's largest value: finer than the query's own bf16 rounding; one int8 part
-// alone costs ~10x the bf16 path's error, mla_decode_vnni.h). hi and lo sum in separate C tiles
+// (mla_decode_vnni.h quantize_two_part: one int8 part alone costs ~10x the bf16 path's error). hi and lo sum in separate C tiles
 // (their 2 x 9 columns do not fit one tile's 16), exactly in int32 (two halves by hi / lo per step:
 // four independent products, each B tile loaded once for 32 tokens), so
 //   s = scale_t * qs_lat * (hi + lo / 256)_lat + rope_scale_t * qs_rope * (hi + lo / 256)_rope.
@@ -19,10 +18,6 @@
 #include "mla_job.h"
 
 constexpr int I8_STEP = 64;  // int8 values per tile step (a row of 64 bytes)
-
-static inline __m512 bf16x16_to_ps(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
 
 // The B tiles of every sequence's query rows q [B, M, D], in int8 twice (hi, lo) per part, packed
 // once per call: for sequence b and group m0 / 16, blocks [lat hi, lat lo, rope hi, rope lo] of
@@ -45,21 +40,8 @@ static void pack_queries_i8(const uint16_t* q, int64_t B, int M, int D, int r, u
         const uint16_t* row = q + (b * M + m0 + g) * D;
         for (int part = 0; part < 2; ++part) {
           const int lo = part ? r : 0, hi = part ? D : r;
-          __m512 top = _mm512_setzero_ps();
-          for (int i = lo; i < hi; i += 16)
-            top = _mm512_max_ps(top, _mm512_abs_ps(bf16x16_to_ps(row + i)));
-          const float t = _mm512_reduce_max_ps(top), scale = t > 0.0f ? t / 127.0f : 1.0f;
-          qs[(b * M + m0 + g) * 2 + part] = scale;
-          const __m512 inv = _mm512_set1_ps(1.0f / scale), lim = _mm512_set1_ps(127.0f);
-          for (int i = lo; i < hi; i += 16) {
-            const __m512 x = _mm512_mul_ps(bf16x16_to_ps(row + i), inv);  // ~2^-23 of q / qs: far below lo's step
-            const __m512 h = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(x, h), _mm512_set1_ps(256.0f)),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            l = _mm512_max_ps(_mm512_min_ps(l, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
-            _mm_storeu_si128((__m128i*)(codes.data() + (int64_t)g * D + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(h)));
-            _mm_storeu_si128((__m128i*)(codes.data() + (int64_t)(16 + g) * D + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(l)));
-          }
+          qs[(b * M + m0 + g) * 2 + part] = quantize_two_part(row + lo, hi - lo, codes.data() + (int64_t)g * D + lo,
+                                                              codes.data() + (int64_t)(16 + g) * D + lo);
         }
       }
       uint32_t* dst = out + bg * amx_i8_query_block(D);
@@ -138,13 +120,6 @@ static inline void amx_i8_tile_scores(const int8_t* const* lat, const int* lat_l
   }
 }
 
-// 32 int8 codes -> their values as bf16 (exact), lanes in order.
-static inline __m512i widen32(const int8_t* c) {
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)c)));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(c + 16))));
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-}
-
 // One item as attend_span_amx over an int8 latent and rope; qpack: the sequence's blocks from
 // pack_queries_i8, qs its rows' scales [M, 2].
 static void attend_span_amx_i8(const Job& job, int64_t b, int64_t t0, int64_t t1, const uint32_t* qpack,
@@ -196,7 +171,7 @@ static void attend_span_amx_i8(const Job& job, int64_t b, int64_t t0, int64_t t1
         const int8_t *x = lat_rows[2 * p], *y = lat_rows[2 * p + 1];
         uint16_t* dst = pairs + (int64_t)p * 2 * r;
         for (int i = 0; i < r; i += 32) {
-          const __m512i u = widen32(x + i), v = widen32(y + i);
+          const __m512i u = widen_i8x32(x + i), v = widen_i8x32(y + i);
           _mm512_storeu_si512((void*)(dst + 2 * i), _mm512_unpacklo_epi16(u, v));
           _mm512_storeu_si512((void*)(dst + 2 * i + 32), _mm512_unpackhi_epi16(u, v));
         }

@@ -19,29 +19,40 @@
 // Requires kv_rank % 64 == 0 and a bf16 rope (mla_attention.cpp picks mla_decode_bf16.h otherwise).
 #include "mla_job.h"
 
-// q [rows, D] bf16 -> q8 [rows, 2r]: the latent part in int8 twice, q / qs ~ hi + lo / 256 (hi, lo in
-// -127..127: ~2^-16 of the row's largest element, finer than q's own bf16 rounding), qs [rows] the
-// scale, qsum [rows, 2] the sums of hi and of lo.
+static inline __m512 bf16x16_to_ps(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// n values of a bf16 row (n % 16 == 0) in int8 twice, v / qs ~ hi + lo / 256 (hi, lo in -127..127:
+// ~2^-16 of the row's largest value, finer than its own bf16 rounding) -> qs = max|v| / 127 (1 for a
+// zero row). Each lane is an IEEE division and two nearest-even roundings: the codes do not depend on
+// the vector width. The VNNI path's latent query and the AMX int8 path's (mla_decode_amx_i8.h).
+static inline float quantize_two_part(const uint16_t* v, int n, int8_t* hi, int8_t* lo) {
+  __m512 top = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(bf16x16_to_ps(v + i)));
+  const float t = _mm512_reduce_max_ps(top), scale = t > 0.0f ? t / 127.0f : 1.0f;
+  const __m512 sv = _mm512_set1_ps(scale), lim = _mm512_set1_ps(127.0f);
+  for (int i = 0; i < n; i += 16) {
+    const __m512 x = _mm512_div_ps(bf16x16_to_ps(v + i), sv);
+    const __m512 h = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(x, h), _mm512_set1_ps(256.0f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    l = _mm512_max_ps(_mm512_min_ps(l, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
+    _mm_storeu_si128((__m128i*)(hi + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(h)));
+    _mm_storeu_si128((__m128i*)(lo + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(l)));
+  }
+  return scale;
+}
+
+// q [rows, D] bf16 -> q8 [rows, 2r]: the latent part in int8 twice (quantize_two_part: hi, then lo),
+// qs [rows] the scale, qsum [rows, 2] the sums of hi and of lo.
 static void quantize_rows(const uint16_t* q, int64_t rows, int D, int r, int8_t* q8, float* qs, int32_t* qsum) {
   for (int64_t m = 0; m < rows; ++m) {
-    const uint16_t* src = q + m * D;
-    float top = 0.0f, v;
-    for (int i = 0; i < r; ++i) {
-      uint32_t u = (uint32_t)src[i] << 16;
-      __builtin_memcpy(&v, &u, 4);
-      top = __builtin_fabsf(v) > top ? __builtin_fabsf(v) : top;
-    }
-    float scale = top > 0.0f ? top / 127.0f : 1.0f;
+    int8_t* hi = q8 + m * 2 * r;
+    qs[m] = quantize_two_part(q + m * D, r, hi, hi + r);
     int32_t sum_hi = 0, sum_lo = 0;
-    for (int i = 0; i < r; ++i) {
-      uint32_t u = (uint32_t)src[i] << 16;
-      __builtin_memcpy(&v, &u, 4);
-      float x = v / scale, hi = __builtin_nearbyintf(x), lo = __builtin_nearbyintf((x - hi) * 256.0f);
-      lo = lo > 127.0f ? 127.0f : (lo < -127.0f ? -127.0f : lo);
-      q8[m * 2 * r + i] = (int8_t)hi, q8[m * 2 * r + r + i] = (int8_t)lo;
-      sum_hi += (int)hi, sum_lo += (int)lo;
-    }
-    qs[m] = scale, qsum[2 * m] = sum_hi, qsum[2 * m + 1] = sum_lo;
+    for (int i = 0; i < r; ++i) sum_hi += hi[i], sum_lo += hi[r + i];
+    qsum[2 * m] = sum_hi, qsum[2 * m + 1] = sum_lo;
   }
 }
 
