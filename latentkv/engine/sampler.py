@@ -116,10 +116,15 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def finite_rows(logits: torch.Tensor) -> list[bool]:
-    """[N, V] float32 -> per row: no NaN or +-inf. A row's sum is NaN or +-inf exactly when the row
-    holds one, once scaled by 2^-24 so that no finite row can overflow (V up to 10^7): one reduction
-    where isfinite over every logit took 1.9 ms a step at 32 x 49,152 (this: ~0.2 ms)."""
-    return torch.isfinite((logits.float() * 2.0 ** -24).sum(dim=-1)).tolist()
+    """[N, V] float32 -> per row: no NaN or +-inf. A row that holds one sums to NaN or +-inf, so a
+    finite sum clears the row in one reduction (0.12 ms at 32 x 49,152 on 2 threads, where isfinite
+    over every logit took 1.9 ms and a sum of a scaled copy 0.6); only a row whose sum is not
+    finite, which a finite row of huge logits can be by overflow, is checked logit by logit."""
+    finite = torch.isfinite(logits.sum(dim=-1)).tolist()
+    for i, ok in enumerate(finite):
+        if not ok:
+            finite[i] = bool(torch.isfinite(logits[i]).all())
+    return finite
 
 
 def choose_tokens(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None) -> torch.Tensor:

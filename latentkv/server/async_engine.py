@@ -149,8 +149,7 @@ class AsyncEngine:
                     traceback.print_exc()
                     self.fail_in_flight(EngineStepError(f"engine step failed: {type(err).__name__}: {err}"))
                     continue
-                for out in outputs:
-                    self.deliver(out)
+                self.deliver(outputs)
                 self.stats = self.engine.stats()
         except BaseException as err:  # a bug in the engine: fail everyone, report it
             self.error = f"engine loop crashed: {type(err).__name__}: {err}"
@@ -173,7 +172,7 @@ class AsyncEngine:
             elif kind == "abort":
                 out = self.engine.abort_request(payload)
                 if out is not None:
-                    self.deliver(out)
+                    self.deliver([out])
 
     def accept(self, sub: Submission) -> None:
         try:
@@ -185,15 +184,22 @@ class AsyncEngine:
         self.streams[sub.request_id] = sub
         sub.loop.call_soon_threadsafe(set_result_once, sub.accepted, None)
 
-    def deliver(self, out: RequestOutput) -> None:
-        sub = self.streams.get(out.request_id)
-        if sub is None:
-            return
-        if out.finished:
-            del self.streams[out.request_id]
-            self.release(sub.params.n)
-            self.on_finish(out)
-        sub.loop.call_soon_threadsafe(sub.outputs.put_nowait, out)
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand outputs to their streams, waking each event loop once for all of them (a wake-up
+        per output wrote the loop's self-pipe 32 times a 32-sequence step, ~1 ms of the engine
+        thread's step on 2 cores)."""
+        batches: dict = {}  # loop -> [(queue, output)]
+        for out in outputs:
+            sub = self.streams.get(out.request_id)
+            if sub is None:
+                continue
+            if out.finished:
+                del self.streams[out.request_id]
+                self.release(sub.params.n)
+                self.on_finish(out)
+            batches.setdefault(sub.loop, []).append((sub.outputs, out))
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(put_all, items)
 
     def release(self, num_seqs: int) -> None:
         with self.lock:
@@ -214,6 +220,12 @@ class AsyncEngine:
         for kind, payload in self.drain_commands():
             if kind == "add":
                 payload.loop.call_soon_threadsafe(set_exception_once, payload.accepted, err)
+
+
+def put_all(items: list) -> None:
+    """On the event loop: each (queue, output) in order."""
+    for queue_, out in items:
+        queue_.put_nowait(out)
 
 
 def set_result_once(future: asyncio.Future, value) -> None:
