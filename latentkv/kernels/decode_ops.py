@@ -5,7 +5,7 @@ when the native one runs; model/decode_plan.py builds the plan.
 
 ISA paths: avx512, avx2, scalar for `head_matmul`, `rms_norm`, `silu_mul` (GCC vector tiles), and
 amx for `head_matmul` over bf16 (csrc/decode_ops/head_amx.h: the weight packed once by `head_pack`);
-`rope` and `write_latent` have one path. LATENTKV_FUSED=0 switches the extension off.
+`rope` and `write_latent`'s row loops for avx512, avx2, scalar (the same bits on each). LATENTKV_FUSED=0 switches the extension off.
 """
 from __future__ import annotations
 
@@ -39,7 +39,23 @@ def probe(module, isa: int) -> list:
         total, normed = module.rms_norm(x, weight, 1e-5, res, isa)
         out += [(f"rms_norm {dt} sum", total, tol), (f"rms_norm {dt}", normed, tol)]
         out.append((f"silu_mul {dt}", module.silu_mul(torch.randn(5, 2 * 48, generator=gen).to(dt), isa), tol))
+        out += [(label, value, 0.0) for label, value in rope_and_write(module, isa, dt, gen)]
     return out
+
+
+def rope_and_write(module, isa: int, dtype: torch.dtype, gen: torch.Generator) -> list:
+    """rope's and write_latent's outputs (into an int8 latent with an int8 rope key, and a plain one) on
+    fixed random inputs: every ISA's bits equal the scalar path's (their loops are not contracted)."""
+    x = torch.randn(6, 3, 40, generator=gen).to(dtype)
+    cos, sin = torch.randn(6, 8, generator=gen), torch.randn(6, 8, generator=gen)
+    out = [(f"rope {dtype} {il}", module.rope(x[..., 8:24], cos, sin, il, isa)) for il in (True, False)]
+    c, k_r, slots = x[:, 0, :24] * 5, x[:, 1, :16], torch.tensor([7, 0, 3, 12, 5, 9])
+    latent, scale = torch.zeros(16, 24, dtype=torch.int8), torch.zeros(16, 2)
+    rope, plain, none = torch.zeros(16, 16, dtype=torch.int8), torch.zeros(16, 40, dtype=dtype), x.new_empty(0)
+    module.write_latent(c, k_r, cos, sin, True, slots, none, latent, scale, rope, 127.0, isa)
+    module.write_latent(c, k_r, cos, sin, False, slots, plain, none, none, none, 0.0, isa)
+    return out + [(f"write_latent {dtype} int8", torch.cat((latent.float(), rope.float(), scale), dim=1)),
+                  (f"write_latent {dtype}", plain)]
 
 
 EXT = Extension("decode_ops", "latentkv_decode_ops", "decode_ops.cpp", "LATENTKV_FUSED", "the fused decode ops are",

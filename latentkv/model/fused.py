@@ -63,7 +63,7 @@ def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: tor
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, *, kernel: bool = False) -> torch.Tensor:
     """Rotate x [N, G, d] by cos/sin [N, d/2] -> a new [N, G, d]."""
     if runs(kernel):
-        return EXT.state["module"].rope(x, cos, sin, interleaved)
+        return EXT.state["module"].rope(x, cos, sin, interleaved, EXT.state["isa"])
     return apply_rope(x, cos, sin, interleaved)
 
 
@@ -75,9 +75,10 @@ def write_latent(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, cos: to
         empty = c.new_empty(0)
         if cache.quantized:
             EXT.state["module"].write_latent(c, k_r, cos, sin, interleaved, slot_mapping, empty, cache.latent, cache.scale,
-                                     cache.rope, cache.qmax)
+                                             cache.rope, cache.qmax, EXT.state["isa"])
         else:
-            EXT.state["module"].write_latent(c, k_r, cos, sin, interleaved, slot_mapping, cache.kv, empty, empty, empty, 0.0)
+            EXT.state["module"].write_latent(c, k_r, cos, sin, interleaved, slot_mapping, cache.kv, empty, empty, empty, 0.0,
+                                             EXT.state["isa"])
         return
     write(cache, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0], slot_mapping)
 

@@ -6,9 +6,9 @@
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
 //       with `extra` (the rotated q_rope) times scale beside it. On isa 4 with bf16 x and w, on AMX
 //       tiles (head_amx.h) from `packed` = head_pack(w, isa) (empty: packed for the call).
-//   rope(x [N, G, d], cos [N, d/2], sin, interleaved) -> rotated [N, G, d].
+//   rope(x [N, G, d], cos [N, d/2], sin, interleaved, isa) -> rotated [N, G, d].
 //   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
-//       scale, rope): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
+//       scale, rope, qmax, isa): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
 //       at their flat cache slots, in one pass.
 //   silu_mul(gate_up [T, 2I], isa) -> silu(gate) * up [T, I].
 //   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, isa) -> (x + residual, its RMSNorm).
@@ -168,62 +168,80 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
 
 namespace {
 
-// out[j] (pairs of x rotated by cos/sin), computed in float32 as model/rope.py does.
-template <typename T>
-inline void rotate_row(const T* x, int64_t stride, int64_t d, const float* cs, const float* sn, bool interleaved, float* out) {
-  const int64_t half = d / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-    const float a = load(x, ia * stride), b = load(x, ib * stride);
-    out[ia] = a * cs[i] - b * sn[i];
-    out[ib] = b * cs[i] + a * sn[i];
-  }
+// The row loops rope and write_latent take from one ISA (decode_ops_impl.h); isa 0 is the reference.
+struct RowOps {
+  void (*rotate_f32)(const float*, int64_t, const float*, const float*, bool, float*);
+  void (*rotate_bf16)(const uint16_t*, int64_t, const float*, const float*, bool, float*);
+  void (*round_bf16)(float*, int64_t, uint16_t*, bool);
+  float (*absmax_f32)(const float*, int64_t);
+  float (*absmax_bf16)(const uint16_t*, int64_t);
+  void (*quantize_f32)(const float*, int64_t, float, int8_t*);
+  void (*quantize_bf16)(const uint16_t*, int64_t, float, int8_t*);
+
+  void rotate(const float* x, int64_t d, const float* cs, const float* sn, bool il, float* out) const { rotate_f32(x, d, cs, sn, il, out); }
+  void rotate(const uint16_t* x, int64_t d, const float* cs, const float* sn, bool il, float* out) const { rotate_bf16(x, d, cs, sn, il, out); }
+  float absmax(const float* x, int64_t n) const { return absmax_f32(x, n); }
+  float absmax(const uint16_t* x, int64_t n) const { return absmax_bf16(x, n); }
+  void quantize(const float* x, int64_t n, float s, int8_t* out) const { quantize_f32(x, n, s, out); }
+  void quantize(const uint16_t* x, int64_t n, float s, int8_t* out) const { quantize_bf16(x, n, s, out); }
+  // row [n] (float32) stored as T: bf16 rounded to nearest even, float32 as it is
+  void store(float* row, int64_t n, uint16_t* out) const { round_bf16(row, n, out, false); }
+  void store(float* row, int64_t n, float* out) const { std::memcpy(out, row, n * sizeof(float)); }
+};
+
+#define LATENTKV_ROW_OPS(ns) \
+  RowOps { ns::rotate_vals_f32, ns::rotate_vals_bf16, ns::round_vals_bf16, ns::absmax_f32, ns::absmax_bf16, ns::quantize_f32, ns::quantize_bf16 }
+
+RowOps row_ops(int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "this CPU does not support instruction set ", isa);
+  return isa >= 2 ? LATENTKV_ROW_OPS(isa_avx512) : isa == 1 ? LATENTKV_ROW_OPS(isa_avx2) : LATENTKV_ROW_OPS(isa_scalar);
 }
+
+// A float tensor's storage as the row loops read it: float, or bf16 bits.
+template <typename scalar_t>
+using bits_t = std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, uint16_t, float>;
+
+// t with its last dimension unit-strided (the row loops read contiguous values).
+at::Tensor unit_last(const at::Tensor& t) { return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t; }
 
 }  // namespace
 
-at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved) {
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t isa) {
   check_cpu(x, "rope: x");
   TORCH_CHECK(x.dim() == 3 && is_float(x), "rope: x must be [N, G, d] float32 or bfloat16");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rope: cos/sin must be float32");
-  cos = cos.contiguous(), sin = sin.contiguous();
+  cos = cos.contiguous(), sin = sin.contiguous(), x = unit_last(x);
   const int64_t N = x.size(0), G = x.size(1), d = x.size(2);
   TORCH_CHECK(d % 2 == 0 && cos.numel() == N * (d / 2) && sin.numel() == N * (d / 2), "rope: cos/sin must be [N, d/2]");
+  const RowOps ops = row_ops(isa);
   auto out = at::empty({N, G, d}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rope", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
+    using B = bits_t<scalar_t>;
+    const B* xp = (const B*)x.data_ptr();
+    B* op = (B*)out.data_ptr();
     const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-    const int64_t sn = x.stride(0), sg = x.stride(1), sd = x.stride(2);
+    const int64_t sn = x.stride(0), sg = x.stride(1);
     at::parallel_for(0, N * G, 64, [&](int64_t begin, int64_t end) {
       std::vector<float> row(d);
       for (int64_t ng = begin; ng < end; ++ng) {
         const int64_t n = ng / G, g = ng % G;
-        rotate_row(xp + n * sn + g * sg, sd, d, cp + n * (d / 2), sp + n * (d / 2), interleaved, row.data());
-        for (int64_t i = 0; i < d; ++i) op[ng * d + i] = cast<scalar_t>(row[i]);
+        ops.rotate(xp + n * sn + g * sg, d, cp + n * (d / 2), sp + n * (d / 2), interleaved, row.data());
+        ops.store(row.data(), d, op + ng * d);
       }
     });
   });
   return out;
 }
 
-// Round to the nearest integer, ties to even: std::nearbyint's result in the default rounding mode
-// for |x| < 2^22 (every code here is within +-qmax), without its library call per value
-// (nearbyintf@plt was most of a prefill's cache write).
-static inline float round_even(float x) {
-  const float magic = 12582912.0f;  // 1.5 x 2^23: x + magic rounds x to an integer in float32
-  return (x + magic) - magic;
-}
-
 void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
                   at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,
-                  double qmax) {
+                  double qmax, int64_t isa) {
   check_cpu(c, "write_latent: c");
   TORCH_CHECK(c.dim() == 2 && k_r.dim() == 2 && c.size(0) == k_r.size(0) && is_float(c) && k_r.scalar_type() == c.scalar_type(),
               "write_latent: c [T, r] and k_r [T, dr] must share a float dtype");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == c.size(0), "write_latent: slots must be int64 [T]");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "write_latent: cos/sin must be float32");
-  slots = slots.contiguous(), cos = cos.contiguous(), sin = sin.contiguous();
+  slots = slots.contiguous(), cos = cos.contiguous(), sin = sin.contiguous(), c = unit_last(c), k_r = unit_last(k_r);
   const int64_t T = c.size(0), r = c.size(1), dr = k_r.size(1);
   TORCH_CHECK(dr % 2 == 0 && cos.numel() == T * (dr / 2), "write_latent: cos/sin must be [T, dr/2]");
   const bool quantized = kv.numel() == 0;
@@ -251,46 +269,43 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   const bool rope8 = quantized && rope_cache.scalar_type() == at::kChar;  // scale: [slot][latent's, rope's]
   const int64_t stride = rope8 ? 2 : 1;
   const float q = (float)qmax;
+  const RowOps ops = row_ops(isa);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, c.scalar_type(), "write_latent", [&] {
-    const scalar_t *cp = c.data_ptr<scalar_t>(), *kp = k_r.data_ptr<scalar_t>();
-    const int64_t scn = c.stride(0), sck = c.stride(1), skn = k_r.stride(0), skk = k_r.stride(1);
+    using B = bits_t<scalar_t>;
+    const B *cp = (const B*)c.data_ptr(), *kp = (const B*)k_r.data_ptr();
+    const int64_t scn = c.stride(0), skn = k_r.stride(0);
     const float *cosp = cos.data_ptr<float>(), *sinp = sin.data_ptr<float>();
+    float* scales = quantized ? scale.data_ptr<float>() : nullptr;
     at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
       std::vector<float> row(dr);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t slot = sp[t];
-        const scalar_t* ct = cp + t * scn;
-        rotate_row(kp + t * skn, skk, dr, cosp + t * (dr / 2), sinp + t * (dr / 2), interleaved, row.data());
+        const B* ct = cp + t * scn;
+        ops.rotate(kp + t * skn, dr, cosp + t * (dr / 2), sinp + t * (dr / 2), interleaved, row.data());
         if (rope8) {  // as quantize_latent on the rotated key in c's dtype: scale = max|k| / 127
-          float top = 0.0f;
-          for (int64_t i = 0; i < dr; ++i) top = std::max(top, std::fabs(row[i] = (float)cast<scalar_t>(row[i])));
-          const float s = std::max(top, 1e-12f) / 127.0f;
-          scale.data_ptr<float>()[slot * 2 + 1] = dr ? s : 1.0f;
-          int8_t* rope_out = rope_cache.data_ptr<int8_t>() + slot * dr;
-          for (int64_t i = 0; i < dr; ++i) rope_out[i] = (int8_t)std::min(127.0f, std::max(-127.0f, round_even(row[i] / s)));
+          if constexpr (std::is_same_v<B, uint16_t>) ops.round_bf16(row.data(), dr, nullptr, true);
+          const float s = std::max(ops.absmax(row.data(), dr), 1e-12f) / 127.0f;
+          scales[slot * 2 + 1] = dr ? s : 1.0f;
+          ops.quantize(row.data(), dr, s, rope_cache.data_ptr<int8_t>() + slot * dr);
         } else if (rope16) {  // a float32 model's quantized cache (cache/latent_cache.py rope_dtype)
-          at::BFloat16* rope_out = rope_cache.data_ptr<at::BFloat16>() + slot * dr;
-          for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<at::BFloat16>(row[i]);
+          ops.round_bf16(row.data(), dr, (uint16_t*)rope_cache.data_ptr() + slot * dr, false);
         } else {
-          scalar_t* rope_out = quantized ? rope_cache.data_ptr<scalar_t>() + slot * dr : kv.data_ptr<scalar_t>() + slot * (r + dr) + r;
-          for (int64_t i = 0; i < dr; ++i) rope_out[i] = cast<scalar_t>(row[i]);
+          B* rope_out = quantized ? (B*)rope_cache.data_ptr() + slot * dr : (B*)kv.data_ptr() + slot * (r + dr) + r;
+          ops.store(row.data(), dr, rope_out);
         }
         if (!quantized) {
-          scalar_t* out = kv.data_ptr<scalar_t>() + slot * (r + dr);
-          for (int64_t i = 0; i < r; ++i) out[i] = ct[i * sck];
+          std::memcpy((B*)kv.data_ptr() + slot * (r + dr), ct, r * sizeof(B));
           continue;
         }
         // as cache/latent_cache.py quantize_latent: scale = max|c| / qmax; codes = c / scale
-        float top = 0.0f;
-        for (int64_t i = 0; i < r; ++i) top = std::max(top, std::fabs(load(ct, i * sck)));
-        const float s = std::max(top, 1e-12f) / q;
-        scale.data_ptr<float>()[slot * stride] = s;
+        const float s = std::max(ops.absmax(ct, r), 1e-12f) / q;
+        scales[slot * stride] = s;
         if (fp8) {
+          const scalar_t* cs = (const scalar_t*)ct;
           uint8_t* out = latent.data_ptr<uint8_t>() + slot * r;
-          for (int64_t i = 0; i < r; ++i) out[i] = c10::Float8_e4m3fn(load(ct, i * sck) / s).x;
+          for (int64_t i = 0; i < r; ++i) out[i] = c10::Float8_e4m3fn(load(cs, i) / s).x;
         } else {
-          int8_t* out = latent.data_ptr<int8_t>() + slot * r;
-          for (int64_t i = 0; i < r; ++i) out[i] = (int8_t)std::min(127.0f, std::max(-127.0f, round_even(load(ct, i * sck) / s)));
+          ops.quantize(ct, r, s, latent.data_ptr<int8_t>() + slot * r);
         }
       }
     });

@@ -8,9 +8,9 @@
 
 at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa, at::Tensor packed);
 at::Tensor head_pack(at::Tensor w, int64_t isa);
-at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved);
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t isa);
 void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
                   at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,
-                  double qmax);
+                  double qmax, int64_t isa);
 std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t isa);
 at::Tensor silu_mul(at::Tensor gate_up, int64_t isa);

@@ -155,3 +155,75 @@ static void rms_norm_rows_bf16(const uint16_t* x, const uint16_t* res, uint16_t*
                                uint16_t* out, int64_t t0, int64_t t1, int64_t d, float* row) {
   rms_norm_rows<uint16_t>(x, res, sum, w, eps, out, t0, t1, d, row);
 }
+
+// rope's and write_latent's rows, contiguous values. Not contracted into FMAs (optimize attribute):
+// each product and sum rounds once, as on the scalar path (built without FMA) and in model/rope.py,
+// so every ISA stores the same bits (tests/kernels/test_decode_ops.py checks them against isa 0).
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) static void rotate_vals(const T* __restrict x, int64_t d,
+                                                                     const float* __restrict cs,
+                                                                     const float* __restrict sn, bool interleaved,
+                                                                     float* __restrict out) {
+  const int64_t half = d / 2;
+  if (interleaved) {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = widen_any(x[2 * i]), b = widen_any(x[2 * i + 1]);
+      out[2 * i] = a * cs[i] - b * sn[i];
+      out[2 * i + 1] = b * cs[i] + a * sn[i];
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = widen_any(x[i]), b = widen_any(x[i + half]);
+      out[i] = a * cs[i] - b * sn[i];
+      out[i + half] = b * cs[i] + a * sn[i];
+    }
+  }
+}
+static void rotate_vals_f32(const float* x, int64_t d, const float* cs, const float* sn, bool interleaved, float* out) {
+  rotate_vals<float>(x, d, cs, sn, interleaved, out);
+}
+static void rotate_vals_bf16(const uint16_t* x, int64_t d, const float* cs, const float* sn, bool interleaved, float* out) {
+  rotate_vals<uint16_t>(x, d, cs, sn, interleaved, out);
+}
+
+// x [n] float -> bf16 bits, nearest even (a NaN to its quiet NaN), as c10::BFloat16(float); with
+// `back`, x itself becomes those values again (the rotated key rounded to the activation dtype).
+static void round_vals_bf16(float* __restrict x, int64_t n, uint16_t* __restrict out, bool back) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = bf16_round_nan(x[i]);
+    if (out) out[i] = h;
+    if (back) x[i] = bf16_bits_to_float(h);
+  }
+}
+
+// max |x[i]| (a NaN never wins, as std::max(top, |x|) in the scalar loop) and the int8 codes of x / s,
+// rounded to nearest even and clamped to +-127, as cache/latent_cache.py quantize_latent.
+template <typename T>
+static float absmax_vals(const T* __restrict x, int64_t n) {
+  float top = 0.0f;
+#pragma omp simd reduction(max : top)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = __builtin_fabsf(widen_any(x[i]));
+    top = top < v ? v : top;
+  }
+  return top;
+}
+static float absmax_f32(const float* x, int64_t n) { return absmax_vals<float>(x, n); }
+static float absmax_bf16(const uint16_t* x, int64_t n) { return absmax_vals<uint16_t>(x, n); }
+
+template <typename T>
+static void quantize_vals(const T* __restrict x, int64_t n, float s, int8_t* __restrict out) {
+  const float magic = 12582912.0f;  // 1.5 x 2^23: adding and subtracting it rounds to an integer, ties to even
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float v = (widen_any(x[i]) / s + magic) - magic;
+    v = -127.0f < v ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    out[i] = (int8_t)v;
+  }
+}
+static void quantize_f32(const float* x, int64_t n, float s, int8_t* out) { quantize_vals<float>(x, n, s, out); }
+static void quantize_bf16(const uint16_t* x, int64_t n, float s, int8_t* out) { quantize_vals<uint16_t>(x, n, s, out); }

@@ -118,14 +118,14 @@ class DecodePlan {
       at::Tensor q_rope;
       if (l.mix.defined()) {  // MLAttention.project + full_rope: the un-mixed pairs turn, then mix back
         q_rope = rope(q.narrow(2, l.dn, q.size(2) - l.dn), cos_i.index_select(1, l.rope_slots),
-                      sin_i.index_select(1, l.rope_slots), true);
+                      sin_i.index_select(1, l.rope_slots), true, isa_ops_);
         q_rope = head_matmul(q_rope, l.mix, 1.0, e, isa_ops_, l.mix_packed);
       } else {
-        q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved);
+        q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved, isa_ops_);
       }
       write_latent(c, k_r, cos_i, sin_i, l.interleaved, slots, l.kv.defined() ? l.kv : e,
                    l.latent.defined() ? l.latent : e, l.cache_scale.defined() ? l.cache_scale : e,
-                   l.cache_rope.defined() ? l.cache_rope : e, l.qmax);
+                   l.cache_rope.defined() ? l.cache_rope : e, l.qmax, isa_ops_);
       at::Tensor query = head_matmul(q.narrow(2, 0, l.dn), l.w_uk, l.scale, q_rope, isa_ops_, l.uk_packed).view({B, l.heads, -1});
       at::Tensor o_lat = decode_(query, l.kv.defined() ? l.kv : e, l.latent.defined() ? l.latent : e,
                                  l.cache_scale.defined() ? l.cache_scale : e, l.cache_rope.defined() ? l.cache_rope : e,
