@@ -47,9 +47,14 @@ class AttentionBackend:
         if meta.groups is None:
             return self.attend(layer, q_nope, q_rope, cache, meta)
         out = q_nope.new_empty(q_nope.shape[0], layer.n_heads, layer.dv)
-        for rows, group in meta.groups:
-            out[rows] = self.attend(layer, q_nope[rows], q_rope[rows], cache, group)
+        self.attend_groups(layer, q_nope, q_rope, cache, meta.groups, out)
         return out
+
+    def attend_groups(self, layer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
+        """meta.groups' rows of the flat q_* [T,H,*] -> out[rows] [T,H,dv], group by group; a backend
+        that attends several groups in one pass overrides it."""
+        for rows, group in groups:
+            out[rows] = self.attend(layer, q_nope[rows], q_rope[rows], cache, group)
 
     def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         """One group: q_* [T,H,*] (flat, already in the cache) -> [T,H,dv]."""

@@ -12,7 +12,7 @@ import torch
 from ..cache import q4
 from ..kernels.attention import available, chosen_isa, mla_decode, mla_prefill, prefill_supported, unavailable_reason
 from .metadata import AttentionMetadata
-from .prefill import span_prefill
+from .prefill import span_prefill, span_prefill_many
 from .torch_ref import QUERY_CHUNK, TorchBackend
 
 MAX_QUERY_LEN = 16  # longer query blocks (prefill chunks) are matmul-shaped: the reference's bmm wins
@@ -63,6 +63,17 @@ class NativeBackend(TorchBackend):
         if self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
             return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
         return super().prompt_attention(layer, q_nope, q_rope, cache, meta)
+
+    def attend_groups(self, layer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
+        # Sequences whose new rows are all prompt rows go through the prefill kernel together: their
+        # latent reads, expansions and rope keys one call each per span (row by row the same bits),
+        # ~a sixth of a prefill step of 32 x 256 prompts as 32 calls each
+        whole = [g for g in groups if g[1].num_seqs == 1 and g[1].prompt_rows is not None
+                 and g[1].prompt_rows[0] == g[1].max_query_len]
+        if len(whole) > 1 and self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
+            span_prefill_many(layer, q_nope, q_rope, cache, whole, functools.partial(mla_prefill, isa=self.isa), out)
+            groups = [g for g in groups if not any(g is w for w in whole)]
+        super().attend_groups(layer, q_nope, q_rope, cache, groups, out)
 
     def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         # Outside batch-invariant mode too, one sequence's prefill chunk (with or without cached

@@ -62,6 +62,35 @@ def read_positions(cache: LatentCache, block_tables: torch.Tensor, context_lens:
     return rows
 
 
+def read_spans(cache: LatentCache, metas: list, start: int, stops: list[int]) -> torch.Tensor:
+    """Positions start .. stops[i]-1 of each one-sequence metadata in `metas`, one sequence after
+    another -> [sum(stops) - len(metas) * start, r+dr] in the model dtype, zero rows past each
+    context (as read_positions): one gather and one dequantization for them all. Which blocks and
+    rows is worked out once per step (kept in the first metadata's cache of masks)."""
+    key = ("spans", start, tuple(stops), tuple(id(m) for m in metas))
+    if key not in metas[0]._masks:
+        bs, first = cache.block_size, start // cache.block_size
+        ids, pick, zero, off = [], [], [], 0
+        for meta, stop in zip(metas, stops):
+            table, length = meta.block_tables[0].tolist(), int(meta.context_lens[0])
+            cols = range(first, -(-stop // bs))
+            pick.append(len(ids) * bs + start - first * bs)  # where this sequence's rows begin in its blocks
+            ids += [table[min(col, len(table) - 1)] for col in cols]
+            if length < stop:
+                zero.append((off + max(length - start, 0), off + stop - start))
+            off += stop - start
+        aligned = start % bs == 0 and all(s % bs == 0 for s in stops)
+        index = None if aligned else torch.cat([torch.arange(p, p + s - start) for p, s in zip(pick, stops)])
+        metas[0]._masks[key] = (torch.tensor(ids, device=metas[0].block_tables.device), index, zero)
+    ids, index, zero = metas[0]._masks[key]
+    rows = gather(cache, ids[None])[0]
+    if index is not None:
+        rows = rows.index_select(0, index)
+    for a, b in zero:
+        rows[a:b] = 0
+    return rows
+
+
 def pieces(cache: LatentCache, runs: list[tuple[int, int]], length: int) -> list[torch.Tensor]:
     """One sequence's first `length` tokens, stored on `runs` of consecutive blocks ->
     [1, L_i, kv_rank + rope_dim] pieces in order, summing to `length`. Unquantized,

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .metadata import AttentionMetadata
-from .paged import read_positions
+from .paged import read_positions, read_spans
 
 FIRST_TILES = (128, 128, 256)  # a short prompt pads to at most 128 query rows
 TILE = 512  # from position 512 on; larger tiles call SDPA less often, smaller ones pad less
@@ -87,26 +87,50 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     multiple of 16: the kernel's vector width]) in place.
     Spans sit at fixed positions [k*SPAN, (k+1)*SPAN), the last one cut at a multiple of
     MIN_ROWS past the prompt (zero latents there; no row sees them)."""
-    n, heads = q_nope.shape[:2]
-    first = int(meta.query_pos[0, 0])
-    end = first + n
+    out = q_nope.new_empty(q_nope.shape[0], layer.n_heads, layer.dv)
+    span_prefill_many(layer, q_nope, q_rope, cache, [(slice(0, q_nope.shape[0]), meta)], kernel, out)
+    return out
+
+
+def span_prefill_many(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, items: list, kernel,
+                      out: torch.Tensor) -> None:
+    """span_prefill for several sequences: items [(rows: a slice of the flat q_nope [T,H,dn] /
+    q_rope [T,H,dr], the metadata of that one sequence, whose rows are all prompt rows)] ->
+    out[rows] [n,H,dv]. Per span, every sequence's latent rows are read, expanded and their rope
+    keys grouped in one call each, all row by row (each row's bits as read alone: the batch
+    invariance holds), then the kernel folds each sequence's keys into its rows."""
+    heads, dv = layer.n_heads, layer.dv
     groups = layer.rope_groups()  # a converted GQA model's rope key un-mixed per group (model/rope_groups.py)
-    q_rope = layer.grouped_rope(q_rope)  # the queries in each group's basis, as the keys below
     dn = layer.dn if layer.scores_nope() else 0  # a zero W_UK: no nope part in the scores
     per, expand = layer.kv_groups()  # heads sharing kv rows (a converted GQA model's values): one row each
-    q = (torch.cat((q_nope, q_rope), dim=-1) if dn else q_rope).contiguous()
-    m = torch.full((n, heads), float("-inf"))
-    l = torch.zeros(n, heads)
-    acc = torch.zeros(n, heads, -(-layer.dv // 16) * 16)
-    for start in range(0, end, SPAN):
-        stop = min(start + SPAN, -(-end // MIN_ROWS) * MIN_ROWS)
-        rows = read_positions(cache, meta.block_tables, meta.context_lens, start, stop)[0]
+    follow = all(a.stop == b.start for (a, _), (b, _) in zip(items, items[1:]))
+    rows = slice(items[0][0].start, items[-1][0].stop) if follow else \
+        torch.cat([torch.arange(r.start, r.stop, device=q_nope.device) for r, _ in items])
+    q_rope = layer.grouped_rope(q_rope[rows])  # the queries in each group's basis, as the keys below
+    q = (torch.cat((q_nope[rows], q_rope), dim=-1) if dn else q_rope).contiguous()
+    m = torch.full(q.shape[:2], float("-inf"))
+    l = torch.zeros(q.shape[:2])
+    acc = torch.zeros(*q.shape[:2], -(-dv // 16) * 16)
+    seqs, at = [], 0  # (its first row in q, rows, first position, end)
+    for r, meta in items:
+        first = int(meta.query_pos[0, 0])
+        seqs.append((at, r.stop - r.start, first, first + r.stop - r.start))
+        at += r.stop - r.start
+    for start in range(0, max(s[3] for s in seqs), SPAN):
+        live = [i for i, s in enumerate(seqs) if s[3] > start]
+        stops = [min(start + SPAN, -(-seqs[i][3] // MIN_ROWS) * MIN_ROWS) for i in live]
+        latent = read_spans(cache, [items[i][1] for i in live], start, stops)
         if expand is not None:
-            kv = expand(rows[:, :layer.kv_rank]).view(stop - start, heads // per, dn + layer.dv)
+            kv = expand(latent[:, :layer.kv_rank]).view(-1, heads // per, dn + dv)
         else:
-            kv = layer.expand_latent(rows).view(stop - start, heads, layer.dn + layer.dv)
+            kv = layer.expand_latent(latent).view(-1, heads, layer.dn + dv)
             kv = kv if dn else kv[..., layer.dn:].contiguous()
-        k_r = rows[:, layer.kv_rank:]
+        k_r = latent[:, layer.kv_rank:]
         k_r = groups.keys(k_r) if groups else k_r.contiguous()
-        kernel(q, kv, k_r, dn, first, start, m, l, acc, layer.scale)
-    return (acc[..., :layer.dv] / l[..., None]).to(q.dtype)
+        key = 0
+        for i, stop in zip(live, stops):
+            a, n, first, _ = seqs[i]
+            kernel(q[a:a + n], kv[key:key + stop - start], k_r[key:key + stop - start], dn, first, start,
+                   m[a:a + n], l[a:a + n], acc[a:a + n], layer.scale)
+            key += stop - start
+    out[rows] = (acc[..., :dv] / l[..., None]).to(q.dtype)

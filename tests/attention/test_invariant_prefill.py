@@ -165,3 +165,45 @@ def test_each_prompt_attends_alone_and_decodes_together():
     assert len(same.groups) == 16
     plain, _ = build_metadata([4] * 16, [4] * 16, [[i] for i in range(16)], BLOCK)
     assert plain.groups is None and plain.prompt_rows is None
+
+
+@pytest.mark.parametrize("impl", NATIVE)
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, "auto"), (torch.bfloat16, "int8")])
+@pytest.mark.parametrize("block", [16, 48])  # 48: spans and stops off the block grid (rows picked by index)
+@torch.inference_mode()
+def test_many_sequences_in_one_pass_are_each_alone(monkeypatch, impl, dtype, cache_dtype, block):
+    """span_prefill_many (one read, expansion and rope-key call per span for all sequences) gives each
+    sequence's rows the bits span_prefill gives them alone, whatever else shares the pass."""
+    monkeypatch.setattr(prefill_module, "SPAN", 256)
+    layer = Layer(rank=40, dr=24, dtype=dtype)
+    gen = torch.Generator().manual_seed(1)
+    # (prompt rows this step, cached prefix): one past a span, one after a cached prefix, one short
+    seqs = [(300, 0), (90, 200), (7, 0)]
+    need = [-(-(n + p) // block) for n, p in seqs]
+    ids = (torch.randperm(sum(need) + 4, generator=gen) + 1).tolist()
+    tables = [ids[sum(need[:i]):sum(need[:i + 1])] for i in range(len(seqs))]
+    cache = LatentCache(sum(need) + 6, block, layer.kv_rank, layer.dr, dtype, cache_dtype)
+    if cache_dtype == "auto":
+        cache.kv.normal_(generator=gen).mul_(50)  # stale values past each context
+    for (n, p), table in zip(seqs, tables):
+        pos = torch.arange(n + p)
+        write(cache, torch.randn(n + p, layer.kv_rank, generator=gen).to(dtype),
+              torch.randn(n + p, layer.dr, generator=gen).to(dtype), torch.tensor(table)[pos // block] * block + pos % block)
+    total = sum(n for n, _ in seqs)
+    q_nope = torch.randn(total, layer.n_heads, layer.dn, generator=gen).to(dtype)
+    q_rope = torch.randn(total, layer.n_heads, layer.dr, generator=gen).to(dtype)
+    kernel = functools.partial(attention_kernels.mla_prefill, isa=impl.removeprefix("native:"))
+    items, alone, at = [], [], 0
+    for (n, p), table in zip(seqs, tables):
+        meta, _ = build_metadata([n], [n + p], [table], block, invariant=True, prompt_lens=[n + p])
+        items.append((slice(at, at + n), meta))
+        alone.append(span_prefill(layer, q_nope[at:at + n], q_rope[at:at + n], cache, meta, kernel))
+        tiled = invariant_prefill(layer, q_nope[at:at + n], q_rope[at:at + n], cache, meta).double()
+        assert (alone[-1].double() - tiled).abs().max() <= TOL[dtype] * tiled.abs().max()  # the right rows read
+        at += n
+    together = torch.full((total, layer.n_heads, layer.dv), float("nan"), dtype=dtype)
+    prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items, kernel, together)
+    assert torch.equal(together, torch.cat(alone))
+    rev = torch.full_like(together, float("nan"))  # rows not one after another: gathered by index
+    prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items[::-1], kernel, rev)
+    assert torch.equal(rev, together)
