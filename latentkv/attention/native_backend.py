@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ..cache import q4
-from ..kernels.attention import available, chosen_isa, mla_decode, mla_prefill, prefill_supported, unavailable_reason
+from ..kernels.attention import available, chosen_isa, mla_decode, mla_prefill, prefill_finish, prefill_supported, unavailable_reason
 from .metadata import AttentionMetadata
 from .prefill import span_prefill, span_prefill_many
 from .torch_ref import QUERY_CHUNK, TorchBackend
@@ -30,6 +30,7 @@ class NativeBackend(TorchBackend):
         if not available():
             raise RuntimeError(f"the native attention backend is not available here ({unavailable_reason()})")
         self.isa = chosen_isa()
+        self.prefill_kernel = functools.partial(mla_prefill, isa=self.isa)
 
     @staticmethod
     def runs_prefill_kernel(dtype: torch.dtype, device: str) -> bool:
@@ -61,7 +62,7 @@ class NativeBackend(TorchBackend):
 
     def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         if self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
-            return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
+            return span_prefill(layer, q_nope, q_rope, cache, meta, self.prefill_kernel, prefill_finish)
         return super().prompt_attention(layer, q_nope, q_rope, cache, meta)
 
     def attend_groups(self, layer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
@@ -71,7 +72,7 @@ class NativeBackend(TorchBackend):
         whole = [g for g in groups if g[1].num_seqs == 1 and g[1].prompt_rows is not None
                  and g[1].prompt_rows[0] == g[1].max_query_len]
         if len(whole) > 1 and self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
-            span_prefill_many(layer, q_nope, q_rope, cache, whole, functools.partial(mla_prefill, isa=self.isa), out)
+            span_prefill_many(layer, q_nope, q_rope, cache, whole, self.prefill_kernel, out, prefill_finish)
             groups = [g for g in groups if not any(g is w for w in whole)]
         super().attend_groups(layer, q_nope, q_rope, cache, groups, out)
 
@@ -81,7 +82,7 @@ class NativeBackend(TorchBackend):
         # 4K, float32 on avx2 ~1.3-1.4x) and than the tiled latent path, and memory-bounded.
         if meta.path == "auto" and not meta.invariant and meta.num_seqs == 1 and meta.max_query_len > MAX_QUERY_LEN \
                 and self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
-            return span_prefill(layer, q_nope, q_rope, cache, meta, functools.partial(mla_prefill, isa=self.isa))
+            return span_prefill(layer, q_nope, q_rope, cache, meta, self.prefill_kernel, prefill_finish)
         return super().attend(layer, q_nope, q_rope, cache, meta)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:

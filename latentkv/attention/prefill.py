@@ -79,21 +79,22 @@ def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata,
-                 kernel) -> torch.Tensor:
+                 kernel, finish=None) -> torch.Tensor:
     """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv] or [S,Hk,dn+dv],
     k_r [S,dr] or [S,G,dr'] (grouped rope keys: q's rope part dr' wide), dn, first, key_start, m, l, acc,
     scale)`, which folds one span of keys into each
     row's float32 state (running max m [n,H], sum l [n,H], output acc [n,H,dv padded to a
     multiple of 16: the kernel's vector width]) in place.
     Spans sit at fixed positions [k*SPAN, (k+1)*SPAN), the last one cut at a multiple of
-    MIN_ROWS past the prompt (zero latents there; no row sees them)."""
+    MIN_ROWS past the prompt (zero latents there; no row sees them). `finish(acc, l, out)`, where
+    given, writes acc / l into out in one pass (else torch's ops, the same bits)."""
     out = q_nope.new_empty(q_nope.shape[0], layer.n_heads, layer.dv)
-    span_prefill_many(layer, q_nope, q_rope, cache, [(slice(0, q_nope.shape[0]), meta)], kernel, out)
+    span_prefill_many(layer, q_nope, q_rope, cache, [(slice(0, q_nope.shape[0]), meta)], kernel, out, finish)
     return out
 
 
 def span_prefill_many(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, items: list, kernel,
-                      out: torch.Tensor) -> None:
+                      out: torch.Tensor, finish=None) -> None:
     """span_prefill for several sequences: items [(rows: a slice of the flat q_nope [T,H,dn] /
     q_rope [T,H,dr], the metadata of that one sequence, whose rows are all prompt rows)] ->
     out[rows] [n,H,dv]. Per span, every sequence's latent rows are read, expanded and their rope
@@ -133,4 +134,7 @@ def span_prefill_many(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, 
             kernel(q[a:a + n], kv[key:key + stop - start], k_r[key:key + stop - start], dn, first, start,
                    m[a:a + n], l[a:a + n], acc[a:a + n], layer.scale)
             key += stop - start
-    out[rows] = (acc[..., :dv] / l[..., None]).to(q.dtype)
+    if finish is not None and isinstance(rows, slice):
+        finish(acc, l, out[rows])
+    else:
+        out[rows] = (acc[..., :dv] / l[..., None]).to(q.dtype)

@@ -135,6 +135,12 @@ def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: 
                                   threads or torch.get_num_threads())
 
 
+def prefill_finish(acc, l, out) -> None:
+    """out [n, H, dv] (contiguous, float32 or bf16) = acc [n, H, :dv] / l [n, H] in out's dtype, one pass:
+    the bits of (acc[..., :dv] / l[..., None]).to(out.dtype)."""
+    extension().prefill_finish(acc, l, out)
+
+
 def mla_prefill(q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float,
                 isa: str | None = None) -> None:
     """One span of the invariant prefill (attention/prefill.py span_prefill has the contract)."""

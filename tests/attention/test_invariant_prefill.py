@@ -204,6 +204,9 @@ def test_many_sequences_in_one_pass_are_each_alone(monkeypatch, impl, dtype, cac
     together = torch.full((total, layer.n_heads, layer.dv), float("nan"), dtype=dtype)
     prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items, kernel, together)
     assert torch.equal(together, torch.cat(alone))
+    finished = torch.full_like(together, float("nan"))  # the native last step: the same bits
+    prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items, kernel, finished, attention_kernels.prefill_finish)
+    assert torch.equal(finished, together)
     rev = torch.full_like(together, float("nan"))  # rows not one after another: gathered by index
     prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items[::-1], kernel, rev)
     assert torch.equal(rev, together)

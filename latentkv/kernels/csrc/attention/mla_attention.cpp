@@ -362,9 +362,41 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   else isa_avx512bf16::prefill_run(job, nthreads);
 }
 
+// The prefill's last step after its spans: out [n, H, dv] = acc [n, H, :dv] / l [n, H], in out's
+// dtype (bf16 rounded to nearest even, a NaN to its quiet NaN: torch's (acc / l).to(dtype)), in one
+// pass into out (a contiguous view: the step's rows of the layer's output).
+void prefill_finish(at::Tensor acc, at::Tensor l, at::Tensor out) {
+  TORCH_CHECK(acc.scalar_type() == at::kFloat && l.scalar_type() == at::kFloat && acc.is_contiguous() && l.is_contiguous() &&
+                  out.is_contiguous() && (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
+              "prefill_finish: acc, l float32 and out float32 or bf16, all contiguous");
+  TORCH_CHECK(acc.dim() == 3 && out.dim() == 3 && out.size(0) == acc.size(0) && out.size(1) == acc.size(1) &&
+                  out.size(2) <= acc.size(2) && l.numel() == acc.size(0) * acc.size(1),
+              "prefill_finish: acc [n, H, dvp], l [n, H], out [n, H, dv <= dvp]");
+  const int64_t rows = acc.size(0) * acc.size(1), dvp = acc.size(2), dv = out.size(2);
+  const float *ap = acc.data_ptr<float>(), *lp = l.data_ptr<float>();
+  const bool bf16 = out.scalar_type() == at::kBFloat16;
+  void* op = out.data_ptr();
+  at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* a = ap + r * dvp;
+      const float s = lp[r];
+      if (bf16) {
+        uint16_t* o = (uint16_t*)op + r * dv;
+#pragma omp simd
+        for (int64_t d = 0; d < dv; ++d) o[d] = f32_to_bf16(a[d] / s);
+      } else {
+        float* o = (float*)op + r * dv;
+#pragma omp simd
+        for (int64_t d = 0; d < dv; ++d) o[d] = a[d] / s;
+      }
+    }
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
   m.def("mla_prefill", &mla_prefill, py::call_guard<py::gil_scoped_release>(), "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
+  m.def("prefill_finish", &prefill_finish, py::call_guard<py::gil_scoped_release>(), "out = acc[..., :dv] / l in out's dtype (the prefill's last step)");
   m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
