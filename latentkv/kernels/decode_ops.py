@@ -48,10 +48,12 @@ def rope_and_write(module, isa: int, dtype: torch.dtype, gen: torch.Generator) -
     fixed random inputs: every ISA's bits equal the scalar path's (their loops are not contracted)."""
     x = torch.randn(6, 3, 40, generator=gen).to(dtype)
     cos, sin = torch.randn(6, 8, generator=gen), torch.randn(6, 8, generator=gen)
-    out = [(f"rope {dtype} {il}", module.rope(x[..., 8:24], cos, sin, il, isa)) for il in (True, False)]
+    none = x.new_empty(0)
+    out = [(f"rope {dtype} {il}", module.rope(x[..., 8:24], cos, sin, il, isa, none.long())) for il in (True, False)]
+    out.append((f"rope {dtype} slots", module.rope(x[..., 8:24], cos, sin, True, isa, torch.tensor([5, 0, 7, 1, 1, 2, 6, 3]))))
     c, k_r, slots = x[:, 0, :24] * 5, x[:, 1, :16], torch.tensor([7, 0, 3, 12, 5, 9])
     latent, scale = torch.zeros(16, 24, dtype=torch.int8), torch.zeros(16, 2)
-    rope, plain, none = torch.zeros(16, 16, dtype=torch.int8), torch.zeros(16, 40, dtype=dtype), x.new_empty(0)
+    rope, plain = torch.zeros(16, 16, dtype=torch.int8), torch.zeros(16, 40, dtype=dtype)
     module.write_latent(c, k_r, cos, sin, True, slots, none, latent, scale, rope, 127.0, isa)
     module.write_latent(c, k_r, cos, sin, False, slots, plain, none, none, none, 0.0, isa)
     return out + [(f"write_latent {dtype} int8", torch.cat((latent.float(), rope.float(), scale), dim=1)),

@@ -60,10 +60,15 @@ def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: tor
     return out * scale if scale != 1.0 else out
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, *, kernel: bool = False) -> torch.Tensor:
-    """Rotate x [N, G, d] by cos/sin [N, d/2] -> a new [N, G, d]."""
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, *, kernel: bool = False,
+         slots: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate x [N, G, d] by cos/sin [N, d/2] -> a new [N, G, d]; with slots [d/2] (int64), pair i
+    by column slots[i] of cos/sin [N, F] (the native op reads them in place: no gathered copy)."""
     if runs(kernel):
-        return EXT.state["module"].rope(x, cos, sin, interleaved, EXT.state["isa"])
+        return EXT.state["module"].rope(x, cos, sin, interleaved, EXT.state["isa"],
+                                        x.new_empty(0, dtype=torch.long) if slots is None else slots)
+    if slots is not None:
+        cos, sin = cos[:, slots], sin[:, slots]
     return apply_rope(x, cos, sin, interleaved)
 
 

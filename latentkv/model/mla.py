@@ -194,7 +194,7 @@ class MLAttention(nn.Module):
             c = self.kv_a_layernorm(c)
         if self.folded:  # un-mixed pair f turns at frequency f; interleaved by construction
             slots = self._rope_groups[1].slots
-            q_rope = fused.rope(q_rope, rope[0][:, slots], rope[1][:, slots], True, kernel=True)
+            q_rope = fused.rope(q_rope, *rope, True, kernel=True, slots=slots)
             if rotate_key:
                 k_r = apply_rope(k_r[:, None], *rope, self.interleaved)[:, 0]
             return q_nope, q_rope, c, k_r

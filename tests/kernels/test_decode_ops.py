@@ -23,9 +23,18 @@ def test_rope_bits_on_every_isa(dtype, interleaved, d):
     x = (torch.randn(7, 5, d + 9, generator=gen) * 4).to(dtype)[..., 3:3 + d]  # rows strided
     cos, sin = torch.randn(7, d // 2, generator=gen), torch.randn(7, d // 2, generator=gen)
     module = decode_ops.extension()
-    ref = module.rope(x, cos, sin, interleaved, 0)
+    none = torch.empty(0, dtype=torch.long)
+    ref = module.rope(x, cos, sin, interleaved, 0, none)
     for isa in isas():
-        assert torch.equal(module.rope(x, cos, sin, interleaved, isa), ref), isa
+        assert torch.equal(module.rope(x, cos, sin, interleaved, isa, none), ref), isa
+    # slots: pair i turns by column slots[i] of wider tables, read in place
+    wide_cos, wide_sin = torch.randn(7, d + 3, generator=gen), torch.randn(7, d + 3, generator=gen)
+    slots = torch.randint(0, d + 3, (d // 2,), generator=gen)
+    picked = module.rope(x, wide_cos[:, slots], wide_sin[:, slots], interleaved, 0, none)
+    for isa in [0] + isas():
+        assert torch.equal(module.rope(x, wide_cos, wide_sin, interleaved, isa, slots), picked), isa
+    with pytest.raises(RuntimeError, match="slot outside"):
+        module.rope(x, wide_cos, wide_sin, interleaved, 0, slots + d + 3)
 
 
 def write_all(module, isa, c, k_r, cos, sin, interleaved, slots, cache: dict) -> list[torch.Tensor]:

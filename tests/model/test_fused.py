@@ -105,6 +105,10 @@ def test_rope(dtype, interleaved):
     cos, sin = cos_sin(torch.tensor([0, 3, 17, 100, 4000]), default_inv_freq(32, 10000.0))
     out = fused.rope(x, cos, sin, interleaved, kernel=True)
     close(out, apply_rope(x.float(), cos, sin, interleaved), dtype)
+    slots = torch.tensor([3, 3, 0, 15, 7, 1, 2, 9, 4, 4, 5, 6, 8, 10, 11, 12])  # columns of the tables, repeats allowed
+    close(fused.rope(x, cos, sin, interleaved, kernel=True, slots=slots),
+          apply_rope(x.float(), cos[:, slots], sin[:, slots], interleaved), dtype)
+    assert torch.equal(fused.rope(x, cos, sin, interleaved, slots=slots), apply_rope(x, cos[:, slots], sin[:, slots], interleaved))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

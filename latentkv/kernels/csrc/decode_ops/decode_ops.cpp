@@ -6,7 +6,8 @@
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
 //       with `extra` (the rotated q_rope) times scale beside it. On isa 4 with bf16 x and w, on AMX
 //       tiles (head_amx.h) from `packed` = head_pack(w, isa) (empty: packed for the call).
-//   rope(x [N, G, d], cos [N, d/2], sin, interleaved, isa) -> rotated [N, G, d].
+//   rope(x [N, G, d], cos [N, d/2], sin, interleaved, isa, slots) -> rotated [N, G, d]; with slots
+//       (int64 [d/2], else empty) pair i turns by column slots[i] of cos / sin [N, F].
 //   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
 //       scale, rope, qmax, isa): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
 //       at their flat cache slots, in one pass.
@@ -206,13 +207,21 @@ at::Tensor unit_last(const at::Tensor& t) { return t.size(-1) > 1 && t.stride(-1
 
 }  // namespace
 
-at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t isa) {
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t isa, at::Tensor slots) {
   check_cpu(x, "rope: x");
   TORCH_CHECK(x.dim() == 3 && is_float(x), "rope: x must be [N, G, d] float32 or bfloat16");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rope: cos/sin must be float32");
-  cos = cos.contiguous(), sin = sin.contiguous(), x = unit_last(x);
+  cos = cos.contiguous(), sin = sin.contiguous(), x = unit_last(x), slots = slots.contiguous();
   const int64_t N = x.size(0), G = x.size(1), d = x.size(2);
-  TORCH_CHECK(d % 2 == 0 && cos.numel() == N * (d / 2) && sin.numel() == N * (d / 2), "rope: cos/sin must be [N, d/2]");
+  const bool pick = slots.numel() > 0;  // pair i turns by column slots[i] of cos / sin [N, F]
+  const int64_t F = pick ? cos.size(-1) : d / 2;
+  TORCH_CHECK(d % 2 == 0 && cos.numel() == N * F && sin.numel() == N * F, "rope: cos/sin must be [N, d/2] (or [N, F] with slots)");
+  if (pick) {
+    TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == d / 2, "rope: slots must be int64 [d/2]");
+    for (int64_t i = 0; i < d / 2; ++i)
+      TORCH_CHECK(slots.data_ptr<int64_t>()[i] >= 0 && slots.data_ptr<int64_t>()[i] < F, "rope: a slot outside cos/sin");
+  }
+  const int64_t* sl = pick ? slots.data_ptr<int64_t>() : nullptr;
   const RowOps ops = row_ops(isa);
   auto out = at::empty({N, G, d}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rope", [&] {
@@ -222,10 +231,19 @@ at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, 
     const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
     const int64_t sn = x.stride(0), sg = x.stride(1);
     at::parallel_for(0, N * G, 64, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(d);
+      std::vector<float> row(d), picked(d);  // picked: a row's cos then sin columns, gathered once per n
+      int64_t held = -1;
       for (int64_t ng = begin; ng < end; ++ng) {
         const int64_t n = ng / G, g = ng % G;
-        ops.rotate(xp + n * sn + g * sg, d, cp + n * (d / 2), sp + n * (d / 2), interleaved, row.data());
+        const float *cs = cp + n * F, *sn_ = sp + n * F;
+        if (pick) {
+          if (held != n) {
+            for (int64_t i = 0; i < d / 2; ++i) picked[i] = cs[sl[i]], picked[d / 2 + i] = sn_[sl[i]];
+            held = n;
+          }
+          cs = picked.data(), sn_ = picked.data() + d / 2;
+        }
+        ops.rotate(xp + n * sn + g * sg, d, cs, sn_, interleaved, row.data());
         ops.store(row.data(), d, op + ng * d);
       }
     });

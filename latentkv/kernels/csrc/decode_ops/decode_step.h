@@ -117,11 +117,10 @@ class DecodePlan {
       const at::Tensor e = x.new_empty(0);
       at::Tensor q_rope;
       if (l.mix.defined()) {  // MLAttention.project + full_rope: the un-mixed pairs turn, then mix back
-        q_rope = rope(q.narrow(2, l.dn, q.size(2) - l.dn), cos_i.index_select(1, l.rope_slots),
-                      sin_i.index_select(1, l.rope_slots), true, isa_ops_);
+        q_rope = rope(q.narrow(2, l.dn, q.size(2) - l.dn), cos_i, sin_i, true, isa_ops_, l.rope_slots);
         q_rope = head_matmul(q_rope, l.mix, 1.0, e, isa_ops_, l.mix_packed);
       } else {
-        q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved, isa_ops_);
+        q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved, isa_ops_, e);
       }
       write_latent(c, k_r, cos_i, sin_i, l.interleaved, slots, l.kv.defined() ? l.kv : e,
                    l.latent.defined() ? l.latent : e, l.cache_scale.defined() ? l.cache_scale : e,
