@@ -84,7 +84,7 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     k_r [S,dr] or [S,G,dr'] (grouped rope keys: q's rope part dr' wide), dn, first, key_start, m, l, acc,
     scale)`, which folds one span of keys into each
     row's float32 state (running max m [n,H], sum l [n,H], output acc [n,H,dv padded to a
-    multiple of 16: the kernel's vector width]) in place.
+    multiple of 16: the kernel's vector width]) in place, starting it afresh at key_start 0.
     Spans sit at fixed positions [k*SPAN, (k+1)*SPAN), the last one cut at a multiple of
     MIN_ROWS past the prompt (zero latents there; no row sees them). `finish(acc, l, out)`, where
     given, writes acc / l into out in one pass (else torch's ops, the same bits)."""
@@ -109,9 +109,9 @@ def span_prefill_many(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, 
         torch.cat([torch.arange(r.start, r.stop, device=q_nope.device) for r, _ in items])
     q_rope = layer.grouped_rope(q_rope[rows])  # the queries in each group's basis, as the keys below
     q = (torch.cat((q_nope[rows], q_rope), dim=-1) if dn else q_rope).contiguous()
-    m = torch.full(q.shape[:2], float("-inf"))
-    l = torch.zeros(q.shape[:2])
-    acc = torch.zeros(*q.shape[:2], -(-dv // 16) * 16)
+    # the kernel starts each row's state itself at the first span (key_start 0)
+    m, l = torch.empty(q.shape[:2]), torch.empty(q.shape[:2])
+    acc = torch.empty(*q.shape[:2], -(-dv // 16) * 16)
     seqs, at = [], 0  # (its first row in q, rows, first position, end)
     for r, meta in items:
         first = int(meta.query_pos[0, 0])

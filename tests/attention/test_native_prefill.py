@@ -35,12 +35,17 @@ def exact(q, kv, k_r, dn, first, scale):
     return torch.einsum("hns,shd->nhd", scores.softmax(-1), kv[..., dn:].double())
 
 
-def run(q, kv, k_r, dn, first, scale, cuts, isa):
-    """The kernel over key spans [cuts[i], cuts[i+1]) -> [n, H, dv] float32."""
+def run(q, kv, k_r, dn, first, scale, cuts, isa, state=None):
+    """The kernel over key spans [cuts[i], cuts[i+1]) -> [n, H, dv] float32. state: what m, l and acc
+    hold before the first span (None: the running state's start, -inf, 0, 0; the kernel starts it
+    itself at key 0 whatever they hold)."""
     n, heads = q.shape[:2]
     m, l = torch.full((n, heads), float("-inf")), torch.zeros(n, heads)
     dv = kv.shape[-1] - dn
     acc = torch.zeros(n, heads, -(-dv // 16) * 16)
+    if state is not None:
+        for t in (m, l, acc):
+            t.fill_(state)
     for a, b in zip(cuts, cuts[1:]):
         attention_kernels.mla_prefill(q, kv[a:b].contiguous(), k_r[a:b].contiguous(), dn, first, a, m, l, acc, scale, isa=isa)
     return acc[..., :dv] / l[..., None]
@@ -128,6 +133,8 @@ def test_span_cuts_rows_and_threads_do_not_change_a_bit(isa, dtype, dn, dr):
     assert torch.equal(run(q, kv, k_r, dn, 84, scale, [0, 64, 256, 384], isa), whole)
     for a, b in [(0, 1), (1, 70), (70, 300), (299, 300), (200, 232)]:  # rows computed alone or in other groups
         assert torch.equal(run(q[a:b].contiguous(), kv, k_r, dn, 84 + a, scale, [0, 384], isa), whole[a:b]), (a, b)
+    for junk in (float("nan"), 7.0):  # the first span never reads the state it is handed
+        assert torch.equal(run(q, kv, k_r, dn, 84, scale, [0, 64, 256, 384], isa, state=junk), whole), junk
     threads = torch.get_num_threads()
     try:
         for t in (1, 3):

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -339,6 +340,13 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
               "mla_prefill: the span and key_start must be multiples of the key block (64), acc's width dv padded "
               "to a multiple of 16");
   const int nthreads = threads > 0 ? (int)threads : 1;
+  // The first span (keys from 0) starts every row's state afresh: m, l, acc are not read (the
+  // caller need not fill them); the AMX path sets it as it loads a row, the others are filled here.
+  if (key_start == 0 && !(dtype == at::kBFloat16 && isa >= 4 && dr % 2 == 0)) {
+    m.fill_(-std::numeric_limits<float>::infinity());
+    l.zero_();
+    acc.zero_();
+  }
   if (dtype == at::kFloat)
     return prefill_f32_isa<float>(isa, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
   if (isa < 3 || dr % 2 != 0)

@@ -233,10 +233,11 @@ static void prefill_item_amx(const PrefillJob& j, int h, int i0, int i1, bool va
       const int r = 16 * g + i;
       const int64_t st = (int64_t)(i0 + r) * j.H + h;
       query_pairs(j, r < rows ? j.q + st * (j.dn + j.dr) : nullptr, s.rows.data() + (int64_t)i * P);
-      mr[i] = r < rows ? j.m[st] : -__builtin_inff();
-      lr[i] = r < rows ? j.l[st] : 0.0f;
+      const bool held = r < rows && j.key_start > 0;  // the first span (keys from 0) starts each row afresh
+      mr[i] = held ? j.m[st] : -__builtin_inff();
+      lr[i] = held ? j.l[st] : 0.0f;
       uint32_t* o = reinterpret_cast<uint32_t*>(s.pvt.data()) + (int64_t)i * dvp;  // rows x dims, transposed below
-      if (r < rows) std::memcpy(o, j.acc + st * dvp, (size_t)dvp * 4);
+      if (held) std::memcpy(o, j.acc + st * dvp, (size_t)dvp * 4);
       else std::fill(o, o + dvp, 0u);
     }
     m[g] = _mm512_load_ps(mr), l[g] = _mm512_load_ps(lr);
