@@ -202,10 +202,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden, spec.norm_eps, route.fused)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm_eps, route.fused)
 
-    def forward(self, x, rope, meta, cache):
-        h = self.self_attn(self.input_layernorm(x), rope, meta, cache)
-        x, normed = self.post_attention_layernorm(x, h)  # the residual add and the norm in one pass
-        return x + self.mlp(normed)
+    def forward(self, x, rope, meta, cache, h=None):
+        """x [T, hidden] -> (x', h') [T, hidden] each: the layer's output is x' + h', the residual
+        stream and the MLP's output, added by the next norm in its pass (as the decode plan does:
+        the sum rounds as x + h does). With h, the stream coming in is x + h."""
+        x, normed = self.input_layernorm(x, h) if h is not None else (x, self.input_layernorm(x))
+        x, normed = self.post_attention_layernorm(x, self.self_attn(normed, rope, meta, cache))
+        return x, self.mlp(normed)
 
 
 class DeepseekModel(nn.Module):
@@ -217,11 +220,11 @@ class DeepseekModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, route.fused)
 
     def forward(self, input_ids, positions, meta, caches):
-        x = self.embed_tokens(input_ids)
+        x, h = self.embed_tokens(input_ids), None
         cos, sin = self.rope_tables(positions)
         for i, (layer, cache) in enumerate(zip(self.layers, caches)):
-            x = layer(x, (cos[i], sin[i]), meta, cache)
-        return self.norm(x)
+            x, h = layer(x, (cos[i], sin[i]), meta, cache, h)
+        return self.norm(x, h)[1]
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [layers, T, dr/2] for every layer at once (layers may rotate at
@@ -290,4 +293,5 @@ class MLAForCausalLM(nn.Module):
         cache = LatentCache(b, s, cfg.kv_rank(i), cfg.qk_rope_head_dim, self.dtype, cache_dtype, self.device)
         meta, positions = build_metadata([s] * b, [s] * b, [[j] for j in range(b)], s, self.device, "naive")
         cos, sin = self.model.rope_tables(positions)
-        return self.model.layers[i](hidden.reshape(-1, d).to(self.dtype), (cos[i], sin[i]), meta, cache).view(b, s, d)
+        x, h = self.model.layers[i](hidden.reshape(-1, d).to(self.dtype), (cos[i], sin[i]), meta, cache)
+        return (x + h).view(b, s, d)
