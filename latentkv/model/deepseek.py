@@ -224,7 +224,7 @@ class DeepseekModel(nn.Module):
         cos, sin = self.rope_tables(positions)
         for i, (layer, cache) in enumerate(zip(self.layers, caches)):
             x, h = layer(x, (cos[i], sin[i]), meta, cache, h)
-        return self.norm(x, h)[1]
+        return self.norm(x) if h is None else self.norm(x, h)[1]  # h is None: no layers
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [layers, T, dr/2] for every layer at once (layers may rotate at
