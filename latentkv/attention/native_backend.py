@@ -69,11 +69,13 @@ class NativeBackend(TorchBackend):
         # Sequences whose new rows are all prompt rows go through the prefill kernel together: their
         # latent reads, expansions and rope keys one call each per span (row by row the same bits),
         # ~a sixth of a prefill step of 32 x 256 prompts as 32 calls each
-        whole = [g for g in groups if g[1].num_seqs == 1 and g[1].prompt_rows is not None
-                 and g[1].prompt_rows[0] == g[1].max_query_len]
+        whole, rest = [], []
+        for g in groups:
+            prompt = g[1].num_seqs == 1 and g[1].prompt_rows is not None and g[1].prompt_rows[0] == g[1].max_query_len
+            (whole if prompt else rest).append(g)
         if len(whole) > 1 and self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
             span_prefill_many(layer, q_nope, q_rope, cache, whole, self.prefill_kernel, out, prefill_finish)
-            groups = [g for g in groups if not any(g is w for w in whole)]
+            groups = rest
         super().attend_groups(layer, q_nope, q_rope, cache, groups, out)
 
     def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:

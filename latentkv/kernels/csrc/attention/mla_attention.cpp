@@ -340,16 +340,17 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
               "mla_prefill: the span and key_start must be multiples of the key block (64), acc's width dv padded "
               "to a multiple of 16");
   const int nthreads = threads > 0 ? (int)threads : 1;
+  const bool bf16_job = dtype == at::kBFloat16 && isa >= 3 && dr % 2 == 0;  // else the float32 kernel
   // The first span (keys from 0) starts every row's state afresh: m, l, acc are not read (the
   // caller need not fill them); the AMX path sets it as it loads a row, the others are filled here.
-  if (key_start == 0 && !(dtype == at::kBFloat16 && isa >= 4 && dr % 2 == 0)) {
+  if (key_start == 0 && !(bf16_job && isa >= 4)) {
     m.fill_(-std::numeric_limits<float>::infinity());
     l.zero_();
     acc.zero_();
   }
   if (dtype == at::kFloat)
     return prefill_f32_isa<float>(isa, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
-  if (isa < 3 || dr % 2 != 0)
+  if (!bf16_job)
     return prefill_f32_isa<uint16_t>(isa, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
   isa_avx512bf16::PrefillJob job;
   job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
