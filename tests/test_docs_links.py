@@ -1,4 +1,4 @@
-"""Every relative link of the README and docs/ (docs/history/ included) reaches a file, and a link to
+"""Every relative link of the README and docs/ reaches a file, and a link to
 a heading (`page.md#heading`) reaches a heading of that page (GitHub's anchors)."""
 import re
 from pathlib import Path

@@ -1,0 +1,293 @@
+"""Write the results of docs/benchmarks.md and the README's table from the raw output in docs/results/.
+
+One folder per CPU kind (docs/results/<kind>/) holds one full run: what `latentkv bench ...` printed
+(`decode.txt`, `throughput.txt`, `serve.txt`, ...), its plots, and a README.md naming the date, the
+commit and the CPU flags (`- Date: ...`, `- Commit: ...`, `- CPU: ...`, `- Flags: ...`). This script
+reads the tables the bench printed and rewrites what lies between the `<!-- bench_report:begin -->` and
+`<!-- bench_report:end -->` markers of docs/benchmarks.md and README.md, and draws docs/results/headline.png.
+
+    python scripts/bench_report.py            # rewrite both pages and the plot
+    python scripts/bench_report.py --check    # exit 1 if a page is not what the raw output gives
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- bench_report:begin -->", "<!-- bench_report:end -->"
+
+# The CPU kinds, in the order the pages show them: folder, title, and the run's w4a8 row with an int8
+# latent (the AMX run's default cache is int8_rope8 already; the others' default latent was unquantized).
+KINDS = [
+    ("amx-xeon", "Intel Xeon with AMX", "latentkv w4a8"),
+    ("zen4", "AMD EPYC Zen 4, AVX-512 BF16", "latentkv w4a8 + int8 latent"),
+    ("avx2", "AMD EPYC, AVX2 only", "latentkv w4a8 + int8 latent"),
+]
+# The raw files, in the order benchmarks.md shows their tables.
+FILES = ["decode.txt", "throughput.txt", "serve.txt", "serve-default.txt", "vllm_client.txt", "pressure.txt",
+         "store.txt"]
+PLOTS = ["decode/decode.png", "serve/serve.png"]
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def cell(self, column: str, **match: str) -> str | None:
+        """The value in `column` of the first row whose named columns equal `match`."""
+        i = self.header.index(column)
+        for row in self.rows:
+            if all(row[self.header.index(k.replace("_", " "))] == v for k, v in match.items()):
+                return row[i]
+        return None
+
+
+def tables(text: str) -> list[Table]:
+    """The tables `latentkv bench` printed: a title line, a header line, a line of dashes whose runs
+    mark the columns, then rows up to a blank line."""
+    lines = [line.rstrip("\n") for line in text.splitlines()]
+    found = []
+    for i, line in enumerate(lines):
+        if i < 2 or not re.fullmatch(r"-+( +-+)*", line):
+            continue
+        spans = [m.span() for m in re.finditer(r"-+", line)]
+        cuts = [s for s, _ in spans][1:] + [None]
+
+        def split(row: str) -> list[str]:
+            starts = [0] + [s for s, _ in spans][1:]
+            return [row[a:b].strip() for a, b in zip(starts, cuts)]
+
+        table = Table(lines[i - 2].strip(), split(lines[i - 1]))
+        for row in lines[i + 1:]:
+            if not row.strip():
+                break
+            table.rows.append(split(row))
+        found.append(table)
+    return found
+
+
+def client_table(text: str) -> Table | None:
+    """vLLM's own client (`vllm_client.txt`): a `== system` line, then `Metric: value` lines."""
+    blocks = re.findall(r"^== (.+)\n((?:[A-Z][^\n]*:[^\n]*\n?)+)", text, re.M)
+    if not blocks:
+        return None
+    metrics = ["Output token throughput (tok/s)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Median ITL (ms)"]
+    table = Table("vLLM's own client (`vllm bench serve`'s client): 64 random prompts of 256 tokens, 128 out, "
+                  "at most 32 in flight", ["system", *metrics])
+    for name, body in blocks:
+        values = dict(re.findall(r"^([^:\n]+):\s+(\S+)", body, re.M))
+        table.rows.append([name.strip(), *(values.get(m, "n/a") for m in metrics)])
+    return table
+
+
+@dataclass
+class Run:
+    kind: str
+    title: str
+    llama_row: str
+    facts: dict[str, str]
+    files: dict[str, list[Table]]
+
+    def find(self, title_start: str) -> Table | None:
+        for tabs in self.files.values():
+            for t in tabs:
+                if t.title.startswith(title_start):
+                    return t
+        return None
+
+
+def read_run(kind: str, title: str, llama_row: str) -> Run:
+    folder = RESULTS / kind
+    facts = dict(re.findall(r"^- (Date|Commit|CPU|Flags|Model dtype|Model): (.+)$", (folder / "README.md").read_text(), re.M))
+    files = {}
+    for name in FILES:
+        path = folder / name
+        if path.exists():
+            text = path.read_text()
+            files[name] = [client_table(text)] if name == "vllm_client.txt" else tables(text)
+    return Run(kind, title, llama_row, facts, files)
+
+
+def runs() -> list[Run]:
+    return [read_run(*k) for k in KINDS]
+
+
+def ratio(value: str | float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{float(str(value).replace(',', '')):.2f}×"
+
+
+def headline(run: Run) -> dict[str, str]:
+    """The headline ratios of one run, each read from a table the bench printed."""
+    decode = run.find("Speed-up of each latentkv row")
+    prefill = run.find("Prefill speed-up")
+    serve = run.find("Serving load")
+    client = run.find("vLLM's own client")
+    out = {}
+    out["batch-1 decode at 8K context vs transformers (same dtype, unquantized weights)"] = ratio(
+        decode and decode.cell("x vs transformers original", context="8,192", latentkv_row="latentkv"))
+    out["prefill of an 8K prompt vs transformers"] = ratio(
+        prefill and prefill.cell("x vs transformers original", context="8,192", latentkv_row="latentkv"))
+    for ctx, label in (("128", "128"), ("8,192", "8K")):
+        out[f"batch-1 decode at {label} context vs llama.cpp (its Q4_1; ours w4a8 weights, int8 latent)"] = ratio(
+            decode and decode.cell("x vs llama.cpp", context=ctx, latentkv_row=run.llama_row))
+    for n in ("1", "32"):
+        out[f"serving {n} streamed request{'s' if n != '1' else ''} at once vs vLLM-CPU on the original"] = ratio(
+            serve and serve.cell("x vs vLLM original", system="latentkv serve", requests=n))
+    key = "serving 64 prompts through 32 slots (vLLM's own client) vs vLLM-CPU on the original"
+    if client:
+        ours = float(client.rows[0][1])
+        theirs = next(float(r[1]) for r in client.rows if r[0].startswith("vLLM"))
+        out[key] = ratio(ours / theirs)
+    else:
+        out[key] = ratio(None)
+    return out
+
+
+def headline_table(all_runs: list[Run], link_prefix: str) -> str:
+    rows = [h for h in (headline(r) for r in all_runs)]
+    head = "| latentkv against | " + " | ".join(
+        f"[{r.title}]({link_prefix}results/{r.kind}/) ({r.facts['Date']}, {r.facts['Commit']})" for r in all_runs) + " |"
+    lines = [head, "| --- |" + " ---: |" * len(all_runs)]
+    for key in rows[0]:
+        lines.append(f"| {key} | " + " | ".join(h[key] for h in rows) + " |")
+    return "\n".join(lines)
+
+
+def markdown(table: Table) -> str:
+    right = [bool(table.rows) and all(re.fullmatch(r"[-+0-9.,x%n/a—]*", r[i] or "") for r in table.rows)
+             for i in range(len(table.header))]
+    lines = [f"**{table.title}**", "", "| " + " | ".join(table.header) + " |",
+             "|" + "|".join(" ---: " if r else " --- " for r in right) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    return "\n".join(lines)
+
+
+# Shapes for the memory table: name, layers, latent rank, rope dims, and the KV cache it replaces
+# (label, layers, KV heads, head dim): arithmetic from the code's own accounting, not a measurement.
+SHAPES = [
+    ("SmolLM2-135M → MLA, default conversion (rank 192 + rope 192)", 30, 192, 192,
+     [("original GQA (3 KV heads × 64)", 3, 64), ("MHA of its 9 heads × 64", 9, 64)]),
+    ("DeepSeek-V2-Lite (rank 512 + rope 64)", 27, 512, 64, [("MHA (16 heads × 128)", 16, 128)]),
+    ("DeepSeek-V3 (rank 512 + rope 64)", 61, 512, 64, [("MHA (128 heads × 128)", 128, 128)]),
+]
+
+
+def memory_section() -> str:
+    from latentkv.cache.accounting import gqa_bytes_per_token, latent_bytes
+    from latentkv.facts import CACHE_DTYPES
+
+    def row(model: str, cache: str, nbytes: int) -> str:
+        return (f"| {model} | {cache} | {nbytes:,} | {nbytes * 8192 / 2**20:,.0f} MiB "
+                f"| {nbytes * 65536 / 2**20:,.0f} MiB |")
+
+    lines = ["## Memory (`latentkv bench memory`)", "",
+             "KV cache bytes per token, bf16 model, from `cache/accounting.py` (the sizes the cache allocates, "
+             "scales included; not a measurement):", "",
+             "| model | cache | bytes/token | 8K context | 64K context |", "| --- | --- | ---: | ---: | ---: |"]
+    for model, layers, rank, rope, originals in SHAPES:
+        for label, heads, dim in originals:
+            lines.append(row(model.split(" →")[0].split(" (")[0], f"{label}, bf16", gqa_bytes_per_token(layers, heads, dim)))
+        sizes: dict[int, list[str]] = {}  # formats of the same size share a row (int8 / fp8_e4m3)
+        for cache in CACHE_DTYPES:
+            sizes.setdefault(latent_bytes([rank] * layers, rope, cache, "bfloat16"), []).append(
+                "bf16" if cache == "auto" else f"`{cache}`")
+        for nbytes, names in sizes.items():
+            lines.append(row(model, "MLA latent, " + " / ".join(names), nbytes))
+    return "\n".join(lines) + "\n"
+
+
+def results_section(all_runs: list[Run]) -> str:
+    parts = ["## Headline", "",
+             "Each ratio is latentkv's figure over the peer's in the same run on the same machine (2 threads each, "
+             "nothing else running); the tables below give both figures.", "",
+             headline_table(all_runs, ""), "", "![the headline ratios](results/headline.png)", "", memory_section()]
+    for run in all_runs:
+        f = run.facts
+        parts += [f"## {run.title}", "",
+                  f"{f['Date']}, commit {f['Commit']}; {f['CPU']}; flags: {f['Flags']}. "
+                  f"Model dtype: {f['Model dtype']}. Model: {f['Model']}.", "",
+                  f"Raw output, commands and notes: [`results/{run.kind}/`](results/{run.kind}/).", ""]
+        for plot in PLOTS:
+            if (RESULTS / run.kind / plot).exists():
+                parts += [f"![{run.title}: {plot.split('/')[0]}](results/{run.kind}/{plot})", ""]
+        for name, tabs in run.files.items():
+            for t in tabs:
+                parts += [f"{markdown(t)}", "", f"<sub>from `{name}`</sub>", ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def readme_section(all_runs: list[Run]) -> str:
+    return headline_table(all_runs, "docs/") + "\n\n![the headline ratios](docs/results/headline.png)\n"
+
+
+def replace_between(text: str, body: str, page: Path) -> str:
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"{page}: needs one {BEGIN} and one {END}")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    return f"{head}{BEGIN}\n{body}{END}{tail}"
+
+
+def plot(all_runs: list[Run], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads = [headline(r) for r in all_runs]
+    keys = list(heads[0])
+    short = ["decode 8K\nvs transformers", "prefill 8K\nvs transformers", "decode 128\nvs llama.cpp",
+             "decode 8K\nvs llama.cpp", "serve 1\nvs vLLM-CPU", "serve 32\nvs vLLM-CPU", "vLLM's client\nvs vLLM-CPU"]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / len(all_runs)
+    for i, (run, h) in enumerate(zip(all_runs, heads)):
+        values = [float(h[k].rstrip("×")) if h[k] != "—" else 0.0 for k in keys]
+        xs = [j + (i - (len(all_runs) - 1) / 2) * width for j in range(len(keys))]
+        bars = ax.bar(xs, values, width, label=f"{run.title} ({run.facts['Date']})")
+        for x, v in zip(xs, values):
+            ax.text(x, v + 0.05, f"{v:.2f}" if v else "n/a", ha="center", va="bottom", fontsize=7)
+        del bars
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(keys)), short, fontsize=8)
+    ax.set_ylabel("latentkv ÷ peer (higher is better)")
+    ax.set_title("latentkv against transformers, llama.cpp and vLLM-CPU, 2 threads (SmolLM2-135M)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if a page differs from what the raw output gives")
+    args = p.parse_args(argv)
+    all_runs = runs()
+    pages = {BENCHMARKS: results_section(all_runs), README: readme_section(all_runs)}
+    stale = []
+    for page, body in pages.items():
+        old = page.read_text()
+        new = replace_between(old, body, page)
+        if new != old:
+            stale.append(page)
+            if not args.check:
+                page.write_text(new)
+    if args.check:
+        for page in stale:
+            print(f"{page.relative_to(ROOT)} is not what docs/results/ gives: run python scripts/bench_report.py")
+        return 1 if stale else 0
+    plot(all_runs, RESULTS / "headline.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
