@@ -14,7 +14,7 @@ from latentkv.convert.sweep import pick_served_default
 
 # SmolLM2-135M's attention shape: 3 KV heads x 64 dims = 384 cache elements per token per layer
 SMOL = SimpleNamespace(num_kv_heads=3, head_dim=64, qkv_bias=False, kv_elements=lambda: 384)
-FRONTIER = Path(__file__).parents[2] / "docs" / "bench-frontier-s14" / "frontier.json"
+FRONTIER = Path(__file__).parents[2] / "docs" / "results" / "frontier" / "xeon" / "frontier.json"
 
 
 def test_no_size_option_is_the_exact_conversion_in_the_default_cache():

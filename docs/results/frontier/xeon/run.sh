@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The frontier of issue 30 (session 2026-12-03 (14)): Intel Xeon (AMX), 2 threads, quality only
+# The frontier of issue 30 (2026-12-03): Intel Xeon (AMX), 2 threads, quality only
 # (no timings; the three runs below shared the 2 cores). llama-cpp-python 0.3.36 in .venv (pip install latentkv[bench]).
 set -euo pipefail
 grep -m1 flags /proc/cpuinfo > cpuflags.txt

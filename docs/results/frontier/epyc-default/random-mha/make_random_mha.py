@@ -1,4 +1,4 @@
-"""SmolLM2-135M in a random MHA shape, from its repeated-head MHA folder (../../bench-frontier-s14/make_mha.py: 9 KV
+"""SmolLM2-135M in a random MHA shape, from its repeated-head MHA folder (../../xeon/make_mha.py: 9 KV
 heads, each KV head copied for its 3 query heads), rewritten in place: the first head of each group keeps the
 original's K/V rows; the other two get random rows (seeded) of the same per-row norms, so no two KV heads share
 anything — the case where a latent has no redundancy to remove (the repeated-head model is the other extreme)."""
