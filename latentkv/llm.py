@@ -31,6 +31,18 @@ class LLM:
         self.llm_engine = LLMEngine.from_args(EngineArgs(model=str(model), **kwargs))
         self.request_counter = itertools.count()
 
+    def close(self, timeout: float = 30.0):
+        """Write the KV store's queued blocks to disk (within `timeout` seconds) and stop its
+        writer; -> its FlushReport (blocks written, dropped), or None without a store. The LLM
+        still generates afterwards, without the store. `with LLM(...) as llm:` closes on exit."""
+        return self.llm_engine.close(timeout)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def engine(self) -> LLMEngine:
         """`llm_engine` (vLLM's name) under a shorter one."""

@@ -37,6 +37,8 @@ from latentkv.engine.runner import ModelRunner, SeqResult, plan_num_blocks, repo
 from latentkv.engine.scheduler import Scheduler, SchedulerOutput
 from latentkv.engine.sequence import Sequence
 from latentkv.guided import Guides, advance
+from latentkv.kernels import sample as sample_kernel
+from latentkv.kernels.build import build_in_background
 from latentkv.engine.threads import ThreadGovernor
 from latentkv.engine.warm import warm_up
 from latentkv.facts import MODEL_DTYPES, UNQUANTIZED_CACHES, dtype_name
@@ -146,6 +148,8 @@ class LLMEngine:
     def from_args(cls, args: EngineArgs) -> "LLMEngine":
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch.set_num_threads(args.threads or default_threads())  # the native kernel's OpenMP team follows it
+        if device == "cpu":  # a first build of the sampler's kernel overlaps the model's load
+            build_in_background(sample_kernel.EXT)
         # the engine owns this model: built for its route (batch invariance: the fixed-order linears)
         dtype = resolve_dtype(args.dtype, torch.device(device))
         if (Path(args.model) / "config.json").is_file():  # else load_model says what is missing
@@ -355,9 +359,11 @@ class LLMEngine:
             **({f"store_{k}": v for k, v in vars(self.store.counters).items()} if self.store is not None else {}),
         }
 
-    def close(self) -> None:
-        """Write out the store's pending blocks and stop its writer (the engine stays usable
-        without the store)."""
-        if self.store is not None:
-            self.store.close()
-            self.scheduler.kv.store = self.store = None
+    def close(self, timeout: float = 30.0):
+        """Write out the store's pending blocks (within `timeout` seconds; the rest are dropped)
+        and stop its writer; the engine stays usable without the store. -> the store's
+        FlushReport (blocks written, dropped), or None without a store (or when closed already)."""
+        if self.store is None:
+            return None
+        store, self.scheduler.kv.store, self.store = self.store, None, None
+        return store.close(timeout)

@@ -15,9 +15,13 @@ bound is for the whole directory, across processes: after each write a writer ad
 bytes to the DIR/.size ledger under an exclusive `fcntl.flock`, and the one that takes it
 past max_size evicts under the same lock, rescanning the real sizes (so a stale ledger
 heals). LRU is by modification time: a hit touches its file.
+
+A store that cannot be written (a read-only file system or directory, a full disk) but
+holds blocks opens read-only: it serves what it holds and writes nothing (`read_only` says why).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -29,6 +33,9 @@ from latentkv.store.files import CorruptBlock, Place, StoredBlock, Unplaceable, 
 
 SUFFIX = ".safetensors"
 LOW_WATER = 0.9   # eviction deletes down to this fraction of max_size, so it runs rarely
+# errors that say "this directory cannot be written" (not "it is broken"): a store holding
+# blocks then still serves them, read-only
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -72,24 +79,32 @@ def model_dirs(root: Path) -> list[Path]:
 
 class LatentStore:
     def __init__(self, root: str | Path, fingerprint: str, max_size: int, describe: dict | None = None):
-        """Raises OSError when the directory cannot be created or written."""
+        """Raises OSError when the directory cannot be created or written and holds no blocks
+        of this model; opens read-only (`read_only`: the reason) when it cannot be written but does."""
         self.root = Path(root).expanduser()
         self.fingerprint = fingerprint
         self.max_size = max_size
         self.dir = self.root / fingerprint
         self.blocks_dir = self.dir / "blocks"
         self.tmp_dir = self.dir / "tmp"
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        self.blocks_dir.mkdir(exist_ok=True)
-        probe = self.tmp_dir / f"{os.getpid()}-probe.tmp"
-        probe.write_bytes(b"ok")   # fails now, clearly, if the directory is read-only
-        probe.unlink()
-        remove_dead_temps(self.tmp_dir)
-        if describe is not None and not (self.dir / "model.json").exists():
-            write_atomic(self.dir / "model.json", json.dumps(describe, indent=1).encode(), self.tmp_dir)
         self.counters = StoreCounters()
         self.size = 0
-        self.add_size(0)
+        self.read_only = ""
+        try:
+            self.tmp_dir.mkdir(parents=True, exist_ok=True)
+            self.blocks_dir.mkdir(exist_ok=True)
+            probe = self.tmp_dir / f"{os.getpid()}-probe.tmp"
+            probe.write_bytes(b"ok")   # fails now, clearly, if the directory is read-only
+            probe.unlink()
+            remove_dead_temps(self.tmp_dir)
+            if describe is not None and not (self.dir / "model.json").exists():
+                write_atomic(self.dir / "model.json", json.dumps(describe, indent=1).encode(), self.tmp_dir)
+            self.add_size(0)
+        except OSError as err:
+            if err.errno not in UNWRITABLE or not self.blocks_dir.is_dir():
+                raise
+            self.read_only = err.strerror or str(err)
+            self.size = self.read_size()
 
     def path(self, block_hash: bytes) -> Path:
         name = block_hash.hex()
@@ -156,7 +171,9 @@ class LatentStore:
 
     def write(self, block: StoredBlock) -> int:
         """Store `block` (atomically) unless it is there already; -> bytes written.
-        Raises OSError (disk full, permissions) for the caller to handle."""
+        Raises OSError (disk full, permissions, a read-only store) for the caller to handle."""
+        if self.read_only:
+            raise OSError(errno.EROFS, f"the store is read-only ({self.read_only})")
         path = self.path(block.block_hash)
         if path.exists():
             self.touch(path)
@@ -185,6 +202,14 @@ class LatentStore:
             ledger.truncate()
             ledger.write(str(total))
             self.size = total
+
+    def read_size(self) -> int:
+        """The ledger's size, without writing it (a scan when it is missing or unreadable)."""
+        try:
+            text = (self.root / ".size").read_text().strip()
+        except OSError:
+            text = ""
+        return int(text) if text.isdigit() else sum(size for _, size, _ in block_files(self.root))
 
     def evict(self) -> int:
         """Delete least recently used block files (any model's) until the whole directory is

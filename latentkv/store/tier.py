@@ -19,7 +19,7 @@ from latentkv.facts import dtype_name
 from latentkv.store.files import StoredBlock, layers_of
 from latentkv.store.fingerprint import STORE_VERSION, model_fingerprint
 from latentkv.store.store import LatentStore
-from latentkv.store.writer import WriteBehind
+from latentkv.store.writer import FlushReport, WriteBehind
 
 
 def warn(message: str) -> None:
@@ -32,7 +32,7 @@ class StoreTier:
         self.caches = caches
         self.pool = pool
         self.block_size = pool.block_size
-        self.writer = WriteBehind(store, max_pending)
+        self.writer = WriteBehind(store, max_pending, failed=store.read_only)
         self.on_disk: set[bytes] = set()   # hashes this process wrote or read (skip re-writing)
         self.rows = block_rows(caches)
 
@@ -46,6 +46,10 @@ class StoreTier:
         latents are copied now (one gather per cache tensor), before the blocks can change."""
         blocks = [b for b in blocks if b[3] not in self.on_disk]
         if not blocks:
+            return
+        if self.writer.failed:   # a read-only or failed store: no copy for nothing, a drop each
+            for _ in blocks:
+                self.writer.drop()
             return
         self.on_disk.update(b[3] for b in blocks)
         index = torch.tensor([b[0] for b in blocks], device=self.caches[0].tensors()[0].device)
@@ -84,13 +88,14 @@ class StoreTier:
         self.pool.free(list(reversed(ids)) + list(reversed(hits)))
         return served
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self, timeout: float = 30.0) -> FlushReport:
+        """Write the queue out (within `timeout` seconds; the rest is dropped) and stop writing."""
+        return self.writer.close(timeout)
 
     def describe(self) -> str:
         return (f"KV store {self.store.root} ({self.store.size / 2**20:.1f} MiB of "
                 f"{self.store.max_size / 2**20:.0f} MiB): {self.store.num_blocks()} blocks usable by this model "
-                f"(fingerprint {self.store.fingerprint[:12]})")
+                f"(fingerprint {self.store.fingerprint[:12]})" + (", read-only" if self.store.read_only else ""))
 
 
 def open_tier(args, model_dtype: torch.dtype, caches: list, pool: BlockPool) -> StoreTier | None:
@@ -109,6 +114,9 @@ def open_tier(args, model_dtype: torch.dtype, caches: list, pool: BlockPool) -> 
     except OSError as err:
         warn(f"the KV store {args.kv_store} is not usable ({err}); running without it")
         return None
+    if store.read_only:
+        warn(f"the KV store {args.kv_store} cannot be written ({store.read_only}); serving the blocks it holds "
+             "without writing new ones")
     return StoreTier(store, caches, pool)
 
 

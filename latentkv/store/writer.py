@@ -4,6 +4,9 @@ The queue is bounded (`max_pending` blocks); when it is full the engine drops th
 and counts it instead of waiting, so a slow disk never stalls decoding. The first write
 error (disk full, permissions, the directory gone) prints one warning and stops writing
 for the rest of the run (later blocks count as drops); reads go on.
+
+`close(timeout)` is the shutdown's flush: it writes the whole queue, or what the timeout
+allows (the rest is dropped and counted), and says how many blocks it wrote and dropped.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -21,15 +25,25 @@ from latentkv.store.store import LatentStore
 _STOP = object()
 
 
+@dataclass
+class FlushReport:
+    """What a close wrote of the queue it found, what it dropped, and in how many seconds."""
+    written: int = 0
+    dropped: int = 0
+    seconds: float = 0.0
+
+
 def all_finite(block: StoredBlock) -> bool:
     return all(torch.isfinite(t).all() for ts in block.tensors for t in ts if t.is_floating_point())
 
 
 class WriteBehind:
-    def __init__(self, store: LatentStore, max_pending: int = 1024):
+    def __init__(self, store: LatentStore, max_pending: int = 1024, failed: bool = False):
+        """failed=True: a store that cannot be written (read-only): every block is a drop."""
         self.store = store
         self.queue: queue.Queue = queue.Queue(max_pending)
-        self.failed = False
+        self.failed = failed
+        self.written = 0   # blocks this writer put on disk (or found there)
         self.drop_lock = threading.Lock()   # drops are counted by both threads
         self.thread = threading.Thread(target=self.loop, name="latentkv-store-writer", daemon=True)
         self.thread.start()
@@ -59,6 +73,7 @@ class WriteBehind:
                     self.drop()
                     continue
                 self.store.write(block)
+                self.written += 1
             except OSError as err:
                 self.failed = True
                 self.drop()
@@ -76,13 +91,30 @@ class WriteBehind:
             time.sleep(0.005)
         return True
 
-    def close(self, timeout: float = 30.0) -> None:
-        if not self.thread.is_alive():
-            return
-        self.flush(timeout)
+    def close(self, timeout: float = 30.0) -> FlushReport:
+        """Write what is queued within `timeout` seconds, drop (and count) the rest, stop the
+        thread. Safe to call twice (the second finds nothing to do)."""
+        start = time.monotonic()
+        written, dropped = self.written, self.store.counters.write_drops
         atexit.unregister(self.close)
-        try:
-            self.queue.put(_STOP, timeout=timeout)
-        except queue.Full:   # the disk is stuck: leave the daemon thread behind
-            return
-        self.thread.join(timeout)
+        if self.thread.is_alive():
+            if not self.flush(timeout):
+                self.discard()   # the disk is too slow for the bound: these blocks are lost, counted
+            left = max(0.0, timeout - (time.monotonic() - start))
+            try:
+                self.queue.put(_STOP, timeout=max(left, 0.1))   # room: flush or discard emptied the queue
+                self.thread.join(left)
+            except queue.Full:   # blocks still come in: leave the daemon thread behind
+                pass
+        return FlushReport(self.written - written, self.store.counters.write_drops - dropped,
+                           time.monotonic() - start)
+
+    def discard(self) -> None:
+        """Drop every block still queued (the one being written, if any, finishes)."""
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                return
+            self.drop()
+            self.queue.task_done()
