@@ -18,7 +18,8 @@ PromptType = str | list[int] | dict
 
 
 class LLM:
-    """LLM(model=folder, dtype="auto", kv_cache_dtype="auto"|"int8"|"fp8_e4m3", block_size=16,
+    """LLM(model=folder, dtype="auto",
+    kv_cache_dtype="auto"|"int8"|"fp8_e4m3"|"int8_rope8"|"fp8_e4m3_rope8"|"q4_0"|"bfloat16"|"float32", block_size=16,
     kv_cache_memory=None|bytes|"2GiB", max_model_len=None, max_num_seqs=64,
     max_num_batched_tokens=None, enable_prefix_caching=True, seed=0, skip_tokenizer_init=False, ...)
     — every `EngineArgs` field is accepted as a keyword."""

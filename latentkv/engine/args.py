@@ -133,7 +133,8 @@ class EngineArgs:
     tokenizer: str | None = None
     dtype: str | torch.dtype = "auto"
     device: str | None = None               # None: cuda when available, else cpu
-    kv_cache_dtype: str = "auto"            # "auto" (model dtype) | "int8" | "fp8_e4m3"
+    kv_cache_dtype: str = "auto"            # "auto" (the folder's own, else the model dtype) | "int8" | "fp8_e4m3"
+    #                                         | "int8_rope8" | "fp8_e4m3_rope8" | "q4_0" | "bfloat16" | "float32"
     block_size: int = 16
     kv_cache_memory: int | str | None = None  # bytes or e.g. "2GiB" (read into bytes here)
     kv_cache_blocks: int | None = None      # or a number of blocks; neither: kv_cache_fraction

@@ -2,7 +2,7 @@
 
 `SourceModel`'s tensors use Hugging Face Llama names, in float32, with RoPE in the
 Hugging Face "rotate half" layout (pair i = dims (i, i + d/2)). The readers
-(gguf_reader.py, hf_reader.py) build it; sources.py picks the reader.
+(gguf_reader.py, hf_reader.py) build it; readers.py (`read_source`) picks the reader.
 """
 from __future__ import annotations
 
