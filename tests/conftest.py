@@ -6,7 +6,7 @@ import tempfile
 import pytest
 import torch
 
-from latentkv.kernels import attention as attention_kernels, build, decode_ops, qlinear
+from latentkv.kernels import attention as attention_kernels, build, decode_ops, qlinear, sample as sample_kernel
 from latentkv.sources import chat_data
 from tiny import CONFIGS, save_hf_model
 from tiny_lm import save_tiny_lm
@@ -19,10 +19,10 @@ os.environ.setdefault("LATENTKV_THREADS", "1")  # engines (default: all cores) f
 os.environ.setdefault("LATENTKV_BUILD_DIR", str(build.build_root()))
 SESSION_CACHE = tempfile.mkdtemp(prefix="latentkv-tests-")
 os.environ["LATENTKV_CACHE_DIR"] = SESSION_CACHE
-# A first run builds the three native extensions side by side before any test needs one (~2 min on
+# A first run builds the four native extensions side by side before any test needs one (~2 min on
 # 2 cores), not one after another as tests first touch each (~4.5 min); the tests start once they are
 # in place, so none sees a build in flight.
-for thread in build.build_in_background(attention_kernels.EXT, decode_ops.EXT, qlinear.EXT):
+for thread in build.build_in_background(attention_kernels.EXT, decode_ops.EXT, qlinear.EXT, sample_kernel.EXT):
     thread.join()
 
 

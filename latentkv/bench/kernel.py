@@ -1,7 +1,8 @@
 """`latentkv bench kernel`: paged MLA decode attention alone, native kernel vs the PyTorch
 reference in the same run: GB/s of latent read and the share of this machine's measured
 bandwidth, by batch, context and latent dtype (the CPU's flags printed with the table).
-With `--moe SHAPE`, a MoE layer's experts instead (bench/moe_kernel.py).
+With `--moe SHAPE`, a MoE layer's experts instead (bench/moe_kernel.py); with `--sampler`, a decode
+step's sampling (bench/sampler_kernel.py).
 
 Each configuration fills caches of B sequences x context tokens on shuffled blocks (as a
 long-running server's are) and times one layer's `latent_attention` call: a decode step
@@ -30,7 +31,7 @@ from ..facts import dtype_name
 from ..kernels import attention as attention_kernels
 from ..model.loader import resolve_dtype
 from ..plots import new_figure, save_figure
-from . import moe_kernel
+from . import moe_kernel, sampler_kernel
 from .bandwidth import measure_bandwidth
 from .models import default_models
 from .report import median, print_table, write_json
@@ -125,6 +126,8 @@ def default_shape(args) -> None:
 def run(args) -> dict:
     if getattr(args, "moe", None):  # a MoE layer's experts instead of attention
         return moe_kernel.run(args)
+    if getattr(args, "sampler", False):  # a step's sampling instead of attention
+        return sampler_kernel.run(args)
     out = Path(args.out)
     default_shape(args)
     threads = torch.get_num_threads()

@@ -138,7 +138,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=lambda a: run("serve", a))
 
     p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent "
-                                      "(or a MoE layer's experts: --moe)")
+                                      "(or a MoE layer's experts: --moe; a step's sampling: --sampler)")
     p.add_argument("--batches", type=int, nargs="+", help="sequences (with --moe: tokens) per call (default 1 8 32)")
     p.add_argument("--contexts", type=int, nargs="+", help="tokens per sequence (default 1K-32K)")
     p.add_argument("--latents", nargs="+", default=["bf16", "int8"], choices=["bf16", "int8", "fp8_e4m3"],
@@ -156,6 +156,10 @@ def register(subparsers) -> None:
     p.add_argument("--moe-weights", nargs="+", default=["int4", "w4a8", "bf16"],
                    choices=["float32", "bf16", "int8", "int4", "w8a8", "w4a8"],
                    help="the MoE layer's weight kinds (quantized ones with the machine's auto activation dtype)")
+    p.add_argument("--sampler", action="store_true",
+                   help="time a decode step's sampling instead: the native sampler vs its PyTorch reference ops, "
+                        "by --vocabs, --batches (rows) and sampling settings (greedy, the client default, chat, ...)")
+    p.add_argument("--vocabs", type=int, nargs="+", help="with --sampler: vocabulary sizes (default 49152 129280)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
     add_threads_arg(p)
@@ -221,7 +225,11 @@ def set_threads(args) -> None:
 
 def run_kernel(args) -> int:
     set_threads(args)
-    for key, value in (KERNEL_QUICK if args.quick else KERNEL_FULL).items():
+    preset = KERNEL_QUICK if args.quick else KERNEL_FULL
+    if args.sampler:
+        preset = {**preset, "batches": [32] if not args.quick else [3], "vocabs": [1000] if args.quick else [49152, 129280],
+                  "calls": 2 if args.quick else 20}
+    for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     with torch.no_grad():

@@ -10,6 +10,7 @@ from collections import Counter
 from torch import nn
 
 from ..facts import dtype_name
+from ..kernels import sample as sample_kernel
 from ..model.quant import QuantLinear, linear_kind
 
 FAMILIES = ("attention", "decode_ops", "qlinear")  # kernels/: the native extensions
@@ -42,7 +43,7 @@ def moe_route(model) -> str:
 def describe(model, plan_reason: str | None) -> str:
     """One line: dtype, cache dtype, ISA per extension, attention backend with its prefill and
     decode paths, linear kinds (and how MoE experts run), decode plan on/off and why, batch
-    invariance on/off."""
+    invariance on/off, the sampler."""
     route = model.route
     dtype, device, invariant = route.dtype, route.device, route.batch_invariant
     backend = model.model.layers[0].self_attn.backend
@@ -51,4 +52,11 @@ def describe(model, plan_reason: str | None) -> str:
             f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, invariant)}, "
             f"decode {backend.decode_route(dtype, device, invariant)}); linears {linear_kinds(model)}{moe_route(model)}; "
             f"decode plan {'off (' + plan_reason + ')' if plan_reason else 'on'}; "
-            f"batch invariance {'on' if invariant else 'off'}")
+            f"batch invariance {'on' if invariant else 'off'}; sampler {sampler_route(device)}")
+
+
+def sampler_route(device: str) -> str:
+    """'native avx512' (kernels/sample.py) or 'torch' (engine/sampler.py's reference ops)."""
+    if device == "cpu" and sample_kernel.available():
+        return f"native {sample_kernel.EXT.choose()}"
+    return "torch"

@@ -1,12 +1,14 @@
 """Batched sampling: one row of logits per sequence that picks a token this step.
 
-Everything is tensor ops over the [N, vocab] batch. The only per-sequence Python is
-building the parameter tensors and drawing noise for seeded requests: a seeded
-request draws its noise from its own `torch.Generator`, so its tokens do not depend
-on what else is in the batch.
+A sampled row's token is drawn by inverse CDF: one uniform u per row, the first token (in index
+order) whose running probability passes u, over the tokens that temperature, top_k, top_p and min_p
+keep. One random number a row, not one per logit; a seeded request draws its u from its own
+`torch.Generator`, so its tokens do not depend on what else is in the batch. On CPU the native
+kernel (kernels/sample.py) does a row in a few passes with no sort of the vocabulary; elsewhere, or
+without it, `truncate` (a stable sort: the reference the kernel is tested against) and
+`inverse_cdf` do the same in torch ops.
 
-Token choice uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. picks
-index i with probability p_i — one batched argmax instead of per-row multinomial.
+Penalties touch only the tokens a sequence has seen (sparse), never a [N, vocab] count table.
 
 Logprobs are those of the raw model distribution (before penalties, temperature and
 truncation), as in vLLM. A guided sequence's disallowed tokens are -inf before the choice
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from latentkv.engine.outputs import Logprob, PositionLogprobs
+from latentkv.kernels import sample as sample_kernel
 from latentkv.engine.sequence import Sequence
 from latentkv.guided import apply_guides
 
@@ -33,25 +36,24 @@ class SamplerOutput:
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
            generator: torch.Generator | None = None) -> SamplerOutput:
     """logits [N, V] float32, one row per sequence of `seqs` -> one token per row."""
-    raw_logprobs = None
-    want_logprobs = [s.params.logprobs is not None for s in seqs]
-    if any(want_logprobs):
-        raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
-    logits = apply_penalties(logits.float(), seqs)
+    logits = logits.float()
+    rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+    raw_logprobs = torch.log_softmax(logits[rows], dim=-1) if rows else None
+    logits = apply_penalties(logits, seqs)
     logits = mask_guided(logits, seqs, eos_token_ids)
     tokens = choose_tokens(logits, seqs, generator)
     out = SamplerOutput(tokens.tolist(), [None] * len(seqs), [None] * len(seqs))
     if raw_logprobs is not None:
-        rows = [i for i, w in enumerate(want_logprobs) if w]
         top_n = [seqs[i].params.logprobs for i in rows]
-        dicts, chosen = gather_logprobs(raw_logprobs[rows], tokens[rows], top_n)
+        dicts, chosen = gather_logprobs(raw_logprobs, tokens[rows], top_n)
         for i, d, c in zip(rows, dicts, chosen):
             out.logprobs[i], out.chosen_logprobs[i] = d, c
     return out
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Repetition (prompt + output tokens), presence and frequency (output tokens) penalties."""
+    """Repetition (prompt + output tokens), presence and frequency (output tokens) penalties, on the
+    seen tokens only: a copy of `logits` with those entries changed (the others untouched)."""
     rep = [s.params.repetition_penalty for s in seqs]
     pres = [s.params.presence_penalty for s in seqs]
     freq = [s.params.frequency_penalty for s in seqs]
@@ -59,27 +61,24 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         return logits
     n, vocab = logits.shape
     device = logits.device
-    counts = token_counts([s.output_token_ids for s in seqs], vocab, device)
-    if any(r != 1.0 for r in rep):
-        seen = (counts + token_counts([s.prompt_token_ids for s in seqs], vocab, device)) > 0
-        r = torch.tensor(rep, device=device)[:, None].expand_as(logits)
-        penalized = torch.where(logits > 0, logits / r, logits * r)
-        logits = torch.where(seen, penalized, logits)
-    logits = logits - torch.tensor(freq, device=device)[:, None] * counts
-    logits = logits - torch.tensor(pres, device=device)[:, None] * (counts > 0).float()
-    return logits
-
-
-def token_counts(id_lists: list[list[int]], vocab: int, device) -> torch.Tensor:
-    """[N, vocab] float: how often each token id occurs in each list."""
-    width = max((len(ids) for ids in id_lists), default=0)
-    counts = torch.zeros(len(id_lists), vocab + 1, device=device)
-    if width:
-        padded = torch.full((len(id_lists), width), vocab, dtype=torch.long)
-        for i, ids in enumerate(id_lists):
-            padded[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        counts.scatter_add_(1, padded.to(device), torch.ones(padded.shape, device=device))
-    return counts[:, :vocab]
+    # flat keys row * vocab + token: every output token, and the prompt's where a repetition penalty reads it
+    out_keys = torch.tensor([i * vocab + t for i, s in enumerate(seqs) for t in s.output_token_ids], dtype=torch.long)
+    prompt_keys = torch.tensor([i * vocab + t for i, s in enumerate(seqs) if rep[i] != 1.0
+                                for t in s.prompt_token_ids], dtype=torch.long)
+    keys, where = torch.unique(torch.cat((out_keys, prompt_keys)), return_inverse=True)
+    if not keys.numel():
+        return logits
+    count = torch.zeros(keys.numel()).index_add_(0, where[:out_keys.numel()], torch.ones(out_keys.numel())).to(device)
+    keys, row = keys.to(device), (keys // vocab).to(device)
+    values = logits.reshape(-1)[keys]
+    r = torch.tensor(rep, device=device)[row]
+    # as a dense [N, vocab] pass would: the same float32 operations on each seen entry
+    values = torch.where(r != 1.0, torch.where(values > 0, values / r, values * r), values)
+    values = values - torch.tensor(freq, device=device)[row] * count
+    values = values - torch.tensor(pres, device=device)[row] * (count > 0).float()
+    out = logits.clone(memory_format=torch.contiguous_format)
+    out.view(-1)[keys] = values
+    return out
 
 
 def mask_guided(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> torch.Tensor:
@@ -128,29 +127,37 @@ def finite_rows(logits: torch.Tensor) -> list[bool]:
 
 
 def choose_tokens(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None) -> torch.Tensor:
-    """Greedy rows take the argmax; the others sample (temperature, top-k/p, min-p).
-    Noise is drawn for sampling rows only, so greedy neighbours do not move the
-    shared generator."""
+    """Greedy rows take the argmax; the others sample (temperature, top-k/p, min-p) with one
+    uniform each, drawn for sampling rows only, so greedy neighbours do not move the shared
+    generator."""
     tokens = first_argmax(logits)
     rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if not rows:
         return tokens
     params = [seqs[i].params for i in rows]
-    temperature = torch.tensor([p.temperature for p in params], device=logits.device)
-    sub = truncate(logits[rows] / temperature[:, None], [p.top_k for p in params], [p.top_p for p in params],
-                   [p.min_p for p in params])
-    probs = torch.softmax(sub, dim=-1)
-    noise = exponential_noise(probs.shape, [seqs[i] for i in rows], generator, probs.device)
-    tokens[rows] = first_argmax(probs / noise)
+    u = uniforms([seqs[i] for i in rows], generator)
+    temperature = torch.tensor([p.temperature for p in params])
+    top_k = [p.top_k for p in params]
+    top_p = torch.tensor([p.top_p for p in params])
+    min_p = torch.tensor([p.min_p for p in params])
+    if logits.device.type == "cpu" and sample_kernel.available():
+        picked = sample_kernel.sample_rows(logits.contiguous(), torch.tensor(rows), temperature,
+                                           torch.tensor(top_k), top_p, min_p, u)
+    else:
+        device = logits.device
+        sub = truncate(logits[rows] / temperature.to(device)[:, None], top_k, top_p.tolist(), min_p.tolist())
+        picked = inverse_cdf(sub, u.to(device))
+    tokens[rows] = picked.to(tokens.device)
     return tokens
 
 
 def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
-    """Set to -inf every logit outside each row's top-k, top-p nucleus and min-p floor."""
+    """Set to -inf every logit outside each row's top-k, top-p nucleus and min-p floor. The order is
+    a stable descending sort (ties: the lower index first), as the native kernel's."""
     n, vocab = logits.shape
     device = logits.device
-    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         ranks = torch.arange(vocab, device=device)[None, :]
         # k past the vocabulary means "all" (and must not overflow an int64 tensor)
         k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=device)[:, None]
@@ -168,17 +175,29 @@ def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: 
     return logits
 
 
-def exponential_noise(shape, seqs: list[Sequence], generator: torch.Generator | None, device) -> torch.Tensor:
-    """Exp(1) noise [N, V]; rows of seeded sequences come from their own generator (on CPU,
-    so a seed gives the same tokens on every device)."""
-    noise = torch.empty(shape, device=device)
-    seeded = [i for i, s in enumerate(seqs) if s.generator is not None]
+def inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """logits [M, V] (-inf: dropped), u [M] float64 in [0, 1) -> [M] the first token, in index order,
+    whose running probability passes u (float64 sums); never a token of probability 0."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+    picked = picked.clamp_max(logits.shape[1] - 1)
+    # u x total at the very end (rounding) can land past the last kept token: step back to it
+    last = (probs > 0).cumsum(dim=-1).argmax(dim=-1)
+    return torch.where(probs.gather(1, picked[:, None]).squeeze(1) > 0, picked, last)
+
+
+def uniforms(seqs: list[Sequence], generator: torch.Generator | None) -> torch.Tensor:
+    """[N] float64 in [0, 1): one per row; seeded sequences draw from their own generator (on CPU,
+    so a seed gives the same tokens on every device), the others together from `generator`."""
+    u = torch.empty(len(seqs), dtype=torch.float64)
     unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
     if unseeded:
-        noise[unseeded] = torch.empty(len(unseeded), shape[1]).exponential_(generator=generator).to(device)
-    for i in seeded:
-        noise[i] = torch.empty(shape[1]).exponential_(generator=seqs[i].generator).to(device)
-    return noise.clamp_min_(1e-30)  # a zero draw would turn p=0 into 0/0
+        u[unseeded] = torch.rand(len(unseeded), generator=generator, dtype=torch.float64)
+    for i, s in enumerate(seqs):
+        if s.generator is not None:
+            u[i] = torch.rand((), generator=s.generator, dtype=torch.float64)
+    return u
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, top_n: list[int]):

@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from latentkv.engine.sampler import finite_rows, first_argmax, sample, truncate
+from latentkv.engine.sampler import apply_penalties, finite_rows, first_argmax, sample, truncate
 from latentkv.engine.sequence import Sequence
+from latentkv.kernels import sample as sample_kernel
 from latentkv.sampling_params import SamplingParams
 
 
@@ -113,3 +114,59 @@ def test_logprobs_include_chosen_and_top_n():
     s = seq(SamplingParams(temperature=0, logprobs=1, repetition_penalty=100.0), prompt=(1, 2))
     out = sample(logits, [s], [])
     assert out.token_ids == [0] and set(out.logprobs[0]) == {1, 0} and out.logprobs[0][0].rank == 3
+
+
+def mixed_batch(n, vocab, gen):
+    """Greedy, seeded and unseeded rows under every kind of truncation."""
+    seqs = []
+    for i in range(n):
+        params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
+                  SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.8, top_k=40, seed=i),
+                  SamplingParams(temperature=1.2, min_p=0.05, top_p=0.95, top_k=vocab + 3)][i % 5]
+        seqs.append(seq(params))
+    return seqs
+
+
+def test_native_and_torch_samplers_pick_the_same_tokens(monkeypatch):
+    """The kernel and the reference ops draw the same uniforms and so pick the same tokens."""
+    if not sample_kernel.available():
+        pytest.skip(f"native sampler not built: {sample_kernel.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(20, 3000, generator=gen) * 3
+    native = sample(logits, mixed_batch(20, 3000, gen), [], torch.Generator().manual_seed(5)).token_ids
+    monkeypatch.setattr(sample_kernel.EXT, "state", {"module": None, "reason": "the reference path (tests)"})
+    reference = sample(logits, mixed_batch(20, 3000, gen), [], torch.Generator().manual_seed(5)).token_ids
+    assert native == reference
+    assert len(set(native)) > 10  # it really samples
+
+
+def dense_penalties(logits, seqs):
+    """The [N, vocab] count-table form of the penalties (what the sparse form must equal bit for bit)."""
+    n, vocab = logits.shape
+
+    def counts(lists):
+        out = torch.zeros(n, vocab)
+        for i, ids in enumerate(lists):
+            for t in ids:
+                out[i, t] += 1
+        return out
+    c = counts([s.output_token_ids for s in seqs])
+    seen = (c + counts([s.prompt_token_ids for s in seqs])) > 0
+    r = torch.tensor([s.params.repetition_penalty for s in seqs])[:, None].expand_as(logits)
+    logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    logits = logits - torch.tensor([s.params.frequency_penalty for s in seqs])[:, None] * c
+    return logits - torch.tensor([s.params.presence_penalty for s in seqs])[:, None] * (c > 0).float()
+
+
+def test_sparse_penalties_equal_the_dense_table():
+    gen = torch.Generator().manual_seed(2)
+    vocab = 300
+    logits = torch.randn(6, vocab, generator=gen) * 2
+    options = [dict(repetition_penalty=1.3), dict(presence_penalty=0.5, frequency_penalty=-0.3),
+               dict(repetition_penalty=0.8, frequency_penalty=1.0), dict(), dict(presence_penalty=-1.5),
+               dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2)]
+    seqs = [seq(SamplingParams(temperature=1.0, **o), prompt=torch.randint(0, vocab, (30,), generator=gen).tolist(),
+                outputs=torch.randint(0, vocab, (i * 7,), generator=gen).tolist()) for i, o in enumerate(options)]
+    before = logits.clone()
+    assert torch.equal(apply_penalties(logits, seqs), dense_penalties(logits, seqs))
+    assert torch.equal(logits, before)  # a copy: the caller's logits stay as they were

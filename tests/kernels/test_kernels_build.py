@@ -3,9 +3,9 @@ import warnings
 
 import pytest
 
-from latentkv.kernels import attention, build, decode_ops, qlinear
+from latentkv.kernels import attention, build, decode_ops, qlinear, sample
 
-FAMILIES = [attention, decode_ops, qlinear]
+FAMILIES = [attention, decode_ops, qlinear, sample]
 
 
 def built(family):

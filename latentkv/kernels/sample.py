@@ -1,0 +1,55 @@
+"""The batched sampler's kernel (csrc/sample/): one token per row of float32 logits under the row's
+temperature, top_k, top_p and min_p, drawn by inverse CDF with one uniform per row. No sort of the
+vocabulary (a histogram finds the top-k / top-p cut; sample_impl.h); rows in parallel, each alone.
+engine/sampler.py holds the PyTorch reference (`truncate` + the same inverse CDF) and decides when
+this runs.
+
+ISA paths: avx512, avx2, scalar (the same loops auto-vectorized per target). LATENTKV_SAMPLE_KERNEL=0
+switches the extension off.
+"""
+from __future__ import annotations
+
+import torch
+
+from .build import Extension
+
+
+def probe(module, isa: int) -> list:
+    """The self-check's inputs (kernels/build.py): the tokens of rows under every kind of truncation,
+    exactly the scalar path's (random logits put no cut or draw within rounding of a boundary)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 3000, generator=gen) * 2.0
+    logits[3, ::7] = float("-inf")          # a guided row's mask
+    logits[5, 100:200] = logits[5].max()    # ties at the top
+    n = 24
+    rows = torch.arange(n) % 8
+    temperature = torch.tensor([1.0, 0.7, 1.3, 0.5] * 6)
+    top_k = torch.tensor([0, 50, 0, 3000, 1, 120] * 4)
+    top_p = torch.tensor([1.0, 0.9, 0.5, 1.0, 0.95, 0.3, 1.0, 0.8] * 3)
+    min_p = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.2, 0.0] * 4)
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    tokens = module.sample_rows(logits, rows, temperature, top_k, top_p, min_p, u, torch.empty(0), isa)
+    return [("sample_rows", tokens.double(), 0.0)]
+
+
+EXT = Extension("sample", "latentkv_sample", "sample.cpp", "LATENTKV_SAMPLE_KERNEL", "the native sampler is",
+                "the PyTorch sampler", probe)
+
+
+def available() -> bool:
+    return EXT.available()
+
+
+def unavailable_reason() -> str | None:
+    return EXT.unavailable_reason()
+
+
+def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor, isa: int | None = None,
+                kept: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [R, V] float32 (rows contiguous), rows [N] int64 (which logit rows), temperature [N] float32 > 0,
+    top_k [N] int64 (0: off), top_p [N] float32 in (0, 1], min_p [N] float32 in [0, 1], u [N] float64 in
+    [0, 1) -> tokens [N] int64. `isa`: the path (default: the one that serves); `kept` [N, V] float32, if
+    given, gets each row's weights after truncation (e^((l - max) / T), 0 where dropped)."""
+    return EXT.module().sample_rows(logits, rows, temperature, top_k, top_p, min_p, u,
+                                    torch.empty(0) if kept is None else kept, EXT.isa() if isa is None else isa)
