@@ -16,8 +16,10 @@ truncation), as in vLLM. A guided sequence's disallowed tokens are -inf before t
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from latentkv.engine.outputs import Logprob, PositionLogprobs
@@ -36,19 +38,29 @@ class SamplerOutput:
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
            generator: torch.Generator | None = None) -> SamplerOutput:
     """logits [N, V] float32, one row per sequence of `seqs` -> one token per row."""
-    logits = logits.float()
-    rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-    raw_logprobs = torch.log_softmax(logits[rows], dim=-1) if rows else None
-    logits = apply_penalties(logits, seqs)
+    raw = logits.float()
+    logits = apply_penalties(raw, seqs)
     logits = mask_guided(logits, seqs, eos_token_ids)
     tokens = choose_tokens(logits, seqs, generator)
     out = SamplerOutput(tokens.tolist(), [None] * len(seqs), [None] * len(seqs))
-    if raw_logprobs is not None:
+    rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+    if rows:
         top_n = [seqs[i].params.logprobs for i in rows]
-        dicts, chosen = gather_logprobs(raw_logprobs, tokens[rows], top_n)
+        dicts, chosen = raw_logprobs(raw, rows, tokens[rows], top_n)
         for i, d, c in zip(rows, dicts, chosen):
             out.logprobs[i], out.chosen_logprobs[i] = d, c
     return out
+
+
+def raw_logprobs(raw: torch.Tensor, rows: list[int], token_ids: torch.Tensor, top_n: list[int]):
+    """The model's own distribution (before penalties, temperature and truncation) at `rows` of raw
+    [N, V]: ([{id: Logprob}], [chosen logprob]) as gather_logprobs gives them."""
+    if raw.device.type == "cpu" and sample_kernel.available():
+        chosen, ranks, top_vals, top_ids = sample_kernel.logprob_rows(raw.contiguous(), torch.tensor(rows),
+                                                                      token_ids.contiguous(), max(top_n))
+        return logprob_dicts(chosen.tolist(), ranks.tolist(), top_vals.tolist(), top_ids.tolist(),
+                             token_ids.tolist(), top_n)
+    return gather_logprobs(torch.log_softmax(raw[rows], dim=-1), token_ids, top_n)
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -61,10 +73,25 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         return logits
     n, vocab = logits.shape
     device = logits.device
+    # every penalized row's ids, prompt then output (one numpy read of the id lists: torch.tensor of a
+    # Python list costs ~8x more)
+    penalized = [i for i in range(n) if rep[i] != 1.0 or pres[i] or freq[i]]
+    lens = torch.zeros(n, dtype=torch.long)
+    lens[penalized] = torch.tensor([len(seqs[i].token_ids) for i in penalized])
+    flat = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(seqs[i].token_ids for i in penalized),
+                                        dtype=np.int64, count=int(lens.sum())))
+    prompt_lens = torch.tensor([seqs[i].num_prompt_tokens if lens[i] else 0 for i in range(n)])
+    if device.type == "cpu" and sample_kernel.available():
+        return sample_kernel.penalize_rows(logits.contiguous(), flat, lens, prompt_lens, torch.tensor(rep),
+                                           torch.tensor(pres), torch.tensor(freq))
     # flat keys row * vocab + token: every output token, and the prompt's where a repetition penalty reads it
-    out_keys = torch.tensor([i * vocab + t for i, s in enumerate(seqs) for t in s.output_token_ids], dtype=torch.long)
-    prompt_keys = torch.tensor([i * vocab + t for i, s in enumerate(seqs) if rep[i] != 1.0
-                                for t in s.prompt_token_ids], dtype=torch.long)
+    row = torch.repeat_interleave(torch.arange(n), lens)
+    position = torch.arange(flat.numel()) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+    prompt = position < torch.repeat_interleave(prompt_lens, lens)
+    reads_prompt = torch.repeat_interleave(torch.tensor([r != 1.0 for r in rep]), lens)
+    has_logit = (flat >= 0) & (flat < vocab)  # an id past the logits has none to penalize
+    flat += row * vocab
+    out_keys, prompt_keys = flat[~prompt & has_logit], flat[prompt & reads_prompt & has_logit]
     keys, where = torch.unique(torch.cat((out_keys, prompt_keys)), return_inverse=True)
     if not keys.numel():
         return logits
@@ -209,13 +236,17 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, top_n: list
     ranks = (logprobs > chosen[:, None]).sum(dim=-1) + 1
     width = max(top_n, default=0)
     top_vals, top_ids = logprobs.topk(width, dim=-1) if width else (None, None)
-    chosen_l, ranks_l, ids_l = chosen.tolist(), ranks.tolist(), token_ids.tolist()
+    return logprob_dicts(chosen.tolist(), ranks.tolist(), top_vals.tolist() if width else None,
+                         top_ids.tolist() if width else None, token_ids.tolist(), top_n)
+
+
+def logprob_dicts(chosen: list[float], ranks: list[int], top_vals, top_ids, token_ids: list[int], top_n: list[int]):
+    """Per row: {id: Logprob} of its top_n[r] (top_vals / top_ids [M][>= top_n[r]]) and its token."""
     dicts = []
     for r, n in enumerate(top_n):
         d: PositionLogprobs = {}
-        if n:
-            for rank, (v, t) in enumerate(zip(top_vals[r, :n].tolist(), top_ids[r, :n].tolist()), start=1):
-                d[t] = Logprob(v, rank)
-        d[ids_l[r]] = Logprob(chosen_l[r], ranks_l[r])
+        for rank, (v, t) in enumerate(zip(top_vals[r][:n], top_ids[r][:n]) if n else (), start=1):
+            d[t] = Logprob(v, rank)
+        d[token_ids[r]] = Logprob(chosen[r], ranks[r])
         dicts.append(d)
-    return dicts, chosen_l
+    return dicts, chosen

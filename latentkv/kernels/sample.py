@@ -1,6 +1,8 @@
 """The batched sampler's kernel (csrc/sample/): one token per row of float32 logits under the row's
 temperature, top_k, top_p and min_p, drawn by inverse CDF with one uniform per row. No sort of the
 vocabulary (a histogram finds the top-k / top-p cut; sample_impl.h); rows in parallel, each alone.
+And the rows' log-probabilities (the chosen token's, its rank, the top n) without a [N, V] log_softmax,
+and the penalties on each row's seen tokens (no [N, V] count table).
 engine/sampler.py holds the PyTorch reference (`truncate` + the same inverse CDF) and decides when
 this runs.
 
@@ -53,3 +55,18 @@ def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Ten
     given, gets each row's weights after truncation (e^((l - max) / T), 0 where dropped)."""
     return EXT.module().sample_rows(logits, rows, temperature, top_k, top_p, min_p, u,
                                     torch.empty(0) if kept is None else kept, EXT.isa() if isa is None else isa)
+
+
+def logprob_rows(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, n: int, isa: int | None = None):
+    """logits [R, V] float32 (rows contiguous), rows [N] int64, chosen [N] int64 token ids, n >= 0 ->
+    (chosen logprob [N] float32, rank [N] int64, top values [N, n] float32, top ids [N, n] int64) of the
+    raw distribution (log_softmax of each row; the top n by value, ties by the lower index)."""
+    return EXT.module().logprob_rows(logits, rows, chosen, n, EXT.isa() if isa is None else isa)
+
+
+def penalize_rows(logits: torch.Tensor, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor,
+                  rep: torch.Tensor, pres: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] float32; ids: each row's token ids (prompt, then output) one row after another, int64;
+    lens, prompt_lens [N] int64; rep, pres, freq [N] float32 -> a new [N, V]: the logits with each row's
+    repetition (prompt + output), frequency and presence (output) penalties, torch's float32 bits."""
+    return EXT.module().penalize_rows(logits, ids, lens, prompt_lens, rep, pres, freq)

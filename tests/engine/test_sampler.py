@@ -148,7 +148,8 @@ def dense_penalties(logits, seqs):
         out = torch.zeros(n, vocab)
         for i, ids in enumerate(lists):
             for t in ids:
-                out[i, t] += 1
+                if t < vocab:
+                    out[i, t] += 1
         return out
     c = counts([s.output_token_ids for s in seqs])
     seen = (c + counts([s.prompt_token_ids for s in seqs])) > 0
@@ -158,7 +159,12 @@ def dense_penalties(logits, seqs):
     return logits - torch.tensor([s.params.presence_penalty for s in seqs])[:, None] * (c > 0).float()
 
 
-def test_sparse_penalties_equal_the_dense_table():
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_sparse_penalties_equal_the_dense_table(path, monkeypatch):
+    if path == "native" and not sample_kernel.available():
+        pytest.skip(f"native sampler not built: {sample_kernel.unavailable_reason()}")
+    if path == "torch":
+        monkeypatch.setattr(sample_kernel.EXT, "state", {"module": None, "reason": "the reference path (tests)"})
     gen = torch.Generator().manual_seed(2)
     vocab = 300
     logits = torch.randn(6, vocab, generator=gen) * 2
@@ -167,6 +173,7 @@ def test_sparse_penalties_equal_the_dense_table():
                dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2)]
     seqs = [seq(SamplingParams(temperature=1.0, **o), prompt=torch.randint(0, vocab, (30,), generator=gen).tolist(),
                 outputs=torch.randint(0, vocab, (i * 7,), generator=gen).tolist()) for i, o in enumerate(options)]
+    seqs[0].token_ids[3] = vocab + 4  # an id past the logits (a tokenizer larger than the head) is passed over
     before = logits.clone()
     assert torch.equal(apply_penalties(logits, seqs), dense_penalties(logits, seqs))
     assert torch.equal(logits, before)  # a copy: the caller's logits stay as they were

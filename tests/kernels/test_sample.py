@@ -141,3 +141,23 @@ def test_bad_arguments_are_refused(bad):
         args["rows"] = torch.tensor([0, 2])
     with pytest.raises(RuntimeError, match="sample: "):
         sample.sample_rows(logits, **args)
+
+
+def test_logprobs_equal_log_softmax_with_ranks_and_the_top_n_at_ties():
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(10, 5000, generator=gen) * 4
+    logits[3] = torch.randint(-2, 2, (5000,), generator=gen).float()  # ties everywhere
+    logits[4, ::3] = float("-inf")
+    chosen = torch.randint(0, 5000, (10,), generator=gen)
+    chosen[4] = 1
+    rows = torch.arange(10)
+    want = torch.log_softmax(logits, dim=-1)
+    order = want.sort(dim=-1, descending=True, stable=True)
+    for isa in paths():
+        lp, rank, vals, ids = sample.logprob_rows(logits, rows, chosen, 7, isa)
+        assert torch.allclose(lp, want[rows, chosen], rtol=1e-5, atol=1e-5)
+        assert rank.tolist() == ((want > want[rows, chosen][:, None]).sum(-1) + 1).tolist()
+        assert ids.tolist() == order.indices[:, :7].tolist()
+        assert torch.allclose(vals, order.values[:, :7], rtol=1e-5, atol=1e-5)
+    lp, rank, vals, ids = sample.logprob_rows(logits, rows, chosen, 0)
+    assert vals.shape == (10, 0) and ids.shape == (10, 0)

@@ -18,6 +18,12 @@ static SampleRow row_fn(int64_t isa) {
   return isa_scalar::sample_row;
 }
 
+static LogprobRow logprob_fn(int64_t isa) {
+  if (isa >= 2) return isa_avx512::logprob_row;
+  if (isa == 1) return isa_avx2::logprob_row;
+  return isa_scalar::logprob_row;
+}
+
 at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& rows, const at::Tensor& temperature,
                        const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& u,
                        const at::Tensor& kept, int64_t isa) {
@@ -63,9 +69,83 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& rows, const a
   return out;
 }
 
+// logits [N, V] float32, ids (every row's token ids, prompt then output, one after another) int64,
+// lens [N] int64 (ids a row), prompt_lens [N] int64, rep / pres / freq [N] float32 -> [N, V]: the
+// logits with each row's penalties (sample_impl.h penalize_row).
+at::Tensor penalize_rows(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& lens,
+                         const at::Tensor& prompt_lens, const at::Tensor& rep, const at::Tensor& pres,
+                         const at::Tensor& freq) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
+              "sample: logits must be CPU float32 [N, V] with contiguous rows");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(ids.device().is_cpu() && ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous(),
+              "sample: ids must be a contiguous int64 CPU vector");
+  for (const at::Tensor* t : {&lens, &prompt_lens})
+    TORCH_CHECK(t->device().is_cpu() && t->numel() == N && t->scalar_type() == at::kLong && t->is_contiguous(),
+                "sample: lens and prompt_lens must be contiguous int64 CPU vectors of one a row");
+  for (const at::Tensor* t : {&rep, &pres, &freq})
+    TORCH_CHECK(t->device().is_cpu() && t->numel() == N && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                "sample: rep, pres and freq must be contiguous float32 CPU vectors of one a row");
+  const int64_t *len = lens.data_ptr<int64_t>(), *plen = prompt_lens.data_ptr<int64_t>(), *id = ids.data_ptr<int64_t>();
+  std::vector<int64_t> start(N + 1, 0);
+  for (int64_t r = 0; r < N; ++r) {
+    TORCH_CHECK(len[r] >= 0 && plen[r] >= 0 && plen[r] <= len[r], "sample: row ", r, "'s lengths are inconsistent");
+    start[r + 1] = start[r] + len[r];
+  }
+  TORCH_CHECK(start[N] == ids.numel(), "sample: lens add up to ", start[N], ", ids hold ", ids.numel());
+  at::Tensor out = at::empty({N, V}, logits.options());
+  const float *base = logits.data_ptr<float>(), *R = rep.data_ptr<float>(), *P = pres.data_ptr<float>(),
+              *F = freq.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t stride = logits.stride(0);
+  at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> count(V, 0);
+    std::vector<uint8_t> seen(V, 0);
+    std::vector<int64_t> touched;
+    for (int64_t r = begin; r < end; ++r)
+      isa_scalar::penalize_row(base + r * stride, V, id + start[r], len[r], plen[r], R[r], P[r], F[r], o + r * V,
+                               count.data(), seen.data(), touched);
+  });
+  return out;
+}
+
+// logits [*, V] float32, rows [N] int64, chosen [N] int64 (token ids), n (top logprobs a row, >= 0)
+// -> (chosen logprob [N] float32, rank [N] int64, top values [N, n] float32, top ids [N, n] int64): the
+// raw distribution's log-probabilities (log_softmax of the row), the top n by value, ties by index.
+std::vector<at::Tensor> logprob_rows(const at::Tensor& logits, const at::Tensor& rows, const at::Tensor& chosen,
+                                     int64_t n, int64_t isa) {
+  TORCH_CHECK(isa_supported(isa), "sample: this CPU does not support instruction set ", isa);
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
+              "sample: logits must be CPU float32 [*, V] with contiguous rows");
+  const int64_t N = rows.numel(), V = logits.size(1), R = logits.size(0);
+  for (const at::Tensor* t : {&rows, &chosen})
+    TORCH_CHECK(t->device().is_cpu() && t->dim() == 1 && t->numel() == N && t->scalar_type() == at::kLong &&
+                    t->is_contiguous(), "sample: rows and chosen must be contiguous int64 CPU vectors of one length");
+  TORCH_CHECK(n >= 0 && n <= V, "sample: n must be in [0, V]");
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const int64_t* tok = chosen.data_ptr<int64_t>();
+  for (int64_t r = 0; r < N; ++r)
+    TORCH_CHECK(row[r] >= 0 && row[r] < R && tok[r] >= 0 && tok[r] < V, "sample: row ", r, " or its token out of range");
+  at::Tensor lp = at::empty({N}, logits.options()), rank = at::empty({N}, rows.options());
+  at::Tensor vals = at::empty({N, n}, logits.options()), ids = at::empty({N, n}, rows.options());
+  const LogprobRow fn = logprob_fn(isa);
+  const float* base = logits.data_ptr<float>();
+  float *lpp = lp.data_ptr<float>(), *vp = vals.data_ptr<float>();
+  int64_t *rp = rank.data_ptr<int64_t>(), *ip = ids.data_ptr<int64_t>();
+  const int64_t stride = logits.stride(0);
+  at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) fn(base + row[r] * stride, V, tok[r], n, vp + r * n, ip + r * n, lpp + r, rp + r);
+  });
+  return {lp, rank, vals, ids};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL released while rows are sampled: the server's event loop and tokenizer thread go on
   m.def("sample_rows", &sample_rows, py::call_guard<py::gil_scoped_release>(),
         "one token per row of float32 logits: temperature, top_k, top_p, min_p, inverse CDF with the row's uniform");
+  m.def("penalize_rows", &penalize_rows, py::call_guard<py::gil_scoped_release>(),
+        "the logits with each row's repetition, presence and frequency penalties on its seen tokens");
+  m.def("logprob_rows", &logprob_rows, py::call_guard<py::gil_scoped_release>(),
+        "the chosen tokens' log-probabilities and ranks, and each row's top n, of raw float32 logits");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
 }

@@ -29,13 +29,28 @@ struct RowScratch {
 // row of V float32 logits -> the token the row samples (sample_impl.h has the contract); `kept`, where
 // not null, gets the row's weights after truncation [V] (e^((l - max) / T), 0 where dropped).
 using SampleRow = int64_t (*)(const float* logits, int64_t V, const RowParams& p, RowScratch& s, float* kept);
+// row of V float32 logits, the chosen token, n -> its log-probability and rank, the n largest (sample_impl.h)
+using LogprobRow = void (*)(const float* logits, int64_t V, int64_t chosen, int64_t n, float* top_vals,
+                            int64_t* top_ids, float* chosen_logprob, int64_t* rank);
 
 namespace isa_scalar {
+void penalize_row(const float* logits, int64_t V, const int64_t* ids, int64_t n_ids, int64_t n_prompt, float rep,
+                  float pres, float freq, float* out, int32_t* count, uint8_t* seen, std::vector<int64_t>& touched);
 int64_t sample_row(const float* logits, int64_t V, const RowParams& p, RowScratch& s, float* kept);
+void logprob_row(const float* logits, int64_t V, int64_t chosen, int64_t n, float* top_vals, int64_t* top_ids,
+                 float* chosen_logprob, int64_t* rank);
 }
 namespace isa_avx2 {
+void penalize_row(const float* logits, int64_t V, const int64_t* ids, int64_t n_ids, int64_t n_prompt, float rep,
+                  float pres, float freq, float* out, int32_t* count, uint8_t* seen, std::vector<int64_t>& touched);
 int64_t sample_row(const float* logits, int64_t V, const RowParams& p, RowScratch& s, float* kept);
+void logprob_row(const float* logits, int64_t V, int64_t chosen, int64_t n, float* top_vals, int64_t* top_ids,
+                 float* chosen_logprob, int64_t* rank);
 }
 namespace isa_avx512 {
+void penalize_row(const float* logits, int64_t V, const int64_t* ids, int64_t n_ids, int64_t n_prompt, float rep,
+                  float pres, float freq, float* out, int32_t* count, uint8_t* seen, std::vector<int64_t>& touched);
 int64_t sample_row(const float* logits, int64_t V, const RowParams& p, RowScratch& s, float* kept);
+void logprob_row(const float* logits, int64_t V, int64_t chosen, int64_t n, float* top_vals, int64_t* top_ids,
+                 float* chosen_logprob, int64_t* rank);
 }

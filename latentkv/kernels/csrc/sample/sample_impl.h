@@ -185,3 +185,79 @@ int64_t sample_row(const float* l, int64_t V, const RowParams& p, RowScratch& s,
     if (e[i] > 0.0f) return i;
   return 0;
 }
+
+// Log-probabilities of the raw row (log_softmax's values, as vLLM returns them): the chosen token's
+// and its rank (1 + the tokens strictly above it), and the n largest (value descending, index
+// ascending) into top_vals / top_ids [n]. Blocks of 64 whose max cannot enter the top n are skipped
+// after one vector pass, so a row costs ~three passes over V whatever n.
+void logprob_row(const float* __restrict l, int64_t V, int64_t chosen, int64_t n, float* top_vals, int64_t* top_ids,
+                 float* chosen_logprob, int64_t* rank) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < V; ++i) m = l[i] > m ? l[i] : m;
+  float sum = 0.0f;
+  int64_t above = 0;
+  const float lc = l[chosen];
+#pragma omp simd reduction(+ : sum, above)
+  for (int64_t i = 0; i < V; ++i) {
+    sum += exp_poly(l[i] - m);
+    above += l[i] > lc;
+  }
+  const float log_z = m + std::log(sum);  // NaN logits make it NaN, as log_softmax does
+  *chosen_logprob = lc - log_z;
+  *rank = above + 1;
+  int64_t filled = 0;
+  constexpr int64_t B = 64;
+  for (int64_t b0 = 0; n > 0 && b0 < V; b0 += B) {
+    const int64_t b1 = std::min(V, b0 + B);
+    if (filled == n) {
+      float bm = -INFINITY;
+#pragma omp simd reduction(max : bm)
+      for (int64_t i = b0; i < b1; ++i) bm = l[i] > bm ? l[i] : bm;
+      if (!(bm > top_vals[n - 1])) continue;
+    }
+    for (int64_t i = b0; i < b1; ++i) {
+      if (filled == n && !(l[i] > top_vals[n - 1])) continue;
+      int64_t at = filled < n ? filled++ : n - 1;  // the slot it takes, then moved up past smaller values
+      while (at > 0 && top_vals[at - 1] < l[i]) {
+        top_vals[at] = top_vals[at - 1];
+        top_ids[at] = top_ids[at - 1];
+        --at;
+      }
+      top_vals[at] = l[i];
+      top_ids[at] = i;
+    }
+  }
+  for (int64_t j = 0; j < filled; ++j) top_vals[j] -= log_z;
+}
+
+// Penalties of one row, into out (the row's logits copied, the seen tokens changed): a token of the
+// prompt (where rep != 1) or the output so far is seen; seen tokens' logits are divided by rep where
+// positive, multiplied where not; each output token's count c takes freq x c and pres x (c > 0). The
+// same float32 operations, in the same order, as a dense [N, V] pass (engine/sampler.py's reference):
+// not contracted, so the bits are torch's. An id outside [0, V) has no logit and is passed over.
+// count / seen [V] come zeroed and are left zeroed.
+__attribute__((optimize("fp-contract=off"))) void penalize_row(
+    const float* __restrict l, int64_t V, const int64_t* ids, int64_t n_ids, int64_t n_prompt, float rep, float pres,
+    float freq, float* __restrict out, int32_t* count, uint8_t* seen, std::vector<int64_t>& touched) {
+  std::copy(l, l + V, out);
+  touched.clear();
+  for (int64_t j = rep != 1.0f ? 0 : n_prompt; j < n_ids; ++j) {
+    const int64_t t = ids[j];
+    if (t < 0 || t >= V) continue;
+    if (!seen[t]) seen[t] = 1, touched.push_back(t);
+    if (j >= n_prompt) ++count[t];
+  }
+  for (const int64_t t : touched) {
+    float v = l[t];
+    if (rep != 1.0f) v = v > 0.0f ? v / rep : v * rep;
+    const float c = (float)count[t];
+    const float f = freq * c;
+    v = v - f;
+    const float p = pres * (c > 0.0f ? 1.0f : 0.0f);
+    v = v - p;
+    out[t] = v;
+    count[t] = 0;
+    seen[t] = 0;
+  }
+}
