@@ -13,12 +13,13 @@ from dataclasses import replace
 
 import torch
 
+from .layer_api import AttentionLayer
 from .metadata import AttentionMetadata
 from .paged import write
 from .prefill import invariant_prefill
 
 
-def choose_path(layer, meta: AttentionMetadata) -> str:
+def choose_path(layer: AttentionLayer, meta: AttentionMetadata) -> str:
     """The cheaper path by multiply-adds on the padded shapes (or the one meta forces).
     Prefills over cached context take the absorbed path: it reads the latent in tiles (no
     per-head K/V for the whole context). Batch-invariant steps reach here only with decode rows
@@ -40,7 +41,7 @@ class AttentionBackend:
 
     name = "base"
 
-    def forward(self, layer, q_nope, q_rope, c, k_r, cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, layer: AttentionLayer, q_nope, q_rope, c, k_r, cache, meta: AttentionMetadata) -> torch.Tensor:
         """-> [T, H, dv] in flat order; writes this step's latents to cache first."""
         if c is not None:  # None: the layer stored them itself (model/fused.py write_latent)
             write(cache, c, k_r, meta.slot_mapping)  # every group's new latents first: each reads its own
@@ -50,13 +51,13 @@ class AttentionBackend:
         self.attend_groups(layer, q_nope, q_rope, cache, meta.groups, out)
         return out
 
-    def attend_groups(self, layer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
+    def attend_groups(self, layer: AttentionLayer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
         """meta.groups' rows of the flat q_* [T,H,*] -> out[rows] [T,H,dv], group by group; a backend
         that attends several groups in one pass overrides it."""
         for rows, group in groups:
             out[rows] = self.attend(layer, q_nope[rows], q_rope[rows], cache, group)
 
-    def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+    def attend(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         """One group: q_* [T,H,*] (flat, already in the cache) -> [T,H,dv]."""
         if meta.prompt_rows is not None:
             return self.attend_prompt(layer, q_nope, q_rope, cache, meta)
@@ -73,7 +74,7 @@ class AttentionBackend:
             out = self.dense_attention(torch.cat((q_nope, layer.full_rope(q_rope)), dim=-1), key, value, meta, layer.scale)
         return out[0] if single else out[meta.query_valid]  # [T, H, dv], back in flat order
 
-    def attend_prompt(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+    def attend_prompt(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         """Batch-invariant, one sequence: its leading prompt rows by the invariant naive path, the
         rest (tokens decode produced, recomputed after a preemption) as decode computed them."""
         if meta.num_seqs != 1:
@@ -87,7 +88,7 @@ class AttentionBackend:
                        prompt_rows=None, groups=None, _masks={})
         return torch.cat((out, self.attend(layer, q_nope[n:], q_rope[n:], cache, rest)))
 
-    def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+    def prompt_attention(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         """One sequence's prompt rows q_nope [n,H,dn], q_rope [n,H,dr] -> [n,H,dv], batch-invariant
         (attention/prefill.py); a backend with a faster invariant kernel overrides it."""
         return invariant_prefill(layer, q_nope, q_rope, cache, meta)

@@ -11,6 +11,7 @@ import torch
 
 from ..cache import q4
 from ..kernels.attention import available, chosen_isa, mla_decode, mla_prefill, prefill_finish, prefill_supported, unavailable_reason
+from .layer_api import AttentionLayer
 from .metadata import AttentionMetadata
 from .prefill import span_prefill, span_prefill_many
 from .torch_ref import QUERY_CHUNK, TorchBackend
@@ -60,12 +61,12 @@ class NativeBackend(TorchBackend):
             return super().decode_route(dtype, device, invariant)
         return f"native kernel ({self.kernel_isa(dtype)})"
 
-    def prompt_attention(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+    def prompt_attention(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         if self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
             return span_prefill(layer, q_nope, q_rope, cache, meta, self.prefill_kernel, prefill_finish)
         return super().prompt_attention(layer, q_nope, q_rope, cache, meta)
 
-    def attend_groups(self, layer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
+    def attend_groups(self, layer: AttentionLayer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
         # Sequences whose new rows are all prompt rows go through the prefill kernel together: their
         # latent reads, expansions and rope keys one call each per span (row by row the same bits),
         # ~a sixth of a prefill step of 32 x 256 prompts as 32 calls each
@@ -78,7 +79,7 @@ class NativeBackend(TorchBackend):
             groups = rest
         super().attend_groups(layer, q_nope, q_rope, cache, groups, out)
 
-    def attend(self, layer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+    def attend(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         # Outside batch-invariant mode too, one sequence's prefill chunk (with or without cached
         # context) takes the prompt kernel: faster than SDPA's flash (bf16 on avx512_bf16 ~5x at
         # 4K, float32 on avx2 ~1.3-1.4x) and than the tiled latent path, and memory-bounded.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .layer_api import AttentionLayer
 from .metadata import AttentionMetadata
 from .paged import read_positions, read_spans
 
@@ -45,7 +46,8 @@ def tiles(first: int, last: int) -> list[tuple[int, int]]:
     return out
 
 
-def invariant_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata) -> torch.Tensor:
+def invariant_prefill(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache,
+                      meta: AttentionMetadata) -> torch.Tensor:
     """One sequence's prompt rows q_nope [n, H, dn], q_rope [n, H, dr] at positions
     meta.query_pos[0, :n] (consecutive) -> [n, H, dv]."""
     n, heads = q_nope.shape[:2]
@@ -78,7 +80,7 @@ def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
     return mask
 
 
-def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata,
+def span_prefill(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata,
                  kernel, finish=None) -> torch.Tensor:
     """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv] or [S,Hk,dn+dv],
     k_r [S,dr] or [S,G,dr'] (grouped rope keys: q's rope part dr' wide), dn, first, key_start, m, l, acc,
@@ -93,7 +95,7 @@ def span_prefill(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta:
     return out
 
 
-def span_prefill_many(layer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, items: list, kernel,
+def span_prefill_many(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, items: list, kernel,
                       out: torch.Tensor, finish=None) -> None:
     """span_prefill for several sequences: items [(rows: a slice of the flat q_nope [T,H,dn] /
     q_rope [T,H,dr], the metadata of that one sequence, whose rows are all prompt rows)] ->
