@@ -10,35 +10,32 @@ Two ways to attend, same numbers:
   after attention, so attention is MQA with one key head [c ; k_r] of width
   kv_rank + dr and value c. Decode reads only the latent.
 The cache, the masks and the choice between the two belong to the attention backend
-(latentkv/attention/); this module is the math it calls back into.
+(latentkv/attention/); this module is the math it calls back into (attention/layer_api.py names
+it). A converted GQA model's structural savings are converted.py's.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import invariant
 from ..attention.backend import AttentionBackend
 from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
-from ..cpu import features
-from ..kernels import qlinear
 from . import fused
+from .converted import ConvertedStructure, weight_version
 from .norm import RMSNorm
-from .quant import FixedOrderLinear, QuantLinear
 from .rope import apply_rope, layer_inv_freq
-from .rope_groups import RopeGroups, find as find_rope_groups
 from .route import Route
 from .spec import LayerSpec
 
 
-def weight_version(weight: torch.Tensor) -> tuple[int, int]:
-    """What changes when a weight is loaded or trained in place: a cached copy of it is stale when this does."""
-    return weight.data_ptr(), 0 if weight.is_inference() else weight._version
+class MLAttention(ConvertedStructure, nn.Module):
+    """One layer's MLA: the projections, RoPE, absorption and naive expansion; the attention backend
+    (attention/layer_api.py `AttentionLayer`: what it may call back) does the rest. A converted GQA
+    model's savings (rope groups, kv groups, the padded kv_b_proj) are ConvertedStructure's
+    (model/converted.py)."""
 
-
-class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, route: Route, backend: AttentionBackend):
         super().__init__()
         self.spec = spec
@@ -58,114 +55,21 @@ class MLAttention(nn.Module):
         self.register_buffer("inv_freq", layer_inv_freq(cfg, spec.index), persistent=False)
         self.backend = backend
         self._absorbed = (None, None, (None, None))  # (weight version, contiguous W_UK / W_UVᵀ, their head_packs) for inference
-        self._padded = (None, None, None)  # (weight version, kv_b_proj's weight zero-padded to the AMX tile depth, its qlinear pack)
         # their storage dtype for inference (None: the weight's); bf16 beside quantized linears, with
         # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
         self.absorbed_dtype = route.absorbed_dtype
-        # the prefill's grouped rope keys (model/rope_groups.py): (query weight version, groups or None).
-        # A packed query projection (fixed-order or quantized) hands its float rows over before it packs
-        # them, and packs them folded (rope_groups.fold: the un-mixed rope query, a third of the rows;
-        # a quantized one quantizes the folded rows: its output is the un-mixed query whatever its noise)
-        self._rope_groups = (None, None)
-        self.folded = False  # the query projection gives the un-mixed rope query [T, H, 2F] (fold)
-        # (kv_b_proj weight version, whether its key rows are not all zero, heads per kv row, the span
-        # expansion to those rows): kv_b_facts
-        self._kv_b = (None, True, 1, None)
-        if isinstance(self.q_linear(), QuantLinear):
-            self.q_linear().before_pack = self._keep_rope_groups
+        self.init_structure()
 
     @torch.no_grad()
     def pack_weights(self) -> None:
         """Once loaded (loader.load_model): kv_b_proj's values rounded to the absorbed dtype's grid."""
         if self.absorbed_dtype is not None:
             self.kv_b_proj.weight.copy_(self.kv_b_proj.weight.to(self.absorbed_dtype))
-        self.rope_groups(), self.kv_b_facts()  # found now, not at the first prompt
+        self.find_structure()
 
     def q_linear(self) -> nn.Module:
         """The linear whose first rows are the query's (q_b_proj, or the packed q / [c ; k_r] projection)."""
         return self.q_b_proj if self.q_lora_rank else self.qkv_a_proj
-
-    def scores_nope(self) -> bool:
-        """Whether q_nope · k_nope adds to the scores: False where W_UK (kv_b_proj's key rows) is all
-        zero, as in the exact conversion of a model whose keys are all rotated (it keeps dn = 2 zero
-        dims for the format): the prefill kernel then attends without them. True under autograd."""
-        return self.kv_b_facts()[0]
-
-    def kv_groups(self) -> tuple[int, nn.Module | None]:
-        """(heads per kv row, the span expansion [S, kv_rank] -> [S, H / per * (dn' + dv)]) where
-        consecutive heads' kv_b_proj rows are equal (those the prefill reads: dn' = dn where
-        scores_nope, else 0), as in the exact conversion of a GQA model (its values per source KV
-        head): the prefill expands and packs one row per group (the kernels take kv [S, Hk, ...]).
-        (1, None) elsewhere, under autograd, or without latentkv's linear kernel."""
-        return self.kv_b_facts()[1:]
-
-    def kv_b_facts(self) -> tuple[bool, int, nn.Module | None]:
-        """(scores_nope, *kv_groups), checked once per kv_b_proj weight version."""
-        weight = self.kv_b_proj.weight
-        if torch.is_grad_enabled():
-            return self.dn > 0, 1, None
-        version = weight_version(weight)
-        if self._kv_b[0] != version:
-            self._kv_b = (version, *self._find_kv_groups(weight.detach().view(self.n_heads, self.dn + self.dv, -1)))
-        return self._kv_b[1:]
-
-    def _find_kv_groups(self, w: torch.Tensor) -> tuple[bool, int, nn.Module | None]:
-        """w [H, dn + dv, kv_rank] -> kv_b_facts()."""
-        nope = self.dn > 0 and bool(w[:, :self.dn].any())
-        used = w if nope else w[:, self.dn:]
-        per = next((p for p in range(self.n_heads, 1, -1) if self.n_heads % p == 0
-                    and torch.equal(used, used[::p].repeat_interleave(p, 0))), 1)
-        if per == 1 or not qlinear.available():
-            return nope, 1, None
-        return nope, per, FixedOrderLinear.from_weight(used[::per].reshape(-1, w.shape[-1]).contiguous())
-
-    def rope_groups(self) -> RopeGroups | None:
-        """The grouped rope keys the prefill kernel may attend with (model/rope_groups.py), found once
-        per query weight version (those the query projection was folded with, always); None under
-        autograd, without the native ops, or where the structure does not hold."""
-        if self.folded:
-            return self._rope_groups[1]
-        if not self.fused or torch.is_grad_enabled():
-            return None
-        linear = self.q_linear()
-        weight = linear._parameters.get("weight")  # gone once a quantized linear packed (kept by _keep_rope_groups)
-        if weight is not None and self._rope_groups[0] != weight_version(weight):
-            self._rope_groups = (weight_version(weight), self._find_rope_groups(weight, linear.bias))
-        return self._rope_groups[1]
-
-    def _keep_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        """q_linear()'s before_pack: its groups, found while its float rows are still there, and
-        with the native ops the folded rows it packs instead (None: it packs its own)."""
-        groups = self._find_rope_groups(weight, bias)
-        self._rope_groups = ("packed", groups)
-        if groups is None or not self.fused:
-            return None
-        self.folded = True
-        if not self.q_lora_rank:  # the packed projection's q part (q_b_proj's output is all q)
-            self.split[0] = self.n_heads * (self.dn + groups.basis.shape[2])
-        return groups.fold(weight, bias, self.dn)
-
-    def grouped_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
-        """The rotated rope query as project() gives it -> [T, H, 2F] in each head's group basis where
-        rope_groups() holds (a folded projection gives it so: as it is); else as it is."""
-        groups = self.rope_groups()
-        return groups.queries(q_rope) if groups is not None and not self.folded else q_rope
-
-    def full_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
-        """The rotated rope query as project() gives it -> [..., H, dr] over the shared key (mixed
-        back where the projection is folded: decode, the naive path)."""
-        if not self.folded:
-            return q_rope
-        return self._rope_groups[1].mix(q_rope.reshape(-1, *q_rope.shape[-2:])).view(*q_rope.shape[:-1], self.dr)
-
-    @torch.no_grad()
-    def _find_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None) -> RopeGroups | None:
-        """weight [rows, K] (bias [rows]) of q_linear() -> the groups of its query rope rows."""
-        q = weight[:self.split[0]].detach()
-        if bias is not None:
-            q = torch.cat((q, bias[:self.split[0], None].detach().to(q.dtype)), dim=1)
-        rows = q.view(self.n_heads, self.dn + self.dr, -1)[:, self.dn:]
-        return find_rope_groups(rows, self.inv_freq, self.interleaved)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
@@ -192,9 +96,8 @@ class MLAttention(nn.Module):
         c, k_r = kv.split([self.kv_rank, self.dr], dim=-1)
         if self.kv_a_layernorm is not None:
             c = self.kv_a_layernorm(c)
-        if self.folded:  # un-mixed pair f turns at frequency f; interleaved by construction
-            slots = self._rope_groups[1].slots
-            q_rope = fused.rope(q_rope, *rope, True, kernel=True, slots=slots)
+        if self.folded:  # the un-mixed rope query (converted.py) turns on its own slots
+            q_rope = self.rotate_folded(q_rope, rope)
             if rotate_key:
                 k_r = apply_rope(k_r[:, None], *rope, self.interleaved)[:, 0]
             return q_nope, q_rope, c, k_r
@@ -266,32 +169,7 @@ class MLAttention(nn.Module):
         return torch.cat((k_nope, k_r[:, :, None, :].expand(b, length, h, self.dr)), dim=-1), v
 
     def expand_latent(self, rows: torch.Tensor) -> torch.Tensor:
-        """kv_b_proj of cached rows' latents: rows [..., kv_rank + dr] -> [..., H * (dn + dv)].
-        bf16 on AMX with a rank off the tile depth (32; the default conversion's 240): the weight is
-        zero-padded to it and the first rope values fill the pad (times zero: the same sums), a view
-        of the rows, no copy. oneDNN runs K = 256 at ~1.6x the speed of K = 240 on AMX; latentkv's
-        tile kernel (qlinear, where it runs) as fast at 2,048 rows and 1.5x at 256, with a row's bits
-        fixed whatever the rows beside it (oneDNN picks its kernels by M)."""
-        weight = self.padded_kv_b()
-        if weight is None:
-            return self.kv_b_proj(rows[..., :self.kv_rank])
-        x, packed = rows[..., :weight.shape[1]], self._padded[2]
-        if packed is not None and x.dim() == 2:
-            return qlinear.linear(x, packed, 16, weight.shape[0])
-        return F.linear(x, weight)
-
-    def padded_kv_b(self) -> torch.Tensor | None:
-        """kv_b_proj's weight [H * (dn + dv), kv_rank] zero-padded to a multiple of 32 columns,
-        cached while the weight is unchanged; None where it does not apply (no AMX: measured only
-        there; not bf16, autograd through it, a rank on the grid, or a rope key too short to fill
-        the pad)."""
-        linear, depth = self.kv_b_proj, -(-self.kv_rank // 32) * 32
-        if (not features()["amx_bf16"] or type(linear) is not nn.Linear or linear.bias is not None
-                or linear.weight.dtype != torch.bfloat16
-                or depth == self.kv_rank or depth > self.kv_rank + self.dr or torch.is_grad_enabled()):
-            return None
-        version = weight_version(linear.weight)
-        if self._padded[0] != version:
-            padded = F.pad(linear.weight.detach(), (0, depth - self.kv_rank)).contiguous()
-            self._padded = (version, padded, qlinear.pack_bf16(padded) if qlinear.runs_amx() else None)
-        return self._padded[1]
+        """kv_b_proj of cached rows' latents: rows [..., kv_rank + dr] -> [..., H * (dn + dv)] (through
+        the zero-padded weight where that applies: ConvertedStructure.padded_expand)."""
+        out = self.padded_expand(rows)
+        return self.kv_b_proj(rows[..., :self.kv_rank]) if out is None else out

@@ -22,7 +22,7 @@ from latentkv.attention.prefill import FIRST_TILES, TILE, invariant_prefill, spa
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.kernels import attention as attention_kernels
 from latentkv.kernels import qlinear
-from latentkv.model import mla as mla_module
+from latentkv.model import converted as converted_module
 from latentkv.model.mla import MLAttention
 
 BLOCK = 16
@@ -34,6 +34,7 @@ class Layer(nn.Module):
     groups (none: random query rows have no grouped structure; tests/model/test_rope_groups.py)."""
 
     expand, expand_latent, padded_kv_b = MLAttention.expand, MLAttention.expand_latent, MLAttention.padded_kv_b
+    padded_expand = MLAttention.padded_expand
     full_rope, grouped_rope = MLAttention.full_rope, MLAttention.grouped_rope
     folded = False  # the shared rope query (no rope groups to fold)
 
@@ -132,10 +133,10 @@ def test_the_padded_kv_b_proj_is_kv_b_proj_whatever_the_rope_values(monkeypatch)
     read into the pad (times zero): kv_b_proj's values, unchanged by what the rope values are.
     (Both CPU kinds are set here, so every machine checks both.)"""
     rows = torch.randn(300, 64).bfloat16()
-    monkeypatch.setattr(mla_module, "features", lambda: {"amx_bf16": False})
+    monkeypatch.setattr(converted_module, "features", lambda: {"amx_bf16": False})
     layer = Layer(rank=40, dr=24, dtype=torch.bfloat16)
     assert layer.padded_kv_b() is None and torch.equal(layer.expand_latent(rows), layer.kv_b_proj(rows[:, :40]))
-    monkeypatch.setattr(mla_module, "features", lambda: {"amx_bf16": True})
+    monkeypatch.setattr(converted_module, "features", lambda: {"amx_bf16": True})
     assert layer.padded_kv_b().shape == (3 * 28, 64)
     got = layer.expand_latent(rows)
     want = layer.kv_b_proj(rows[:, :40]).float()
