@@ -21,6 +21,7 @@ TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-
     port = 8000                      # max_waiting_requests (more waiting: 503 + Retry-After),
     max_request_bytes = 4194304      # larger bodies: 413 before parsing
     metrics_public = false           # true: /metrics needs no API key
+    shutdown_timeout = 30            # seconds SIGTERM / SIGINT waits for requests, then for the store's writes
 
 The seed template's names are aliases (each option's `aliases`): [latent_attention] chunk_size,
 prefix_caching; [latent_attention.memory] pool_size (a number of blocks, the seed's "chunks");
@@ -114,12 +115,21 @@ class Settings:
                                            "server.served_model_name", server=True)
     max_waiting_requests: int = option(256, "answer 503 + Retry-After when more sequences than this would wait "
                                             "(default 256)", "scheduler.max_waiting_requests", server=True, type=int)
+    shutdown_timeout: float = option(30.0, "on SIGTERM / SIGINT: seconds running requests may finish in, then the "
+                                           "KV store's queued writes (default 30; a second signal exits at once)",
+                                     "server.shutdown_timeout", server=True, type=float)
 
     def engine_args(self, model: str, kv_cache_dtype: str) -> EngineArgs:
         """EngineArgs for the resolved model folder: every engine option by its own name."""
         values = {f.name: getattr(self, f.name) for f in fields(self)
                   if not f.metadata["server"] and f.name not in ("model", "kv_cache_dtype")}
         return EngineArgs(model=model, kv_cache_dtype=kv_cache_dtype, **values)
+
+
+def _seconds(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError
+    return float(value)
 
 
 def _port(value):
@@ -140,7 +150,8 @@ CHECKS = {**OPTION_CHECKS,
           "metrics_public": ("true or false", boolean),
           "max_request_bytes": ("a positive integer", positive_int),
           "served_model_name": ("a non-empty string", text),
-          "max_waiting_requests": ("an integer >= 0", non_negative_int)}
+          "max_waiting_requests": ("an integer >= 0", non_negative_int),
+          "shutdown_timeout": ("a number of seconds >= 0", _seconds)}
 OPTIONS = {f.name: f for f in fields(Settings)}
 TOML_KEYS = {name: name for name in OPTIONS} | {alias: f.name for f in fields(Settings) for alias in f.metadata["aliases"]}
 CACHE_SIZE = ("kv_cache_memory", "kv_cache_blocks")  # two units of one setting

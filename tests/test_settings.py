@@ -183,3 +183,17 @@ def test_server_hardening_options(tmp_path):
     add_engine_arguments(args, server=True)
     flags = settings_from_args(args.parse_args(["--metrics-public", "--max-request-bytes", "100"]))
     assert (flags.metrics_public, flags.max_request_bytes) == (True, 100)
+
+
+def test_shutdown_timeout_from_file_and_flag(tmp_path):
+    assert Settings().shutdown_timeout == 30.0
+    assert build_settings(write(tmp_path, "[server]\nshutdown_timeout = 5\n")).shutdown_timeout == 5.0
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(SettingsError, match="server.shutdown_timeout .*seconds >= 0"):
+            read_toml(write(tmp_path, f"[server]\nshutdown_timeout = {bad}\n"))
+    args = argparse.ArgumentParser()
+    add_engine_arguments(args, server=True)
+    assert settings_from_args(args.parse_args(["--shutdown-timeout", "0"])).shutdown_timeout == 0.0
+    with pytest.raises(SettingsError, match="--shutdown-timeout = -2.0"):
+        settings_from_args(args.parse_args(["--shutdown-timeout", "-2"]))
+    assert not hasattr(parse([]), "shutdown_timeout")   # serve's own: chat and generate have none

@@ -16,6 +16,7 @@ from latentkv.server.metrics import ServerMetrics
 from latentkv.server.openapi import install_openapi
 from latentkv.server.protocol import ChatCompletionRequest, CompletionRequest
 from latentkv.server.serving import ServerState
+from latentkv.server.shutdown import Drain, DrainGate, close_engine
 from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
@@ -66,8 +67,10 @@ async def unless_disconnected(request: Request, work):
 
 
 def build_state(engine, served_model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
-                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False) -> ServerState:
-    """Wrap an `LLMEngine` for serving (the engine loop starts with the app)."""
+                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False,
+                shutdown_timeout: float = 30.0) -> ServerState:
+    """Wrap an `LLMEngine` for serving (the engine loop starts with the app; when the app stops,
+    the engine's KV store queue is written out, within `shutdown_timeout` seconds)."""
     holder: dict = {}
     metrics = ServerMetrics(lambda: holder["engine"].stats)
     async_engine = AsyncEngine(engine, on_finish=metrics.count_finished)
@@ -76,7 +79,7 @@ def build_state(engine, served_model_name: str, max_waiting_requests: int = 256,
                        max_model_len=engine.max_model_len, max_num_seqs=engine.args.max_num_seqs,
                        max_waiting_requests=max_waiting_requests, api_key=api_key,
                        vocab_size=engine.cfg.vocab_size, max_request_bytes=max_request_bytes,
-                       metrics_public=metrics_public)
+                       metrics_public=metrics_public, drain=Drain(shutdown_timeout))
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -87,6 +90,8 @@ def build_app(state: ServerState) -> FastAPI:
             yield
         finally:
             state.engine.stop()
+            # the blocks still queued for the store would be lost with the process
+            close_engine(state.engine.engine, state.drain.timeout)
 
     app = FastAPI(title="latentkv", lifespan=lifespan)
     app.state.server = state
@@ -96,10 +101,13 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodyGuard, max_bytes=state.max_request_bytes,
                        json_paths=("/v1/completions", "/v1/chat/completions"))
     app.add_middleware(ApiKeyGuard, api_key=state.api_key, metrics_public=state.metrics_public)
+    app.add_middleware(DrainGate, drain=state.drain)   # shutting down: 503 before anything else
     app.add_middleware(CountStatus, metrics=state.metrics)
 
     @app.get("/health")
     async def health():
+        if state.drain.draining:   # not ready: a load balancer should send the next request elsewhere
+            return JSONResponse({"status": "draining"}, status_code=503)
         if not state.engine.alive:
             return JSONResponse({"status": "error", "detail": state.engine.error}, status_code=503)
         return {"status": "ok"}

@@ -28,6 +28,12 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped (crashed or shut down); the server cannot serve."""
 
 
+class ShutdownError(EngineDeadError):
+    """The server is shutting down: this request was refused, or it ran past the shutdown
+    timeout and was ended (503 with Retry-After in OpenAI's format; an error event in a stream)."""
+    code = "server_shutting_down"
+
+
 class EngineStepError(RuntimeError):
     """An engine step raised; the requests in flight then were failed and aborted."""
 
@@ -59,6 +65,7 @@ class AsyncEngine:
         self.num_seqs_in_flight = 0  # sequences submitted and not yet finished
         self.stopping = False
         self.error: str | None = None
+        self.refusing: ShutdownError | None = None   # set by `end_all`: no request is taken any more
         self.thread = threading.Thread(target=self.run, name="latentkv-engine", daemon=True)
         # the engine thread detokenizes with engine.tokenizer; prompts get their own copy and thread
         self.tokenizer = copy.deepcopy(engine.tokenizer)
@@ -78,6 +85,13 @@ class AsyncEngine:
             self.thread.join(timeout=30)
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
+    def end_all(self, err: ShutdownError) -> None:
+        """Shutdown: take no request from now on and end every one the engine holds with `err`
+        (in the engine thread, which aborts them and frees their blocks)."""
+        self.refusing = err
+        self.commands.put(("end_all", err))
+        self.wakeup.set()
+
     @property
     def alive(self) -> bool:
         return self.thread.is_alive() and self.error is None
@@ -93,6 +107,8 @@ class AsyncEngine:
         """Prepare (tokenize) the prompt in the tokenizer thread, then queue the request;
         returns once the engine accepted it. Raises ValueError (bad prompt: anything
         `prepare` raises is the prompt's fault) or EngineDeadError."""
+        if self.refusing is not None:
+            raise ShutdownError(str(self.refusing))
         if not self.alive:
             raise EngineDeadError(self.error or "the engine loop is not running")
         loop = asyncio.get_running_loop()
@@ -173,8 +189,14 @@ class AsyncEngine:
                 out = self.engine.abort_request(payload)
                 if out is not None:
                     self.deliver([out])
+            elif kind == "end_all":
+                self.fail_in_flight(payload)
 
     def accept(self, sub: Submission) -> None:
+        if self.refusing is not None:   # tokenized while the shutdown ended the others
+            self.release(sub.params.n)
+            sub.loop.call_soon_threadsafe(set_exception_once, sub.accepted, ShutdownError(str(self.refusing)))
+            return
         try:
             self.engine.add_request(sub.request_id, sub.text, sub.params, prompt_token_ids=sub.token_ids)
         except Exception as err:  # noqa: BLE001 - a bad prompt is the client's error

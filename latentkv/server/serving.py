@@ -8,9 +8,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from fastapi.responses import StreamingResponse
+
 from latentkv.server.async_engine import AsyncEngine, EngineDeadError, EngineStepError, Submission
 from latentkv.server.errors import ApiError, bad_request, internal_error_body
 from latentkv.server.metrics import ServerMetrics
+from latentkv.server.shutdown import Drain
 from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
@@ -28,6 +31,7 @@ class ServerState:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     metrics_public: bool = False            # /metrics without the key
+    drain: Drain = field(default_factory=Drain)   # graceful shutdown (server/shutdown.py)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, model: str | None) -> None:
@@ -47,10 +51,35 @@ class ServerState:
         try:
             return await self.engine.add(request_id, prepare, params)
         except EngineDeadError as err:
-            raise ApiError(503, str(err), code="engine_unavailable") from None
+            raise unavailable(err) from None
         except ValueError as err:   # a PromptError, the engine's own check, or a GuidedDecodingError
             raise bad_request(str(err), param=getattr(err, "param", None) or param,
                               code=getattr(err, "code", "invalid_prompt")) from None
+
+
+def unavailable(err: EngineDeadError) -> ApiError:
+    """503 in OpenAI's format: the engine stopped, or the server shuts down (then with Retry-After:
+    another replica, or this one restarted, will answer)."""
+    code = getattr(err, "code", "engine_unavailable")
+    return ApiError(503, str(err), code=code, headers={"Retry-After": "1"} if code != "engine_unavailable" else None)
+
+
+class EngineStream(StreamingResponse):
+    """A streamed answer that aborts its engine requests however the response ends: a client gone
+    before the body started (its generator then never runs, so no `finally` of it would), cut
+    mid-answer, or an error. Aborting a finished request is a no-op."""
+
+    def __init__(self, content, state: "ServerState", subs: list[Submission]):
+        super().__init__(content, media_type="text/event-stream")
+        self.engine, self.subs = state.engine, subs
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for sub in self.subs:
+                if sub.request_id in self.engine.streams:   # (a finished request has left it)
+                    self.engine.abort(sub.request_id)
 
 
 def new_id(prefix: str) -> str:
@@ -96,7 +125,7 @@ async def follow(state: ServerState, subs: list[Submission]):
                 continue
             if isinstance(item, BaseException):
                 if isinstance(item, EngineDeadError):
-                    raise ApiError(503, str(item), code="engine_unavailable")
+                    raise unavailable(item)
                 raise ApiError(500, str(item), code="generation_error") if isinstance(item, EngineStepError) else item
             now = time.perf_counter()
             if any(c.token_ids for c in item.outputs):

@@ -1,6 +1,7 @@
 """Start a real latentkv server (uvicorn in a thread, free loopback port) for tests."""
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ import uvicorn
 
 from latentkv.engine.engine import EngineArgs, LLMEngine
 from latentkv.server.app import build_app, build_state
+from latentkv.server.shutdown import DrainingServer
 from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
 
 MODEL_NAME = "tiny-mla"
@@ -37,15 +39,21 @@ class RunningServer:
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
+    def terminate(self) -> None:
+        """What SIGTERM does to `latentkv serve` (a thread cannot take the signal itself)."""
+        self.server.handle_exit(signal.SIGTERM, None)
+
 
 def start_server(folder, api_key: str | None = None, max_waiting_requests: int = 256,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False,
-                 **engine_kwargs) -> RunningServer:
+                 shutdown_timeout: float = 30.0, **engine_kwargs) -> RunningServer:
     args = EngineArgs(**{"model": str(folder), "dtype": "float32", "nan_check": True, **engine_kwargs})
     engine = LLMEngine.from_args(args)
-    state = build_state(engine, MODEL_NAME, max_waiting_requests, api_key, max_request_bytes, metrics_public)
+    state = build_state(engine, MODEL_NAME, max_waiting_requests, api_key, max_request_bytes, metrics_public,
+                        shutdown_timeout)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning")
+    server = DrainingServer(config, state.drain, state.engine)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
