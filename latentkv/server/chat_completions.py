@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from latentkv.engine.chat_template import render_chat
 from latentkv.guided import GuidedDecodingError
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import ChatCompletionRequest, sampling_param_named
-from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, chat_logprobs, collect, follow,
-                                     new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+from latentkv.server.serving import (DeltaTracker, EngineStream, ServerState, chunk_writer, chat_logprobs, collect,
+                                     follow, new_id, raise_if_failed, sse, sse_error, submit_all, usage)
 from latentkv.server.tools import ToolPlan, parse_tool_calls, plan_tools, strip_tool_calls
 
 
@@ -40,7 +40,7 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
     prepare = chat_prompt(conversation, req.add_generation_prompt, plan.tools if plan is not None else None)
     subs = await submit_all(state, request_id, [prepare], params, "messages")
     if req.stream:
-        return StreamingResponse(stream_chat(req, state, subs, request_id, plan), media_type="text/event-stream")
+        return EngineStream(stream_chat(req, state, subs, request_id, plan), state, subs)
     finals = await collect(state, subs)
     return JSONResponse(chat_body(req, state, finals[0], request_id, plan))
 

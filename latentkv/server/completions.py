@@ -9,8 +9,9 @@ from latentkv.engine.prompt_errors import PromptError, check_token_ids
 from latentkv.guided import GuidedDecodingError
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import CompletionRequest, sampling_param_named
-from latentkv.server.serving import (DeltaTracker, ServerState, chunk_writer, collect, completion_logprobs, follow,
-                                     new_id, prompt_logprobs_body, raise_if_failed, sse, sse_error, submit_all, usage)
+from latentkv.server.serving import (DeltaTracker, EngineStream, ServerState, chunk_writer, collect, completion_logprobs,
+                                     follow, new_id, prompt_logprobs_body, raise_if_failed, sse, sse_error, submit_all,
+                                     usage)
 
 
 # Each prompt becomes prepare(tokenizer) -> (text, ids), run in the tokenizer thread; the
@@ -62,7 +63,7 @@ async def create_completion(req: CompletionRequest, state: ServerState):
     request_id = new_id("cmpl")
     subs = await submit_all(state, request_id, prepares, params, "prompt")
     if req.stream and req.max_tokens != 0:
-        return StreamingResponse(stream_completion(req, state, subs, request_id), media_type="text/event-stream")
+        return EngineStream(stream_completion(req, state, subs, request_id), state, subs)
     finals = await collect(state, subs)
     body = completion_body(req, state, finals, request_id)
     if req.stream:   # max_tokens 0: nothing to stream but the prompt; one chunk
