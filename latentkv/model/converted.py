@@ -49,7 +49,8 @@ class ConvertedStructure:
         # (kv_b_proj weight version, whether its key rows are not all zero, heads per kv row, the span
         # expansion to those rows): kv_b_facts
         self._kv_b = (None, True, 1, None)
-        self._padded = (None, None, None)  # (weight version, kv_b_proj's weight zero-padded to the AMX tile depth, its qlinear pack)
+        # (weight version, kv_b_proj's weight zero-padded to the AMX tile depth, its qlinear pack): padded_kv_b
+        self._padded = (None, None, None)
         if isinstance(self.q_linear(), QuantLinear):
             self.q_linear().before_pack = self._keep_rope_groups
 

@@ -19,7 +19,8 @@ PACKAGE = Path(latentkv.attention.__file__).parent
 def members(protocol) -> dict[str, object]:
     """A protocol's own members: its annotated attributes (None) and its methods."""
     found = {name: None for name in protocol.__annotations__}
-    found.update({name: value for name, value in vars(protocol).items() if inspect.isfunction(value) and not name.startswith("_")})
+    found.update({name: value for name, value in vars(protocol).items()
+                  if inspect.isfunction(value) and not name.startswith("_")})
     return found
 
 
@@ -73,7 +74,8 @@ def test_mlattention_has_every_member_with_the_protocols_parameters(tiny_checkpo
         assert isinstance(getattr(layer, name), int), name
     assert isinstance(layer.scale, float)
     for name, method in members(GroupedRopeKeys).items():
-        assert list(inspect.signature(getattr(RopeGroups, name)).parameters) == list(inspect.signature(method).parameters)
+        assert list(inspect.signature(getattr(RopeGroups, name)).parameters) == \
+            list(inspect.signature(method).parameters), name
 
 
 def test_a_layer_without_a_member_is_not_an_attention_layer():
