@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from latentkv.facts import CACHE_DTYPES, MLA_MODEL_TYPES, UNQUANTIZED_CACHES
+from latentkv.facts import CACHE_DTYPES, UNQUANTIZED_CACHES
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,26 @@ class RopeScaling:
     mscale_all_dim: float = 0.0
     attention_factor: float | None = None
     truncate: bool = True
+
+
+@dataclass(frozen=True)
+class DeepseekLayout:
+    """What a config.json with DeepSeek's field names (transformers' DeepseekV2Config /
+    DeepseekV3Config) leaves to its model_type: the defaults of the router fields it may omit,
+    whether it reads rope_interleave, and whether one chosen expert's weight is normalized."""
+
+    topk_method: str = "greedy"
+    scoring_func: str = "softmax"
+    norm_topk_prob: bool = False
+    reads_rope_interleave: bool = False  # V2's rope pairs are always interleaved
+    normalizes_one_expert: bool = False  # V2 divides by the chosen weights' sum only when it chose more than one
+
+
+DEEPSEEK_V2 = DeepseekLayout()
+DEEPSEEK_V3 = DeepseekLayout(topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+                             reads_rope_interleave=True, normalizes_one_expert=True)
+# model_type -> its layout, for ModelConfig.from_dict (model/families.py registers each with its modules)
+DEEPSEEK_LAYOUTS = {"deepseek_v2": DEEPSEEK_V2, "deepseek_v3": DEEPSEEK_V3}
 
 
 @dataclass
@@ -66,6 +87,7 @@ class ModelConfig:
     scoring_func: str = "softmax"
     norm_topk_prob: bool = False
     routed_scaling_factor: float = 1.0
+    normalizes_one_expert: bool = False  # norm_topk_prob applies to a single chosen expert too (DeepseekLayout)
     # tokens
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -104,7 +126,7 @@ class ModelConfig:
     @property
     def normalizes_topk(self) -> bool:
         """The chosen experts' weights are divided by their sum (V2 only when more than one is chosen)."""
-        return self.norm_topk_prob and (self.model_type == "deepseek_v3" or self.num_experts_per_tok > 1)
+        return self.norm_topk_prob and (self.normalizes_one_expert or self.num_experts_per_tok > 1)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -114,17 +136,20 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
+        """A config.json of one of DEEPSEEK_LAYOUTS' model types (model/families.py `read_config`
+        reads any registered family's)."""
         model_type = raw.get("model_type")
-        if model_type not in MLA_MODEL_TYPES:
-            raise ConfigError(
-                f"config.json: model_type {model_type!r} is not supported; expected one of {MLA_MODEL_TYPES} "
-                "(convert Llama-family models with `latentkv convert`)"
-            )
-        is_v3 = model_type == "deepseek_v3"
+        if model_type not in DEEPSEEK_LAYOUTS:
+            raise unknown_model_type(model_type, DEEPSEEK_LAYOUTS)
+        return cls.read_deepseek(raw, DEEPSEEK_LAYOUTS[model_type])
+
+    @classmethod
+    def read_deepseek(cls, raw: dict, layout: DeepseekLayout) -> "ModelConfig":
+        """config.json's DeepSeek fields (and the `latentkv` extensions), with `layout`'s defaults."""
         ext = raw.get("latentkv") or {}
         rope_theta, scaling = _read_rope(raw)
         cfg = cls(
-            model_type=model_type,
+            model_type=raw["model_type"],
             vocab_size=_req(raw, "vocab_size"),
             hidden_size=_req(raw, "hidden_size"),
             intermediate_size=_req(raw, "intermediate_size"),
@@ -142,7 +167,7 @@ class ModelConfig:
             hidden_act=raw.get("hidden_act", "silu"),
             rope_theta=rope_theta,
             rope_scaling=scaling,
-            rope_interleave=raw.get("rope_interleave", True) if is_v3 else True,
+            rope_interleave=raw.get("rope_interleave", True) if layout.reads_rope_interleave else True,
             n_routed_experts=raw.get("n_routed_experts"),
             n_shared_experts=raw.get("n_shared_experts") or 0,
             num_experts_per_tok=raw.get("num_experts_per_tok") or 1,
@@ -151,10 +176,11 @@ class ModelConfig:
             moe_layer_freq=raw.get("moe_layer_freq", 1),
             n_group=raw.get("n_group") or 1,
             topk_group=raw.get("topk_group") or 1,
-            topk_method=raw.get("topk_method") or ("noaux_tc" if is_v3 else "greedy"),
-            scoring_func=raw.get("scoring_func") or ("sigmoid" if is_v3 else "softmax"),
-            norm_topk_prob=raw.get("norm_topk_prob", is_v3),
+            topk_method=raw.get("topk_method") or layout.topk_method,
+            scoring_func=raw.get("scoring_func") or layout.scoring_func,
+            norm_topk_prob=raw.get("norm_topk_prob", layout.norm_topk_prob),
             routed_scaling_factor=raw.get("routed_scaling_factor", 1.0),
+            normalizes_one_expert=layout.normalizes_one_expert,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=raw.get("eos_token_id"),
             kv_a_layernorm=ext.get("kv_a_layernorm", True),
@@ -168,7 +194,8 @@ class ModelConfig:
         return cfg
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "ModelConfig":
+    def from_file(cls, path: str | Path, read: Callable[[dict], "ModelConfig"] | None = None) -> "ModelConfig":
+        """config.json at `path` through `read` (default from_dict); errors name the file."""
         path = Path(path)
         try:
             raw = json.loads(path.read_text())
@@ -179,7 +206,7 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
         try:
-            return cls.from_dict(raw)
+            return (read or cls.from_dict)(raw)
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from err
         except (TypeError, ValueError, AttributeError, KeyError) as err:  # a field of an unexpected shape
@@ -257,6 +284,12 @@ def check_field_types(cfg: "ModelConfig") -> None:
     ranks = cfg.kv_lora_ranks
     if ranks is not None and not (isinstance(ranks, list) and all(type(r) is int for r in ranks)):
         raise ConfigError(f"latentkv.kv_lora_ranks must be a list of integers, got {ranks!r}")
+
+
+def unknown_model_type(model_type, known) -> ConfigError:
+    """The error for a config.json whose model_type no reader knows; it names the known ones."""
+    return ConfigError(f"config.json: model_type {model_type!r} is not supported; expected one of {sorted(known)} "
+                       "(convert Llama-family models with `latentkv convert`)")
 
 
 def _req(raw: dict, key: str):

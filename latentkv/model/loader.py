@@ -1,10 +1,11 @@
-"""Load a Hugging Face folder (config.json + safetensors) into an MLAForCausalLM, and back.
+"""Load a Hugging Face folder (config.json + safetensors) into its family's model, and back.
 
 Safetensors only: pickled `.bin`/`.pt` weights are refused, never unpickled. Every
 tensor is checked by name and shape; errors name the tensor and the file. DeepSeek's
 own checkpoints are accepted as published: fp8 weights with `weight_scale_inv` block
 scales are dequantized, and the multi-token-prediction layers past
-`num_hidden_layers` are skipped.
+`num_hidden_layers` are skipped. The folder's `model_type` picks its family (model/families.py):
+the config reader, the module class and the checkpoint's tensor names.
 
 Loading streams: the model is built on the meta device, each parameter gets its storage when its
 tensor arrives, and each quantized linear packs as soon as all its tensors came (its float weight
@@ -29,7 +30,7 @@ from ..config import ModelConfig
 from ..cpu import native_bf16
 from ..facts import ATTENTION_BACKEND_DEFAULT, MODEL_DTYPES
 from ..sizes import available_memory, return_freed_memory
-from .deepseek import MLAForCausalLM
+from .families import DEEPSEEK_NAMES, family, read_config
 from .footprint import GIB, load_bytes, param_dtype
 from .quant import QuantLinear
 from .rope import layer_inv_freq
@@ -85,14 +86,14 @@ def weight_files(folder: Path) -> list[Path]:
 
 def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
                attention_backend: str = ATTENTION_BACKEND_DEFAULT, quantization: str | None = None,
-               route: Route | None = None) -> MLAForCausalLM:
+               route: Route | None = None) -> nn.Module:
     """Read config.json and the safetensors shards of `path` into a model on device/dtype, its
     linears quantized as `quantization` says (model/quant.py). `route` (model/route.py, e.g. the
     engine's) replaces dtype, device, attention_backend and quantization."""
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
-    cfg = ModelConfig.from_file(folder / "config.json")
+    cfg = read_config(folder / "config.json")
     if route is None:
         device = torch.device(device)
         route = decide_route(device, resolve_dtype(dtype, device), attention_backend, quantization)
@@ -110,7 +111,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
 
 
 def model_from_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu") -> MLAForCausalLM:
+                       device: str | torch.device = "cpu") -> nn.Module:
     """A model from checkpoint-named tensors held in memory (the converter's), as load_model would build it."""
     model = meta_model(cfg, decide_route(device, dtype))
     load_weights(model, ((name, t, "memory") for name, t in tensors.items()), dtype, copy=False)
@@ -118,7 +119,7 @@ def model_from_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype
     return model.eval()
 
 
-def check_memory(folder: Path, model: MLAForCausalLM, route: Route) -> None:
+def check_memory(folder: Path, model: nn.Module, route: Route) -> None:
     """Refuse, before any tensor is read, a model that cannot fit in the memory available now."""
     need, available = load_bytes(model), available_memory(torch.device(route.device))
     if need > available:
@@ -128,23 +129,24 @@ def check_memory(folder: Path, model: MLAForCausalLM, route: Route) -> None:
             "free memory, or load it quantized (--quantization w4a8 or int4: about a third of bf16's bytes)")
 
 
-def meta_model(cfg: ModelConfig, route: Route) -> MLAForCausalLM:
-    """Built as `route` says with every parameter on the meta device, for load_weights to give each
-    its storage (on the route's device) when its tensor arrives; the rope tables are built now."""
+def meta_model(cfg: ModelConfig, route: Route) -> nn.Module:
+    """Its family's model built as `route` says with every parameter on the meta device, for
+    load_weights to give each its storage (on the route's device) when its tensor arrives; the rope
+    tables are built now."""
     with torch.device("meta"):
-        model = MLAForCausalLM(cfg, route)
+        model = family(cfg.model_type).module(cfg, route)
     for i, layer in enumerate(model.model.layers):
         layer.self_attn.inv_freq = layer_inv_freq(cfg, i).to(route.device)
     return model
 
 
-def empty_model(cfg: ModelConfig, route: Route, device: str | torch.device | None = None) -> MLAForCausalLM:
-    """Built as `route` says, allocated on `device` (default: the route's; "meta" keeps it
+def empty_model(cfg: ModelConfig, route: Route, device: str | torch.device | None = None) -> nn.Module:
+    """Its family's model built as `route` says, allocated on `device` (default: the route's; "meta" keeps it
     unallocated), not initialized: load_weights fills every parameter (packed ones in place), then
     `model.pack_weights()` puts them in the kernels' layouts."""
     device, dtype = torch.device(device or route.device), route.dtype
     with torch.device("meta"):
-        model = MLAForCausalLM(cfg, route)
+        model = family(cfg.model_type).module(cfg, route)
     model.to_empty(device=device)
     for module in model.modules():
         if getattr(module, "parts", None):  # packed: filled part by part; a part without a bias stays zero
@@ -158,7 +160,7 @@ def empty_model(cfg: ModelConfig, route: Route, device: str | torch.device | Non
     return model
 
 
-def checkpoint_slots(model: MLAForCausalLM) -> dict[str, tuple[str, slice | None]]:
+def checkpoint_slots(model: nn.Module) -> dict[str, tuple[str, slice | None]]:
     """Checkpoint tensor name -> (parameter name, its rows; None: all of it). Packed linears
     (packed.py) hold several checkpoint tensors as row blocks (nano-vllm's packed_modules_mapping)."""
     slots: dict[str, tuple[str, slice | None]] = {}
@@ -176,7 +178,7 @@ def checkpoint_slots(model: MLAForCausalLM) -> dict[str, tuple[str, slice | None
     return slots
 
 
-def checkpoint_tensors(model: MLAForCausalLM) -> dict[str, torch.Tensor]:
+def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights under checkpoint names, packed linears cut back into their parts
     (views; what load_model read, bit for bit)."""
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -212,7 +214,7 @@ def stored_bytes(tensor_slice) -> int:
     return numel * bits // 8
 
 
-def load_weights(model: MLAForCausalLM, tensors, dtype: torch.dtype, partial: bool = False, copy: bool = True) -> None:
+def load_weights(model: nn.Module, tensors, dtype: torch.dtype, partial: bool = False, copy: bool = True) -> None:
     """Copy (checkpoint name, tensor, where) items into the model; every tensor the config
     implies must come (unless partial: the converter reloads one layer at a time). A parameter
     still on the meta device (meta_model) gets its storage when its tensor arrives, and a
@@ -256,7 +258,7 @@ def load_weights(model: MLAForCausalLM, tensors, dtype: torch.dtype, partial: bo
         raise CheckpointError(f"missing tensor {missing[0]} (expected shape {shape}){more} in {', '.join(sorted(where))}")
 
 
-def packing_waits(model: MLAForCausalLM, params: dict, slots: dict, expected: set[str]):
+def packing_waits(model: nn.Module, params: dict, slots: dict, expected: set[str]):
     """-> (checkpoint name -> the quantized linear its tensor fills, that linear -> the names it
     still waits for: a packed projection's parts, or a tied lm_head's embedding), for the linears
     not packed yet."""
@@ -289,22 +291,22 @@ def read_checked(f, name: str, names: set[str], cfg: ModelConfig, file: Path):
         raise CheckpointError(f"{file}: cannot read tensor {name} ({type(err).__name__}: {err})") from None
 
 
-LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")  # a decoder layer's tensor; group 1: its index
-_FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
-_SKIP_SUFFIXES = ("weight_scale_inv", "rotary_emb.inv_freq")
+LAYER_NAME = DEEPSEEK_NAMES.layer  # a decoder layer's tensor; group 1: its index (export/checkpoint.py)
 
 
 def read_tensor(f, name: str, names: set[str], cfg: ModelConfig):
-    """Yield (parameter name, tensor) for one stored tensor; normalizes storage variants."""
-    if name.endswith(_SKIP_SUFFIXES):
+    """Yield (parameter name, tensor) for one stored tensor; normalizes storage variants (the
+    family's checkpoint names, model/families.py)."""
+    names_of = family(cfg.model_type).checkpoint
+    if name.endswith(names_of.skip_suffixes):
         return
-    layer = LAYER_NAME.match(name)
+    layer = names_of.layer.match(name)
     if layer and int(layer.group(1)) >= cfg.num_hidden_layers:
         return  # multi-token-prediction layers: not part of next-token inference
     tensor = f.get_tensor(name)
     if tensor.dtype == torch.float8_e4m3fn:
         tensor = dequantize_fp8(tensor, f, name, names)
-    fused = _FUSED.match(name)
+    fused = names_of.fused_experts.match(name) if names_of.fused_experts else None
     if fused is None:
         yield name, tensor
         return
