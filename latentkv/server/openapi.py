@@ -14,7 +14,7 @@ ERROR_SCHEMA = {
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 WHY = {400: "invalid request (OpenAI error format, with param and code)", 401: "missing or wrong API key",
        404: "unknown model (code model_not_found)", 413: "request body over --max-request-bytes", 500: "the request failed in the engine",
-       503: "busy (Retry-After) or the engine stopped"}
+       503: "busy or shutting down (Retry-After), or the engine stopped"}
 USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
          "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
 NULLABLE_OBJECT = {"type": ["object", "null"]}
