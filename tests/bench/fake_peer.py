@@ -4,6 +4,7 @@ python fake_peer.py PORT MODE [N]
   refuse: print a refusal to stderr and exit 3 before listening (a peer that will not start);
   die:    serve N completions, then exit 5 on the next one, mid-stream (a peer that crashes under load);
   ok:     stream max_tokens one-token chunks per completion, with a running-requests gauge on /metrics.
+With FAKE_PEER_BODIES=PATH in its environment, each request's body is appended to PATH (a JSON line).
 """
 import json
 import os
@@ -13,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, MODE = int(sys.argv[1]), sys.argv[2]
 LIMIT = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+BODIES = os.environ.get("FAKE_PEER_BODIES")
 state = {"served": 0, "running": 0}
 lock = threading.Lock()
 
@@ -41,6 +43,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with lock:
+            if BODIES:
+                with open(BODIES, "a") as f:
+                    f.write(json.dumps(body) + "\n")
             state["served"] += 1
             state["running"] += 1
             dying = MODE == "die" and state["served"] > LIMIT

@@ -3,14 +3,16 @@ recorded (row + reason from the log) and the bench goes on to the next concurren
 Also the parts of the memory-pressure scenario that need no real engine. No timing assertions."""
 import argparse
 import json
+import re
 import socket
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from latentkv.bench.pressure import config_shape, kv_bytes_per_token, original_shape
-from latentkv.bench.serve import prepare, run_systems, show
+from latentkv.bench.serve import FOLDER_SYSTEMS, SAMPLING, baselines, prepare, run_systems, show
 from latentkv.bench.servers import Server, running_requests
 from tiny_lm import save_tiny_lm
 
@@ -24,8 +26,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fake(name: str, port: int, *mode: str) -> Server:
-    return Server(name, [sys.executable, FAKE, str(port), *mode], settings="fake")
+def fake(name: str, port: int, *mode: str, env: dict | None = None) -> Server:
+    return Server(name, [sys.executable, FAKE, str(port), *mode], env or {}, settings="fake")
 
 
 def load_args(port: int, **kw) -> argparse.Namespace:
@@ -101,3 +103,82 @@ def test_without_source_the_pressure_cache_comes_from_the_conversions_record(tmp
     (tmp_path / "lm" / "latentkv-source.json").unlink()
     with pytest.raises(SystemExit, match="pass --source"):
         original_shape(tmp_path / "lm", None)
+
+
+def test_each_sampling_pass_sends_its_settings_and_is_a_row_of_its_own(tmp_path, capsys):
+    port, bodies = free_port(), tmp_path / "bodies.jsonl"
+    args = load_args(port, concurrency=[2], sampling=["greedy", "chat", "default"])
+    results = run_systems([fake("steady", port, "ok", env={"FAKE_PEER_BODIES": str(bodies)})], args, tmp_path, {},
+                          ready_timeout_s=60)
+    assert [(r["sampling"], r["concurrency"]) for r in results] == [("greedy", 2), ("chat", 2), ("default", 2)]
+    assert all("error" not in r for r in results)
+    sent = [json.loads(line) for line in bodies.read_text().splitlines()]
+    fields = Counter(tuple(sorted((k, b[k]) for k in ("temperature", "top_p") if k in b)) for b in sent)
+    # the warm-up carries the first pass's settings; each pass sends its 2 requests
+    assert fields == {(("temperature", 0),): 3, (("temperature", 0.7), ("top_p", 0.9)): 2, (): 2}
+    assert SAMPLING["default"] == {} and all(b["ignore_eos"] and b["stream"] for b in sent)
+    show(results, args)
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("system"))
+    assert "sampling" in header.split()
+
+
+def test_the_ratio_is_against_the_best_vllm_row_of_the_same_requests_and_sampling(capsys):
+    def row(system, tok_s, baseline=None, sampling="greedy", n=32):
+        return {"system": system, "concurrency": n, "sampling": sampling, "baseline": baseline, "tok_s": tok_s,
+                "ttft_mean": 1.0, "ttft_p50": 1.0, "ttft_p99": 1.0, "itl_p50": 0.1, "itl_p99": 0.1, "max_running": 32}
+    results = [row("latentkv serve", 300.0), row("latentkv serve", 90.0, sampling="chat"),
+               row("vllm serve (original)", 100.0, "vLLM original"), row("vllm serve (original, fp8 KV)", 150.0, "vLLM original"),
+               row("vllm serve (original)", 60.0, "vLLM original", sampling="chat"),
+               {**row("vllm serve (original, fp8 KV)", 0.0, "vLLM original", sampling="chat"), "error": "refused"}]
+    assert baselines(results) == {("vLLM original", 32, "greedy"): 150.0, ("vLLM original", 32, "chat"): 60.0}
+    show(results, argparse.Namespace(max_concurrency=None))
+    table = printed_rows(capsys.readouterr().out)
+    ratio = {(r["system"], r["sampling"]): r["x vs vLLM original"] for r in table}
+    assert ratio[("latentkv serve", "greedy")] == "2"  # 300 / 150: fp8, the better vLLM row
+    assert ratio[("latentkv serve", "chat")] == "1.5"  # 90 / 60: the fp8 row failed there
+    assert ratio[("vllm serve (original)", "greedy")] == "0.667"
+
+
+def printed_rows(text: str) -> list[dict]:
+    """The first table print_table wrote: a title, a header, a line of dashes marking the columns, rows."""
+    lines = text.splitlines()
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[2])]
+    cut = lambda line: [line[a:b].strip() for a, b in spans]  # noqa: E731
+    header = cut(lines[1].ljust(len(lines[2])))
+    rows = []
+    for line in lines[3:]:
+        if not line.strip():
+            break
+        rows.append(dict(zip(header, cut(line))))
+    return rows
+
+
+def folder_args(model: Path, **kw) -> argparse.Namespace:
+    base = dict(model=str(model), source=None, source_given=False, dtype="float32", systems=None, no_baselines=False,
+                vllm=sys.executable, stock576=None, scenario="load", concurrency=[1, 32], cache_memory="1GiB",
+                min_prompt=8, max_prompt=64, min_output=4, max_output=12)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_a_folder_that_is_no_conversion_is_served_by_vllm_itself_without_a_source(tmp_path):
+    save_tiny_lm(tmp_path / "lm")
+    # the command fills in the bundled GGUF when --source is absent: not this folder's source
+    args = folder_args(tmp_path / "lm", source="/bundled/SmolLM2.gguf")
+    prepare(args)
+    assert args.systems == FOLDER_SYSTEMS and args.source is None
+    assert args.max_num_seqs == 32 and args.vocab <= json.loads((tmp_path / "lm" / "config.json").read_text())["vocab_size"]
+    named = folder_args(tmp_path / "lm", source=str(tmp_path / "lm"), source_given=True, systems=["latentkv"])
+    prepare(named)
+    assert named.source == str(tmp_path / "lm")
+
+
+def test_a_conversion_whose_source_is_gone_asks_for_source(tmp_path):
+    save_tiny_lm(tmp_path / "lm")
+    (tmp_path / "lm" / "latentkv-source.json").write_text(json.dumps({"source": str(tmp_path / "gone.gguf")}))
+    with pytest.raises(SystemExit, match="pass --source"):
+        prepare(folder_args(tmp_path / "lm"))
+    with pytest.raises(SystemExit, match="vllm-original needs the source"):
+        prepare(folder_args(tmp_path / "lm", systems=["latentkv", "vllm-original"]))
+    only_ours = folder_args(tmp_path / "lm", systems=["latentkv"])
+    prepare(only_ours)
+    assert only_ours.systems == ["latentkv"]
