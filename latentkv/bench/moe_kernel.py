@@ -26,6 +26,7 @@ from ..config import ModelConfig
 from ..facts import dtype_name
 from ..kernels import qlinear
 from ..model.deepseek import MoE, moe_reference
+from ..model.footprint import param_dtype
 from ..model.loader import resolve_dtype
 from ..model.route import decide_route
 from .report import median, print_table, write_json
@@ -61,8 +62,8 @@ def build_layer(d: int, inter: int, experts: int, k: int, shared: int, dtype: to
         layer = MoE(cfg, route)
     layer.to_empty(device="cpu")
     gen = torch.Generator().manual_seed(0)
-    for p in layer.parameters():
-        p.copy_((torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5).to(p.dtype))
+    for name, p in layer.named_parameters():  # in the dtype a checkpoint loads it in (the router float32)
+        p.data = (torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5).to(param_dtype(f".mlp.{name}", dtype))
     layer.pack_weights()
     if layer.native is None:
         raise SystemExit(f"latentkv bench kernel --moe: the native call does not run here ({qlinear.unavailable_reason()})")
