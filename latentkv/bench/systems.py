@@ -68,6 +68,13 @@ class LatentKVSystem:
         stamps = self.generate_timed(n)
         return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
+    def close(self) -> None:
+        """Close the engine and drop this system's references to it, so that its memory can go (once
+        collected) before another engine loads."""
+        if self.llm is not None:
+            self.llm.close()
+        self.llm = self.engine = None
+
 
 def auto_dtype() -> torch.dtype:
     """The dtype latentkv's `dtype="auto"` runs on this machine (bf16 only where the CPU computes
