@@ -165,7 +165,8 @@ def choose_tokens(logits: torch.Tensor, seqs: list[Sequence], generator: torch.G
     u = uniforms([seqs[i] for i in rows], generator)
     temperature = torch.tensor([p.temperature for p in params])
     top_k = [p.top_k for p in params]
-    top_p = torch.tensor([p.top_p for p in params])
+    # a top_p below float32's range (5e-324 is a valid request) keeps the top token, as it would in float64
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64).clamp_min(torch.finfo(torch.float32).tiny).float()
     min_p = torch.tensor([p.min_p for p in params])
     if logits.device.type == "cpu" and sample_kernel.available():
         picked = sample_kernel.sample_rows(logits.contiguous(), torch.tensor(rows), temperature,

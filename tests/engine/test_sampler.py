@@ -177,3 +177,13 @@ def test_sparse_penalties_equal_the_dense_table(path, monkeypatch):
     before = logits.clone()
     assert torch.equal(apply_penalties(logits, seqs), dense_penalties(logits, seqs))
     assert torch.equal(logits, before)  # a copy: the caller's logits stay as they were
+
+
+def test_settings_at_the_edges_of_float32_sample():
+    """Valid requests whose settings float32 cannot hold (top_p 5e-324, a temperature past 3.4e38)
+    still sample: the tiny top_p keeps the top token, the huge temperature draws near-uniformly."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    seqs = [seq(SamplingParams(temperature=1.0, top_p=5e-324)), seq(SamplingParams(temperature=1e300)),
+            seq(SamplingParams(temperature=0.5, min_p=1e-50))]
+    out = sample(logits, seqs, [], torch.Generator().manual_seed(1)).token_ids
+    assert out[0] == int(logits[0].argmax()) and 0 <= out[1] < 50 and 0 <= out[2] < 50
