@@ -256,6 +256,16 @@ def runs_amx() -> bool:
     return available() and EXT.state["isa"] >= 4
 
 
+def moe_route(logits: torch.Tensor, bias: torch.Tensor | None, softmax: bool, n_group: int, topk_group: int,
+              noaux: bool, group_limited: bool, k: int, normalized: bool, scale: float):
+    """A MoE layer's router after its logits (csrc/qlinear/moe_route.h), every token in one native pass:
+    logits [T, E] float32, bias [E] or None -> (weights [T, k] float32, ids [T, k] int64): scores by
+    softmax (V2) or sigmoid (V3), + bias, the best topk_group groups kept, the top k (ties: the lower
+    expert first), their scores normalized where asked, times scale."""
+    return extension().moe_route(logits, logits.new_empty(0) if bias is None else bias.contiguous(), softmax, n_group,
+                                 topk_group, noaux, group_limited, k, normalized, scale)
+
+
 def fused_swiglu(packed_bits: int, inter: int) -> bool:
     """Whether swiglu_linear runs here for a [gate; up] weight of `packed_bits` (16: bf16) and I = inter:
     bf16 on AMX (isa 4), I a multiple of 16."""

@@ -66,7 +66,7 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
     norm = model.model.norm
     step = decode_ops.extension().DecodePlan(
         layers, norm.weight, norm.eps, qlinear.extension().linear_capsule, qlinear.extension().moe_capsule,
-        attention_kernels.extension().mla_decode_capsule,
+        qlinear.extension().route_capsule, attention_kernels.extension().mla_decode_capsule,
         decode_ops.EXT.isa(), qlinear.EXT.isa(), attention_kernels.EXT.isa())
     return DecodePlan(model, step), None
 

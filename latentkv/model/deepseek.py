@@ -84,9 +84,20 @@ class Gate(nn.Module):
         return self._packed[1]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, D] -> weights [T, k] (float32), expert ids [T, k]."""
-        cfg = self.cfg
+        """x [T, D] -> weights [T, k] (float32), expert ids [T, k]. On CPU where qlinear is built, the
+        route after the logits is its native pass (kernels/qlinear.py moe_route; the decode plan calls
+        the same); elsewhere, and under autograd, `route` (the same steps in torch ops)."""
         logits = self.logits(x)
+        if logits.device.type == "cpu" and not torch.is_grad_enabled() and qlinear.available():
+            cfg = self.cfg
+            return qlinear.moe_route(logits, self.e_score_correction_bias, self.softmax, cfg.n_group, cfg.topk_group,
+                                     self.noaux, self.group_limited, cfg.num_experts_per_tok, self.normalized,
+                                     float(cfg.routed_scaling_factor))
+        return self.route(logits)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [T, E] float32 -> weights [T, k] (float32), expert ids [T, k], in torch ops."""
+        cfg = self.cfg
         scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
         if self.group_limited:

@@ -122,19 +122,22 @@ def assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta
 
 
 def test_the_plan_checks_the_type_of_each_kernel_it_calls():
-    """decode_step.h calls qlinear's linear and attention's mla_decode through capsules of the types
+    """decode_step.h calls qlinear's linear, moe and moe_route and attention's mla_decode through capsules of the types
     kernels/csrc/common/kernel_fns.h declares (each named by its type): one of another type is
     refused when the plan is built, never called."""
     linear_fn, moe_fn = qlinear.extension().linear_capsule, qlinear.extension().moe_capsule
+    route_fn = qlinear.extension().route_capsule
     decode_fn = attention_kernels.extension().mla_decode_capsule
     step, norm = decode_ops.extension().DecodePlan, torch.ones(8)
-    step([], norm, 1e-6, linear_fn, moe_fn, decode_fn, 0, 0, 0)
+    step([], norm, 1e-6, linear_fn, moe_fn, route_fn, decode_fn, 0, 0, 0)
     with pytest.raises(RuntimeError, match="the capsule for attention's mla_decode holds latentkv:.* this extension calls"):
-        step([], norm, 1e-6, linear_fn, moe_fn, linear_fn, 0, 0, 0)
+        step([], norm, 1e-6, linear_fn, moe_fn, route_fn, linear_fn, 0, 0, 0)
     with pytest.raises(RuntimeError, match="the capsule for qlinear's moe holds latentkv:"):
-        step([], norm, 1e-6, linear_fn, linear_fn, decode_fn, 0, 0, 0)
+        step([], norm, 1e-6, linear_fn, linear_fn, route_fn, decode_fn, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="the capsule for qlinear's moe_route holds latentkv:"):
+        step([], norm, 1e-6, linear_fn, moe_fn, moe_fn, decode_fn, 0, 0, 0)
     with pytest.raises(RuntimeError, match="the capsule for qlinear's linear holds latentkv:"):
-        step([], norm, 1e-6, decode_fn, moe_fn, decode_fn, 0, 0, 0)
+        step([], norm, 1e-6, decode_fn, moe_fn, route_fn, decode_fn, 0, 0, 0)
 
 
 @torch.inference_mode()

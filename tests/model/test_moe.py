@@ -182,3 +182,51 @@ def test_router_logits_of_a_token_do_not_depend_on_the_batch(experts, hidden):
     for m in range(1, 17):
         assert torch.equal(gate.logits(x[3:3 + m]), full[3:3 + m]), m
     assert torch.allclose(full, x.float() @ gate.weight.T, atol=1e-4)
+
+
+ROUTERS = {  # DeepSeek-V2 (softmax, greedy or group-limited greedy) and V3 (sigmoid, noaux_tc, groups, normalized)
+    "v2": dict(scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False),
+    "v2-groups": dict(scoring_func="softmax", topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                      norm_topk_prob=False, routed_scaling_factor=16.0),
+    "v3": dict(model_type="deepseek_v3", scoring_func="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2,
+               norm_topk_prob=True, routed_scaling_factor=2.5),
+}
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_native_route_picks_what_the_torch_route_picks(router):
+    """qlinear.moe_route (Gate.forward's native pass, the decode plan's too) against Gate.route, the same
+    steps in torch ops: the same experts in the same order, the weights within float rounding; a token's
+    row the same alone as in the batch."""
+    cfg = config(k=3, n_routed_experts=16, **ROUTERS[router])
+    gate = Gate(cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        if gate.e_score_correction_bias is not None:
+            gate.e_score_correction_bias.copy_(torch.randn(16, generator=gen) * 0.1)
+    logits = torch.randn(200, 16, generator=gen) * 2
+    bias = gate.e_score_correction_bias
+    native = lambda rows: qlinear.moe_route(rows, bias, gate.softmax, cfg.n_group, cfg.topk_group, gate.noaux,
+                                            gate.group_limited, cfg.num_experts_per_tok, gate.normalized,
+                                            float(cfg.routed_scaling_factor))
+    with torch.no_grad():
+        weights, ids = native(logits)
+        want_w, want_ids = gate.route(logits)
+    assert torch.equal(ids, want_ids)
+    assert torch.allclose(weights, want_w, rtol=1e-5, atol=1e-7)
+    for t in (0, 57, 199):
+        w1, i1 = native(logits[t:t + 1])
+        assert torch.equal(i1[0], ids[t]) and torch.equal(w1[0], weights[t])
+
+
+def test_gate_forward_runs_the_native_route_and_grad_the_torch_one():
+    cfg = config(k=3, n_routed_experts=16, **ROUTERS["v3"])
+    gate = Gate(cfg)
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(16, D, generator=torch.Generator().manual_seed(2)))
+    x = torch.randn(5, D, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        w_native, ids_native = gate(x)
+    w_grad, ids_grad = gate(x)  # autograd on: the torch route
+    assert torch.equal(ids_native, ids_grad) and torch.allclose(w_native, w_grad.detach(), rtol=1e-5)
+    assert w_grad.requires_grad

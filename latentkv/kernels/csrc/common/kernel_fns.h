@@ -9,6 +9,7 @@
 #include "torch_lite.h"
 
 #include <string>
+#include <tuple>
 #include <typeinfo>
 
 // x [M, K] float32 / bf16, packed weight, record kind, out_features, isa -> [M, out_features]
@@ -18,6 +19,10 @@ using LinearFn = at::Tensor (*)(at::Tensor, at::Tensor, int64_t, int64_t, int64_
 // inter, shared_inter, isa -> [T, D] (qlinear/moe.h `moe`)
 using MoeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
                              int64_t, int64_t, int64_t);
+// logits [T, E] float32, bias [E] (empty: none), softmax, n_group, topk_group, noaux, group_limited, k,
+// normalized, scale -> (weights [T, k] float32, ids [T, k]) (qlinear/moe_route.h `moe_route`)
+using RouteFn = std::tuple<at::Tensor, at::Tensor> (*)(at::Tensor, at::Tensor, bool, int64_t, int64_t, bool, bool, int64_t,
+                                                       bool, double);
 // query, kv, latent, scale, rope, block_tables, context_lens, query_pos, heads, kv_rank, block_size,
 // isa, threads -> o_lat (attention/mla_attention.cpp `mla_decode`)
 using DecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,

@@ -65,9 +65,10 @@ static PlanLinear plan_linear(const py::dict& d, const char* key) {
 class DecodePlan {
  public:
   DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule moe_fn,
-             py::capsule decode_fn, int64_t isa_ops, int64_t isa_linear, int64_t isa_attention)
+             py::capsule route_fn, py::capsule decode_fn, int64_t isa_ops, int64_t isa_linear, int64_t isa_attention)
       : w_norm_(w_norm), eps_norm_(eps_norm), linear_(import_fn<LinearFn>(linear_fn, "qlinear's linear")),
-        moe_(import_fn<MoeFn>(moe_fn, "qlinear's moe")), decode_(import_fn<DecodeFn>(decode_fn, "attention's mla_decode")),
+        moe_(import_fn<MoeFn>(moe_fn, "qlinear's moe")), route_(import_fn<RouteFn>(route_fn, "qlinear's moe_route")),
+        decode_(import_fn<DecodeFn>(decode_fn, "attention's mla_decode")),
         isa_ops_(isa_ops), isa_linear_(isa_linear), isa_attention_(isa_attention) {
     for (py::handle h : layers) {
       py::dict d = py::reinterpret_borrow<py::dict>(h);
@@ -135,7 +136,7 @@ class DecodePlan {
       x = post[0];
       if (l.moe.defined) {  // MoE.forward: the router, then the experts in one call
         const PlanMoe& m = l.moe;
-        auto [weights, ids] = route_tokens(m, post[1], linear_, isa_linear_);
+        auto [weights, ids] = route_tokens(m, post[1], linear_, route_, isa_linear_);
         carry = moe_(post[1], weights, ids, m.gate_up, m.down, m.shared_gate_up, m.shared_down, m.kind, m.inter,
                      m.shared_inter, isa_linear_);
       } else {
@@ -156,6 +157,7 @@ class DecodePlan {
   double eps_norm_;
   LinearFn linear_;
   MoeFn moe_;
+  RouteFn route_;
   DecodeFn decode_;
   int64_t isa_ops_, isa_linear_, isa_attention_;
   std::vector<PlanLayer> layers_;
@@ -163,7 +165,8 @@ class DecodePlan {
 
 static void register_decode_plan(py::module_& m) {
   py::class_<DecodePlan>(m, "DecodePlan")
-      .def(py::init<py::list, at::Tensor, double, py::capsule, py::capsule, py::capsule, int64_t, int64_t, int64_t>())
+      .def(py::init<py::list, at::Tensor, double, py::capsule, py::capsule, py::capsule, py::capsule, int64_t, int64_t,
+                    int64_t>())
       // without the GIL: the server's other threads (tokenizing, HTTP) run during the step
       .def("run", &DecodePlan::run, py::call_guard<py::gil_scoped_release>(),
            "the decoder layers of one all-decode step (see decode_step.h)");

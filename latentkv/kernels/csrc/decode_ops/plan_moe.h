@@ -1,16 +1,14 @@
-// A MoE layer in the decode plan (decode_step.h): the router as model/deepseek.py Gate.forward runs it,
-// the same ATen ops with the same arguments in the same order (so the same bits), then the experts in
-// qlinear's `moe` (through its capsule, as MoE.forward calls it).
+// A MoE layer in the decode plan (decode_step.h): the router as model/deepseek.py Gate.forward runs it (its
+// logits, then qlinear's `moe_route`), then the experts in qlinear's `moe` (through their capsules, as
+// Gate.forward and MoE.forward call them).
 #pragma once
 #include "kernel_fns.h"
 #include "torch_lite.h"
 
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <cstdint>
-#include <limits>
 #include <utility>
 
 struct PlanMoe {
@@ -46,23 +44,6 @@ static PlanMoe plan_moe(const py::dict& d) {
   return p;
 }
 
-// Gate.limit_groups: keep the experts of the best topk_group groups.
-static at::Tensor limit_groups(const PlanMoe& p, const at::Tensor& choice) {
-  const at::Tensor grouped = choice.view({choice.size(0), p.n_group, -1});
-  at::Tensor group_scores;
-  double fill;
-  if (p.noaux) {  // V3: a group scores by its two best experts
-    group_scores = std::get<0>(grouped.topk(2, -1)).sum({-1});
-    fill = -std::numeric_limits<double>::infinity();
-  } else {  // V2 group_limited_greedy: by its best expert
-    group_scores = grouped.amax({-1});
-    fill = 0.0;
-  }
-  at::Tensor keep = at::zeros_like(group_scores, group_scores.options().dtype(at::kBool));
-  keep.scatter_(1, std::get<1>(group_scores.topk(p.topk_group, -1)), true);
-  return grouped.masked_fill(keep.unsqueeze(-1).bitwise_not(), fill).view_as(choice);
-}
-
 // Gate.logits: x [T, D] -> [T, E] float32, through `linear` (qlinear's, isa `isa_linear`) where the gate is packed.
 static at::Tensor gate_logits(const PlanMoe& p, const at::Tensor& xf, LinearFn linear, int64_t isa_linear) {
   if (p.gate_packed.defined()) return linear(xf.contiguous(), p.gate_packed, 32, p.gate.size(0), isa_linear);
@@ -71,16 +52,12 @@ static at::Tensor gate_logits(const PlanMoe& p, const at::Tensor& xf, LinearFn l
   return Mp == M ? at::linear(xf, p.gate) : at::linear(at::constant_pad_nd(xf, {0, 0, 0, Mp - M}), p.gate).slice(0, 0, M);
 }
 
-// Gate.forward: x [T, D] -> (weights [T, k] float32, ids [T, k]). (Its operators +, /, * as the methods
-// add, div, mul: the same ATen ops.)
-static std::pair<at::Tensor, at::Tensor> route_tokens(const PlanMoe& p, const at::Tensor& x, LinearFn linear,
+// Gate.forward: x [T, D] -> (weights [T, k] float32, ids [T, k]): its logits, then qlinear's moe_route (the
+// router's one implementation, which Gate.forward calls too).
+static std::pair<at::Tensor, at::Tensor> route_tokens(const PlanMoe& p, const at::Tensor& x, LinearFn linear, RouteFn route,
                                                       int64_t isa_linear) {
   const at::Tensor logits = gate_logits(p, x.to(at::kFloat), linear, isa_linear);
-  const at::Tensor scores = p.softmax ? logits.softmax(-1) : logits.sigmoid();
-  at::Tensor choice = p.bias.defined() ? scores.add(p.bias) : scores;
-  if (p.group_limited) choice = limit_groups(p, choice);
-  const at::Tensor ids = std::get<1>(choice.topk(p.k, -1));
-  at::Tensor weights = scores.gather(1, ids);
-  if (p.normalized) weights = weights.div(weights.sum({-1}, true).add(1e-20));
-  return {weights.mul(p.scale), ids};
+  auto [weights, ids] = route(logits, p.bias.defined() ? p.bias : logits.new_empty(0), p.softmax, p.n_group, p.topk_group,
+                              p.noaux, p.group_limited, p.k, p.normalized, p.scale);
+  return {weights, ids};
 }

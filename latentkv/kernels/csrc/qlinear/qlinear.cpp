@@ -118,16 +118,19 @@ std::string dot_path(int64_t isa) {
 
 #include "swiglu.h"  // common/: silu_mul (decode_ops' too), for the MoE op
 #include "moe.h"
+#include "moe_route.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL released while the kernels run: the server's event loop and tokenizer thread go on beside them
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>(), "int4 / int8 / bf16 / float32 (kind 4, 8, 16, 32: qlinear_impl.h) or w4a8 / w8a8 (104, 108: qlinear_dot_impl.h) linear over a packed weight");
   m.def("swiglu_linear", &swiglu_linear, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of a bf16 [gate; up] linear on AMX, in the product's last step");
   m.def("moe", &moe, py::call_guard<py::gil_scoped_release>(), "a MoE layer's routed and shared experts (see moe.h)");
+  m.def("moe_route", &moe_route, py::call_guard<py::gil_scoped_release>(), "a MoE layer's router after its logits: the k experts of each token and their weights (see moe_route.h)");
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x, s_x and the codes' sums");
   m.def("dot_path", &dot_path, "the integer-dot linears' path on an instruction set: avx512_vnni, avx2 or scalar");
   m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512 (integer-dot linears by VNNI where the CPU has avx512_vnni), 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
   // for the decode plan (decode_ops/decode_step.h), which calls `linear` and `moe` without Python between
   m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the types kernel_fns.h declares
   m.attr("moe_capsule") = export_fn<MoeFn>(&moe);
+  m.attr("route_capsule") = export_fn<RouteFn>(&moe_route);
 }
