@@ -80,8 +80,8 @@ def register(subparsers) -> None:
                    help="latentkv weight precisions to run: none (the model dtype), int4 (the w4 rows) and/or w4a8 "
                         "(int4 weights, int8 activations: integer dot products); int4 / w4a8 on CPU")
     p.add_argument("--kv-cache-dtypes", nargs="+", default=["auto", "int8"], choices=list(ENGINE_CACHE_DTYPES),
-                   help="latent cache dtypes per weight precision (each row loads its own model: for a model that "
-                        "fits once, pick one, e.g. --weights w4a8 --kv-cache-dtypes int8)")
+                   help="latent cache dtypes per weight precision (each row loads its own model; rows that do not "
+                        "fit in memory together load one at a time, and one that does not fit alone is refused)")
     p.set_defaults(func=lambda a: run("decode", a))
 
     p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")
