@@ -38,7 +38,7 @@ def serve(model_dir, store, port: int) -> subprocess.Popen:
                              "--max-model-len", "256", "--block-size", "4", "--kv-store", str(store),
                              "--shutdown-timeout", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300   # a hang guard: a busy 2-core machine starts it slowly
     while True:
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline, "the server did not come up"
