@@ -111,8 +111,8 @@ def test_matches_the_reference(bits, isa, n, k, dtype, monkeypatch):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_every_isa_gives_the_same_bits(bits, monkeypatch):
     packed, *_ = weights(bits, 100, 160, seed=1)
-    x = torch.randn(9, 160, generator=torch.Generator().manual_seed(2))
-    outs = {isa: torch.cat([run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3)]
+    x = torch.randn(41, 160, generator=torch.Generator().manual_seed(2))  # 41: w4a8's AMX tiles on amx (16 rows and up)
+    outs = {isa: torch.cat([run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3, 9, 16)]
                            + [run(x, packed, bits, 100, isa, monkeypatch)]) for isa in isas()}
     for isa, out in outs.items():
         assert torch.equal(out, outs["scalar"]), isa
@@ -134,7 +134,7 @@ def test_extreme_codes_are_exact_on_every_isa(bits, monkeypatch):
     the sums over K, exact in float32 (integers below 2^24)."""
     n, k = 64, 256
     gen = torch.Generator().manual_seed(7)
-    x = torch.where(torch.rand(5, k, generator=gen) < 0.5, -127.0, 127.0)
+    x = torch.where(torch.rand(21, k, generator=gen) < 0.5, -127.0, 127.0)  # 21 rows: AMX's tiles too
     x[1] = 127.0   # all codes 127: the largest positive sums
     x[2] = -127.0  # all -127
     hi = torch.randint(0, 2, (n, k), generator=gen)

@@ -95,6 +95,8 @@ struct Kernel {
   // the integer-dot kinds' path (the constructor's choice, by name)
   const char* dot_path() const { return vnni() ? "avx512_vnni" : isa >= 1 ? "avx2" : "scalar"; }
   bool amx() const { return isa >= 4 && kind == 16 && bf16_x; }  // AMX tiles (qlinear_amx.cpp)
+  // w4a8 products of many rows on AMX int8 tiles (qlinear_amx_int8.cpp: the VNNI path's bits)
+  bool amx_dot(int64_t M) const { return kind == 104 && isa >= 4 && has_amx_int8() && M >= isa_amx::AMX_DOT_ROWS; }
   bool pairs() const { return isa >= 3 && kind == 16 && bf16_x; }  // x as words of two bf16
   // words per record of the packed weight
   int64_t rec() const {
@@ -167,7 +169,8 @@ struct Kernel {
            int64_t u0, int64_t u1) const {
     const int64_t ld = a.rows.stride(0);
     if (dot()) {
-      dot_fn(reinterpret_cast<const uint8_t*>(packed), G, a.rows.data_ptr<int8_t>() + m0 * ld, M, ld,
+      const DotUnits fn = amx_dot(M) ? isa_amx::dot_w4_units : dot_fn;  // the same bits either way
+      fn(reinterpret_cast<const uint8_t*>(packed), G, a.rows.data_ptr<int8_t>() + m0 * ld, M, ld,
              a.sums.data_ptr<float>() + m0 * G, a.sx.data_ptr<float>() + m0 * G, a.qsum.data_ptr<int32_t>() + m0 * G,
              static_cast<float*>(out), ldo, N, u0, u1);
     } else if (amx()) {

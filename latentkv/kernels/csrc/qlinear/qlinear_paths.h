@@ -52,4 +52,9 @@ void units(const int32_t* packed, int64_t G, const int32_t* x, int64_t M, int64_
 // multiple of 64): pairs of 16-column blocks; with SwiGLU (N = I outputs of a [gate; up] weight of 2I
 // rows, I a multiple of 16) one block of gate and the block of up 16 columns each that gives the same outputs.
 inline int64_t unit_count(int64_t N, bool swiglu = false) { return swiglu ? N / 16 : (N + 31) / 32; }
+// w4a8 (record kind 104) on AMX int8 tiles: dot_units<W4>'s contract and bits (qlinear_amx_int8.cpp), for
+// products of many rows (AMX_DOT_ROWS and up); fewer rows keep the VNNI path.
+void dot_w4_units(const uint8_t* packed, int64_t G, const int8_t* xq, int64_t M, int64_t ldq, const float* xd,
+                  const float* xs, const int32_t* xi, float* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1);
+constexpr int64_t AMX_DOT_ROWS = 16;
 }  // namespace isa_amx
