@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: test test-slow install serve clean test-vllm install-vllm
+.PHONY: test test-slow install serve clean test-vllm install-vllm lint
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,12 @@ install: $(STAMP)
 
 # `make test` leaves out the tests marked slow (they convert the real bundled SmolLM2, minutes each);
 # `make test-slow` runs just those.
-test: $(STAMP)
+# the linter first (seconds): pyflakes and pycodestyle at 120 columns, and the code as ruff formats it
+lint: $(STAMP)
+	$(BIN)/ruff check latentkv tests scripts
+	$(BIN)/ruff format --check latentkv tests scripts
+
+test: $(STAMP) lint
 	$(BIN)/python -m pytest
 
 test-slow: $(STAMP)

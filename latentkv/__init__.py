@@ -1,4 +1,5 @@
 """latentkv: Multi-head Latent Attention inference, conversion and measurement."""
+
 from __future__ import annotations
 
 from latentkv.engine.outputs import RequestOutput

@@ -1,5 +1,6 @@
 """`latentkv` command line: one subcommand per job, each registered by its own module of
 latentkv/commands/ (the only place that parses arguments; it imports the packages, never the reverse)."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,9 @@ COMMAND_MODULES = [generate, convert, export, evaluate, heal, bench, serve, stor
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="latentkv", description="Multi-head Latent Attention inference, conversion and measurement.")
+    parser = argparse.ArgumentParser(
+        prog="latentkv", description="Multi-head Latent Attention inference, conversion and measurement."
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(subparsers)

@@ -4,6 +4,7 @@ Field names follow transformers' DeepseekV2Config / DeepseekV3Config; the option
 `latentkv` block carries the native extensions of converted models
 (docs/internals.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,13 @@ class DeepseekLayout:
 
 
 DEEPSEEK_V2 = DeepseekLayout()
-DEEPSEEK_V3 = DeepseekLayout(topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
-                             reads_rope_interleave=True, normalizes_one_expert=True)
+DEEPSEEK_V3 = DeepseekLayout(
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    norm_topk_prob=True,
+    reads_rope_interleave=True,
+    normalizes_one_expert=True,
+)
 # model_type -> its layout, for ModelConfig.from_dict (model/families.py registers each with its modules)
 DEEPSEEK_LAYOUTS = {"deepseek_v2": DEEPSEEK_V2, "deepseek_v3": DEEPSEEK_V3}
 
@@ -214,7 +220,14 @@ class ModelConfig:
 
     def validate(self) -> None:
         check_field_types(self)
-        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "v_head_dim"]
+        positive = [
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "kv_lora_rank",
+            "v_head_dim",
+        ]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -226,7 +239,8 @@ class ModelConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; expected 'silu'")
         if self.kv_lora_ranks is not None and len(self.kv_lora_ranks) != self.num_hidden_layers:
             raise ConfigError(
-                f"latentkv.kv_lora_ranks has {len(self.kv_lora_ranks)} entries; expected num_hidden_layers={self.num_hidden_layers}"
+                f"latentkv.kv_lora_ranks has {len(self.kv_lora_ranks)} entries; "
+                f"expected num_hidden_layers={self.num_hidden_layers}"
             )
         if self.cache_dtype is not None and self.cache_dtype not in CACHE_DTYPES:
             raise ConfigError(f"latentkv.cache_dtype must be one of {list(CACHE_DTYPES)}, got {self.cache_dtype!r}")
@@ -235,7 +249,10 @@ class ModelConfig:
                 raise ConfigError(f"latentkv.rope_inv_freq needs one list per layer ({self.num_hidden_layers})")
             bad = [i for i, f in enumerate(self.rope_inv_freq) if len(f) != self.qk_rope_head_dim // 2]
             if bad:
-                raise ConfigError(f"latentkv.rope_inv_freq[{bad[0]}] must have qk_rope_head_dim/2 = {self.qk_rope_head_dim // 2} entries")
+                raise ConfigError(
+                    f"latentkv.rope_inv_freq[{bad[0]}] must have qk_rope_head_dim/2 = "
+                    f"{self.qk_rope_head_dim // 2} entries"
+                )
         if any(self.is_moe_layer(i) for i in range(self.num_hidden_layers)):
             self._validate_moe()  # MoE settings of an all-dense model are inert
 
@@ -245,7 +262,9 @@ class ModelConfig:
         if not 1 <= self.num_experts_per_tok <= self.n_routed_experts:
             raise ConfigError(f"num_experts_per_tok must be in 1..n_routed_experts ({self.n_routed_experts})")
         if self.n_routed_experts % self.n_group:
-            raise ConfigError(f"n_routed_experts ({self.n_routed_experts}) must be divisible by n_group ({self.n_group})")
+            raise ConfigError(
+                f"n_routed_experts ({self.n_routed_experts}) must be divisible by n_group ({self.n_group})"
+            )
         if not 1 <= self.topk_group <= self.n_group:
             raise ConfigError(f"topk_group must be in 1..n_group ({self.n_group}), got {self.topk_group}")
         methods = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -255,10 +274,25 @@ class ModelConfig:
             raise ConfigError(f"scoring_func {self.scoring_func!r} is not supported; expected 'softmax' or 'sigmoid'")
 
 
-INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "max_position_embeddings",
-              "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace",
-              "moe_layer_freq", "n_group", "topk_group")
+INT_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "max_position_embeddings",
+    "n_shared_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "n_group",
+    "topk_group",
+)
 OPTIONAL_INT_FIELDS = ("q_lora_rank", "n_routed_experts")
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "routed_scaling_factor")
 BOOL_FIELDS = ("tie_word_embeddings", "attention_bias")
@@ -266,6 +300,7 @@ BOOL_FIELDS = ("tie_word_embeddings", "attention_bias")
 
 def check_field_types(cfg: "ModelConfig") -> None:
     """A field of the wrong JSON type (e.g. "kv_lora_rank": "512") is named, not a TypeError later."""
+
     def wrong(name: str, expected: str):
         value = getattr(cfg, name)
         raise ConfigError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
@@ -288,8 +323,10 @@ def check_field_types(cfg: "ModelConfig") -> None:
 
 def unknown_model_type(model_type, known) -> ConfigError:
     """The error for a config.json whose model_type no reader knows; it names the known ones."""
-    return ConfigError(f"config.json: model_type {model_type!r} is not supported; expected one of {sorted(known)} "
-                       "(convert Llama-family models with `latentkv convert`)")
+    return ConfigError(
+        f"config.json: model_type {model_type!r} is not supported; expected one of {sorted(known)} "
+        "(convert Llama-family models with `latentkv convert`)"
+    )
 
 
 def _req(raw: dict, key: str):

@@ -8,6 +8,7 @@
   OMP_NUM_THREADS, the usual knob) says otherwise (`threads_from_env()`); the engine then backs
   off while other processes hold cores (engine/threads.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,9 +19,17 @@ import torch
 
 # The flags worth printing next to a benchmark (torch's cpuinfo names).
 FLAGS = ("avx2", "fma3", "avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-_PROC_NAMES = {"fma3": "fma", "avx512_f": "avx512f", "avx512_bw": "avx512bw", "avx512_vl": "avx512vl",
-               "avx512_vnni": "avx512_vnni", "avx512_bf16": "avx512_bf16", "amx_bf16": "amx_bf16",
-               "amx_int8": "amx_int8", "avx2": "avx2"}
+_PROC_NAMES = {
+    "fma3": "fma",
+    "avx512_f": "avx512f",
+    "avx512_bw": "avx512bw",
+    "avx512_vl": "avx512vl",
+    "avx512_vnni": "avx512_vnni",
+    "avx512_bf16": "avx512_bf16",
+    "amx_bf16": "amx_bf16",
+    "amx_int8": "amx_int8",
+    "avx2": "avx2",
+}
 
 
 @functools.cache

@@ -1,5 +1,6 @@
 """Facts the whole package shares, each stated once (imported by settings, engine,
 cache, model loader, converter and eval alike; this module imports nothing of latentkv)."""
+
 from __future__ import annotations
 
 import torch
@@ -36,6 +37,7 @@ def latent_dtype(cache_dtype: str) -> str:
 def rope8(cache_dtype: str) -> bool:
     """Whether a cache dtype stores the rope key in 8 bits."""
     return cache_dtype.endswith(ROPE8)
+
 
 # Tokens per cache block (powers of two: the block runs and prefix hashes assume it).
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)

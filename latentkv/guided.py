@@ -12,6 +12,7 @@ advance when the engine appends a token, never inside the sampler, so a step tha
 rerun (engine/isolation.py) or a preempted sequence that is recomputed moves no matcher
 twice.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from llguidance import LLMatcher
 # newlines until max_tokens and never close the object.
 JSON_DEFAULTS = {"whitespace_flexible": False}
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-REGEX_META = set("\\.+*?()|[]{}^$#&-~")   # what the Rust regex syntax lets (and needs) escaped
+REGEX_META = set("\\.+*?()|[]{}^$#&-~")  # what the Rust regex syntax lets (and needs) escaped
 
 
 class GuidedDecodingError(ValueError):
@@ -44,26 +45,34 @@ class GuidedDecodingParams:
     of json / json_object / regex / choice / grammar. `param` names the request field it came
     from, for the error a bad grammar gets."""
 
-    json: dict | str | None = None          # a JSON schema (dict or its text)
-    json_object: bool = False               # any JSON object
+    json: dict | str | None = None  # a JSON schema (dict or its text)
+    json_object: bool = False  # any JSON object
     regex: str | None = None
-    choice: tuple[str, ...] | None = None   # one of these strings, verbatim
-    grammar: str | None = None              # a Lark grammar in llguidance's dialect
+    choice: tuple[str, ...] | None = None  # one of these strings, verbatim
+    grammar: str | None = None  # a Lark grammar in llguidance's dialect
     param: str | None = None
 
     def __post_init__(self):
-        given = [self.json is not None, self.json_object, self.regex is not None, self.choice is not None,
-                 self.grammar is not None]
+        given = [
+            self.json is not None,
+            self.json_object,
+            self.regex is not None,
+            self.choice is not None,
+            self.grammar is not None,
+        ]
         if sum(given) != 1:
-            raise GuidedDecodingError("guided decoding needs exactly one of json, json_object, regex, choice, "
-                                      "grammar", self.param)
+            raise GuidedDecodingError(
+                "guided decoding needs exactly one of json, json_object, regex, choice, grammar", self.param
+            )
         if self.choice is not None:
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise GuidedDecodingError("choice must be a non-empty list of non-empty strings", self.param)
             object.__setattr__(self, "choice", tuple(self.choice))
 
     def cache_key(self) -> str:
-        json_text = self.json if isinstance(self.json, str) or self.json is None else json.dumps(self.json, sort_keys=True)
+        json_text = (
+            self.json if isinstance(self.json, str) or self.json is None else json.dumps(self.json, sort_keys=True)
+        )
         return json.dumps([json_text, self.json_object, self.regex, self.choice, self.grammar])
 
     def grammar_text(self) -> str:
@@ -94,14 +103,16 @@ def closed_objects(schema):
         return schema
     out = {}
     for key, value in schema.items():
-        if key in SCHEMA_MAPS and isinstance(value, dict):   # name -> schema: the names are not keywords
+        if key in SCHEMA_MAPS and isinstance(value, dict):  # name -> schema: the names are not keywords
             out[key] = {name: closed_objects(s) for name, s in value.items()}
         elif key in ("enum", "const", "default", "examples"):
             out[key] = value
         else:
             out[key] = closed_objects(value)
-    if isinstance(schema.get("properties"), dict) and not {"additionalProperties", "unevaluatedProperties",
-                                                            "patternProperties"} & schema.keys():
+    if (
+        isinstance(schema.get("properties"), dict)
+        and not {"additionalProperties", "unevaluatedProperties", "patternProperties"} & schema.keys()
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -121,7 +132,7 @@ class Guides:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self._lltokenizer = None
-        self.grammars: dict[str, str] = {}   # cache key -> checked grammar
+        self.grammars: dict[str, str] = {}  # cache key -> checked grammar
 
     @property
     def lltokenizer(self):
@@ -174,7 +185,7 @@ def apply_guides(logits: torch.Tensor, matchers: list, eos_token_ids: list[int])
     bitmask = llt.allocate_token_bitmask(len(rows), vocab)
     for j, i in enumerate(rows):
         llt.fill_next_token_bitmask(matchers[i], bitmask, j)
-    bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1   # little-endian bits per int32
+    bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1  # little-endian bits per int32
     allowed = bits.flatten(1)[:, :vocab].bool()
     stuck = ~allowed.any(dim=-1)
     if bool(stuck.any()):

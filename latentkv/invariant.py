@@ -25,6 +25,7 @@ machine that runs the suite):
 Attention is made invariant by the backends (attention/torch_ref.py `tiled_latent_attention`,
 the native kernel's fixed spans).
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,11 @@ def padded_rows(m: int, dtype: torch.dtype = torch.float32) -> int:
 
 
 def needs_padding(x: torch.Tensor) -> bool:
-    return (x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
-            and padded_rows(x.shape[-2], x.dtype) != x.shape[-2])
+    return (
+        x.dtype in (torch.float32, torch.bfloat16)
+        and x.device.type == "cpu"
+        and padded_rows(x.shape[-2], x.dtype) != x.shape[-2]
+    )
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
 """`LLM`: offline batched generation, vLLM's facade (`from latentkv import LLM, SamplingParams`)."""
+
 from __future__ import annotations
 
 import itertools
@@ -52,15 +53,23 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
-    def generate(self, prompts: PromptType | list[PromptType], sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: PromptType | list[PromptType],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for each prompt (a string, a list of token ids, or {"prompt_token_ids": [...]}
         or {"prompt": "..."}); outputs come back in prompt order. A prompt the engine cannot
         take (too long, empty, ...) gets an output with finish_reason "error" and `.error`
         set; the others still run."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params or SamplingParams()] * len(prompts)
+        )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         order: dict[str, int] = {}
@@ -91,8 +100,14 @@ class LLM:
             if bar:
                 bar.close()
 
-    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} messages) or a
         list of them, formatted by the tokenizer's chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -116,5 +131,11 @@ def split_prompt(prompt: PromptType) -> tuple[str | None, list[int] | None]:
 
 def rejected_output(request_id: str, text, ids, params: SamplingParams, error: str) -> RequestOutput:
     outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason="error") for i in range(params.n)]
-    return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=list(ids or []),
-                         outputs=outputs, finished=True, error=error)
+    return RequestOutput(
+        request_id=request_id,
+        prompt=text,
+        prompt_token_ids=list(ids or []),
+        outputs=outputs,
+        finished=True,
+        error=error,
+    )

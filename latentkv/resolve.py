@@ -7,6 +7,7 @@ MODEL may be
   content hash and those settings (so the next start loads the cached folder);
 - nothing: the bundled SmolLM2-135M-Instruct GGUF, converted and cached the same way.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,11 +50,11 @@ class SourceGeometry:
 
 @dataclass
 class ResolvedModel:
-    path: Path                              # the MLA folder the engine loads
-    name: str                               # default served model name
-    source: Path | None = None              # the Llama-family source, when converted
+    path: Path  # the MLA folder the engine loads
+    name: str  # default served model name
+    source: Path | None = None  # the Llama-family source, when converted
     original: SourceGeometry | None = None  # its KV geometry, for the banner
-    from_cache: bool = False                # a converted folder reused from the cache
+    from_cache: bool = False  # a converted folder reused from the cache
 
 
 def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> ResolvedModel:
@@ -71,7 +72,7 @@ def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> Resolv
 
 
 def classify(path: Path) -> str:
-    """"mla" for a DeepSeek/latentkv folder, "llama" for a convertible source."""
+    """ "mla" for a DeepSeek/latentkv folder, "llama" for a convertible source."""
     if path.is_file():
         if path.suffix == ".gguf":
             return "llama"
@@ -84,8 +85,10 @@ def classify(path: Path) -> str:
         return "mla"
     if model_type in SOURCE_MODEL_TYPES:
         return "llama"
-    raise ResolveError(f"{path}: model_type {model_type!r} is neither MLA {MLA_MODEL_TYPES} "
-                       f"nor a Llama-family source we convert {SOURCE_MODEL_TYPES}")
+    raise ResolveError(
+        f"{path}: model_type {model_type!r} is neither MLA {MLA_MODEL_TYPES} "
+        f"nor a Llama-family source we convert {SOURCE_MODEL_TYPES}"
+    )
 
 
 # -- the conversion cache --------------------------------------------------------------
@@ -108,8 +111,12 @@ def convert_cached(source: Path, convert_fn, log, name: str | None = None) -> Re
     try:
         convert_fn(source=source, out=tmp)
         geometry = source_geometry(source)
-        provenance = {"source": str(source), "key": key, "geometry": asdict(geometry) if geometry else None,
-                      "seconds": round(time.perf_counter() - started, 1)}
+        provenance = {
+            "source": str(source),
+            "key": key,
+            "geometry": asdict(geometry) if geometry else None,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
         (tmp / "latentkv-source.json").write_text(json.dumps(provenance, indent=2))
         if folder.exists():  # another process finished first
             shutil.rmtree(tmp)
@@ -144,8 +151,11 @@ def converter_defaults(convert_fn) -> dict:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         params = []
-    settings = {p.name: p.default for p in params
-                if p.default is not inspect.Parameter.empty and p.name not in ("source", "out")}
+    settings = {
+        p.name: p.default
+        for p in params
+        if p.default is not inspect.Parameter.empty and p.name not in ("source", "out")
+    }
     module = inspect.getmodule(fn)
     for name, value in sorted(vars(module).items() if module else []):
         if name.startswith("DEFAULT_") and isinstance(value, (int, float, str, bool)):

@@ -4,7 +4,7 @@ TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-
 
     model = "path/to/model"          # the MODEL argument overrides it
     dtype = "auto"                   # auto | float32 | bfloat16 | float16
-    kv_cache_dtype = "int8"          # auto | int8 | fp8_e4m3 | ... (default auto: the folder's own format, else the model dtype)
+    kv_cache_dtype = "int8"          # auto | int8 | fp8_e4m3 | ... (default auto: the folder's format, else the dtype)
     quantization = "none"            # quantized linears: none | int8 | int4 (CPU) | w4a8 | w8a8 (CPU)
     block_size = 16                  # tokens per cache block
     kv_cache_memory = "2GiB"         # the latent cache's size in bytes, or ...
@@ -33,6 +33,7 @@ An unknown key, a bad value, or one option given twice (or the cache sized both 
 `SettingsError` naming the key or flag and what is allowed. The value rules are the engine's
 own (`latentkv.engine.args.OPTION_CHECKS`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,17 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from latentkv.engine.args import (OPTION_CHECKS, STORE_MAX_SIZE, WARM_FRACTION, EngineArgs, boolean, check_option,
-                                  non_negative_int, positive_int, text)
-from latentkv.facts import ATTENTION_BACKEND_DEFAULT
+from latentkv.engine.args import (
+    OPTION_CHECKS,
+    STORE_MAX_SIZE,
+    WARM_FRACTION,
+    EngineArgs,
+    boolean,
+    check_option,
+    non_negative_int,
+    positive_int,
+    text,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,8 +69,9 @@ class SettingsError(ValueError):
 def option(default, help: str, *aliases: str, server: bool = False, type=None, short: str | None = None):
     """A Settings field: its flag's help, its seed-template TOML aliases, whether only `serve`
     has it, the flag's argparse type and short form."""
-    return field(default=default, metadata={"help": help, "aliases": aliases, "server": server, "type": type,
-                                            "short": short})
+    return field(
+        default=default, metadata={"help": help, "aliases": aliases, "server": server, "type": type, "short": short}
+    )
 
 
 @dataclass
@@ -70,59 +80,122 @@ class Settings:
 
     model: str | None = option(None, "the model (the MODEL argument)")
     dtype: str = option("auto", "model dtype: auto, float32, bfloat16, float16", "precision.compute")
-    kv_cache_dtype: str | None = option(None, "latent cache dtype: auto (the default: the folder's own format where it "
-                                              "records one, as a default conversion does, else the model dtype), int8, "
-                                              "fp8_e4m3, int8_rope8, fp8_e4m3_rope8, q4_0; bfloat16 / float32: the unquantized "
-                                              "latent (the model dtype) whatever the folder records", "precision.cache")
-    quantization: str | None = option(None, "quantized linears: none, int8, int4 (weights); w4a8, w8a8 (int8 activations too); int4, w4a8, w8a8: CPU",
-                                      "precision.weights", short="-q")
+    kv_cache_dtype: str | None = option(
+        None,
+        "latent cache dtype: auto (the default: the folder's own format where it "
+        "records one, as a default conversion does, else the model dtype), int8, "
+        "fp8_e4m3, int8_rope8, fp8_e4m3_rope8, q4_0; bfloat16 / float32: the unquantized "
+        "latent (the model dtype) whatever the folder records",
+        "precision.cache",
+    )
+    quantization: str | None = option(
+        None,
+        "quantized linears: none, int8, int4 (weights); w4a8, w8a8 (int8 activations too); int4, w4a8, w8a8: CPU",
+        "precision.weights",
+        short="-q",
+    )
     block_size: int = option(16, "tokens per cache block (default 16)", "latent_attention.chunk_size", type=int)
     kv_cache_memory: int | None = option(None, "latent cache size, e.g. 512MiB, 2GiB or bytes")
-    kv_cache_blocks: int | None = option(None, "latent cache size in blocks (instead of --kv-cache-memory)",
-                                         "latent_attention.memory.pool_size", type=int)
+    kv_cache_blocks: int | None = option(
+        None,
+        "latent cache size in blocks (instead of --kv-cache-memory)",
+        "latent_attention.memory.pool_size",
+        type=int,
+    )
     max_model_len: int | None = option(None, "longest prompt + output in tokens", "scheduler.max_model_len", type=int)
     max_num_seqs: int = option(64, "sequences running at once (default 64)", "scheduler.max_num_seqs", type=int)
-    max_num_batched_tokens: int | None = option(None, "tokens per engine step (default max(2048, max_num_seqs))",
-                                                type=int)
-    enable_prefix_caching: bool = option(True, "reuse cached prompt prefixes (default on)",
-                                         "latent_attention.prefix_caching")
+    max_num_batched_tokens: int | None = option(
+        None, "tokens per engine step (default max(2048, max_num_seqs))", type=int
+    )
+    enable_prefix_caching: bool = option(
+        True, "reuse cached prompt prefixes (default on)", "latent_attention.prefix_caching"
+    )
     attention_backend: str = option("auto", "attention kernels: auto (native C++ where it builds), native, torch")
-    threads: int | None = option(None, "CPU threads (default: $LATENTKV_THREADS, else $OMP_NUM_THREADS, else all cores, fewer while other processes hold some)", type=int)
+    threads: int | None = option(
+        None,
+        "CPU threads (default: $LATENTKV_THREADS, else $OMP_NUM_THREADS, else all cores, "
+        "fewer while other processes hold some)",
+        type=int,
+    )
     nan_check: bool = option(True, "fail a request whose logits hold NaN/Inf (default on)", "safety.nan_check")
-    batch_invariant: bool = option(True, "the same greedy tokens alone, batched, chunked or prefix-cached "
-                                         "(default on; docs/internals.md, 'Batch invariance')")
-    enforce_eager: bool = option(False, "run every step through the PyTorch modules, without the native decode plan "
-                                        "(as vLLM's --enforce-eager skips CUDA graphs; docs/internals.md)")
-    kv_store: str | None = option(None, "keep full prefix-cache blocks on disk in this directory, reused across "
-                                        "restarts and shared by processes (docs/store.md)", "latent_attention.store.path")
-    kv_store_max_size: int | str = option(STORE_MAX_SIZE, f"bound of the --kv-store directory (default {STORE_MAX_SIZE})",
-                                          "latent_attention.store.max_size")
-    warm: str | None = option(None, "JSONL of template prompts or chat conversations prefilled at start and pinned",
-                              "latent_attention.store.warm")
-    warm_fraction: float = option(WARM_FRACTION, f"share of the cache --warm templates may pin (default {WARM_FRACTION})",
-                                  "latent_attention.store.warm_fraction", type=float)
+    batch_invariant: bool = option(
+        True,
+        "the same greedy tokens alone, batched, chunked or prefix-cached "
+        "(default on; docs/internals.md, 'Batch invariance')",
+    )
+    enforce_eager: bool = option(
+        False,
+        "run every step through the PyTorch modules, without the native decode plan "
+        "(as vLLM's --enforce-eager skips CUDA graphs; docs/internals.md)",
+    )
+    kv_store: str | None = option(
+        None,
+        "keep full prefix-cache blocks on disk in this directory, reused across "
+        "restarts and shared by processes (docs/store.md)",
+        "latent_attention.store.path",
+    )
+    kv_store_max_size: int | str = option(
+        STORE_MAX_SIZE,
+        f"bound of the --kv-store directory (default {STORE_MAX_SIZE})",
+        "latent_attention.store.max_size",
+    )
+    warm: str | None = option(
+        None,
+        "JSONL of template prompts or chat conversations prefilled at start and pinned",
+        "latent_attention.store.warm",
+    )
+    warm_fraction: float = option(
+        WARM_FRACTION,
+        f"share of the cache --warm templates may pin (default {WARM_FRACTION})",
+        "latent_attention.store.warm_fraction",
+        type=float,
+    )
     host: str = option("127.0.0.1", "address to bind (default 127.0.0.1)", "server.host", server=True)
     port: int = option(8000, "port (default 8000)", "server.port", server=True, type=int)
-    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every route but /health (shows in "
-                                       "`ps`: prefer --api-key-file or $LATENTKV_API_KEY)", "server.api_key", server=True)
+    api_key: str | None = option(
+        None,
+        "require 'Authorization: Bearer KEY' on every route but /health (shows in "
+        "`ps`: prefer --api-key-file or $LATENTKV_API_KEY)",
+        "server.api_key",
+        server=True,
+    )
     api_key_file: str | None = option(None, "read the API key from this file", "server.api_key_file", server=True)
-    metrics_public: bool = option(False, "serve /metrics without the API key (default off)", "server.metrics_public",
-                                  server=True)
-    max_request_bytes: int = option(DEFAULT_MAX_REQUEST_BYTES, "refuse larger request bodies with 413, before parsing "
-                                    f"(default {DEFAULT_MAX_REQUEST_BYTES})", "server.max_request_bytes", server=True,
-                                    type=int)
-    served_model_name: str | None = option(None, "the model name clients send (default: the model's)",
-                                           "server.served_model_name", server=True)
-    max_waiting_requests: int = option(256, "answer 503 + Retry-After when more sequences than this would wait "
-                                            "(default 256)", "scheduler.max_waiting_requests", server=True, type=int)
-    shutdown_timeout: float = option(30.0, "on SIGTERM / SIGINT: seconds running requests may finish in, then the "
-                                           "KV store's queued writes (default 30; a second signal exits at once)",
-                                     "server.shutdown_timeout", server=True, type=float)
+    metrics_public: bool = option(
+        False, "serve /metrics without the API key (default off)", "server.metrics_public", server=True
+    )
+    max_request_bytes: int = option(
+        DEFAULT_MAX_REQUEST_BYTES,
+        f"refuse larger request bodies with 413, before parsing (default {DEFAULT_MAX_REQUEST_BYTES})",
+        "server.max_request_bytes",
+        server=True,
+        type=int,
+    )
+    served_model_name: str | None = option(
+        None, "the model name clients send (default: the model's)", "server.served_model_name", server=True
+    )
+    max_waiting_requests: int = option(
+        256,
+        "answer 503 + Retry-After when more sequences than this would wait (default 256)",
+        "scheduler.max_waiting_requests",
+        server=True,
+        type=int,
+    )
+    shutdown_timeout: float = option(
+        30.0,
+        "on SIGTERM / SIGINT: seconds running requests may finish in, then the "
+        "KV store's queued writes (default 30; a second signal exits at once)",
+        "server.shutdown_timeout",
+        server=True,
+        type=float,
+    )
 
     def engine_args(self, model: str, kv_cache_dtype: str) -> EngineArgs:
         """EngineArgs for the resolved model folder: every engine option by its own name."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)
-                  if not f.metadata["server"] and f.name not in ("model", "kv_cache_dtype")}
+        values = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not f.metadata["server"] and f.name not in ("model", "kv_cache_dtype")
+        }
         return EngineArgs(model=model, kv_cache_dtype=kv_cache_dtype, **values)
 
 
@@ -140,20 +213,26 @@ def _port(value):
 
 
 # The engine's rules, plus the server's own options.
-CHECKS = {**OPTION_CHECKS,
-          "kv_cache_blocks": ("a positive number of cache blocks (for a size in bytes use kv_cache_memory)",
-                              OPTION_CHECKS["kv_cache_blocks"][1]),
-          "host": ("a host name or address", text),
-          "port": ("an integer port 0-65535", _port),
-          "api_key": ("a non-empty string", text),
-          "api_key_file": ("a file path", text),
-          "metrics_public": ("true or false", boolean),
-          "max_request_bytes": ("a positive integer", positive_int),
-          "served_model_name": ("a non-empty string", text),
-          "max_waiting_requests": ("an integer >= 0", non_negative_int),
-          "shutdown_timeout": ("a number of seconds >= 0", _seconds)}
+CHECKS = {
+    **OPTION_CHECKS,
+    "kv_cache_blocks": (
+        "a positive number of cache blocks (for a size in bytes use kv_cache_memory)",
+        OPTION_CHECKS["kv_cache_blocks"][1],
+    ),
+    "host": ("a host name or address", text),
+    "port": ("an integer port 0-65535", _port),
+    "api_key": ("a non-empty string", text),
+    "api_key_file": ("a file path", text),
+    "metrics_public": ("true or false", boolean),
+    "max_request_bytes": ("a positive integer", positive_int),
+    "served_model_name": ("a non-empty string", text),
+    "max_waiting_requests": ("an integer >= 0", non_negative_int),
+    "shutdown_timeout": ("a number of seconds >= 0", _seconds),
+}
 OPTIONS = {f.name: f for f in fields(Settings)}
-TOML_KEYS = {name: name for name in OPTIONS} | {alias: f.name for f in fields(Settings) for alias in f.metadata["aliases"]}
+TOML_KEYS = {name: name for name in OPTIONS} | {
+    alias: f.name for f in fields(Settings) for alias in f.metadata["aliases"]
+}
 CACHE_SIZE = ("kv_cache_memory", "kv_cache_blocks")  # two units of one setting
 
 
@@ -188,8 +267,9 @@ def allowed_keys_near(path: str) -> list[str]:
 
 def check_cache_size(values: dict, where: str) -> None:
     if all(values.get(name) is not None for name in CACHE_SIZE):
-        raise SettingsError(f"{where}: kv_cache_memory and kv_cache_blocks (pool_size) both size the latent cache; "
-                            "give one")
+        raise SettingsError(
+            f"{where}: kv_cache_memory and kv_cache_blocks (pool_size) both size the latent cache; give one"
+        )
 
 
 def read_toml(path: str | Path) -> dict[str, object]:
@@ -234,9 +314,13 @@ def build_settings(config_file: str | Path | None = None, overrides: dict | None
 def add_engine_arguments(parser: argparse.ArgumentParser, server: bool = False) -> None:
     """MODEL, --config and a flag per option (`serve`'s own ones with server=True). Every flag
     defaults to None, so a `--config` file's values apply unless the flag is given."""
-    parser.add_argument("model", nargs="?", default=None,
-                        help="a latentkv/DeepSeek folder, a Llama-family GGUF file or HF folder (converted and cached), "
-                             "or nothing for the bundled SmolLM2-135M-Instruct")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="a latentkv/DeepSeek folder, a Llama-family GGUF file or HF folder (converted and cached), "
+        "or nothing for the bundled SmolLM2-135M-Instruct",
+    )
     parser.add_argument("--config", default=None, metavar="FILE", help="TOML settings file (flags override it)")
     for f in fields(Settings):
         meta = f.metadata

@@ -1,5 +1,6 @@
 """Memory sizes: reading "2GiB"-style sizes, how much memory a device has free, this process's peak RSS,
 giving freed heap memory back to the system, and keeping a serving step's memory for the next."""
+
 from __future__ import annotations
 
 import ctypes
@@ -12,8 +13,22 @@ import sys
 
 import torch
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_memory(value: int | float | str) -> int:
@@ -74,8 +89,8 @@ def return_freed_memory() -> bool:
 # mallopt's parameters (glibc malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 STEP_MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks below it come from the heap and are reused
-STEP_TRIM_THRESHOLD = 1 << 30   # free heap kept before glibc gives it back
-STEP_TOP_PAD = 64 << 20         # extra heap asked for each time it grows: fewer, larger extensions
+STEP_TRIM_THRESHOLD = 1 << 30  # free heap kept before glibc gives it back
+STEP_TOP_PAD = 64 << 20  # extra heap asked for each time it grows: fewer, larger extensions
 
 
 def keep_freed_memory() -> bool:
@@ -92,6 +107,11 @@ def keep_freed_memory() -> bool:
     opt = getattr(libc, "mallopt", None)
     if opt is None:
         return False
-    return all(opt(param, value) == 1 for param, value in ((_M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD),
-                                                           (_M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD),
-                                                           (_M_TOP_PAD, STEP_TOP_PAD)))
+    return all(
+        opt(param, value) == 1
+        for param, value in (
+            (_M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD),
+            (_M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD),
+            (_M_TOP_PAD, STEP_TOP_PAD),
+        )
+    )

@@ -1,5 +1,6 @@
 """The user cache directory and content hashes of model files (shared by the conversion
 cache in resolve.py and the chat-answer cache in sources/chat_data.py)."""
+
 from __future__ import annotations
 
 import hashlib

@@ -12,6 +12,7 @@ max_tokens=1, prefix caching off; --quantization int4 for int4 linears): median 
 --so PATH loads another build of the extension (e.g. a saved copy of the old one) in place of the
 checkout's: A/B two builds in two processes (same-named extensions interpose their symbols).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ from latentkv.model.quant import quantize_int4, quantize_int8
 
 # SmolLM2-135M converted to MLA (hidden 576, intermediate 1536): (name, N, K)
 # (the bundled conversion: q 1314 + kv_a 336 fused, kv rank 240)
-SHAPES = [("qkv_a", 1650, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536),
-          ("kv_b", 1026, 240), ("lm_head", 49152, 576)]
+SHAPES = [
+    ("qkv_a", 1650, 576),
+    ("o", 576, 576),
+    ("gate_up", 3072, 576),
+    ("down", 576, 1536),
+    ("kv_b", 1026, 240),
+    ("lm_head", 49152, 576),
+]
 
 
 def load_so(path: str) -> None:
@@ -37,7 +44,9 @@ def load_so(path: str) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     runs = list(module.supported_isas())  # the checkout's build never loads: no self-check here
-    qlinear.EXT.state.update(module=module, reason=None, runs=runs, isas=runs, disabled={}, isa=ISAS[choose_isa(runs, runs)])
+    qlinear.EXT.state.update(
+        module=module, reason=None, runs=runs, isas=runs, disabled={}, isa=ISAS[choose_isa(runs, runs)]
+    )
 
 
 def packed(bits: int, w: torch.Tensor) -> torch.Tensor:
@@ -69,8 +78,11 @@ def prefill(tokens: int, repeats: int, quantization: str | None) -> None:
         llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
         if i:
             rates.append(tokens / (time.perf_counter() - start))
-    print(f"prefill {tokens} tokens, quantization {quantization}: {statistics.median(rates):.1f} tok/s "
-          f"(runs {', '.join(f'{r:.1f}' for r in rates)})", flush=True)
+    print(
+        f"prefill {tokens} tokens, quantization {quantization}: {statistics.median(rates):.1f} tok/s "
+        f"(runs {', '.join(f'{r:.1f}' for r in rates)})",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -100,8 +112,13 @@ def main() -> None:
                 x = torch.randn(m, k)
                 flop = 2.0 * m * n * k
                 reps = max(1, int(args.flop / flop))
-                kern = lambda: qlinear.linear(x, p, bits, n)
-                mkl = lambda: F.linear(x, w)
+
+                def kern():
+                    return qlinear.linear(x, p, bits, n)
+
+                def mkl():
+                    return F.linear(x, w)
+
                 kern(), mkl()
                 tk, tm = [], []
                 for _ in range(args.repeats):
@@ -109,8 +126,11 @@ def main() -> None:
                     tm.append(timed(mkl, reps))
                 gk, gm = flop / statistics.median(tk) / 1e9, flop / statistics.median(tm) / 1e9
                 ratios = [b / a for a, b in zip(tk, tm)]
-                print(f"{name:8s} N={n:5d} K={k:4d} kind={bits:2d} M={m:5d}  kernel {gk:6.1f}  mkl {gm:6.1f} GFLOP/s"
-                      f"  kernel/mkl {statistics.median(ratios):.2f}", flush=True)
+                print(
+                    f"{name:8s} N={n:5d} K={k:4d} kind={bits:2d} M={m:5d}  kernel {gk:6.1f}  mkl {gm:6.1f} GFLOP/s"
+                    f"  kernel/mkl {statistics.median(ratios):.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

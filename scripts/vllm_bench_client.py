@@ -18,6 +18,7 @@ docs/benchmarks.md use --served-model-name bench); --tokenizer is a folder with 
 --temperature 0, chat --temperature 0.7 --top-p 0.9, default no sampling flag (vLLM's client then sends
 no temperature: the server's default, 1.0). Sampling flags given after it override it.
 """
+
 import argparse
 import sys
 
@@ -28,8 +29,19 @@ try:  # where vLLM keeps its argument parser moved between releases; plain argpa
 except ImportError:
     Parser = argparse.ArgumentParser
 
-DEFAULTS = ["--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
-            "--random-input-len", "256", "--random-output-len", "128", "--ignore-eos"]
+DEFAULTS = [
+    "--backend",
+    "openai",
+    "--endpoint",
+    "/v1/completions",
+    "--dataset-name",
+    "random",
+    "--random-input-len",
+    "256",
+    "--random-output-len",
+    "128",
+    "--ignore-eos",
+]
 # latentkv.bench.serve.SAMPLING as vLLM's client flags (this runs in vLLM's venv, without latentkv)
 SAMPLING = {"greedy": ["--temperature", "0"], "chat": ["--temperature", "0.7", "--top-p", "0.9"], "default": []}
 

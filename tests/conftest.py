@@ -109,8 +109,10 @@ def few_chat_prompts(tmp_path, monkeypatch):
     """Five chat prompts (both splits) instead of the full file, and a fresh user cache: answers
     for a tiny source are generated in seconds."""
     prompts = tmp_path / "prompts.jsonl"
-    rows = [{"id": f"t-{i}", "category": "test", "prompt": p, "split": "heldout" if i % 2 else "calib"}
-            for i, p in enumerate(["the quick fox", "one two three", "héllo wörld", "def main():", "one two four"])]
+    rows = [
+        {"id": f"t-{i}", "category": "test", "prompt": p, "split": "heldout" if i % 2 else "calib"}
+        for i, p in enumerate(["the quick fox", "one two three", "héllo wörld", "def main():", "one two four"])
+    ]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(chat_data, "PROMPTS_FILE", prompts)
     monkeypatch.setenv("LATENTKV_CACHE_DIR", str(tmp_path / "cache"))

@@ -7,6 +7,7 @@ shape never sits in memory). Speed and memory of a conversion need the shape, no
 The tokenizer is the bundled SmolLM2's (the only one available offline), so the vocabulary is
 at least its 49152 tokens (calibration text must not index past the embedding).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,20 @@ from latentkv.sources.readers import default_gguf_path
 
 TOKENIZER_VOCAB = 49152  # SmolLM2's
 SHAPES = {
-    "small": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
-                  intermediate_size=512),
-    "1b": dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
-               intermediate_size=8192, tie_word_embeddings=True),
-    "8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-               intermediate_size=14336),
+    "small": dict(
+        num_hidden_layers=4, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=512
+    ),
+    "1b": dict(
+        num_hidden_layers=16,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        tie_word_embeddings=True,
+    ),
+    "8b": dict(
+        num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336
+    ),
 }
 
 
@@ -47,10 +56,17 @@ def layer_shapes(cfg: dict, i: int) -> dict[str, tuple[int, ...]]:
     d = D // cfg["num_attention_heads"]
     H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     p = f"model.layers.{i}."
-    return {p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-            p + "self_attn.q_proj.weight": (H * d, D), p + "self_attn.k_proj.weight": (Hkv * d, D),
-            p + "self_attn.v_proj.weight": (Hkv * d, D), p + "self_attn.o_proj.weight": (D, H * d),
-            p + "mlp.gate_proj.weight": (F, D), p + "mlp.up_proj.weight": (F, D), p + "mlp.down_proj.weight": (D, F)}
+    return {
+        p + "input_layernorm.weight": (D,),
+        p + "post_attention_layernorm.weight": (D,),
+        p + "self_attn.q_proj.weight": (H * d, D),
+        p + "self_attn.k_proj.weight": (Hkv * d, D),
+        p + "self_attn.v_proj.weight": (Hkv * d, D),
+        p + "self_attn.o_proj.weight": (D, H * d),
+        p + "mlp.gate_proj.weight": (F, D),
+        p + "mlp.up_proj.weight": (F, D),
+        p + "mlp.down_proj.weight": (D, F),
+    }
 
 
 def random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -60,17 +76,33 @@ def random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, dtype
     return (torch.randn(shape, generator=gen) * shape[-1] ** -0.5).to(dtype)
 
 
-def write_random_llama(folder: str | Path, vocab_size: int = TOKENIZER_VOCAB, dtype: torch.dtype = torch.bfloat16,
-                       seed: int = 0, tokenizer=True, **shape) -> Path:
+def write_random_llama(
+    folder: str | Path,
+    vocab_size: int = TOKENIZER_VOCAB,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    tokenizer=True,
+    **shape,
+) -> Path:
     """Write config.json, one safetensors shard per layer (+ one for the embeddings) with an index,
     and a tokenizer (True: the bundled one; or a tokenizer object; False: none); returns the
     folder. shape: LlamaConfig fields (SHAPES)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
-           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
-           "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "torch_dtype": str(dtype).split(".")[1],
-           **shape}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).split(".")[1],
+        **shape,
+    }
     cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     gen = torch.Generator().manual_seed(seed)

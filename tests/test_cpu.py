@@ -1,4 +1,5 @@
 """CPU facts: dtype "auto" follows the CPU's bf16 support; threads default to all cores."""
+
 import os
 
 import pytest
@@ -11,11 +12,14 @@ from latentkv.model.loader import resolve_dtype
 AVX2_ONLY = {flag: flag in ("avx2", "fma3") for flag in cpu.FLAGS}
 
 
-@pytest.mark.parametrize("flags,expected", [
-    (AVX2_ONLY, torch.float32),
-    (AVX2_ONLY | {"avx512_f": True, "avx512_bf16": True}, torch.bfloat16),
-    (AVX2_ONLY | {"amx_bf16": True}, torch.bfloat16),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (AVX2_ONLY, torch.float32),
+        (AVX2_ONLY | {"avx512_f": True, "avx512_bf16": True}, torch.bfloat16),
+        (AVX2_ONLY | {"amx_bf16": True}, torch.bfloat16),
+    ],
+)
 def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it(monkeypatch, flags, expected):
     monkeypatch.setattr(cpu, "features", lambda: flags)
     assert resolve_dtype("auto", torch.device("cpu")) is expected

@@ -1,5 +1,6 @@
 """What the docs state as a fact, list, count or default equals the code's (read from both); the results
 pages are what the raw output gives; no work-session numbering; docs/ stays small."""
+
 import inspect
 import re
 import sys
@@ -25,12 +26,16 @@ def flat(text: str) -> str:
 
 def test_the_attention_backend_default_is_the_codes():
     documented = re.search(r'load_model\(path, .*attention_backend="(\w+)"[,)]', INTERNALS).group(1)
-    assert documented == ATTENTION_BACKEND_DEFAULT == ENGINE_DEFAULTS["attention_backend"] \
-        == Settings().attention_backend
+    assert (
+        documented == ATTENTION_BACKEND_DEFAULT == ENGINE_DEFAULTS["attention_backend"] == Settings().attention_backend
+    )
     assert inspect.signature(load_model).parameters["attention_backend"].default == ATTENTION_BACKEND_DEFAULT
     assert f'"{ATTENTION_BACKEND_DEFAULT}" (the default everywhere' in flat(INTERNALS)
-    assert set(re.search(r'BACKENDS = \{"native": NativeBackend, "torch": TorchBackend\}', flat(INTERNALS))
-               .group(0).split('"')[1::2]) | {"auto"} == set(ATTENTION_BACKENDS)
+    assert set(
+        re.search(r'BACKENDS = \{"native": NativeBackend, "torch": TorchBackend\}', flat(INTERNALS))
+        .group(0)
+        .split('"')[1::2]
+    ) | {"auto"} == set(ATTENTION_BACKENDS)
 
 
 def test_the_isa_list_is_the_codes():
@@ -52,8 +57,10 @@ def test_the_span_limits_are_the_codes():
     max_spans = int(re.search(r"constexpr int64_t MAX_SPANS = (\d+);", job).group(1))
     assert (span, max_spans) == (attention.DECODE_SPAN, attention.DECODE_MAX_SPANS)
     text = flat(INTERNALS)
-    assert f"fixed positions ({span} tokens each, at most {max_spans} per sequence) for contexts up to " \
-           f"{span * max_spans:,} tokens" in text
+    assert (
+        f"fixed positions ({span} tokens each, at most {max_spans} per sequence) for contexts up to "
+        f"{span * max_spans:,} tokens" in text
+    )
     assert f"a span is ≥ {span} tokens (`DECODE_SPAN`) and a sequence has at most {max_spans}" in text
     assert f"(`SPAN` = {PREFILL_SPAN:,};" in text
 
@@ -98,10 +105,16 @@ def test_the_cache_dtypes_in_the_docstrings_and_readme_are_facts_tuples():
 
 def test_the_decode_plan_variant_count_is_the_tests():
     plan_tests = (ROOT / "tests" / "model" / "test_decode_plan.py").read_text()
-    block = re.search(r'parametrize\("name,dtype,weights,cache_dtype,latent_norm,bias", \[(.*?)\n\]\)', plan_tests, re.S)
-    variants = re.findall(r'^\s+\("(\w+)",', block.group(1), re.M)
-    words = dict(enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-                           "fifteen sixteen seventeen eighteen nineteen twenty".split()))
+    block = re.search(
+        r'parametrize\(\s*"name,dtype,weights,cache_dtype,latent_norm,bias",\s*\[(.*?)\n\s*\],?\s*\)', plan_tests, re.S
+    )
+    variants = re.findall(r'^\s+\(\s*"(\w+)",', block.group(1), re.M)
+    words = dict(
+        enumerate(
+            "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+            "fifteen sixteen seventeen eighteen nineteen twenty".split()
+        )
+    )
     moe = sum("moe" in v for v in variants)
     assert f"{words[len(variants)]} model / weight / cache variants, {words[moe]} of them MoE" in flat(INTERNALS)
 
@@ -134,8 +147,14 @@ def test_the_module_lists_name_files_that_exist():
 
 
 def test_no_work_session_numbering_in_the_repository():
-    pages = [ROOT / "README.md", *DOCS.rglob("*.md"), *DOCS.rglob("*.sh"), *DOCS.rglob("*.py"),
-             *(ROOT / "scripts").glob("*"), *PACKAGE.rglob("*.py")]
+    pages = [
+        ROOT / "README.md",
+        *DOCS.rglob("*.md"),
+        *DOCS.rglob("*.sh"),
+        *DOCS.rglob("*.py"),
+        *(ROOT / "scripts").glob("*"),
+        *PACKAGE.rglob("*.py"),
+    ]
     for page in pages:
         text = page.read_text()
         assert not re.search(r"(?i)\bsessions?\s+\d|\bsession's\b|\b(this|previous|that|a) session\b", text), page
@@ -153,7 +172,9 @@ def test_the_results_pages_are_what_the_raw_output_gives():
     assert report.main(["--check"]) == 0, "run: python scripts/bench_report.py"
     for run in report.runs():
         assert {"Date", "Commit", "CPU", "Flags"} <= set(run.facts), run.kind
-        assert re.fullmatch(r"\d{4}-\d\d-\d\d", run.facts["Date"]) and re.fullmatch(r"[0-9a-f]{7,40}", run.facts["Commit"])
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", run.facts["Date"]) and re.fullmatch(
+            r"[0-9a-f]{7,40}", run.facts["Commit"]
+        )
         assert "—" not in [v for k, v in report.headline(run).items() if "vLLM" not in k], run.kind
 
 

@@ -1,5 +1,6 @@
 """Every relative link of the README and docs/ reaches a file, and a link to
 a heading (`page.md#heading`) reaches a heading of that page (GitHub's anchors)."""
+
 import re
 from pathlib import Path
 

@@ -1,6 +1,7 @@
 """Guided decoding through the whole engine on the tiny random model: whatever it would
 say, the output matches the grammar, and a guided sequence's tokens do not depend on its
 batch."""
+
 import json
 import re
 
@@ -13,12 +14,17 @@ from latentkv import LLM, SamplingParams
 from latentkv.guided import GuidedDecodingError, GuidedDecodingParams, escape_regex
 
 # bounded everywhere, so even a random model finishes the object within max_tokens
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 8},
-    "ok": {"type": "boolean"},
-    "size": {"type": "integer", "minimum": 0, "maximum": 99},
-    "kind": {"enum": ["fox", "dog", "café"]}},
-    "required": ["name", "ok", "size", "kind"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "ok": {"type": "boolean"},
+        "size": {"type": "integer", "minimum": 0, "maximum": 99},
+        "kind": {"enum": ["fox", "dog", "café"]},
+    },
+    "required": ["name", "ok", "size", "kind"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,18 @@ def test_json_schema_output_parses_and_validates(llm, temperature):
 
 
 def test_json_object_regex_and_choice(llm):
-    [[obj]] = run(llm, ["x"], GuidedDecodingParams(json={"type": "object", "properties": {"a": {"type": "integer", "maximum": 9, "minimum": 0}}, "required": ["a"], "additionalProperties": False}))
+    [[obj]] = run(
+        llm,
+        ["x"],
+        GuidedDecodingParams(
+            json={
+                "type": "object",
+                "properties": {"a": {"type": "integer", "maximum": 9, "minimum": 0}},
+                "required": ["a"],
+                "additionalProperties": False,
+            }
+        ),
+    )
     assert isinstance(json.loads(obj.text), dict)
     [[rx]] = run(llm, ["x"], GuidedDecodingParams(regex=r"[a-c]{2,4}-[0-9]"), temperature=1.0, seed=1)
     assert re.fullmatch(r"[a-c]{2,4}-[0-9]", rx.text) and rx.finish_reason == "stop"
@@ -62,11 +79,15 @@ def test_guided_sequence_is_batch_invariant(llm):
     assert mixed[1].outputs[0].token_ids == alone
 
 
-@pytest.mark.parametrize("guided", [
-    GuidedDecodingParams(json={"type": "nonsense"}, param="response_format"),
-    GuidedDecodingParams(json={"properties": {"a": {"$ref": "#/nowhere"}}}, param="response_format"),
-    GuidedDecodingParams(regex="((", param="guided_regex"),
-    GuidedDecodingParams(json='{"not json', param="response_format")])
+@pytest.mark.parametrize(
+    "guided",
+    [
+        GuidedDecodingParams(json={"type": "nonsense"}, param="response_format"),
+        GuidedDecodingParams(json={"properties": {"a": {"$ref": "#/nowhere"}}}, param="response_format"),
+        GuidedDecodingParams(regex="((", param="guided_regex"),
+        GuidedDecodingParams(json='{"not json', param="response_format"),
+    ],
+)
 def test_bad_grammar_names_its_field(llm, guided):
     with pytest.raises(GuidedDecodingError) as err:
         llm.llm_engine.add_request("bad", "x", SamplingParams(guided_decoding=guided))
@@ -83,14 +104,20 @@ def test_exactly_one_kind():
 
 def test_objects_that_list_properties_are_closed():
     from latentkv.guided import closed_objects
-    schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"x": {}}},
-                                               "open": {"type": "object", "properties": {}, "additionalProperties": True},
-                                               "pick": {"enum": [{"properties": {}}]}},
-              "$defs": {"d": {"properties": {"y": {}}}}}
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"x": {}}},
+            "open": {"type": "object", "properties": {}, "additionalProperties": True},
+            "pick": {"enum": [{"properties": {}}]},
+        },
+        "$defs": {"d": {"properties": {"y": {}}}},
+    }
     closed = closed_objects(schema)
     assert closed["additionalProperties"] is False
     assert closed["properties"]["properties"]["additionalProperties"] is False
-    assert "additionalProperties" not in closed["properties"]["properties"]["properties"]   # a property named so
+    assert "additionalProperties" not in closed["properties"]["properties"]["properties"]  # a property named so
     assert closed["properties"]["open"]["additionalProperties"] is True
     assert closed["properties"]["pick"] == {"enum": [{"properties": {}}]}
     assert closed["$defs"]["d"]["additionalProperties"] is False

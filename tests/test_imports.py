@@ -1,6 +1,7 @@
 """Imports go one way (docs/design.md): no module of latentkv imports, directly or through others, a
 module that imports it back — read from the source (ast), so it holds however imports are ordered
 or deferred inside functions. Packages too: convert/, eval/, engine/, store/, ... form no circle."""
+
 import ast
 from pathlib import Path
 
@@ -50,8 +51,10 @@ def import_graph() -> dict[str, set[str]]:
                 base = here.split(".")[: len(here.split(".")) - node.level + 1] if node.level else []
                 module = ".".join(base + ([node.module] if node.module else []))
                 if module.startswith("latentkv"):
-                    edges |= {f"{module}.{alias.name}" if f"{module}.{alias.name}" in mods else known(module)
-                              for alias in node.names}
+                    edges |= {
+                        f"{module}.{alias.name}" if f"{module}.{alias.name}" in mods else known(module)
+                        for alias in node.names
+                    }
         graph[name] = edges - {None, name}
     return graph
 
@@ -129,8 +132,12 @@ def test_only_the_command_line_parses_arguments():
         if within(module, PARSES_ARGUMENTS):
             continue
         tree = ast.parse(path.read_text())
-        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported = {
+            alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        }
+        imported |= {
+            node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+        }
         assert "argparse" not in imported, f"{module} parses arguments: that belongs in latentkv/commands/"
 
 

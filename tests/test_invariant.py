@@ -1,4 +1,5 @@
 """latentkv/invariant.py: row-invariant matmuls, checked on the machine that runs the suite."""
+
 import torch
 from torch import nn
 
@@ -16,8 +17,10 @@ def test_float32_linears_are_row_invariant_on_this_machine():
         w, x = torch.randn(96, 64, generator=gen).to(dtype), torch.randn(40, 64, generator=gen).to(dtype)
         full = invariant.linear(x, w)
         for m in range(1, 20):
-            assert torch.equal(invariant.linear(x[3:3 + m], w), full[3:3 + m]), (dtype, m)
-            assert torch.equal(invariant.bmm(x[None, 3:3 + m], w.T[None]), invariant.bmm(x[None], w.T[None])[:, 3:3 + m])
+            assert torch.equal(invariant.linear(x[3 : 3 + m], w), full[3 : 3 + m]), (dtype, m)
+            assert torch.equal(
+                invariant.bmm(x[None, 3 : 3 + m], w.T[None]), invariant.bmm(x[None], w.T[None])[:, 3 : 3 + m]
+            )
 
 
 def test_one_row_bf16_linears_are_padded_to_the_kernel_every_other_m_takes():
@@ -25,8 +28,8 @@ def test_one_row_bf16_linears_are_padded_to_the_kernel_every_other_m_takes():
     3000 rows of a K = 64 shape (the test models' projections), each alone vs in pairs."""
     gen = torch.Generator().manual_seed(0)
     w, x = (torch.randn(48, 64, generator=gen) * 0.02).bfloat16(), (torch.randn(3000, 64, generator=gen) * 2).bfloat16()
-    pairs = torch.cat([invariant.linear(x[i:i + 2], w) for i in range(0, 3000, 2)])
-    alone = torch.cat([invariant.linear(x[i:i + 1], w) for i in range(3000)])
+    pairs = torch.cat([invariant.linear(x[i : i + 2], w) for i in range(0, 3000, 2)])
+    alone = torch.cat([invariant.linear(x[i : i + 1], w) for i in range(3000)])
     assert torch.equal(alone, pairs)
 
 
@@ -49,8 +52,13 @@ def test_the_engine_owns_its_model_so_its_float32_and_bf16_linears_take_the_fixe
     gen = torch.Generator().manual_seed(1)
     f32, bf16 = (decide_route("cpu", dtype, batch_invariant=True) for dtype in (torch.float32, torch.bfloat16))
     assert f32.weights == bf16.weights == ("fixed-order" if qlinear.available() else "float")
-    model = nn.ModuleDict({"o_proj": linear_for(f32, "o_proj", 64, 48, gen), "kv_b_proj": linear_for(f32, "kv_b_proj", 64, 32, gen),
-                           "head": linear_for(bf16, "lm_head", 64, 40, gen)})
+    model = nn.ModuleDict(
+        {
+            "o_proj": linear_for(f32, "o_proj", 64, 48, gen),
+            "kv_b_proj": linear_for(f32, "kv_b_proj", 64, 32, gen),
+            "head": linear_for(bf16, "lm_head", 64, 40, gen),
+        }
+    )
     replaced = sum(isinstance(m, FixedOrderLinear) for m in model.values())
     assert replaced == (2 if qlinear.available() else 0)
     for name in ("o_proj", "head"):
@@ -61,7 +69,7 @@ def test_the_engine_owns_its_model_so_its_float32_and_bf16_linears_take_the_fixe
         for name, dtype in (("o_proj", torch.float32), ("kv_b_proj", torch.float32), ("head", torch.bfloat16)):
             x = torch.randn(40, 64, generator=gen).to(dtype)
             full = model[name](x)
-            assert all(torch.equal(model[name](x[i:i + 1]), full[i:i + 1]) for i in range(40)), name
+            assert all(torch.equal(model[name](x[i : i + 1]), full[i : i + 1]) for i in range(40)), name
             assert all(torch.equal(model[name](x[:m])[0], full[0]) for m in range(1, 40)), name
 
 

@@ -1,5 +1,6 @@
 """The public import surface; behaviour tests of `LLM` live in tests/engine/test_llm_api.py
 (they need the tiny model + tokenizer fixture there)."""
+
 import pytest
 
 import latentkv

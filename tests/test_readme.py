@@ -4,6 +4,7 @@ same answer through `LLM.chat` and the server (plain, streamed, from the prefix 
 
 One conversion, by the server's own path (`resolve_model(None)`), into the test session's cache
 (tests/conftest.py: never the user's); `make test-slow` runs it."""
+
 from __future__ import annotations
 
 import re
@@ -38,10 +39,12 @@ def test_the_default_conversion_answers_the_readme_question():
     question, answer, _ = readme_demo()
     llm = LLM(str(resolve_model(None).path), dtype="float32", kv_cache_dtype="auto", max_model_len=256)
     out = llm.chat([{"role": "user", "content": question}], GREEDY, use_tqdm=False)
-    assert out[0].outputs[0].text.strip().startswith(answer)   # the README shows its beginning
+    assert out[0].outputs[0].text.strip().startswith(answer)  # the README shows its beginning
 
 
-@pytest.mark.skipif(not native_bf16(), reason="bf16 is emulated on this CPU (~1% of float32): bf16 runs where dtype='auto' picks it")
+@pytest.mark.skipif(
+    not native_bf16(), reason="bf16 is emulated on this CPU (~1% of float32): bf16 runs where dtype='auto' picks it"
+)
 @pytest.mark.parametrize("cache", ["auto", "int8"])  # auto: the folder's int8_rope8, what `make serve` runs
 def test_in_bf16_one_answer_on_every_path_and_the_readme_says_which(cache):
     question, _, allowed = readme_demo()

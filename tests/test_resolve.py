@@ -1,5 +1,6 @@
 """Model resolution: MLA folders as they are, Llama-family sources converted once and
 cached by content hash + converter settings."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,15 @@ import pytest
 from latentkv import resolve
 from latentkv.resolve import ResolveError, SourceGeometry, resolve_model
 
-LLAMA_CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                "hidden_size": 64, "intermediate_size": 96, "vocab_size": 128}
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "vocab_size": 128,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +78,7 @@ def test_cache_key_follows_content_and_settings(tiny_checkpoints, llama_folder):
 
     def other_defaults(source, out, kv_rank=None, cache_ratio=0.5):  # other default settings: another entry
         return convert(source, out)
+
     third = resolve_model(llama_folder, convert_fn=other_defaults, log=lambda m: None)
     assert len(convert.calls) == 3 and third.path not in (first.path, second.path)
 
@@ -79,6 +88,7 @@ def test_failed_conversion_leaves_no_cache_entry(llama_folder, cache_dir):
         out.mkdir()
         (out / "partial").write_text("x")
         raise RuntimeError("converter crashed")
+
     with pytest.raises(RuntimeError, match="crashed"):
         resolve_model(llama_folder, convert_fn=broken, log=lambda m: None)
     assert not list((cache_dir / "converted").iterdir())
@@ -101,4 +111,5 @@ def test_unusable_models_are_named(tmp_path):
 
 def test_bundled_gguf_geometry():
     from latentkv.sources.readers import default_gguf_path
+
     assert resolve.source_geometry(default_gguf_path()) == SourceGeometry(num_layers=30, num_kv_heads=3, head_dim=64)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from latentkv.sizes import keep_freed_memory, parse_memory
+from latentkv.sizes import parse_memory
 
 
 def test_memory_sizes():
@@ -41,8 +41,13 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def _faults_over_five_steps(keep: bool) -> int:
     # A fresh process: a test worker's heap carries every earlier test's holes, and glibc may
     # place a step's blocks in them or not (the count then says more about the order of tests).
-    out = subprocess.run([sys.executable, "-c", _STEPS.format(keep=keep)], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", _STEPS.format(keep=keep)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     return int(out.stdout.split()[-1])
 
 

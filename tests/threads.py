@@ -1,5 +1,6 @@
 """torch_threads(n): run a block on n torch threads, then restore the count (the batch-invariance
 tests compare a kernel's bits on 1 and 2 threads)."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

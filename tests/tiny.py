@@ -3,6 +3,7 @@
 Norm weights are perturbed (not all ones) and V3's e_score_correction_bias is random, so
 parity tests exercise every parameter.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,13 +13,34 @@ from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Conf
 
 VOCAB = 128
 BASE = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-    kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
-    max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=None,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    kv_lora_rank=16,
+    q_lora_rank=None,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    max_position_embeddings=512,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=None,
 )
-MOE = dict(moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1)
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
-        "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}
+MOE = dict(
+    moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1
+)
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 40.0,
+    "original_max_position_embeddings": 64,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
 
 # name -> (transformers config class, overrides)
 CONFIGS = {
@@ -28,19 +50,37 @@ CONFIGS = {
     "v2_moe_group_limited": ("v2", dict(MOE, topk_method="group_limited_greedy", n_group=4, topk_group=2)),
     "v3_moe_sigmoid": ("v3", dict(MOE, n_group=4, topk_group=2, q_lora_rank=24)),
     "v2_yarn": ("v2", dict(MOE, rope_parameters=YARN, max_position_embeddings=2560)),
-    "v3_yarn_halves_tied": ("v3", dict(first_k_dense_replace=3, rope_parameters=YARN, rope_interleave=False, tie_word_embeddings=True)),
+    "v3_yarn_halves_tied": (
+        "v3",
+        dict(first_k_dense_replace=3, rope_parameters=YARN, rope_interleave=False, tie_word_embeddings=True),
+    ),
     # DeepSeek-V2-Lite's MoE scaled down (64 -> 16 routed experts, 6 per token, 2 shared; softmax, greedy top-k),
     # and V3's routing on the same shape (sigmoid, noaux_tc over 4 groups, normalized, scaled)
-    "v2_lite_moe": ("v2", dict(MOE, n_routed_experts=16, num_experts_per_tok=6, n_shared_experts=2, topk_method="greedy")),
-    "v3_lite_moe": ("v3", dict(MOE, n_routed_experts=16, num_experts_per_tok=6, n_shared_experts=2, n_group=4,
-                               topk_group=2, routed_scaling_factor=2.5)),
+    "v2_lite_moe": (
+        "v2",
+        dict(MOE, n_routed_experts=16, num_experts_per_tok=6, n_shared_experts=2, topk_method="greedy"),
+    ),
+    "v3_lite_moe": (
+        "v3",
+        dict(
+            MOE,
+            n_routed_experts=16,
+            num_experts_per_tok=6,
+            n_shared_experts=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+        ),
+    ),
 }
 
 
 def build_hf_model(name: str, seed: int = 0):
     kind, overrides = CONFIGS[name]
     torch.manual_seed(seed)
-    cls_cfg, cls_model = (DeepseekV2Config, DeepseekV2ForCausalLM) if kind == "v2" else (DeepseekV3Config, DeepseekV3ForCausalLM)
+    cls_cfg, cls_model = (
+        (DeepseekV2Config, DeepseekV2ForCausalLM) if kind == "v2" else (DeepseekV3Config, DeepseekV3ForCausalLM)
+    )
     model = cls_model(cls_cfg(**{**BASE, **overrides})).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():

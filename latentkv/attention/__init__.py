@@ -1,4 +1,5 @@
 """Attention backends over the paged latent cache (interface: backend.py, docs/internals.md)."""
+
 from __future__ import annotations
 
 from ..facts import ATTENTION_BACKENDS
@@ -13,7 +14,7 @@ assert set(BACKENDS) | {"auto"} == set(ATTENTION_BACKENDS)
 
 
 def resolve_backend(name: str = "auto") -> str:
-    """"auto" -> "native" where the extension builds and loads, else "torch" (kernels/build.py
+    """ "auto" -> "native" where the extension builds and loads, else "torch" (kernels/build.py
     warns once why the native one is unavailable)."""
     if name != "auto":
         return name

@@ -7,6 +7,7 @@ cost, pad the flat batch to [B, Qmax] and back. A backend gives the kernels:
 `latent_attention` (absorbed MQA over the paged latent: paged MLA decode),
 `dense_attention` (the naive path on expanded keys) and `context` (rows to expand).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -71,7 +72,9 @@ class AttentionBackend:
             out = layer.unabsorb(o_lat, q_nope.shape[1])
         else:
             key, value = layer.expand(self.context(cache, meta))
-            out = self.dense_attention(torch.cat((q_nope, layer.full_rope(q_rope)), dim=-1), key, value, meta, layer.scale)
+            out = self.dense_attention(
+                torch.cat((q_nope, layer.full_rope(q_rope)), dim=-1), key, value, meta, layer.scale
+            )
         return out[0] if single else out[meta.query_valid]  # [T, H, dv], back in flat order
 
     def attend_prompt(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -83,9 +86,16 @@ class AttentionBackend:
         out = self.prompt_attention(layer, q_nope[:n], q_rope[:n], cache, meta)
         if n == q_nope.shape[0]:
             return out
-        rest = replace(meta, query_pos=meta.query_pos[:, n:], query_valid=meta.query_valid[:, n:],
-                       query_index=meta.query_index[:, n:] - n, max_query_len=meta.max_query_len - n,
-                       prompt_rows=None, groups=None, _masks={})
+        rest = replace(
+            meta,
+            query_pos=meta.query_pos[:, n:],
+            query_valid=meta.query_valid[:, n:],
+            query_index=meta.query_index[:, n:] - n,
+            max_query_len=meta.max_query_len - n,
+            prompt_rows=None,
+            groups=None,
+            _masks={},
+        )
         return torch.cat((out, self.attend(layer, q_nope[n:], q_rope[n:], cache, rest)))
 
     def prompt_attention(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:

@@ -11,6 +11,7 @@ the query as it is.
 Shapes: T flat rows, B sequences, Q query rows each, H heads, dn / dr / dv the nope, rope and value
 widths per head, r the latent rank (`kv_rank`), L cached positions, S a span of cached positions.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Protocol, runtime_checkable

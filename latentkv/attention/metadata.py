@@ -5,6 +5,7 @@ at the end of `context_len` tokens whose latents are (after this step's writes) 
 paged cache. Padded per-sequence views ([B, Qmax]) let attention run as a few tensor
 ops with no Python loop over sequences or tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ class AttentionMetadata:
     max_context_len: int
     path: str = "auto"  # "naive" | "absorbed" | "auto"
     runs: list[tuple[int, int]] | None = None  # one sequence: its blocks as (first, count) runs of consecutive ids
-    groups: list | None = None  # [(flat rows: slice or [n], AttentionMetadata)]: attend per group (see attention_groups)
+    groups: list | None = (
+        None  # [(flat rows: slice or [n], AttentionMetadata)]: attend per group (see attention_groups)
+    )
     invariant: bool = False  # every row reduces in a fixed order of its own (latentkv/invariant.py)
     prompt_rows: list[int] | None = None  # invariant: per sequence, how many of its new rows are prompt tokens
     _masks: dict = field(default_factory=dict, repr=False)
@@ -36,7 +39,7 @@ class AttentionMetadata:
 
     @property
     def mask_kind(self) -> str:
-        """"none": one sequence decoding (every cached key is visible); "causal": one
+        """ "none": one sequence decoding (every cached key is visible); "causal": one
         sequence prefilled from scratch (SDPA's own causal mask, no tensor); else "explicit"."""
         if self.num_seqs == 1 and self.max_query_len == 1:
             return "none"
@@ -78,12 +81,14 @@ def build_metadata(
         raise ValueError("query_lens, context_lens and block_tables must have one entry per sequence")
     if query_lens and all(q == 1 for q in query_lens) and all(c >= 1 for c in context_lens):
         return decode_metadata(context_lens, block_tables, block_size, device, path, split, invariant, prompt_lens)
-    return general_metadata(query_lens, context_lens, block_tables, block_size, device, path, split, invariant,
-                            prompt_lens)
+    return general_metadata(
+        query_lens, context_lens, block_tables, block_size, device, path, split, invariant, prompt_lens
+    )
 
 
-def general_metadata(query_lens, context_lens, block_tables, block_size, device, path, split, invariant,
-                     prompt_lens) -> tuple[AttentionMetadata, torch.Tensor]:
+def general_metadata(
+    query_lens, context_lens, block_tables, block_size, device, path, split, invariant, prompt_lens
+) -> tuple[AttentionMetadata, torch.Tensor]:
     """build_metadata for any step (decode_metadata is its fast path for single-token rows)."""
     q = torch.tensor(query_lens, dtype=torch.long)
     ctx = torch.tensor(context_lens, dtype=torch.long)
@@ -131,8 +136,9 @@ def general_metadata(query_lens, context_lens, block_tables, block_size, device,
         batch.prompt_rows = prompt if any(prompt) else None
     # equal lengths pad nothing: one batch; but each prompt goes alone (prefill.py takes one sequence)
     if split and (q_max > 1 and len(set(query_lens)) > 1 or len(query_lens) > 1 and any(prompt)):
-        batch.groups = attention_groups(query_lens, context_lens, block_tables, block_size, device, path,
-                                        invariant, prompt)
+        batch.groups = attention_groups(
+            query_lens, context_lens, block_tables, block_size, device, path, invariant, prompt
+        )
     return batch, positions.to(device)
 
 
@@ -144,8 +150,16 @@ def blocks_needed(b: int, table: list[int], context_len: int, block_size: int) -
     return need
 
 
-def decode_metadata(context_lens: list[int], block_tables: list[list[int]], block_size: int, device, path: str,
-                    split: bool, invariant: bool, prompt_lens: list[int] | None) -> tuple[AttentionMetadata, torch.Tensor]:
+def decode_metadata(
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device,
+    path: str,
+    split: bool,
+    invariant: bool,
+    prompt_lens: list[int] | None,
+) -> tuple[AttentionMetadata, torch.Tensor]:
     """build_metadata for a step of single-token rows (every decode step): the same fields from
     Python lists and a handful of tensors. The general path's ~25 small tensor ops took ~0.7 ms
     of a 16 ms batch-1 step (2 threads); the fields are equal (tests/attention/test_metadata.py)."""
@@ -158,23 +172,32 @@ def decode_metadata(context_lens: list[int], block_tables: list[list[int]], bloc
     pos = torch.tensor([c - 1 for c in context_lens], dtype=torch.long)
     steps = torch.arange(B + 1)
     batch = AttentionMetadata(
-        query_start=steps.to(device), context_lens=torch.tensor(context_lens, dtype=torch.long, device=device),
+        query_start=steps.to(device),
+        context_lens=torch.tensor(context_lens, dtype=torch.long, device=device),
         block_tables=torch.tensor(rows, dtype=torch.long, device=device),
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        query_index=steps[:-1, None].to(device), query_valid=torch.ones(B, 1, dtype=torch.bool, device=device),
-        query_pos=pos[:, None].to(device), max_query_len=1, max_context_len=max(context_lens), path=path,
-        runs=block_runs(rows[0]) if B == 1 else None, invariant=invariant)
+        query_index=steps[:-1, None].to(device),
+        query_valid=torch.ones(B, 1, dtype=torch.bool, device=device),
+        query_pos=pos[:, None].to(device),
+        max_query_len=1,
+        max_context_len=max(context_lens),
+        path=path,
+        runs=block_runs(rows[0]) if B == 1 else None,
+        invariant=invariant,
+    )
     if invariant:  # a decode row is a prompt row only while its position is below the prompt's length
         prompt = [int(p > c - 1) for p, c in zip(prompt_lens or [0] * B, context_lens)]
         batch.prompt_rows = prompt if any(prompt) else None
         if split and B > 1 and any(prompt):
-            batch.groups = attention_groups([1] * B, context_lens, block_tables, block_size, device, path, invariant,
-                                            prompt)
+            batch.groups = attention_groups(
+                [1] * B, context_lens, block_tables, block_size, device, path, invariant, prompt
+            )
     return batch, pos.to(device)
 
 
-def attention_groups(query_lens, context_lens, block_tables, block_size, device, path, invariant=False,
-                     prompt_rows=None) -> list:
+def attention_groups(
+    query_lens, context_lens, block_tables, block_size, device, path, invariant=False, prompt_rows=None
+) -> list:
     """Padded attention pays for Qmax query rows per sequence: a step mixing a prefill chunk of
     2,048 tokens with decodes would attend 2,048 rows for every decode. So such steps attend per
     group — each sequence with several new tokens (or with prompt rows) alone, all single-token
@@ -196,9 +219,17 @@ def attention_groups(query_lens, context_lens, block_tables, block_size, device,
         rows = slice(flat[0], flat[-1] + 1) if contiguous else torch.tensor(flat, device=device)
         # prompt lengths that give each sequence the same prompt rows again
         prompts = [context_lens[i] - query_lens[i] + prompt_rows[i] for i in seqs]
-        sub, _ = build_metadata([query_lens[i] for i in seqs], [context_lens[i] for i in seqs],
-                                [block_tables[i] for i in seqs], block_size, device, path, split=False,
-                                invariant=invariant, prompt_lens=prompts)
+        sub, _ = build_metadata(
+            [query_lens[i] for i in seqs],
+            [context_lens[i] for i in seqs],
+            [block_tables[i] for i in seqs],
+            block_size,
+            device,
+            path,
+            split=False,
+            invariant=invariant,
+            prompt_lens=prompts,
+        )
         groups.append((rows, sub))
     return groups
 

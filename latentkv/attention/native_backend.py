@@ -3,6 +3,7 @@ and its batch-invariant prompt rows in C++ (kernels/attention.py has the kernels
 their build). Where they cannot be built, `available()` is False and `get_backend("auto")` picks the
 PyTorch reference (kernels/build.py says why, once).
 """
+
 from __future__ import annotations
 
 import functools
@@ -10,7 +11,15 @@ import functools
 import torch
 
 from ..cache import q4
-from ..kernels.attention import available, chosen_isa, mla_decode, mla_prefill, prefill_finish, prefill_supported, unavailable_reason
+from ..kernels.attention import (
+    available,
+    chosen_isa,
+    mla_decode,
+    mla_prefill,
+    prefill_finish,
+    prefill_supported,
+    unavailable_reason,
+)
 from .layer_api import AttentionLayer
 from .metadata import AttentionMetadata
 from .prefill import span_prefill, span_prefill_many
@@ -83,24 +92,40 @@ class NativeBackend(TorchBackend):
         # Outside batch-invariant mode too, one sequence's prefill chunk (with or without cached
         # context) takes the prompt kernel: faster than SDPA's flash (bf16 on avx512_bf16 ~5x at
         # 4K, float32 on avx2 ~1.3-1.4x) and than the tiled latent path, and memory-bounded.
-        if meta.path == "auto" and not meta.invariant and meta.num_seqs == 1 and meta.max_query_len > MAX_QUERY_LEN \
-                and self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
+        if (
+            meta.path == "auto"
+            and not meta.invariant
+            and meta.num_seqs == 1
+            and meta.max_query_len > MAX_QUERY_LEN
+            and self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type)
+        ):
             return span_prefill(layer, q_nope, q_rope, cache, meta, self.prefill_kernel, prefill_finish)
         return super().attend(layer, q_nope, q_rope, cache, meta)
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
-        if not self.runs_decode_kernel(query.dtype, query.device.type) \
-                or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
+        if (
+            not self.runs_decode_kernel(query.dtype, query.device.type)
+            or meta.max_query_len > MAX_QUERY_LEN
+            and not meta.invariant
+        ):
             return super().latent_attention(query, cache, meta)
         heads = query.shape[1] // meta.max_query_len
         if cache.q4:  # its rope key is stored turned (cache/q4.py): turning the query's rope part keeps the scores
-            query = torch.cat((query[..., :cache.kv_rank], q4.turn(query[..., cache.kv_rank:])), dim=-1)
+            query = torch.cat((query[..., : cache.kv_rank], q4.turn(query[..., cache.kv_rank :])), dim=-1)
         if meta.max_query_len == 1:
             return mla_decode(query, cache, meta.block_tables, meta.context_lens, None, heads, self.isa)
         # Batch-invariant: every row through the kernel (its spans sit at fixed positions), in
         # QUERY_CHUNK-token slices so its per-span buffers stay bounded; rows are independent.
-        parts = [mla_decode(query[:, first * heads:(first + QUERY_CHUNK) * heads].contiguous(), cache,
-                            meta.block_tables, meta.context_lens,
-                            meta.query_pos[:, first:first + QUERY_CHUNK].contiguous(), heads, self.isa)
-                 for first in range(0, meta.max_query_len, QUERY_CHUNK)]
+        parts = [
+            mla_decode(
+                query[:, first * heads : (first + QUERY_CHUNK) * heads].contiguous(),
+                cache,
+                meta.block_tables,
+                meta.context_lens,
+                meta.query_pos[:, first : first + QUERY_CHUNK].contiguous(),
+                heads,
+                self.isa,
+            )
+            for first in range(0, meta.max_query_len, QUERY_CHUNK)
+        ]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

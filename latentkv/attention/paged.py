@@ -4,6 +4,7 @@ A token at flat slot s lives in block s // block_size, row s % block_size. Reads
 `[c ; k_r]` rows `[*, L, kv_rank + rope_dim]` in the model dtype, dequantized when the
 latent is stored in one byte.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,9 @@ def gather(cache: LatentCache, block_tables: torch.Tensor) -> torch.Tensor:
     return kv.view(b, nb * cache.block_size, -1)
 
 
-def read_positions(cache: LatentCache, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                   start: int, stop: int) -> torch.Tensor:
+def read_positions(
+    cache: LatentCache, block_tables: torch.Tensor, context_lens: torch.Tensor, start: int, stop: int
+) -> torch.Tensor:
     """Positions start .. stop-1 of every sequence -> [B, stop - start, r+dr] in the model dtype,
     zero rows past a sequence's context (stale or unwritten slots must not reach a product with 0).
     Whole blocks are gathered (one row copy per block, not per token) and the rows past each
@@ -55,10 +57,10 @@ def read_positions(cache: LatentCache, block_tables: torch.Tensor, context_lens:
     bs = cache.block_size
     first = start // bs
     cols = torch.arange(first, -(-stop // bs), device=block_tables.device).clamp(max=block_tables.shape[1] - 1)
-    rows = gather(cache, block_tables[:, cols])[:, start - first * bs:stop - first * bs]
+    rows = gather(cache, block_tables[:, cols])[:, start - first * bs : stop - first * bs]
     for i, length in enumerate(context_lens.tolist()):
         if length < stop:
-            rows[i, max(length - start, 0):] = 0
+            rows[i, max(length - start, 0) :] = 0
     return rows
 
 
@@ -104,7 +106,7 @@ def pieces(cache: LatentCache, runs: list[tuple[int, int]], length: int) -> list
             blocks = slice(first, first + count)
             kv = cache.dequantize(cache.latent[blocks], cache.scale[blocks], cache.rope[blocks])
         else:
-            kv = cache.kv[first:first + count]
+            kv = cache.kv[first : first + count]
         out.append(kv.view(1, count * cache.block_size, -1)[:, :take])
         left -= take
     return out

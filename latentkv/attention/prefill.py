@@ -20,6 +20,7 @@ Decode rows (generated tokens) keep the absorbed kernel: the engine computes a t
 decode produced the same way if it is recomputed (attention/backend.py), and registers only
 prompt-computed blocks for prefix caching (engine/kv_manager.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,9 @@ def tiles(first: int, last: int) -> list[tuple[int, int]]:
     return out
 
 
-def invariant_prefill(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache,
-                      meta: AttentionMetadata) -> torch.Tensor:
+def invariant_prefill(
+    layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata
+) -> torch.Tensor:
     """One sequence's prompt rows q_nope [n, H, dn], q_rope [n, H, dr] at positions
     meta.query_pos[0, :n] (consecutive) -> [n, H, dv]."""
     n, heads = q_nope.shape[:2]
@@ -63,13 +65,18 @@ def invariant_prefill(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch
     key = key.transpose(1, 2).contiguous()  # [1, H, end, D]
     value = F.pad(value, (0, width - dv)).transpose(1, 2).contiguous()
     query = q_nope.new_zeros(1, heads, end - base, width)  # rows not computed now stay zero queries
-    query[0, :, first - base:first + n - base] = torch.cat((q_nope, layer.full_rope(q_rope)), dim=-1).transpose(0, 1)
+    query[0, :, first - base : first + n - base] = torch.cat((q_nope, layer.full_rope(q_rope)), dim=-1).transpose(0, 1)
     out = q_nope.new_empty(n, heads, dv)
     for a, b in spans:
         lo, hi = max(a, first), min(b, first + n)  # the rows of this tile computed now
-        o = F.scaled_dot_product_attention(query[:, :, a - base:b - base], key[:, :, :b], value[:, :, :b],
-                                           attn_mask=causal_mask(a, b, query.dtype, query.device), scale=layer.scale)
-        out[lo - first:hi - first] = o[0, :, lo - a:hi - a, :dv].transpose(0, 1)
+        o = F.scaled_dot_product_attention(
+            query[:, :, a - base : b - base],
+            key[:, :, :b],
+            value[:, :, :b],
+            attn_mask=causal_mask(a, b, query.dtype, query.device),
+            scale=layer.scale,
+        )
+        out[lo - first : hi - first] = o[0, :, lo - a : hi - a, :dv].transpose(0, 1)
     return out
 
 
@@ -80,8 +87,15 @@ def causal_mask(a: int, b: int, dtype: torch.dtype, device) -> torch.Tensor:
     return mask
 
 
-def span_prefill(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, meta: AttentionMetadata,
-                 kernel, finish=None) -> torch.Tensor:
+def span_prefill(
+    layer: AttentionLayer,
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache,
+    meta: AttentionMetadata,
+    kernel,
+    finish=None,
+) -> torch.Tensor:
     """invariant_prefill's contract (-> [n, H, dv]) by `kernel(q [n,H,dn+dr], kv [S,H,dn+dv] or [S,Hk,dn+dv],
     k_r [S,dr] or [S,G,dr'] (grouped rope keys: q's rope part dr' wide), dn, first, key_start, m, l, acc,
     scale)`, which folds one span of keys into each
@@ -95,8 +109,16 @@ def span_prefill(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tens
     return out
 
 
-def span_prefill_many(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch.Tensor, cache, items: list, kernel,
-                      out: torch.Tensor, finish=None) -> None:
+def span_prefill_many(
+    layer: AttentionLayer,
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache,
+    items: list,
+    kernel,
+    out: torch.Tensor,
+    finish=None,
+) -> None:
     """span_prefill for several sequences: items [(rows: a slice of the flat q_nope [T,H,dn] /
     q_rope [T,H,dr], the metadata of that one sequence, whose rows are all prompt rows)] ->
     out[rows] [n,H,dv]. Per span, every sequence's latent rows are read, expanded and their rope
@@ -107,8 +129,11 @@ def span_prefill_many(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch
     dn = layer.dn if layer.scores_nope() else 0  # a zero W_UK: no nope part in the scores
     per, expand = layer.kv_groups()  # heads sharing kv rows (a converted GQA model's values): one row each
     follow = all(a.stop == b.start for (a, _), (b, _) in zip(items, items[1:]))
-    rows = slice(items[0][0].start, items[-1][0].stop) if follow else \
-        torch.cat([torch.arange(r.start, r.stop, device=q_nope.device) for r, _ in items])
+    rows = (
+        slice(items[0][0].start, items[-1][0].stop)
+        if follow
+        else torch.cat([torch.arange(r.start, r.stop, device=q_nope.device) for r, _ in items])
+    )
     q_rope = layer.grouped_rope(q_rope[rows])  # the queries in each group's basis, as the keys below
     q = (torch.cat((q_nope[rows], q_rope), dim=-1) if dn else q_rope).contiguous()
     # the kernel starts each row's state itself at the first span (key_start 0)
@@ -124,17 +149,27 @@ def span_prefill_many(layer: AttentionLayer, q_nope: torch.Tensor, q_rope: torch
         stops = [min(start + SPAN, -(-seqs[i][3] // MIN_ROWS) * MIN_ROWS) for i in live]
         latent = read_spans(cache, [items[i][1] for i in live], start, stops)
         if expand is not None:
-            kv = expand(latent[:, :layer.kv_rank]).view(-1, heads // per, dn + dv)
+            kv = expand(latent[:, : layer.kv_rank]).view(-1, heads // per, dn + dv)
         else:
             kv = layer.expand_latent(latent).view(-1, heads, layer.dn + dv)
-            kv = kv if dn else kv[..., layer.dn:].contiguous()
-        k_r = latent[:, layer.kv_rank:]
+            kv = kv if dn else kv[..., layer.dn :].contiguous()
+        k_r = latent[:, layer.kv_rank :]
         k_r = groups.keys(k_r) if groups else k_r.contiguous()
         key = 0
         for i, stop in zip(live, stops):
             a, n, first, _ = seqs[i]
-            kernel(q[a:a + n], kv[key:key + stop - start], k_r[key:key + stop - start], dn, first, start,
-                   m[a:a + n], l[a:a + n], acc[a:a + n], layer.scale)
+            kernel(
+                q[a : a + n],
+                kv[key : key + stop - start],
+                k_r[key : key + stop - start],
+                dn,
+                first,
+                start,
+                m[a : a + n],
+                l[a : a + n],
+                acc[a : a + n],
+                layer.scale,
+            )
             key += stop - start
     if finish is not None and isinstance(rows, slice):
         finish(acc, l, out[rows])

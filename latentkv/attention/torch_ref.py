@@ -1,4 +1,5 @@
 """The reference backend: plain PyTorch on any device (the numbers other backends must match)."""
+
 from __future__ import annotations
 
 import torch
@@ -64,8 +65,12 @@ class TorchBackend(AttentionBackend):
         kind = meta.mask_kind
         mask = meta.key_mask(key.shape[1]) if kind == "explicit" else None
         out = F.scaled_dot_product_attention(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=mask,
-            is_causal=kind == "causal", scale=scale,
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            attn_mask=mask,
+            is_causal=kind == "causal",
+            scale=scale,
         )
         return out.transpose(1, 2)[..., :dv]
 

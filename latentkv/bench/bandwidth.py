@@ -3,6 +3,7 @@
 Decode at batch 1 is memory-bound: every step must read all weights plus the cache of
 the context. floor = (weight bytes + cache bytes read per step) / bandwidth.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -45,8 +46,12 @@ def weight_bytes(model: torch.nn.Module) -> int:
         for module in model.modules():
             experts = getattr(module, "experts", None)
             if isinstance(experts, torch.nn.ModuleList):
-                total -= int(unread * sum(t.numel() * t.element_size()
-                                          for t in itertools.chain(experts.parameters(), experts.buffers())))
+                total -= int(
+                    unread
+                    * sum(
+                        t.numel() * t.element_size() for t in itertools.chain(experts.parameters(), experts.buffers())
+                    )
+                )
     return total
 
 

@@ -8,6 +8,7 @@ browser in real use). Each phase: one untimed prefill of the prompt, then `--rep
 `--tokens` tokens per system, interleaved; the first decode of a phase is reported apart, as it
 holds the engine's reaction (two slow steps to back off, up to two seconds to take a freed core
 back)."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,12 @@ PHASES = ("quiet", "busy", "quiet again")
 def busy_cores(count: int):
     """`count` busy-loop processes, each pinned to one of the last allowed cores."""
     cores = sorted(allowed_cores())[-count:] if count else []
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                              preexec_fn=lambda c=c: os.sched_setaffinity(0, {c})) for c in cores]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"], preexec_fn=lambda c=c: os.sched_setaffinity(0, {c})
+        )
+        for c in cores
+    ]
     try:
         yield cores
     finally:
@@ -57,14 +62,19 @@ def build_systems(args, length: int, failed: dict) -> list:
         kw.pop("quantization")
     with engine_chooses_threads():
         auto = LatentKVSystem("latentkv (threads: auto)", args.model, "int8", **kw)
-    systems = [auto, LatentKVSystem(f"latentkv ({args.threads} threads)", args.model, "int8", threads=args.threads, **kw)]
+    systems = [
+        auto,
+        LatentKVSystem(f"latentkv ({args.threads} threads)", args.model, "int8", threads=args.threads, **kw),
+    ]
     return systems + llama_cpp_baseline(f"llama.cpp ({args.threads} threads)", args.source, n_ctx=length, failed=failed)
 
 
 def run(args) -> dict:
     cores = len(allowed_cores())
     if not 0 < args.busy_cores < cores:
-        raise SystemExit(f"--busy-cores {args.busy_cores}: expected 1 .. {cores - 1} (this process may use {cores} cores)")
+        raise SystemExit(
+            f"--busy-cores {args.busy_cores}: expected 1 .. {cores - 1} (this process may use {cores} cores)"
+        )
     prompt_len = args.contexts[0]
     failed: dict[str, str] = {}
     systems = build_systems(args, prompt_len + (args.repeats + 2) * args.tokens + 64, failed)
@@ -87,21 +97,45 @@ def run(args) -> dict:
                     else:
                         times[s.name].append(seconds)
             for s in live:
-                results.setdefault(s.name, {})[phase] = {"first_tok_s": 1 / first[s.name], "tok_s": 1 / median(times[s.name]),
-                                                         "threads_after": threads_of(s)}
+                results.setdefault(s.name, {})[phase] = {
+                    "first_tok_s": 1 / first[s.name],
+                    "tok_s": 1 / median(times[s.name]),
+                    "threads_after": threads_of(s),
+                }
     close_all(systems)
-    results = {name: r for name, r in results.items() if name not in failed}  # a baseline that failed mid-way: its reason only
-    rows = [{"system": name, **{f"{p} tok/s": r[p]["tok_s"] for p in PHASES},
-             "busy first tok/s": r["busy"]["first_tok_s"], "quiet again first tok/s": r["quiet again"]["first_tok_s"],
-             "busy / quiet": r["busy"]["tok_s"] / r["quiet"]["tok_s"], "threads when busy": r["busy"]["threads_after"]}
-            for name, r in results.items()]
-    print_table(f"Batch-1 decode after a {prompt_len}-token prompt, {args.busy_cores} of {cores} cores busy in the "
-                f"middle phase (median tokens/s; 'first': the phase's first {args.tokens} tokens)", list(rows[0]), rows)
+    results = {
+        name: r for name, r in results.items() if name not in failed
+    }  # a baseline that failed mid-way: its reason only
+    rows = [
+        {
+            "system": name,
+            **{f"{p} tok/s": r[p]["tok_s"] for p in PHASES},
+            "busy first tok/s": r["busy"]["first_tok_s"],
+            "quiet again first tok/s": r["quiet again"]["first_tok_s"],
+            "busy / quiet": r["busy"]["tok_s"] / r["quiet"]["tok_s"],
+            "threads when busy": r["busy"]["threads_after"],
+        }
+        for name, r in results.items()
+    ]
+    print_table(
+        f"Batch-1 decode after a {prompt_len}-token prompt, {args.busy_cores} of {cores} cores busy in the "
+        f"middle phase (median tokens/s; 'first': the phase's first {args.tokens} tokens)",
+        list(rows[0]),
+        rows,
+    )
     plot(results, Path(args.out))
     for name, reason in failed.items():
         print(f"{name}: failed: {reason}\n", flush=True)
-    payload = {"weights": args.weights, "prompt": prompt_len, "tokens": args.tokens, "repeats": args.repeats,
-               "busy_cores": args.busy_cores, "threads": args.threads, "results": results, "failed": failed}
+    payload = {
+        "weights": args.weights,
+        "prompt": prompt_len,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "busy_cores": args.busy_cores,
+        "threads": args.threads,
+        "results": results,
+        "failed": failed,
+    }
     write_json(Path(args.out), "contention", payload)
     return payload
 

@@ -9,6 +9,7 @@ loader's estimate (model/footprint.py) of every row is set against the memory av
 fit beside the baselines they are loaded together and timed interleaved with them; otherwise one at
 a time (the first beside the baselines, which then close; each engine freed before the next loads);
 when even one does not fit, the bench refuses, naming the sizes, before loading anything."""
+
 from __future__ import annotations
 
 import gc
@@ -29,8 +30,14 @@ from ..sizes import available_memory, parse_memory, return_freed_memory
 from .bandwidth import decode_floor_seconds, measure_bandwidth, weight_bytes
 from .isolated import FAILED, attempt, close_all
 from .report import median, print_table, write_json
-from .systems import (LatentKVSystem, auto_dtype, cache_budget, llama_cpp_available, llama_cpp_baseline,
-                      transformers_baseline)
+from .systems import (
+    LatentKVSystem,
+    auto_dtype,
+    cache_budget,
+    llama_cpp_available,
+    llama_cpp_baseline,
+    transformers_baseline,
+)
 
 
 WEIGHT_ROWS = {"none": "", "int4": "w4", "w4a8": "w4a8"}  # --weights -> the row name's weight part
@@ -47,8 +54,12 @@ class Row:
     options: tuple = ()  # (engine option, value) pairs: attention_backend, batch_invariant, enforce_eager
 
     def variant(self, suffix: str, **options) -> "Row":
-        return Row(f"{self.name} ({suffix})", self.kv_cache_dtype, self.quantization,
-                   tuple({**dict(self.options), **options}.items()))
+        return Row(
+            f"{self.name} ({suffix})",
+            self.kv_cache_dtype,
+            self.quantization,
+            tuple({**dict(self.options), **options}.items()),
+        )
 
 
 def plan_rows(args) -> list[Row]:
@@ -59,7 +70,9 @@ def plan_rows(args) -> list[Row]:
     rows = []
     for weight in [w for w in WEIGHT_ROWS if w in weights and (w == "none" or not torch.cuda.is_available())]:
         for latent in [c for c in ENGINE_CACHE_DTYPES if c in latents]:
-            name = " + ".join(part for part in (WEIGHT_ROWS[weight], "" if latent == "auto" else f"{latent} latent") if part)
+            name = " + ".join(
+                part for part in (WEIGHT_ROWS[weight], "" if latent == "auto" else f"{latent} latent") if part
+            )
             rows.append(Row(f"latentkv {name}".strip(), latent, None if weight == "none" else weight))
     if getattr(args, "reference_attention", False):  # the same rows on the PyTorch reference attention
         rows += [r.variant("torch attention", attention_backend="torch") for r in list(rows)]
@@ -101,13 +114,21 @@ def plan_groups(rows: list[Row], need: dict[str, int], baselines: int, available
             raise SystemExit(
                 f"latentkv bench decode: {row.name!r} needs about {need[row.name] / GIB:.1f} GiB{with_baselines}, "
                 f"{available / GIB:.1f} GiB is available (the bench uses {HEADROOM:.0%}); pass --weights w4a8 or int4, "
-                "or --no-baselines, or free memory")
+                "or --no-baselines, or free memory"
+            )
     return [[row] for row in rows]
 
 
 def load_row(row: Row, model: str, length: int, budget: str) -> LatentKVSystem:
-    return LatentKVSystem(row.name, model, row.kv_cache_dtype, max_model_len=length, kv_cache_memory=budget,
-                          quantization=row.quantization, **dict(row.options))
+    return LatentKVSystem(
+        row.name,
+        model,
+        row.kv_cache_dtype,
+        max_model_len=length,
+        kv_cache_memory=budget,
+        quantization=row.quantization,
+        **dict(row.options),
+    )
 
 
 def free(systems: list[LatentKVSystem]) -> None:
@@ -145,7 +166,9 @@ def measure_context(live: list, prompts: list[list[int]], args, failed: dict) ->
             samples[s.name].append(len(prompt) / (time.perf_counter() - start))
     prefill = {name: median(v) for name, v in samples.items()}
     for s in list(live):
-        if attempt(s, failed, "decode", min(4, args.tokens)) is FAILED:  # warm-up: first-call costs are not decode speed
+        if (
+            attempt(s, failed, "decode", min(4, args.tokens)) is FAILED
+        ):  # warm-up: first-call costs are not decode speed
             live.remove(s)
             del prefill[s.name]
             continue
@@ -162,8 +185,10 @@ def measure_context(live: list, prompts: list[list[int]], args, failed: dict) ->
 
 
 def context_prompts(ctx: int, vocab: int, args) -> list[list[int]]:
-    return [torch.randint(3, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx + 7919 * r)).tolist()
-            for r in range(getattr(args, "prefill_repeats", 1) - 1, -1, -1)]  # the last: seed ctx, as before
+    return [
+        torch.randint(3, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx + 7919 * r)).tolist()
+        for r in range(getattr(args, "prefill_repeats", 1) - 1, -1, -1)
+    ]  # the last: seed ctx, as before
 
 
 def run(args) -> dict:
@@ -175,9 +200,12 @@ def run(args) -> dict:
     need = {r.name: row_bytes(args.model, r, budget) for r in rows}
     groups = plan_groups(rows, need, baseline_bytes(args), available_memory(torch.device("cpu")))
     if len(groups) > 1:
-        print(f"latentkv bench decode: the {len(rows)} latentkv rows do not fit together ("
-              + ", ".join(f"{n} ~{b / GIB:.1f} GiB" for n, b in need.items())
-              + "): one engine at a time, the first timed interleaved with the baselines", flush=True)
+        print(
+            f"latentkv bench decode: the {len(rows)} latentkv rows do not fit together ("
+            + ", ".join(f"{n} ~{b / GIB:.1f} GiB" for n, b in need.items())
+            + "): one engine at a time, the first timed interleaved with the baselines",
+            flush=True,
+        )
     vocab = ModelConfig.from_file(Path(args.model) / "config.json").vocab_size
     bandwidth = measure_bandwidth()
     ours = [r.name for r in rows]
@@ -190,8 +218,9 @@ def run(args) -> dict:
         model_dtype = model_dtype or dtype_name(systems[0].engine.runner.dtype)
         for s in systems:  # bytes one step must read besides the cache (quantized weights as stored)
             weights[s.name] = weight_bytes(s.model)
-            per_token[s.name] = latent_bytes_per_token(s.engine.cfg, s.engine.args.kv_cache_dtype,
-                                                       dtype_name(s.engine.runner.dtype))
+            per_token[s.name] = latent_bytes_per_token(
+                s.engine.cfg, s.engine.args.kv_cache_dtype, dtype_name(s.engine.runner.dtype)
+            )
         baselines = build_baselines(args, failed) if i == 0 else []
         names += [b.name for b in baselines]
         live = systems + baselines
@@ -211,9 +240,18 @@ def run(args) -> dict:
     for name, reason in failed.items():
         print(f"{name}: failed (not in the tables from then on): {reason}\n", flush=True)
     plot(results, names, out)
-    payload = {"model_dtype": model_dtype, "bandwidth_gbs": bandwidth / 1e9, "weight_bytes": weights, "tokens": args.tokens,
-               "repeats": args.repeats, "threads": torch.get_num_threads(), "results": results, "failed": failed,
-               "engines": "together" if len(groups) == 1 else "one at a time", "engine_bytes_estimate": need}
+    payload = {
+        "model_dtype": model_dtype,
+        "bandwidth_gbs": bandwidth / 1e9,
+        "weight_bytes": weights,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "results": results,
+        "failed": failed,
+        "engines": "together" if len(groups) == 1 else "one at a time",
+        "engine_bytes_estimate": need,
+    }
     write_json(out, "decode", payload)
     return payload
 
@@ -225,8 +263,12 @@ def summarize(ctx: int, times: dict, ours: list[str], weights: dict, per_token: 
     tok_s = {name: 1 / median(t) for name, t in times.items()}
     baselines = [n for n in tok_s if n not in ours]
     first = ours[0]
-    row = {"context": ctx, "tok_s": tok_s, "ratio": {n: tok_s[first] / v for n, v in tok_s.items()},
-           "speedup": {o: {b: tok_s[o] / tok_s[b] for b in baselines} for o in ours}}
+    row = {
+        "context": ctx,
+        "tok_s": tok_s,
+        "ratio": {n: tok_s[first] / v for n, v in tok_s.items()},
+        "speedup": {o: {b: tok_s[o] / tok_s[b] for b in baselines} for o in ours},
+    }
     floors = {o: decode_floor_seconds(weights[o], per_token[o], ctx, bandwidth) for o in ours}
     row["floor_s"] = floors[first]
     row["floor_fraction"] = floors[first] * tok_s[first]
@@ -234,31 +276,58 @@ def summarize(ctx: int, times: dict, ours: list[str], weights: dict, per_token: 
     return row
 
 
-def show(results: list[dict], names: list[str], ours: list[str], bandwidth: float, weights: dict, model_dtype: str) -> None:
+def show(
+    results: list[dict], names: list[str], ours: list[str], bandwidth: float, weights: dict, model_dtype: str
+) -> None:
     rows = [{"context": r["context"], **{n: r["tok_s"].get(n) for n in names}} for r in results]
-    print(f"model dtype {model_dtype} (dtype auto on this CPU); "
-          f"memory bandwidth {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); weights read per step: "
-          + ", ".join(f"{n} {w / 2**20:.0f} MiB" for n, w in weights.items()))
+    print(
+        f"model dtype {model_dtype} (dtype auto on this CPU); "
+        f"memory bandwidth {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); weights read per step: "
+        + ", ".join(f"{n} {w / 2**20:.0f} MiB" for n, w in weights.items())
+    )
     print_table("Batch-1 greedy decode (median tokens/s)", list(rows[0].keys()), rows)
     ratio_rows = []
     for r in results:
         for o in ours:
-            ratio_rows.append({"context": r["context"], "latentkv row": o, **{f"x vs {b}": v for b, v in r["speedup"][o].items()},
-                               "floor %": 100 * r["floor_fractions"][o]})
-    print_table("Speed-up of each latentkv row over each baseline; share of its bandwidth floor",
-                list(ratio_rows[0].keys()), ratio_rows)
+            ratio_rows.append(
+                {
+                    "context": r["context"],
+                    "latentkv row": o,
+                    **{f"x vs {b}": v for b, v in r["speedup"][o].items()},
+                    "floor %": 100 * r["floor_fractions"][o],
+                }
+            )
+    print_table(
+        "Speed-up of each latentkv row over each baseline; share of its bandwidth floor",
+        list(ratio_rows[0].keys()),
+        ratio_rows,
+    )
     # each prompt is new to the system (a prefix-cached one would be free): --prefill-repeats prompts a context
     prefill_rows = [{"context": r["context"], **{n: r["prefill_tok_s"].get(n) for n in names}} for r in results]
-    print_table(f"Prefill of the context's prompt (tokens/s, median of {results[0]['prefill_prompts']} prompt(s) each)",
-                list(prefill_rows[0].keys()), prefill_rows)
+    print_table(
+        f"Prefill of the context's prompt (tokens/s, median of {results[0]['prefill_prompts']} prompt(s) each)",
+        list(prefill_rows[0].keys()),
+        prefill_rows,
+    )
     baselines = [n for n in names if n not in ours]
     if baselines:
-        print_table("Prefill speed-up of each latentkv row over each baseline", ["context", "latentkv row"]
-                    + [f"x vs {b}" for b in baselines],
-                    [{"context": r["context"], "latentkv row": o,
-                      **{f"x vs {b}": r["prefill_tok_s"][o] / r["prefill_tok_s"][b]
-                         for b in baselines if b in r["prefill_tok_s"]}}
-                     for r in results for o in ours])
+        print_table(
+            "Prefill speed-up of each latentkv row over each baseline",
+            ["context", "latentkv row"] + [f"x vs {b}" for b in baselines],
+            [
+                {
+                    "context": r["context"],
+                    "latentkv row": o,
+                    **{
+                        f"x vs {b}": r["prefill_tok_s"][o] / r["prefill_tok_s"][b]
+                        for b in baselines
+                        if b in r["prefill_tok_s"]
+                    },
+                }
+                for r in results
+                for o in ours
+            ],
+        )
 
 
 def plot(results: list[dict], names: list[str], out: Path) -> Path:

@@ -14,6 +14,7 @@ held-out chat prompts (eval/chat.py's metric: the original's greedy answers, the
 the same run), in float32 and (ours) bfloat16, and perplexity on the three domains of
 `eval ppl --domains` (docs, prose, code) with the same windows for every row.
 """
+
 from __future__ import annotations
 
 import math
@@ -83,8 +84,18 @@ class LlamaCppScorer:
         from llama_cpp import Llama  # optional (the `bench` extra); only when this baseline runs
 
         ggml_type = LLAMA_KV[kind][0]
-        self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True, type_k=ggml_type,
-                         type_v=ggml_type, flash_attn=True, n_threads=torch.get_num_threads(), verbose=False)
+        self.llm = Llama(
+            model_path=gguf,
+            n_ctx=n_ctx,
+            n_batch=n_ctx,
+            n_ubatch=n_ctx,
+            logits_all=True,
+            type_k=ggml_type,
+            type_v=ggml_type,
+            flash_attn=True,
+            n_threads=torch.get_num_threads(),
+            verbose=False,
+        )
 
     def rows(self, ids: list[int]) -> np.ndarray:
         self.llm.reset()
@@ -93,7 +104,7 @@ class LlamaCppScorer:
 
     def top1(self, cases: list[tuple[list[int], int]]) -> list[list[int]]:
         """Per (ids, answer_start): argmax of the rows that predict the answer."""
-        return [self.rows(ids)[start - 1: len(ids) - 1].argmax(-1).tolist() for ids, start in cases]
+        return [self.rows(ids)[start - 1 : len(ids) - 1].argmax(-1).tolist() for ids, start in cases]
 
     def nll(self, windows: list[list[int]]) -> tuple[float, int]:
         """Summed next-token NLL over every window's positions 1.., and their count."""
@@ -114,7 +125,9 @@ class Judge:
         self.cases = render_cases(tokenizer, load_chat(src.path, "heldout")[:examples])
         self.ref_top = [reference.answer_logprobs(c).argmax(-1) for c in tqdm(self.cases, desc="original's answers")]
         self.windows = {d: text_windows(tokenizer, text(), ctx, ppl_tokens) for d, text in DOMAINS.items()}
-        self.base = {d: perplexity(reference.logits, w, desc=f"original ppl {d}")["ppl"] for d, w in self.windows.items()}
+        self.base = {
+            d: perplexity(reference.logits, w, desc=f"original ppl {d}")["ppl"] for d, w in self.windows.items()
+        }
 
     def agreement(self, tops: list) -> float:
         agree = sum(int((torch.as_tensor(t) == r).sum()) for t, r in zip(tops, self.ref_top))
@@ -130,16 +143,24 @@ class Judge:
 
     def mla(self, folder: Path, cache_dtype: str, dtype: str) -> dict:
         model = load_model(folder, dtype=getattr(torch, dtype))
-        return self.measure(ChatModel(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), None, "mla", str(folder)), dtype)
+        return self.measure(
+            ChatModel(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), None, "mla", str(folder)), dtype
+        )
 
     def original(self, kind: str) -> dict:
         """The original (float32 reference forward) with its KV cache stored as llama.cpp's `kind`."""
+
         def logits(ids):
             return source_logits(self.src, ids, lambda x: ggml_round_trip(x, kind))
+
         return self.measure(ChatModel(logits, None, "source", str(self.src.path)))
 
     def llama(self, system) -> dict:
-        row = {"agreement_float32": self.agreement(system.call("top1", [(list(c.ids), c.answer_start) for c in self.cases]))}
+        row = {
+            "agreement_float32": self.agreement(
+                system.call("top1", [(list(c.ids), c.answer_start) for c in self.cases])
+            )
+        }
         for d, w in self.windows.items():
             total, count = system.call("nll", w.tolist())
             row[f"ppl_{d}"] = math.exp(total / count)
@@ -149,19 +170,28 @@ class Judge:
 def budget_folder(src, kv_bytes: int, out: Path, preset: dict, log) -> Path:
     """`convert --kv-bytes N` into out/kvN (a folder already there for this budget is reused)."""
     folder = out / f"kv{kv_bytes}"
-    if (folder / "config.json").is_file() and ModelConfig.from_file(folder / "config.json").extensions.get("kv_bytes") == kv_bytes:
+    if (folder / "config.json").is_file() and ModelConfig.from_file(folder / "config.json").extensions.get(
+        "kv_bytes"
+    ) == kv_bytes:
         log(f"bench frontier: reusing {folder} (converted within {kv_bytes} B/token)")
         return folder
-    return convert(src, folder, ConvertOptions(kv_bytes=kv_bytes, calib_tokens=preset["calib_tokens"], ctx=preset["ctx"],
-                                               eval_tokens=0))
+    return convert(
+        src,
+        folder,
+        ConvertOptions(kv_bytes=kv_bytes, calib_tokens=preset["calib_tokens"], ctx=preset["ctx"], eval_tokens=0),
+    )
 
 
 def folder_arg(text: str) -> tuple[Path, str | None, str]:
-    """"DIR" or "DIR:CACHE_DTYPE" -> (folder, cache dtype or None: its own, the command that measures it)."""
+    """ "DIR" or "DIR:CACHE_DTYPE" -> (folder, cache dtype or None: its own, the command that measures it)."""
     folder, _, cache_dtype = text.rpartition(":")
     if cache_dtype not in CACHE_DTYPES:
         folder, cache_dtype = text, None
-    return Path(folder), cache_dtype, f"latentkv eval chat {folder}" + (f" --cache-dtype {cache_dtype}" if cache_dtype else "")
+    return (
+        Path(folder),
+        cache_dtype,
+        f"latentkv eval chat {folder}" + (f" --cache-dtype {cache_dtype}" if cache_dtype else ""),
+    )
 
 
 def our_rows(judge: Judge, folders: list[tuple[Path, str, str]], dtypes: list[str]) -> list[dict]:
@@ -170,8 +200,11 @@ def our_rows(judge: Judge, folders: list[tuple[Path, str, str]], dtypes: list[st
     for folder, cache_dtype, command in folders:
         cfg = ModelConfig.from_file(folder / "config.json")
         cache_dtype = cfg.served_cache_dtype(cache_dtype or "auto")
-        row = {"system": f"latentkv {folder.name} (rope {cfg.qk_rope_head_dim} + rank {cfg.kv_lora_rank}, {cache_dtype})",
-               "bytes_per_token": latent_bytes_per_token(cfg, cache_dtype, "bfloat16"), "command": command}
+        row = {
+            "system": f"latentkv {folder.name} (rope {cfg.qk_rope_head_dim} + rank {cfg.kv_lora_rank}, {cache_dtype})",
+            "bytes_per_token": latent_bytes_per_token(cfg, cache_dtype, "bfloat16"),
+            "command": command,
+        }
         for dtype in dtypes:
             row.update(judge.mla(folder, cache_dtype, dtype))
         rows.append(row)
@@ -196,9 +229,14 @@ def llama_rows(judge: Judge, gguf: str | None, failed: dict, ctx: int) -> list[d
                 continue
             finally:
                 system.close()
-            rows.append({"system": name, "bytes_per_token": llama_bytes(judge.src, kind),
-                         "command": f"llama.cpp -ctk {kind} -ctv {kind} (llama-cpp-python type_k/type_v, flash_attn)",
-                         **measured})
+            rows.append(
+                {
+                    "system": name,
+                    "bytes_per_token": llama_bytes(judge.src, kind),
+                    "command": f"llama.cpp -ctk {kind} -ctv {kind} (llama-cpp-python type_k/type_v, flash_attn)",
+                    **measured,
+                }
+            )
     return rows
 
 
@@ -206,13 +244,27 @@ def reference_rows(judge: Judge) -> list[dict]:
     """The original's cache in each llama.cpp KV type, everything else float32 (ggml_round_trip)."""
     if judge.src.head_dim % GGML_BLOCK:
         return []
-    return [{"system": f"original, {kind} KV (float32 forward, cache round trip)", "bytes_per_token": llama_bytes(judge.src, kind),
-             "command": f"latentkv bench frontier --systems reference ({kind})", **judge.original(kind)} for kind in LLAMA_KV]
+    return [
+        {
+            "system": f"original, {kind} KV (float32 forward, cache round trip)",
+            "bytes_per_token": llama_bytes(judge.src, kind),
+            "command": f"latentkv bench frontier --systems reference ({kind})",
+            **judge.original(kind),
+        }
+        for kind in LLAMA_KV
+    ]
 
 
-def run_frontier(source=None, out: Path = Path("bench-results/frontier"), budgets: list[int] | None = None,
-                 folders: list[str] = (), quick: bool = False, dtypes=("float32", "bfloat16"), log=print,
-                 systems=SYSTEMS) -> dict:
+def run_frontier(
+    source=None,
+    out: Path = Path("bench-results/frontier"),
+    budgets: list[int] | None = None,
+    folders: list[str] = (),
+    quick: bool = False,
+    dtypes=("float32", "bfloat16"),
+    log=print,
+    systems=SYSTEMS,
+) -> dict:
     preset = QUICK if quick else FULL
     out = Path(out)
     src = read_source(source)
@@ -223,17 +275,34 @@ def run_frontier(source=None, out: Path = Path("bench-results/frontier"), budget
     rows += reference_rows(judge) if "reference" in systems else []
     if "latentkv" in systems:
         given = [folder_arg(f) for f in folders]
-        made = [(budget_folder(src, b, out, preset, log), None, f"latentkv convert --kv-bytes {b} --out kv{b}") for b in budgets]
+        made = [
+            (budget_folder(src, b, out, preset, log), None, f"latentkv convert --kv-bytes {b} --out kv{b}")
+            for b in budgets
+        ]
         rows += our_rows(judge, given + made, list(dtypes))
     for name, reason in failed.items():
         rows.append({"system": name, "failed": reason})
     rows.sort(key=lambda r: -r.get("bytes_per_token", 0))
-    columns = ["system", "bytes_per_token", *[f"agreement_{d}" for d in dtypes], *[f"ppl_{d}" for d in DOMAINS], "command"]
+    columns = [
+        "system",
+        "bytes_per_token",
+        *[f"agreement_{d}" for d in dtypes],
+        *[f"ppl_{d}" for d in DOMAINS],
+        "command",
+    ]
     table = markdown(rows, columns)
-    log(f"Frontier: KV bytes/token vs held-out chat top-1 agreement ({len(judge.cases)} prompts) and perplexity "
-        f"(original: {', '.join(f'{d} {p:.3f}' for d, p in judge.base.items())})\n{table}")
-    payload = {"source": str(src.path), "budgets": budgets, "examples": len(judge.cases), "original_ppl": judge.base,
-               "rows": rows, "failed": failed}
+    log(
+        f"Frontier: KV bytes/token vs held-out chat top-1 agreement ({len(judge.cases)} prompts) and perplexity "
+        f"(original: {', '.join(f'{d} {p:.3f}' for d, p in judge.base.items())})\n{table}"
+    )
+    payload = {
+        "source": str(src.path),
+        "budgets": budgets,
+        "examples": len(judge.cases),
+        "original_ppl": judge.base,
+        "rows": rows,
+        "failed": failed,
+    }
     write_json(out, "frontier", payload)
     (out / "frontier.md").write_text(table + "\n")
     plot_frontier(rows, out)
@@ -242,22 +311,40 @@ def run_frontier(source=None, out: Path = Path("bench-results/frontier"), budget
 
 def markdown(rows: list[dict], columns: list[str]) -> str:
     """The table: agreement to 4 places (the targets differ in the third), perplexity to 3."""
+
     def cell(row, c):
         v = row.get(c)
         if v is None:
             return row.get("failed", "-") if c == "command" else "-"
-        return f"{v:.4f}" if c.startswith("agreement") else f"{v:.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
-    lines = ["| " + " | ".join(c.replace("_", " ") for c in columns) + " |", "| --- |" + " ---: |" * (len(columns) - 2) + " --- |"]
+        return (
+            f"{v:.4f}"
+            if c.startswith("agreement")
+            else f"{v:.3f}"
+            if isinstance(v, float)
+            else f"{v:,}"
+            if isinstance(v, int)
+            else str(v)
+        )
+
+    lines = [
+        "| " + " | ".join(c.replace("_", " ") for c in columns) + " |",
+        "| --- |" + " ---: |" * (len(columns) - 2) + " --- |",
+    ]
     lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def plot_frontier(rows: list[dict], out: Path) -> Path:
-    fig, ax = new_figure("KV cache bytes per token vs chat behaviour", "KV bytes per token", "top-1 agreement with the original")
+    fig, ax = new_figure(
+        "KV cache bytes per token vs chat behaviour", "KV bytes per token", "top-1 agreement with the original"
+    )
     # one line through one system's KV types; conversions are separate models: points only
     for marker, line, prefix in (("s", "-", "llama.cpp"), ("^", "-", "original"), ("o", "", "latentkv")):
-        points = sorted((r["bytes_per_token"], r["agreement_float32"]) for r in rows
-                        if r["system"].startswith(prefix) and "agreement_float32" in r)
+        points = sorted(
+            (r["bytes_per_token"], r["agreement_float32"])
+            for r in rows
+            if r["system"].startswith(prefix) and "agreement_float32" in r
+        )
         if points:
             ax.plot(*zip(*points), marker=marker, linestyle=line, label=prefix)
     return save_figure(fig, out, "frontier")

@@ -6,6 +6,7 @@ process and forwards `prepare(prompt_ids)` and `decode(n)` to it over a pipe. If
 or the call raises there, `BaselineFailed` carries the reason: how it ended (exit code or signal)
 and the last lines of its output (the child's stdout and stderr go to a log file).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -61,8 +62,11 @@ class IsolatedSystem:
         self.log = Path(tempfile.mkstemp(prefix="latentkv-baseline-", suffix=".log")[1])
         ctx = multiprocessing.get_context("spawn")  # no fork of the bench's threads and engines
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, str(self.log), torch.get_num_threads(), factory, name,
-                                                     args, kwargs), daemon=True)
+        self.proc = ctx.Process(
+            target=_serve,
+            args=(child, str(self.log), torch.get_num_threads(), factory, name, args, kwargs),
+            daemon=True,
+        )
         self.proc.start()
         child.close()
         self._answer("start", START_TIMEOUT_S)
@@ -82,9 +86,13 @@ class IsolatedSystem:
 
     def _failed(self, what: str) -> BaselineFailed:
         code = self.proc.exitcode
-        state = "still running" if code is None else (f"killed by signal {-code}" if code < 0 else f"exited with {code}")
+        state = (
+            "still running" if code is None else (f"killed by signal {-code}" if code < 0 else f"exited with {code}")
+        )
         self.close()
-        return BaselineFailed(f"{self.name}: {what} ({state}); last lines of its output:\n{tail(self.log.read_text(errors='replace'))}")
+        return BaselineFailed(
+            f"{self.name}: {what} ({state}); last lines of its output:\n{tail(self.log.read_text(errors='replace'))}"
+        )
 
     def call(self, op: str, arg):
         try:

@@ -13,6 +13,7 @@ memory (B=1 at 8K is 5 MB of bf16 latent; this EPYC's L3 is 32 MB). The `layers`
 how many copies a configuration rotated over and `round MiB` the bytes of one round (below the
 L3 size only for tiny --quick configurations, capped at MAX_LAYERS copies).
 """
+
 from __future__ import annotations
 
 import time
@@ -46,7 +47,9 @@ def random_cache(batch: int, context: int, rank: int, rope: int, dtype: torch.dt
     per_seq = -(-context // BLOCK)
     cache = LatentCache(batch * per_seq + 1, BLOCK, rank, rope, dtype, cache_dtype)
     if cache.quantized:
-        cache.latent.copy_(torch.randint(-127, 128, cache.latent.shape, generator=gen, dtype=torch.int8).view(cache.latent.dtype))
+        cache.latent.copy_(
+            torch.randint(-127, 128, cache.latent.shape, generator=gen, dtype=torch.int8).view(cache.latent.dtype)
+        )
         if cache_dtype == "fp8_e4m3":  # random bytes include NaN codes; use real ones
             cache.latent.copy_(torch.randn(cache.latent.shape, generator=gen).to(torch.float8_e4m3fn).view(torch.uint8))
         cache.scale.uniform_(0.001, 0.01, generator=gen)
@@ -81,21 +84,32 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
     nbytes = batch * context * per_token
     layers = min(-(-2 * llc // nbytes), MAX_LAYERS)  # one round reads at least twice the last-level cache
     query = (torch.randn(batch, args.heads, args.rank + args.rope) * (args.rank + args.rope) ** -0.5).to(dtype)
-    isas = [isa for isa in getattr(args, "compare_isas", None) or []
-            if attention_kernels.available() and isa != attention_kernels.chosen_isa()
-            and isa in attention_kernels.supported_isas()]
+    isas = [
+        isa
+        for isa in getattr(args, "compare_isas", None) or []
+        if attention_kernels.available()
+        and isa != attention_kernels.chosen_isa()
+        and isa in attention_kernels.supported_isas()
+    ]
     runs = {"reference": [], "native": [], **{f"native {isa}": [] for isa in isas}}
     for layer in range(layers):
-        cache, tables = random_cache(batch, context, args.rank, args.rope, dtype, cache_dtype,
-                                     seed=batch * 7 + context + 1000 * layer)
+        cache, tables = random_cache(
+            batch, context, args.rank, args.rope, dtype, cache_dtype, seed=batch * 7 + context + 1000 * layer
+        )
         meta, _ = build_metadata([1] * batch, [context] * batch, tables, BLOCK)
         runs["reference"].append(lambda cache=cache, meta=meta: TorchBackend().latent_attention(query, cache, meta))
         if attention_kernels.available():
-            runs["native"].append(lambda cache=cache, meta=meta: attention_kernels.mla_decode(
-                query, cache, meta.block_tables, meta.context_lens, heads=args.heads, threads=threads))
+            runs["native"].append(
+                lambda cache=cache, meta=meta: attention_kernels.mla_decode(
+                    query, cache, meta.block_tables, meta.context_lens, heads=args.heads, threads=threads
+                )
+            )
             for isa in isas:  # the same kernel on a lower instruction set: an A/B in the same minutes
-                runs[f"native {isa}"].append(lambda cache=cache, meta=meta, isa=isa: attention_kernels.mla_decode(
-                    query, cache, meta.block_tables, meta.context_lens, heads=args.heads, isa=isa, threads=threads))
+                runs[f"native {isa}"].append(
+                    lambda cache=cache, meta=meta, isa=isa: attention_kernels.mla_decode(
+                        query, cache, meta.block_tables, meta.context_lens, heads=args.heads, isa=isa, threads=threads
+                    )
+                )
     runs = {name: fns for name, fns in runs.items() if fns}
     calls = max(args.calls, layers)  # every layer at least once per timing
     times = {name: [] for name in runs}
@@ -104,8 +118,14 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
     for _ in range(args.repeats):  # interleaved
         for name, fns in runs.items():
             times[name].append(timed(fns, calls))
-    row = {"batch": batch, "context": context, "latent": cache_dtype if cache_dtype != "auto" else dtype_name(dtype),
-           "layers": layers, "round MiB": layers * nbytes / 2**20, "bytes": nbytes}
+    row = {
+        "batch": batch,
+        "context": context,
+        "latent": cache_dtype if cache_dtype != "auto" else dtype_name(dtype),
+        "layers": layers,
+        "round MiB": layers * nbytes / 2**20,
+        "bytes": nbytes,
+    }
     for name, values in times.items():
         seconds = median(values)
         row[f"{name} ms"] = seconds * 1e3
@@ -133,12 +153,20 @@ def run(args) -> dict:
     threads = torch.get_num_threads()
     dtype = resolve_dtype("auto", torch.device("cpu"))
     isa = attention_kernels.chosen_isa() if attention_kernels.available() else None
-    print(f"{threads} threads; model dtype (auto) {dtype_name(dtype)}; native kernel: "
-          + (f"{isa} (runs {', '.join(attention_kernels.supported_isas())})" if isa
-             else f"unavailable ({attention_kernels.unavailable_reason()})"))
+    print(
+        f"{threads} threads; model dtype (auto) {dtype_name(dtype)}; native kernel: "
+        + (
+            f"{isa} (runs {', '.join(attention_kernels.supported_isas())})"
+            if isa
+            else f"unavailable ({attention_kernels.unavailable_reason()})"
+        )
+    )
     bandwidth, llc = measure_bandwidth(), llc_bytes()
-    print(f"measured bandwidth (copy, read + write): {bandwidth / 1e9:.1f} GB/s; last-level cache {llc / 2**20:.0f} MiB "
-          "(each configuration rotates over enough layers to read at least twice that per round)", flush=True)
+    print(
+        f"measured bandwidth (copy, read + write): {bandwidth / 1e9:.1f} GB/s; last-level cache {llc / 2**20:.0f} MiB "
+        "(each configuration rotates over enough layers to read at least twice that per round)",
+        flush=True,
+    )
     configs = [(b, c, k) for k in args.latents for b in args.batches for c in args.contexts]
     rows = []
     for batch, context, latent in tqdm(configs, desc="kernel", unit="config"):
@@ -149,19 +177,33 @@ def run(args) -> dict:
             row["native speed-up"] = row["reference ms"] / row["native ms"]
         rows.append(row)
     shown = [{k: v for k, v in r.items() if k != "bytes"} for r in rows]
-    print_table(f"Paged MLA decode attention, one layer (H={args.heads}, rank {args.rank}, rope {args.rope}; "
-                f"median of {args.repeats} x {args.calls} calls)", list(shown[0].keys()), shown)
+    print_table(
+        f"Paged MLA decode attention, one layer (H={args.heads}, rank {args.rank}, rope {args.rope}; "
+        f"median of {args.repeats} x {args.calls} calls)",
+        list(shown[0].keys()),
+        shown,
+    )
     plot(rows, out)
-    payload = {"cpu_flags": cpu.features(), "isa": isa, "threads": threads, "bandwidth_gbs": bandwidth / 1e9,
-               "llc_bytes": llc,
-               "model_dtype": dtype_name(dtype), "heads": args.heads, "rank": args.rank, "rope": args.rope,
-               "results": rows}
+    payload = {
+        "cpu_flags": cpu.features(),
+        "isa": isa,
+        "threads": threads,
+        "bandwidth_gbs": bandwidth / 1e9,
+        "llc_bytes": llc,
+        "model_dtype": dtype_name(dtype),
+        "heads": args.heads,
+        "rank": args.rank,
+        "rope": args.rope,
+        "results": rows,
+    }
     write_json(out, "kernel", payload)
     return payload
 
 
 def plot(rows: list[dict], out: Path) -> Path:
-    fig, ax = new_figure("Decode attention: latent GB/s by context", "context (tokens)", "GB/s of latent read", log_x=True)
+    fig, ax = new_figure(
+        "Decode attention: latent GB/s by context", "context (tokens)", "GB/s of latent read", log_x=True
+    )
     for latent in dict.fromkeys(r["latent"] for r in rows):
         for batch in dict.fromkeys(r["batch"] for r in rows):
             sel = [r for r in rows if r["latent"] == latent and r["batch"] == batch]
@@ -169,6 +211,11 @@ def plot(rows: list[dict], out: Path) -> Path:
             for name in names:
                 style = "-" if name == "native" else ":" if name == "reference" else "--"
                 if f"{name} GB/s" in sel[0]:
-                    ax.plot([r["context"] for r in sel], [r[f"{name} GB/s"] for r in sel], style, marker="o",
-                            label=f"{name} {latent} B={batch}")
+                    ax.plot(
+                        [r["context"] for r in sel],
+                        [r[f"{name} GB/s"] for r in sel],
+                        style,
+                        marker="o",
+                        label=f"{name} {latent} B={batch}",
+                    )
     return save_figure(fig, out, "kernel")

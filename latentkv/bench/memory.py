@@ -1,5 +1,6 @@
 """`latentkv bench memory`: KV bytes per token and cache size by context, MLA vs GQA vs MHA,
 plus measured resident memory of our engine and of transformers holding N tokens."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,13 @@ CONTEXTS = [1024 * 2**i for i in range(7)]  # 1K .. 64K
 MIB = 2**20
 
 
-
 def cache_rows(name: str, cfg: ModelConfig, gqa: tuple[int, int, int] | None) -> list[dict]:
     """One row per cache layout of a model: bytes per token and at each context.
     gqa = (layers, kv_heads, head_dim) of the original model when it was GQA."""
     layers = cfg.num_hidden_layers
-    layouts = {"MHA bf16 (same heads)": gqa_bytes_per_token(layers, cfg.num_attention_heads, gqa[2] if gqa else cfg.v_head_dim)}
+    layouts = {
+        "MHA bf16 (same heads)": gqa_bytes_per_token(layers, cfg.num_attention_heads, gqa[2] if gqa else cfg.v_head_dim)
+    }
     if gqa:
         layouts["GQA bf16 (original)"] = gqa_bytes_per_token(*gqa)
     for dtype, label in (("auto", "MLA bf16"), ("int8", "MLA int8"), ("fp8_e4m3", "MLA fp8")):
@@ -78,9 +80,14 @@ def run(args) -> dict:
             measured.append({"tokens": tokens, "latentkv": ours, "transformers": ref})
         mrows = [
             {"tokens": m["tokens"], "engine": name, **{k: v for k, v in m[name].items()}}
-            for m in measured for name in ("latentkv", "transformers")
+            for m in measured
+            for name in ("latentkv", "transformers")
         ]
-        print_table("Resident memory holding N tokens (MiB; fresh process each)", ["tokens", "engine", "rss_model_mib", "rss_held_mib", "held_delta_mib", "error"], mrows)
+        print_table(
+            "Resident memory holding N tokens (MiB; fresh process each)",
+            ["tokens", "engine", "rss_model_mib", "rss_held_mib", "held_delta_mib", "error"],
+            mrows,
+        )
 
     plot_memory(rows, out)
     payload = {"analytic": rows, "measured": measured, "contexts": CONTEXTS}
@@ -91,5 +98,11 @@ def run(args) -> dict:
 def plot_memory(rows: list[dict], out: Path) -> Path:
     fig, ax = new_figure("KV cache size vs context", "context (tokens)", "cache (MiB)", log_x=True, log_y=True)
     for row in rows:
-        ax.plot(CONTEXTS, [row[f"{c // 1024}K MiB"] for c in CONTEXTS], marker="o", ms=3, label=f"{row['model']}: {row['cache']}")
+        ax.plot(
+            CONTEXTS,
+            [row[f"{c // 1024}K MiB"] for c in CONTEXTS],
+            marker="o",
+            ms=3,
+            label=f"{row['model']}: {row['cache']}",
+        )
     return save_figure(fig, out, "memory")

@@ -4,6 +4,7 @@ Prints JSON: resident set after loading the model, and after holding TOKENS toke
 context in its cache (latentkv: a cache sized for exactly those tokens; transformers: the
 DynamicCache of one forward over them).
 """
+
 from __future__ import annotations
 
 import gc

@@ -1,5 +1,6 @@
 """Default models for the benches: the bundled SmolLM2 GGUF, its default conversion
 (shared with `serve`'s cache) and a --stock export of the same settings beside it."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -12,6 +12,7 @@ from a list cycled through), so successive calls read different experts, as a mo
 layers do; bytes read = the packed records of the distinct experts a call routes to, plus the
 shared experts'.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,13 +34,19 @@ from .report import median, print_table, write_json
 
 ROUTINGS = 16  # routings cycled through per configuration
 # --moe-weights -> (activation dtype: None for the machine's auto dtype, quantization or None for fixed-order)
-WEIGHT_KINDS = {"float32": (torch.float32, None), "bf16": (torch.bfloat16, None), "int8": (None, "int8"),
-                "int4": (None, "int4"), "w8a8": (None, "w8a8"), "w4a8": (None, "w4a8")}
+WEIGHT_KINDS = {
+    "float32": (torch.float32, None),
+    "bf16": (torch.bfloat16, None),
+    "int8": (None, "int8"),
+    "int4": (None, "int4"),
+    "w8a8": (None, "w8a8"),
+    "w4a8": (None, "w4a8"),
+}
 SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)x(\d+)(?:\+(\d+))?")
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int, int]:
-    """"2048x1408x64x6+2" -> (D, I, E, k, S); S defaults to 0."""
+    """ "2048x1408x64x6+2" -> (D, I, E, k, S); S defaults to 0."""
     match = SHAPE.fullmatch(text)
     if not match:
         raise SystemExit(f"--moe {text!r}: expected DxIxExK+S, e.g. 2048x1408x64x6+2 (DeepSeek-V2-Lite)")
@@ -50,13 +57,29 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int]:
 
 
 @torch.no_grad()
-def build_layer(d: int, inter: int, experts: int, k: int, shared: int, dtype: torch.dtype, quantization: str | None) -> MoE:
+def build_layer(
+    d: int, inter: int, experts: int, k: int, shared: int, dtype: torch.dtype, quantization: str | None
+) -> MoE:
     """The layer as the route builds it for this weight kind, random weights, packed."""
-    cfg = ModelConfig.from_dict(dict(
-        model_type="deepseek_v2", vocab_size=128, hidden_size=d, intermediate_size=inter, num_hidden_layers=2,
-        num_attention_heads=1, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
-        moe_intermediate_size=inter, n_routed_experts=experts, n_shared_experts=shared, num_experts_per_tok=k,
-        first_k_dense_replace=1))
+    cfg = ModelConfig.from_dict(
+        dict(
+            model_type="deepseek_v2",
+            vocab_size=128,
+            hidden_size=d,
+            intermediate_size=inter,
+            num_hidden_layers=2,
+            num_attention_heads=1,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=8,
+            moe_intermediate_size=inter,
+            n_routed_experts=experts,
+            n_shared_experts=shared,
+            num_experts_per_tok=k,
+            first_k_dense_replace=1,
+        )
+    )
     route = decide_route("cpu", dtype, "torch", quantization, batch_invariant=quantization is None)
     with torch.device("meta"):
         layer = MoE(cfg, route)
@@ -66,7 +89,9 @@ def build_layer(d: int, inter: int, experts: int, k: int, shared: int, dtype: to
         p.data = (torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5).to(param_dtype(f".mlp.{name}", dtype))
     layer.pack_weights()
     if layer.native is None:
-        raise SystemExit(f"latentkv bench kernel --moe: the native call does not run here ({qlinear.unavailable_reason()})")
+        raise SystemExit(
+            f"latentkv bench kernel --moe: the native call does not run here ({qlinear.unavailable_reason()})"
+        )
     return layer
 
 
@@ -95,8 +120,10 @@ def measure(layer: MoE, tokens: int, args, dtype: torch.dtype, seed: int) -> dic
     routes = routings(tokens, gate_up.shape[0], layer.gate.cfg.num_experts_per_tok, seed)
     x = torch.randn(tokens, layer.gate.weight.shape[1], generator=torch.Generator().manual_seed(seed)).to(dtype)
     nbytes = sum(ids.unique().numel() for _, ids in routes) / len(routes) * per_expert + shared
-    runs = {"native": lambda i: qlinear.moe(x, *routes[i % ROUTINGS], *layer.native),
-            "reference": lambda i: moe_reference(x, *routes[i % ROUTINGS], layer.experts, layer.shared_experts)}
+    runs = {
+        "native": lambda i: qlinear.moe(x, *routes[i % ROUTINGS], *layer.native),
+        "reference": lambda i: moe_reference(x, *routes[i % ROUTINGS], layer.experts, layer.shared_experts),
+    }
     calls = max(args.calls, ROUTINGS)
     times = {name: [] for name in runs}
     for fn in runs.values():
@@ -116,19 +143,27 @@ def run(args) -> dict:
     d, inter, experts, k, shared = parse_shape(args.moe)
     threads, auto = torch.get_num_threads(), resolve_dtype("auto", torch.device("cpu"))
     isa = qlinear.EXT.choose() if qlinear.available() else None
-    print(f"{threads} threads; MoE layer D={d} I={inter} E={experts} k={k} shared={shared}; qlinear kernel: "
-          + (isa or f"unavailable ({qlinear.unavailable_reason()})"), flush=True)
+    print(
+        f"{threads} threads; MoE layer D={d} I={inter} E={experts} k={k} shared={shared}; qlinear kernel: "
+        + (isa or f"unavailable ({qlinear.unavailable_reason()})"),
+        flush=True,
+    )
     rows = []
     for kind in tqdm(args.moe_weights, desc="moe", unit="weights"):
         dtype, quantization = WEIGHT_KINDS[kind]
         dtype = dtype or auto
         layer = build_layer(d, inter, experts, k, shared, dtype, quantization)
         for tokens in args.batches:
-            rows.append({"weights": kind, "activations": dtype_name(dtype),
-                         **measure(layer, tokens, args, dtype, seed=tokens)})
+            rows.append(
+                {"weights": kind, "activations": dtype_name(dtype), **measure(layer, tokens, args, dtype, seed=tokens)}
+            )
         del layer
-    print_table(f"MoE layer experts, one call (D={d}, I={inter}, E={experts}, k={k}, shared {shared}; "
-                f"median of {args.repeats} x {max(args.calls, ROUTINGS)} calls)", list(rows[0].keys()), rows)
+    print_table(
+        f"MoE layer experts, one call (D={d}, I={inter}, E={experts}, k={k}, shared {shared}; "
+        f"median of {args.repeats} x {max(args.calls, ROUTINGS)} calls)",
+        list(rows[0].keys()),
+        rows,
+    )
     payload = {"cpu_flags": cpu.features(), "isa": isa, "threads": threads, "shape": args.moe, "results": rows}
     write_json(Path(args.out), "kernel-moe", payload)
     return payload

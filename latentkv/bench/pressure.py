@@ -5,6 +5,7 @@ The original's cache per token is 2 (K and V) x layers x KV heads x head dim x e
 bench dtype, from the original's config (--source), else from the shape the conversion recorded of
 its source; an MLA latent (and an int8 latent more so) is smaller, so the same memory admits more
 requests at once."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,15 +16,26 @@ from latentkv.bench.memory import source_shape
 from latentkv.config import ModelConfig
 from latentkv.facts import MODEL_DTYPES
 
-PRESSURE = {"original_tokens": 8192, "concurrency": [32], "max_concurrency": 32, "num_prompts": 64,
-            "min_prompt": 1024, "max_prompt": 1024, "min_output": 128, "max_output": 128}
+PRESSURE = {
+    "original_tokens": 8192,
+    "concurrency": [32],
+    "max_concurrency": 32,
+    "num_prompts": 64,
+    "min_prompt": 1024,
+    "max_prompt": 1024,
+    "min_output": 128,
+    "max_output": 128,
+}
 
 
 def config_shape(config: dict) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) from a Hugging Face config's sizes."""
     heads = config["num_attention_heads"]
-    return (config["num_hidden_layers"], config.get("num_key_value_heads") or heads,
-            config.get("head_dim") or config["hidden_size"] // heads)
+    return (
+        config["num_hidden_layers"],
+        config.get("num_key_value_heads") or heads,
+        config.get("head_dim") or config["hidden_size"] // heads,
+    )
 
 
 def kv_bytes_per_token(shape: tuple[int, int, int], dtype: str) -> int:

@@ -20,6 +20,7 @@ same bytes, whatever the shard size.
 The folder carries the bundled SmolLM2 tokenizer (no DeepSeek tokenizer is available offline), so
 bos / eos are its ids, not the release's; ids past its vocabulary exist in the model only.
 """
+
 from __future__ import annotations
 
 import copy
@@ -61,8 +62,11 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = MLAForCausalLM(ModelConfig.from_dict(cfg), Route())
     params = dict(model.named_parameters(remove_duplicate=False))
-    shapes = {name: slot_shape(params[pname], rows) for name, (pname, rows) in checkpoint_slots(model).items()
-              if not (cfg.get("tie_word_embeddings") and name == "lm_head.weight")}
+    shapes = {
+        name: slot_shape(params[pname], rows)
+        for name, (pname, rows) in checkpoint_slots(model).items()
+        if not (cfg.get("tie_word_embeddings") and name == "lm_head.weight")
+    }
 
     def order(name: str) -> tuple:
         parts = name.split(".")
@@ -114,8 +118,9 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, layers: int) -> 
     return q4_grid(shape, 1 / math.sqrt(shape[1] * (2 * layers if residual else 1)), gen)
 
 
-def write_random_model(shape: str, out: str | Path, seed: int = 0, shard_bytes: int | None = None,
-                       source: SourceModel | None = None) -> Path:
+def write_random_model(
+    shape: str, out: str | Path, seed: int = 0, shard_bytes: int | None = None, source: SourceModel | None = None
+) -> Path:
     """Write the random checkpoint of `shape` to `out`: config.json, safetensors shards (one shard
     in memory at a time, export.write_weights), the tokenizer of `source` (default: the bundled
     SmolLM2 GGUF), generation_config.json and a model card."""
@@ -145,25 +150,39 @@ def write_gguf_twin(folder: Path, out: Path | None = None) -> Path:
     # rest of random-model runs without it
     from latentkv.export.gguf_writer import export_gguf
 
-    return export_gguf(Path(folder), Path(out) if out else Path(folder).with_name(Path(folder).name + "-Q4_0.gguf"),
-                       outtype="q4_0")
+    return export_gguf(
+        Path(folder), Path(out) if out else Path(folder).with_name(Path(folder).name + "-Q4_0.gguf"), outtype="q4_0"
+    )
 
 
 def model_card(shape: str, cfg: dict, seed: int, params: int, tokenizer_vocab: int) -> str:
     vocab = cfg["vocab_size"]
-    return "\n".join([
-        "---", "library_name: transformers", f"tags: [latentkv, random-weights, {cfg['model_type']}]", "---", "",
-        f"# Random weights, {shape} shape", "",
-        f"Written by `latentkv bench random-model --shape {shape} --seed {seed}`: {params / 1e6:,.1f}M parameters "
-        "of random values, for measuring loading, memory and speed. It knows no language: its text is noise.", "",
-        "- **Values**: every linear weight and the embedding lie on the Q4_0 grid (in each block of 32 inputs, "
-        "w = d * (q - 8), d a power of two, one q = 0 and one q = 15), so Q4_0 and latentkv's int4 hold exactly "
-        "these bf16 values; norm weights near 1; the router in float32.",
-        "- **Tokenizer**: the SmolLM2 tokenizer bundled with latentkv (no DeepSeek tokenizer is available "
-        f"offline), so `bos_token_id` / `eos_token_id` are its ids ({cfg['bos_token_id']} / {cfg['eos_token_id']}), "
-        "not the release's (DeepSeek-V2-Lite: 100000 / 100001). " + (
-            f"The model's vocabulary ({vocab}) is larger than the tokenizer's: ids past it are never produced by "
-            "the tokenizer, and decode to nothing when the model generates them." if vocab > tokenizer_vocab else
-            "The model's vocabulary is the tokenizer's."),
-        "- **Config**: " + json.dumps({k: v for k, v in cfg.items() if k != "architectures"}), "",
-    ])
+    return "\n".join(
+        [
+            "---",
+            "library_name: transformers",
+            f"tags: [latentkv, random-weights, {cfg['model_type']}]",
+            "---",
+            "",
+            f"# Random weights, {shape} shape",
+            "",
+            f"Written by `latentkv bench random-model --shape {shape} --seed {seed}`: {params / 1e6:,.1f}M parameters "
+            "of random values, for measuring loading, memory and speed. It knows no language: its text is noise.",
+            "",
+            "- **Values**: every linear weight and the embedding lie on the Q4_0 grid (in each block of 32 inputs, "
+            "w = d * (q - 8), d a power of two, one q = 0 and one q = 15), so Q4_0 and latentkv's int4 hold exactly "
+            "these bf16 values; norm weights near 1; the router in float32.",
+            "- **Tokenizer**: the SmolLM2 tokenizer bundled with latentkv (no DeepSeek tokenizer is available "
+            f"offline), so `bos_token_id` / `eos_token_id` are its ids "
+            f"({cfg['bos_token_id']} / {cfg['eos_token_id']}), "
+            "not the release's (DeepSeek-V2-Lite: 100000 / 100001). "
+            + (
+                f"The model's vocabulary ({vocab}) is larger than the tokenizer's: ids past it are never produced by "
+                "the tokenizer, and decode to nothing when the model generates them."
+                if vocab > tokenizer_vocab
+                else "The model's vocabulary is the tokenizer's."
+            ),
+            "- **Config**: " + json.dumps({k: v for k, v in cfg.items() if k != "architectures"}),
+            "",
+        ]
+    )

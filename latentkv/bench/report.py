@@ -1,4 +1,5 @@
 """Bench output: a table on stdout, JSON and a PNG plot under --out."""
+
 from __future__ import annotations
 
 import json

@@ -8,6 +8,7 @@ vocabulary plus noise (l = -1.1 ln rank + 0.5 N(0, 1)), so top-p's nucleus holds
 tokens as a chat model's does. Each step's rows are sequences with 256 prompt and 64 output tokens
 (what the penalties read).
 """
+
 from __future__ import annotations
 
 import time
@@ -29,8 +30,9 @@ SETTINGS = {
     "chat (T 0.7, top_p 0.9)": dict(temperature=0.7, top_p=0.9),
     "top_k 50, top_p 0.95, min_p 0.05": dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.05),
     "seeded T 1.0": dict(temperature=1.0, seed=0),
-    "penalties + logprobs 5": dict(temperature=1.0, repetition_penalty=1.1, presence_penalty=0.5,
-                                   frequency_penalty=0.2, logprobs=5),
+    "penalties + logprobs 5": dict(
+        temperature=1.0, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.2, logprobs=5
+    ),
 }
 VOCABS = (49152, 129280)  # SmolLM2, DeepSeek-V3
 
@@ -63,8 +65,10 @@ def timed(fn, calls: int) -> float:
 def run(args) -> dict:
     threads = torch.get_num_threads()
     isa = sample_kernel.EXT.choose() if sample_kernel.available() else None
-    print(f"{threads} threads; sampler kernel: " + (isa or f"unavailable ({sample_kernel.unavailable_reason()})"),
-          flush=True)
+    print(
+        f"{threads} threads; sampler kernel: " + (isa or f"unavailable ({sample_kernel.unavailable_reason()})"),
+        flush=True,
+    )
     if isa is None:
         raise SystemExit("latentkv bench kernel --sampler: the native sampler does not run here")
     native_state = dict(sample_kernel.EXT.state)
@@ -82,12 +86,21 @@ def run(args) -> dict:
                 sample(logits, seqs, [], gen)  # warm
                 times[system].append(timed(lambda: sample(logits, seqs, [], gen), args.calls))
         sample_kernel.EXT.state = native_state
-        row = {"vocab": vocab, "rows": rows, "settings": name,
-               "native ms": median(times["native"]) * 1e3, "reference ms": median(times["reference"]) * 1e3}
+        row = {
+            "vocab": vocab,
+            "rows": rows,
+            "settings": name,
+            "native ms": median(times["native"]) * 1e3,
+            "reference ms": median(times["reference"]) * 1e3,
+        }
         row["speed-up"] = row["reference ms"] / row["native ms"]
         rows_out.append(row)
-    print_table(f"Sampling one step (engine/sampler.py sample; median of {args.repeats} x {args.calls} calls, "
-                f"{threads} threads)", list(rows_out[0].keys()), rows_out)
+    print_table(
+        f"Sampling one step (engine/sampler.py sample; median of {args.repeats} x {args.calls} calls, "
+        f"{threads} threads)",
+        list(rows_out[0].keys()),
+        rows_out,
+    )
     payload = {"cpu_flags": cpu.features(), "isa": isa, "threads": threads, "results": rows_out}
     write_json(Path(args.out), "kernel-sampler", payload)
     return payload

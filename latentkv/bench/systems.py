@@ -9,6 +9,7 @@
 The benches run the baselines (transformers, llama.cpp) each in its own process (bench/isolated.py):
 one that crashes is recorded, and the bench goes on.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,11 +37,19 @@ _ids = itertools.count()
 
 
 class LatentKVSystem:
-    def __init__(self, name: str, model: str, kv_cache_dtype: str = "auto", max_model_len: int = 8192 + 256, **engine_kwargs):
+    def __init__(
+        self, name: str, model: str, kv_cache_dtype: str = "auto", max_model_len: int = 8192 + 256, **engine_kwargs
+    ):
         self.name = name
         self.kv_cache_dtype = kv_cache_dtype  # as asked (engine.args holds it as served)
-        self.llm = LLM(model=model, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                       skip_tokenizer_init=True, max_num_seqs=engine_kwargs.pop("max_num_seqs", 64), **engine_kwargs)
+        self.llm = LLM(
+            model=model,
+            kv_cache_dtype=kv_cache_dtype,
+            max_model_len=max_model_len,
+            skip_tokenizer_init=True,
+            max_num_seqs=engine_kwargs.pop("max_num_seqs", 64),
+            **engine_kwargs,
+        )
         self.engine = self.llm.engine
         self.prompt: list[int] = []
 
@@ -130,7 +139,9 @@ def llama_cpp_available() -> bool:
     return True
 
 
-def transformers_baseline(name: str, source, failed: dict, factory: str = "latentkv.bench.systems:TransformersSystem") -> list:
+def transformers_baseline(
+    name: str, source, failed: dict, factory: str = "latentkv.bench.systems:TransformersSystem"
+) -> list:
     """[`factory` (transformers) on `source`, in its own process] ([] with the reason in `failed` if it
     fails to load, or is skipped before loading: a GGUF architecture transformers cannot read, or a
     model that would not fit in the memory available now — the OOM killer may pick the bench itself)."""
@@ -154,8 +165,10 @@ def transformers_cannot_load(source: Path) -> str | None:
         params = folder_parameters(source)
     need, free = params * auto_dtype().itemsize, available_memory(torch.device("cpu"))
     if need > 0.9 * free:
-        return (f"{source.name} takes ~{need / 2**30:.1f} GiB in {dtype_name(auto_dtype())}, "
-                f"{free / 2**30:.1f} GiB is available")
+        return (
+            f"{source.name} takes ~{need / 2**30:.1f} GiB in {dtype_name(auto_dtype())}, "
+            f"{free / 2**30:.1f} GiB is available"
+        )
     return None
 
 

@@ -2,6 +2,7 @@
 lengths; total output tokens/s, TTFT and inter-token latency percentiles; against
 transformers' batched `generate` on the original model at the same batch sizes (in its own
 process: if it crashes, the reason is recorded and the bench goes on without it)."""
+
 from __future__ import annotations
 
 import random
@@ -45,8 +46,15 @@ def run_latentkv(system: LatentKVSystem, reqs) -> dict:
     ttft = [s[0] - start for s in stamps.values()]
     itl = [b - a for s in stamps.values() for a, b in zip(s, s[1:])]
     tokens = sum(len(s) for s in stamps.values())
-    return {"tok_s": tokens / wall, "ttft_p50": median(ttft), "ttft_p99": percentile(ttft, 99),
-            "itl_p50": median(itl), "itl_p99": percentile(itl, 99), "tokens": tokens, "wall_s": wall}
+    return {
+        "tok_s": tokens / wall,
+        "ttft_p50": median(ttft),
+        "ttft_p99": percentile(ttft, 99),
+        "itl_p50": median(itl),
+        "itl_p99": percentile(itl, 99),
+        "tokens": tokens,
+        "wall_s": wall,
+    }
 
 
 @torch.inference_mode()
@@ -56,11 +64,13 @@ def run_transformers(model, reqs, pad_id: int) -> dict:
     ids = torch.full((len(reqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, (p, _) in enumerate(reqs):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     longest = max(o for _, o in reqs)
     start = time.perf_counter()
-    model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest, do_sample=False, pad_token_id=pad_id)
+    model.generate(
+        ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest, do_sample=False, pad_token_id=pad_id
+    )
     wall = time.perf_counter() - start
     tokens = sum(o for _, o in reqs)
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall}
@@ -83,18 +93,28 @@ LOOSE = "latentkv not invariant"
 def run(args) -> dict:
     out = Path(args.out)
     longest = args.max_prompt + args.max_output + 16
-    opts = dict(max_model_len=longest, max_num_seqs=max(args.concurrency), enable_prefix_caching=False,
-                kv_cache_memory=cache_budget(args.model, max(args.concurrency) * longest))
+    opts = dict(
+        max_model_len=longest,
+        max_num_seqs=max(args.concurrency),
+        enable_prefix_caching=False,
+        kv_cache_memory=cache_budget(args.model, max(args.concurrency) * longest),
+    )
     opts.update(quantization=getattr(args, "quantization", None))
     latent = getattr(args, "kv_cache_dtype", None) or "auto"
     system = LatentKVSystem("latentkv", args.model, latent, **opts)
     # batch_invariant off, interleaved with the default: what invariance costs
-    loose = LatentKVSystem(LOOSE, args.model, latent, batch_invariant=False, **opts) \
-        if getattr(args, "not_invariant", False) else None
+    loose = (
+        LatentKVSystem(LOOSE, args.model, latent, batch_invariant=False, **opts)
+        if getattr(args, "not_invariant", False)
+        else None
+    )
     vocab = system.engine.cfg.vocab_size
     failed: dict[str, str] = {}
-    baseline = transformers_baseline("transformers", args.source, failed, "latentkv.bench.throughput:TransformersGenerate") \
-        if args.source else []
+    baseline = (
+        transformers_baseline("transformers", args.source, failed, "latentkv.bench.throughput:TransformersGenerate")
+        if args.source
+        else []
+    )
     hf = baseline[0] if baseline else None
     results = []
     for n in args.concurrency:
@@ -112,8 +132,11 @@ def run(args) -> dict:
                     runs["transformers"].append(measured)
         results.append(summarize(n, runs))
         done = results[-1]
-        print(f"{n} concurrent: latentkv {done['latentkv']['tok_s']:.1f} tok/s"
-              + (f", transformers {done['transformers']['tok_s']:.1f} tok/s" if "transformers" in done else ""), flush=True)
+        print(
+            f"{n} concurrent: latentkv {done['latentkv']['tok_s']:.1f} tok/s"
+            + (f", transformers {done['transformers']['tok_s']:.1f} tok/s" if "transformers" in done else ""),
+            flush=True,
+        )
     close_all(baseline)
     base = next(r for r in results if r["concurrency"] == min(args.concurrency))["latentkv"]["tok_s"]
     for r in results:
@@ -122,8 +145,12 @@ def run(args) -> dict:
     plot(results, out)
     for name, reason in failed.items():
         print(f"{name}: failed: {reason}\n", flush=True)
-    payload = {"results": results, "repeats": args.repeats, "failed": failed,
-               "latentkv": {"quantization": system.engine.args.quantization, "kv_cache_dtype": latent}}
+    payload = {
+        "results": results,
+        "repeats": args.repeats,
+        "failed": failed,
+        "latentkv": {"quantization": system.engine.args.quantization, "kv_cache_dtype": latent},
+    }
     write_json(out, "throughput", payload)
     return payload
 
@@ -140,12 +167,27 @@ def show(results: list[dict]) -> None:
     rows = []
     for r in results:
         ours, hf, loose = r["latentkv"], r.get("transformers"), r.get(LOOSE)
-        rows.append({"requests": r["concurrency"], "latentkv tok/s": ours["tok_s"], "x own batch-1": r["x_vs_own_batch1"],
-                     "transformers tok/s": hf["tok_s"] if hf else None, "x vs transformers": ours["tok_s"] / hf["tok_s"] if hf else None,
-                     "TTFT p50 s": ours["ttft_p50"], "TTFT p99 s": ours["ttft_p99"], "ITL p50 ms": 1e3 * ours["itl_p50"], "ITL p99 ms": 1e3 * ours["itl_p99"]})
+        rows.append(
+            {
+                "requests": r["concurrency"],
+                "latentkv tok/s": ours["tok_s"],
+                "x own batch-1": r["x_vs_own_batch1"],
+                "transformers tok/s": hf["tok_s"] if hf else None,
+                "x vs transformers": ours["tok_s"] / hf["tok_s"] if hf else None,
+                "TTFT p50 s": ours["ttft_p50"],
+                "TTFT p99 s": ours["ttft_p99"],
+                "ITL p50 ms": 1e3 * ours["itl_p50"],
+                "ITL p99 ms": 1e3 * ours["itl_p99"],
+            }
+        )
         if loose:  # invariant tok/s over not-invariant tok/s (< 1: what invariance costs)
-            rows[-1].update({"not invariant tok/s": loose["tok_s"], "x invariant / not": ours["tok_s"] / loose["tok_s"],
-                             "TTFT p50 s not inv.": loose["ttft_p50"]})
+            rows[-1].update(
+                {
+                    "not invariant tok/s": loose["tok_s"],
+                    "x invariant / not": ours["tok_s"] / loose["tok_s"],
+                    "TTFT p50 s not inv.": loose["ttft_p50"],
+                }
+            )
     print_table("Concurrent requests (medians over interleaved repeats)", list(rows[0].keys()), rows)
 
 

@@ -1,4 +1,5 @@
 """KV-cache bytes per token: MLA latent (any cache dtype) against MHA / GQA equivalents."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,5 +60,7 @@ def account(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfl
         elements_per_token=elements,
         bytes_per_token=latent_bytes_per_token(cfg, cache_dtype, model_dtype),
         mha_elements_per_token=mha,
-        mha_bytes_per_token=gqa_bytes_per_token(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.v_head_dim, model_dtype),
+        mha_bytes_per_token=gqa_bytes_per_token(
+            cfg.num_hidden_layers, cfg.num_attention_heads, cfg.v_head_dim, model_dtype
+        ),
     )

@@ -12,6 +12,7 @@ hash: a later request with the same prefix can still hit it (it is taken back of
 free list). Allocation takes from the front of the free list, i.e. the least recently
 freed block, and only then forgets its hash (lazy LRU eviction).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,7 @@ def hash_full_blocks(token_ids: list[int], block_size: int, known: list[bytes] |
     hashes = list(known or [])
     for i in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[-1] if hashes else NO_HASH
-        hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size]))
+        hashes.append(hash_block(parent, token_ids[i * block_size : (i + 1) * block_size]))
     return hashes
 
 
@@ -42,7 +43,7 @@ def hash_full_blocks(token_ids: list[int], block_size: int, known: list[bytes] |
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: bytes = NO_HASH          # set once the block is full and registered
+    hash: bytes = NO_HASH  # set once the block is full and registered
     parent_hash: bytes = NO_HASH
     token_ids: tuple = field(default_factory=tuple)
 
@@ -96,7 +97,7 @@ class BlockPool:
             if block_id is None:
                 break
             block = self.blocks[block_id]
-            tokens = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
             if block.hash != block_hash or block.parent_hash != parent or block.token_ids != tokens:
                 break  # a collision or a stale entry: never share on a hash alone
             hits.append(block_id)

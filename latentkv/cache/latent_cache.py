@@ -12,6 +12,7 @@ attention reads it. `q4_0` (cache/q4.py): `latent` and `rope` hold packed 4-bit 
 float16 scales [..., groups(r) + groups(dr)] (the latent's, then the rope key's). Reads and writes
 through block tables live in `latentkv.attention.paged`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,17 +45,23 @@ class LatentCache:
         if cache_dtype == "auto":
             self.kv = torch.zeros(num_blocks, block_size, kv_rank + rope_dim, dtype=dtype, device=device)
         elif cache_dtype == Q4:
-            self.latent = torch.zeros(num_blocks, block_size, q4.packed_bytes(kv_rank), dtype=torch.uint8, device=device)
+            self.latent = torch.zeros(
+                num_blocks, block_size, q4.packed_bytes(kv_rank), dtype=torch.uint8, device=device
+            )
             self.rope = torch.zeros(num_blocks, block_size, q4.packed_bytes(rope_dim), dtype=torch.uint8, device=device)
-            self.scale = torch.zeros(num_blocks, block_size, q4.groups(kv_rank) + q4.groups(rope_dim), dtype=torch.float16,
-                                     device=device)
+            self.scale = torch.zeros(
+                num_blocks, block_size, q4.groups(kv_rank) + q4.groups(rope_dim), dtype=torch.float16, device=device
+            )
         else:
             # fp8 is stored as raw bytes: index_put on float8 tensors is not implemented everywhere.
             codes = torch.int8 if self.latent_dtype == "int8" else torch.uint8
             self.latent = torch.zeros(num_blocks, block_size, kv_rank, dtype=codes, device=device)
-            self.scale = torch.zeros(num_blocks, block_size, *((2,) if self.rope8 else ()), dtype=torch.float32, device=device)
-            self.rope = torch.zeros(num_blocks, block_size, rope_dim, dtype=torch.int8 if self.rope8 else rope_dtype(dtype),
-                                    device=device)
+            self.scale = torch.zeros(
+                num_blocks, block_size, *((2,) if self.rope8 else ()), dtype=torch.float32, device=device
+            )
+            self.rope = torch.zeros(
+                num_blocks, block_size, rope_dim, dtype=torch.int8 if self.rope8 else rope_dtype(dtype), device=device
+            )
 
     @property
     def quantized(self) -> bool:
@@ -80,11 +87,11 @@ class LatentCache:
             split = q4.groups(self.kv_rank)
             q4.dequantize(codes, scale[..., :split], self.kv_rank, self.dtype, out=out[..., : self.kv_rank])
             rope = q4.dequantize(rope, scale[..., split:], self.rope_dim, torch.float32)
-            out[..., self.kv_rank:] = q4.turn_back(rope)
+            out[..., self.kv_rank :] = q4.turn_back(rope)
             return out
         if self.rope8:
             dequantize_latent(codes, scale[..., 0], self.latent_dtype, self.dtype, out=out[..., : self.kv_rank])
-            dequantize_latent(rope, scale[..., 1], "int8", self.dtype, out=out[..., self.kv_rank:])
+            dequantize_latent(rope, scale[..., 1], "int8", self.dtype, out=out[..., self.kv_rank :])
             return out
         dequantize_latent(codes, scale, self.latent_dtype, self.dtype, out=out[..., : self.kv_rank])
         out[..., self.kv_rank :] = rope
@@ -108,8 +115,9 @@ def quantize_latent(c: torch.Tensor, cache_dtype: str) -> tuple[torch.Tensor, to
     return scaled.to(torch.float8_e4m3fn).view(torch.uint8), scale
 
 
-def dequantize_latent(q: torch.Tensor, scale: torch.Tensor, cache_dtype: str, dtype: torch.dtype,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_latent(
+    q: torch.Tensor, scale: torch.Tensor, cache_dtype: str, dtype: torch.dtype, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """codes [..., r] and scale [...] -> values [..., r] in dtype (written into `out` if given).
     Computed in `dtype`: a float32 product would cost a promoted pass ~8x slower on CPU."""
     values = torch.empty(q.shape, dtype=dtype, device=q.device) if out is None else out
@@ -117,7 +125,9 @@ def dequantize_latent(q: torch.Tensor, scale: torch.Tensor, cache_dtype: str, dt
     return values.mul_(scale.to(dtype)[..., None])
 
 
-def allocate_caches(cfg, num_blocks: int, block_size: int, dtype: torch.dtype, cache_dtype: str = "auto", device="cpu") -> list[LatentCache]:
+def allocate_caches(
+    cfg, num_blocks: int, block_size: int, dtype: torch.dtype, cache_dtype: str = "auto", device="cpu"
+) -> list[LatentCache]:
     """One LatentCache per layer (per-layer ranks allowed)."""
     return [
         LatentCache(num_blocks, block_size, cfg.kv_rank(i), cfg.qk_rope_head_dim, dtype, cache_dtype, device)

@@ -20,6 +20,7 @@ by the same R (attention/native_backend.py does, for the native kernel); `dequan
 key back for every other reader. The latent is not turned: a converted model's latent is already
 mixed by a random orthogonal matrix (convert/latent.py rotate).
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,9 +54,12 @@ def _plan(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(S1, S2, perm) of the turn of n values: two fixed ±1 patterns (from SHA-256:
     the same on every machine) and a stride permutation (i -> s·i mod n, s coprime with n, about
     n/3) that carries each Hadamard block's outputs into every block."""
+
     def signs(salt: bytes) -> torch.Tensor:
-        return torch.tensor([1.0 if hashlib.sha256(salt + i.to_bytes(4, "little")).digest()[0] & 1 else -1.0
-                             for i in range(n)])
+        return torch.tensor(
+            [1.0 if hashlib.sha256(salt + i.to_bytes(4, "little")).digest()[0] & 1 else -1.0 for i in range(n)]
+        )
+
     stride = next(s for s in range(max(1, n // 3), n + 1) if math.gcd(s, n) == 1) if n else 1
     perm = torch.tensor([stride * i % n for i in range(n)], dtype=torch.long)
     return signs(b"latentkv-q4-1"), signs(b"latentkv-q4-2"), perm
@@ -69,14 +73,14 @@ def _hadamard(x: torch.Tensor) -> torch.Tensor:
         return x
     while start < n:
         b = 1 << ((n - start).bit_length() - 1)
-        y = x[..., start:start + b]
+        y = x[..., start : start + b]
         h = 1
         while h < b:  # butterflies: pairs (i, i + h) within each 2h run
             y = y.reshape(*y.shape[:-1], b // (2 * h), 2, h)
             y = torch.stack((y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]), dim=-2)
             y = y.reshape(*x.shape[:-1], b)
             h *= 2
-        out.append(y * b ** -0.5)
+        out.append(y * b**-0.5)
         start += b
     return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
 
@@ -152,26 +156,27 @@ def pack(u: torch.Tensor) -> torch.Tensor:
     if full < n:  # the last group, shorter: an absent high value is code 8 (the value 0)
         size = n - full
         half = -(-size // 2)
-        high = torch.nn.functional.pad(u[:, full + half:], (0, half - (size - half)), value=8)
-        parts.append(u[:, full:full + half] | (high << 4))
+        high = torch.nn.functional.pad(u[:, full + half :], (0, half - (size - half)), value=8)
+        parts.append(u[:, full : full + half] | (high << 4))
     return torch.cat(parts, dim=-1)
 
 
 def unpack(codes: torch.Tensor, n: int) -> torch.Tensor:
     """[..., packed_bytes(n)] -> codes [..., n] (0..15), pack's inverse."""
     full = n // Q4_GROUP * Q4_GROUP
-    body = codes[..., :full // 2].unflatten(-1, (-1, Q4_GROUP // 2))
+    body = codes[..., : full // 2].unflatten(-1, (-1, Q4_GROUP // 2))
     parts = [torch.stack((body & 15, body >> 4), dim=-2).flatten(-3)]
     if full < n:
         size = n - full
         half = -(-size // 2)
-        tail = codes[..., full // 2:]
-        parts += [tail & 15, (tail >> 4)[..., :size - half]]
+        tail = codes[..., full // 2 :]
+        parts += [tail & 15, (tail >> 4)[..., : size - half]]
     return torch.cat(parts, dim=-1)
 
 
-def dequantize(codes: torch.Tensor, scales: torch.Tensor, n: int, dtype: torch.dtype,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, n: int, dtype: torch.dtype, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """codes [..., packed_bytes(n)], scales [..., groups(n)] float16 -> values [..., n] in dtype
     (into `out` if given). (u - 8) * d is exact in float32 (a 4-bit integer times an fp16 scale)."""
     u = unpack(codes, n).float() - 8

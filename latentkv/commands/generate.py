@@ -1,5 +1,6 @@
 """`latentkv generate [MODEL] --prompt ...` (one-shot) and `latentkv chat [MODEL]`
 (interactive), both streaming text to the terminal as it is generated."""
+
 from __future__ import annotations
 
 import itertools
@@ -37,8 +38,9 @@ def add_sampling_arguments(parser, temperature: float) -> None:
 
 
 def sampling_params(args) -> SamplingParams:
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.seed)
+    return SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+    )
 
 
 def load(args, what: str):

@@ -1,4 +1,5 @@
 """Start an engine from `Settings`: resolve the model, build its EngineArgs, print the banner."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """`latentkv store ls | warm | clear DIR`: inspect, pre-fill and empty a latent store."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_ls)
     p = sub.add_parser("warm", help="prefill the templates of a JSONL FILE with MODEL and write their blocks to DIR")
     p.add_argument("dir")
-    p.add_argument("file", help="JSONL: one prompt, {\"prompt\": ...}, {\"prompt_token_ids\": [...]} or "
-                                "{\"messages\": [...]} per line")
+    p.add_argument(
+        "file", help='JSONL: one prompt, {"prompt": ...}, {"prompt_token_ids": [...]} or {"messages": [...]} per line'
+    )
     add_engine_arguments(p)
     p.set_defaults(func=run_warm)
     p = sub.add_parser("clear", help="delete every block in DIR (all models)")
@@ -44,8 +46,10 @@ def run_ls(args) -> int:
             meta = json.loads((d / "model.json").read_text())
         except (OSError, ValueError):
             meta = {}
-        what = (f"{meta.get('model', '?')} ({meta.get('dtype')}, cache {meta.get('kv_cache_dtype')}, "
-                f"block {meta.get('block_size')}{', ' + meta['quantization'] if meta.get('quantization') else ''})")
+        what = (
+            f"{meta.get('model', '?')} ({meta.get('dtype')}, cache {meta.get('kv_cache_dtype')}, "
+            f"block {meta.get('block_size')}{', ' + meta['quantization'] if meta.get('quantization') else ''})"
+        )
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest)) if newest else "-"
         print(f"{d.name[:12]:12}  {count:8d}  {nbytes / 2**20:9.1f}  {used:19}  {what}")
     print(f"total {total / 2**20:.1f} MiB in {root}")
@@ -64,10 +68,12 @@ def run_warm(args) -> int:
         print(f"latentkv store warm: the store {args.dir} is not usable (see the warning above)", file=sys.stderr)
         return 1
     tier = engine.store
-    engine.close()   # writes every queued block
+    engine.close()  # writes every queued block
     c = tier.counters
-    print(f"latentkv store warm: {c.bytes_written / 2**20:.1f} MiB written to {args.dir} "
-          f"({tier.store.num_blocks()} blocks for this model; {c.write_drops} dropped)")
+    print(
+        f"latentkv store warm: {c.bytes_written / 2**20:.1f} MiB written to {args.dir} "
+        f"({tier.store.num_blocks()} blocks for this model; {c.write_drops} dropped)"
+    )
     return 0 if c.write_drops == 0 else 1
 
 

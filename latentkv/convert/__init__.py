@@ -1,4 +1,5 @@
 """Training-free conversion of Llama-family GQA/MHA models to Multi-head Latent Attention."""
+
 from __future__ import annotations
 
 from latentkv.convert.api import convert

@@ -1,4 +1,5 @@
 """`convert(source, out, options)`: read a source, calibrate, convert, measure, write the folder."""
+
 from __future__ import annotations
 
 import tempfile
@@ -19,7 +20,7 @@ from latentkv.convert.stock import STOCK_ROPE_DIM, stock_size
 from latentkv.eval.perplexity import PROTOCOL, text_windows
 from latentkv.facts import MODEL_DTYPES
 from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
-from latentkv.kernels.build import FIRST_BUILD, build_in_background
+from latentkv.kernels.build import build_in_background
 from latentkv.sizes import peak_rss
 from latentkv.sources.corpus import default_documents, file_documents, heldout_text, marked_chat_windows, token_windows
 from latentkv.sources.readers import read_source
@@ -62,7 +63,9 @@ def resolve_sizes(src: SourceModel, options: ConvertOptions) -> ConvertOptions:
     rope_dim, kv_rank, ratio = options.rope_dim, options.kv_rank, options.cache_ratio
     if ratio is None and kv_rank is None and rope_dim is None:
         if not options.stock:
-            return replace(options, rope_dim="all", kv_rank="full", cache_dtype=options.cache_dtype or DEFAULT_CACHE_DTYPE)
+            return replace(
+                options, rope_dim="all", kv_rank="full", cache_dtype=options.cache_dtype or DEFAULT_CACHE_DTYPE
+            )
         ratio = DEFAULT_STOCK_RATIO
     if options.stock and (options.target != "any" or options.stock_width is not None):
         if ratio is not None:  # the width asked for, before snapping to one the target takes
@@ -77,8 +80,9 @@ def resolve_sizes(src: SourceModel, options: ConvertOptions) -> ConvertOptions:
     return replace(options, rope_dim=rope_dim, kv_rank="full" if kv_rank is None else kv_rank, cache_ratio=ratio)
 
 
-def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int, calib_chat: float = 0.0,
-                        calib_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def calibration_windows(
+    src: SourceModel, calib, calib_tokens: int, ctx: int, calib_chat: float = 0.0, calib_weight: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(windows [N, ctx], position weights [N, ctx] or None): a calib_chat share of chat
     conversations in the source's chat template (none if it has no template), the rest documents —
     the user's files or the default corpus (calibration split). The chat answers' and control
@@ -97,13 +101,20 @@ def calibration_windows(src: SourceModel, calib, calib_tokens: int, ctx: int, ca
     return chat, weights
 
 
-def calibrate(src: SourceModel, windows: torch.Tensor, dtype: torch.dtype, scratch: Path,
-              weights: torch.Tensor | None = None) -> list:
+def calibrate(
+    src: SourceModel, windows: torch.Tensor, dtype: torch.dtype, scratch: Path, weights: torch.Tensor | None = None
+) -> list:
     """collect_stats, with the calibration activations and the statistics in files under scratch
     when they pass spill.BUDGET (the same numbers, in bounded memory)."""
     D = src.hidden_size
-    return collect_stats(src, windows, dtype=dtype, store=spill.batch_store(scratch, windows.numel() * D * 4),
-                         keep=spill.stats_keeper(scratch, src.num_layers * (D + 1) ** 2 * 8), weights=weights)
+    return collect_stats(
+        src,
+        windows,
+        dtype=dtype,
+        store=spill.batch_store(scratch, windows.numel() * D * 4),
+        keep=spill.stats_keeper(scratch, src.num_layers * (D + 1) ** 2 * 8),
+        weights=weights,
+    )
 
 
 def measure(src: SourceModel, folder: Path, eval_tokens: int, ctx: int) -> dict:
@@ -113,9 +124,12 @@ def measure(src: SourceModel, folder: Path, eval_tokens: int, ctx: int) -> dict:
     windows = text_windows(src.tokenizer(), heldout_text(), ctx, eval_tokens)
     source = source_perplexity(src, windows)
     converted = converted_perplexity(folder, windows)
-    return {"source ppl": source["ppl"], "converted ppl": converted["ppl"],
-            "ratio": converted["ppl"] / source["ppl"],
-            "protocol": PROTOCOL.format(ctx=ctx) + f", {source['tokens']} tokens of the default held-out text"}
+    return {
+        "source ppl": source["ppl"],
+        "converted ppl": converted["ppl"],
+        "ratio": converted["ppl"] / source["ppl"],
+        "protocol": PROTOCOL.format(ctx=ctx) + f", {source['tokens']} tokens of the default held-out text",
+    }
 
 
 def step(n: int, text: str, started: float) -> None:
@@ -140,10 +154,13 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     else:
         budget.check(src, options.kv_bytes)
     step(2, f"tokenizing calibration text ({options.calib_chat:.0%} chat conversations)", started)
-    windows, weights = calibration_windows(src, options.calib, options.calib_tokens, options.ctx, options.calib_chat,
-                                           options.calib_weight)
+    windows, weights = calibration_windows(
+        src, options.calib, options.calib_tokens, options.ctx, options.calib_chat, options.calib_weight
+    )
     calib_dtype = calib_torch_dtype(options.calib_dtype)
-    step(3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens ({str(calib_dtype)[6:]} matmuls)", started)
+    step(
+        3, f"calibrating {src.num_layers} layers on {windows.numel()} tokens ({str(calib_dtype)[6:]} matmuls)", started
+    )
     Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".latentkv-scratch-", dir=Path(out).resolve().parent) as scratch:
         stats = calibrate(src, windows, calib_dtype, Path(scratch), weights)
@@ -157,15 +174,28 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
             if options.kv_bytes is not None:
                 cfg["latentkv"]["kv_bytes"] = options.kv_bytes  # the budget it was chosen within
             budget.check_written(cfg, options)
-        record = {**asdict(options), "calib": options.calib or "default corpus", "calib_tokens": int(stats[0].tokens),
-                  "rope_theta": info["rope_theta"]}
+        record = {
+            **asdict(options),
+            "calib": options.calib or "default corpus",
+            "calib_tokens": int(stats[0].tokens),
+            "rope_theta": info["rope_theta"],
+        }
         if measured_caches:
             record["kv_bytes_candidates"] = [asdict(c) for c in measured_caches]
         refined = f", refining each layer {options.refine_steps} steps" if options.refine_steps else ""
-        step(4, f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}{refined}) and writing {out}",
-             started)
-        out = export(Path(out), src, cfg, tqdm(parts, desc="converting and writing layers", unit="part",
-                                              total=src.num_layers + 1), info, record)
+        step(
+            4,
+            f"converting (rope dim {info['rope_dim']}, latent rank {max(info['ranks'])}{refined}) and writing {out}",
+            started,
+        )
+        out = export(
+            Path(out),
+            src,
+            cfg,
+            tqdm(parts, desc="converting and writing layers", unit="part", total=src.num_layers + 1),
+            info,
+            record,
+        )
     if options.eval_tokens:
         step(5, f"measuring perplexity on {options.eval_tokens} held-out tokens (source and converted)", started)
     measured = measure(src, out, options.eval_tokens, options.ctx) if options.eval_tokens else {}

@@ -7,6 +7,7 @@ Layouts (per head h of group g = h // G, P = d/2 frequencies, S = dr/2 rope slot
 - rope dims interleaved, slot s = dims (2s, 2s+1) = (Re, Im), as DeepSeek lays them out;
 - kv_a_proj_with_mqa rows: [latent (r) ; rope key (dr)]; kv_b_proj rows per head: [k_nope (dn) ; v (d)].
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,7 +60,7 @@ def nope_queries(plan: RopePlan, wq: torch.Tensor, num_heads: int, dn: int) -> t
     re, im = complex_rows(w[:, 0, freqs], w[:, 1, freqs], plan.nope_phase[:, freqs])
     out = torch.zeros(num_heads, dn, wq.shape[1], dtype=torch.float64)
     out[:, : len(freqs)] = re
-    out[:, dn // 2: dn // 2 + len(freqs)] = im
+    out[:, dn // 2 : dn // 2 + len(freqs)] = im
     return out
 
 
@@ -105,5 +106,5 @@ def build_layer(plan, fact, wq, wk, wv, wo, num_heads, num_kv, dn, scale) -> dic
     heads = []
     for h in range(num_heads):
         g = h // group
-        heads += [maps[g] @ rk, rv[g * d:(g + 1) * d]]
+        heads += [maps[g] @ rk, rv[g * d : (g + 1) * d]]
     return {"q_aug": q.reshape(-1, wq.shape[1]), "kv_a_aug": kv_a, "kv_b": torch.cat(heads, 0), "o": wo.double()}

@@ -8,6 +8,7 @@ scored teacher-forced against the source on the first SELECT_EXAMPLES chat promp
 calibration split (the held-out split stays for `eval chat`), through latentkv's own model
 with that cache format (eval/chat.py). The best agreement wins; ties go to fewer bytes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -72,7 +73,9 @@ def widest_rank(layers: int, rope_dim: int, fmt: str, kv_bytes: int, cap: int) -
     return lo
 
 
-def choose(src: SourceModel, stats, options: ConvertOptions, windows=None, log=tqdm.write) -> tuple[ConvertOptions, list]:
+def choose(
+    src: SourceModel, stats, options: ConvertOptions, windows=None, log=tqdm.write
+) -> tuple[ConvertOptions, list]:
     """-> (options with rope_dim, kv_rank and cache_dtype chosen, every candidate measured)."""
     check(src, options.kv_bytes)
     found = candidates(src, options.kv_bytes)
@@ -86,18 +89,25 @@ def choose(src: SourceModel, stats, options: ConvertOptions, windows=None, log=t
         cfg, tensors, _ = build_model(src, stats, settings, plans_info, windows=windows)
         mine = ChatModel.from_mla(converted_model(cfg, tensors), tokenizer, "", cand.cache_dtype)
         cand.agreement = chat_metrics(mine, reference, cases, generate=False)["top1_agreement"]
-        log(f"latentkv convert: {cand.label()}: top-1 agreement {cand.agreement:.4f} on {len(cases)} calibration prompts")
+        log(
+            f"latentkv convert: {cand.label()}: top-1 agreement {cand.agreement:.4f} "
+            f"on {len(cases)} calibration prompts"
+        )
     best = max(found, key=lambda c: (c.agreement, -c.bytes_per_token))
     log(f"latentkv convert: chose {best.label()}")
-    return replace(options, rope_dim=best.rope_dim, kv_rank=best.kv_rank, cache_ratio=None, cache_dtype=best.cache_dtype), found
+    return replace(
+        options, rope_dim=best.rope_dim, kv_rank=best.kv_rank, cache_ratio=None, cache_dtype=best.cache_dtype
+    ), found
 
 
 def check(src: SourceModel, kv_bytes: int) -> None:
     """Refuse a budget with no candidate before the (long) calibration."""
     if not candidates(src, kv_bytes):
         smallest = min(latent_bytes([MIN_RANK] * src.num_layers, 2, fmt) for fmt in FORMATS)
-        raise ValueError(f"--kv-bytes {kv_bytes} is below the smallest cache this converter makes "
-                         f"({smallest} bytes per token for {src.num_layers} layers)")
+        raise ValueError(
+            f"--kv-bytes {kv_bytes} is below the smallest cache this converter makes "
+            f"({smallest} bytes per token for {src.num_layers} layers)"
+        )
 
 
 def check_written(cfg: dict, options: ConvertOptions) -> None:

@@ -12,6 +12,7 @@ positions — x̃x̃ᵀ of position n, and the attention row of query m (its dis
 Σ p², its κ term), counted w times. No weights is the plain mean (a weight of 1 everywhere
 gives the same numbers, tested).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,8 +73,15 @@ def grouped(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (probs.reshape(B, Hkv, (H // Hkv) * T, T) @ v).view(B, H, T, -1)
 
 
-def add_sensitivity(rho: torch.Tensor, kappa: torch.Tensor, probs: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                    gram: torch.Tensor, w: torch.Tensor | None = None) -> None:
+def add_sensitivity(
+    rho: torch.Tensor,
+    kappa: torch.Tensor,
+    probs: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    gram: torch.Tensor,
+    w: torch.Tensor | None = None,
+) -> None:
     """Accumulate Σ_m Σ_n p_mn² (rho) and Σ_m Σ_n p_mn² |Wo_h(v_n − o_m)|² (kappa), per head.
 
     A score error δs_n moves a head's output by Σ_n p_n δs_n (v_n − o); independent errors
@@ -96,8 +104,15 @@ def add_sensitivity(rho: torch.Tensor, kappa: torch.Tensor, probs: torch.Tensor,
     kappa += term.sum((0, 2)).double()
 
 
-def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], positions: torch.Tensor,
-                dtype: torch.dtype = torch.float32, moved=None, weights: list | None = None) -> tuple[LayerStats, list]:
+def layer_stats(
+    src: SourceModel,
+    layer: dict,
+    hidden: list[torch.Tensor],
+    positions: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    moved=None,
+    weights: list | None = None,
+) -> tuple[LayerStats, list]:
     """One layer's statistics over the residual-stream batches `hidden` [B, T, D] (float32), and
     the batches moved past the layer (the source's forward, reusing the attention computed here),
     appended to `moved` (default a new list; spill.DiskBatches keeps them on disk). `hidden` is
@@ -129,7 +144,7 @@ def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], posit
         add_moments(xx, x.reshape(-1, D), None if w is None else w.reshape(-1))
         q, k, v = (t.float() for t in ref.project_qkv(src, low, x.to(dtype)))
         q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
-        scores = (q.reshape(B, Hkv, (H // Hkv) * T, d) @ k.transpose(-1, -2)).view(B, H, T, T) * d ** -0.5
+        scores = (q.reshape(B, Hkv, (H // Hkv) * T, d) @ k.transpose(-1, -2)).view(B, H, T, T) * d**-0.5
         probs = scores.masked_fill_(mask, float("-inf")).softmax(-1)
         o = grouped(probs, v)
         add_distances(dist, probs, delta, w)
@@ -137,15 +152,23 @@ def layer_stats(src: SourceModel, layer: dict, hidden: list[torch.Tensor], posit
         del scores, probs
         h = h + F.linear(o.transpose(1, 2).reshape(B, T, H * d), wo)
         moved.append(h + ref.mlp(low, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps).to(dtype)).float())
-    stats = LayerStats(xx=(xx / total).cpu(), dist=dist.cpu(), rho=(rho / total).cpu(), kappa=(kappa / total).cpu(),
-                       tokens=count)
+    stats = LayerStats(
+        xx=(xx / total).cpu(), dist=dist.cpu(), rho=(rho / total).cpu(), kappa=(kappa / total).cpu(), tokens=count
+    )
     return stats, moved
 
 
 @torch.no_grad()
-def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, device="cpu",
-                  dtype: torch.dtype = torch.float32, store=list, keep=None,
-                  weights: torch.Tensor | None = None) -> list[LayerStats]:
+def collect_stats(
+    src: SourceModel,
+    windows: torch.Tensor,
+    batch: int = 4,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    store=list,
+    keep=None,
+    weights: torch.Tensor | None = None,
+) -> list[LayerStats]:
     """Statistics of every layer over token windows [N, T] (dtype: the source forward's matmuls),
     each position counted by weights [N, T] (None: unweighted; see the module docstring).
 
@@ -159,11 +182,11 @@ def collect_stats(src: SourceModel, windows: torch.Tensor, batch: int = 4, devic
     embedding = src.tensors["model.embed_tokens.weight"].to(device)  # read once (a streamed source reads per access)
     hidden = store()
     for b in range(0, N, batch):
-        hidden.append(F.embedding(windows[b:b + batch].to(device), embedding))
+        hidden.append(F.embedding(windows[b : b + batch].to(device), embedding))
     del embedding
     if weights is not None and weights.shape != windows.shape:
         raise ValueError(f"position weights {tuple(weights.shape)} do not match the windows {tuple(windows.shape)}")
-    batches = None if weights is None else [weights[b:b + batch] for b in range(0, N, batch)]
+    batches = None if weights is None else [weights[b : b + batch] for b in range(0, N, batch)]
     stats = []
     for i in tqdm(range(src.num_layers), desc="calibrating layers", unit="layer"):
         st, hidden = layer_stats(src, src.layer(i), hidden, positions, dtype, store(), batches)
@@ -185,5 +208,7 @@ def load_stats(path) -> list[LayerStats]:
     from safetensors.torch import load_file
 
     t = load_file(str(path))
-    return [LayerStats(xx=t["xx"][i], dist=t["dist"][i], rho=t["rho"][i], kappa=t["kappa"][i],
-                       tokens=int(t["tokens"][i])) for i in range(len(t["rho"]))]
+    return [
+        LayerStats(xx=t["xx"][i], dist=t["dist"][i], rho=t["rho"][i], kappa=t["kappa"][i], tokens=int(t["tokens"][i]))
+        for i in range(len(t["rho"]))
+    ]

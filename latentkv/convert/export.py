@@ -1,6 +1,7 @@
 """Write a converted model as a Hugging Face folder: config.json, safetensors shards
 (model.safetensors when one is enough), tokenizer files, generation_config.json and a
 model card (README.md)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,16 @@ from safetensors.torch import save_file
 
 from latentkv.sources.source_model import SourceModel
 
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"]
+TOKENIZER_FILES = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+]
 
 
 SHARD_BYTES = 1 << 30  # a shard is closed once it holds this much
@@ -50,8 +59,10 @@ def write_weights(out: Path, parts: Iterable[dict[str, torch.Tensor]], shard_byt
         final = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         os.replace(out / tmp, out / final)
         weight_map.update({n: final for n in names})
-    index = {"metadata": {"total_size": sum((out / f).stat().st_size for f in set(weight_map.values()))},
-             "weight_map": weight_map}
+    index = {
+        "metadata": {"total_size": sum((out / f).stat().st_size for f in set(weight_map.values()))},
+        "weight_map": weight_map,
+    }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
@@ -87,11 +98,21 @@ def model_card(src: SourceModel, cfg: dict, info: dict, settings: dict, measured
     ranks = info["ranks"]
     elems = sum(ranks) / len(ranks) + info["rope_dim"]
     lines = [
-        "---", "library_name: transformers", "tags: [latentkv, mla, deepseek_v3]", "---", "",
-        f"# {src.path.name} converted to Multi-head Latent Attention", "",
+        "---",
+        "library_name: transformers",
+        "tags: [latentkv, mla, deepseek_v3]",
+        "---",
+        "",
+        f"# {src.path.name} converted to Multi-head Latent Attention",
+        "",
         f"- **Source**: `{src.path}` ({src.kind}, {src.arch}; {src.num_layers} layers, {src.num_heads} heads, "
         f"{src.num_kv_heads} KV heads, head dim {src.head_dim}).",
-        f"- **Format**: {'stock deepseek_v3 (loads in unmodified transformers / vLLM / SGLang)' if 'latentkv' not in cfg else 'latentkv native (deepseek_v3 layout with the `latentkv` config extensions)'}.",
+        "- **Format**: "
+        + (
+            "stock deepseek_v3 (loads in unmodified transformers / vLLM / SGLang)."
+            if "latentkv" not in cfg
+            else "latentkv native (deepseek_v3 layout with the `latentkv` config extensions)."
+        ),
         "- **Method** (training-free, latentkv): per-frequency PCA of the keys across KV heads weighted by query "
         "energy; RoPE kept on the (component, frequency) pairs with the largest energy × (1 − |φ|²), φ the "
         "attention-weighted mean phase over calibration distances, folded into the query of dropped pairs; "
@@ -103,11 +124,13 @@ def model_card(src: SourceModel, cfg: dict, info: dict, settings: dict, measured
     ]
     fits = [f for f in info.get("refined", []) if f]
     if fits:
-        lines.append(f"- **Refinement**: {settings.get('refine_steps')} Adam steps per layer on the calibration windows "
-                     f"(the attention output fitted to the source's); held-out relative attention error, mean over "
-                     f"{len(fits)} layers, {sum(f['before'] for f in fits) / len(fits):.4f} → "
-                     f"{sum(min(f['before'], f['after']) for f in fits) / len(fits):.4f} "
-                     f"({sum(f['kept'] for f in fits)} layers refined, the others kept the closed form).")
+        lines.append(
+            f"- **Refinement**: {settings.get('refine_steps')} Adam steps per layer on the calibration windows "
+            f"(the attention output fitted to the source's); held-out relative attention error, mean over "
+            f"{len(fits)} layers, {sum(f['before'] for f in fits) / len(fits):.4f} → "
+            f"{sum(min(f['before'], f['after']) for f in fits) / len(fits):.4f} "
+            f"({sum(f['kept'] for f in fits)} layers refined, the others kept the closed form)."
+        )
     if measured:
         lines += ["", "## Measured", "", "| model | perplexity |", "| --- | --- |"]
         lines += [f"| {k} | {v:.4f} |" for k, v in measured.items() if isinstance(v, float)]
@@ -116,8 +139,9 @@ def model_card(src: SourceModel, cfg: dict, info: dict, settings: dict, measured
     return "\n".join(lines) + "\n"
 
 
-def export(out: Path, src: SourceModel, cfg: dict, parts, info: dict, settings: dict,
-           shard_bytes: int | None = None) -> Path:
+def export(
+    out: Path, src: SourceModel, cfg: dict, parts, info: dict, settings: dict, shard_bytes: int | None = None
+) -> Path:
     """Write the folder but the model card (write_card, once measured); `parts`: a dict of
     tensors or an iterable of dicts (pipeline.convert_parts), written as they come."""
     out = Path(out)
@@ -125,8 +149,13 @@ def export(out: Path, src: SourceModel, cfg: dict, parts, info: dict, settings: 
     for old in list(out.glob("*.safetensors")) + list(out.glob("model.safetensors.index.json")):
         old.unlink()  # a folder converted again must not keep a previous run's shards
     if "latentkv" in cfg:
-        cfg = {**cfg, "latentkv": {**cfg["latentkv"], "source": {"path": str(src.path), "kind": src.kind,
-                                                                 "arch": src.arch, "settings": settings}}}
+        cfg = {
+            **cfg,
+            "latentkv": {
+                **cfg["latentkv"],
+                "source": {"path": str(src.path), "kind": src.kind, "arch": src.arch, "settings": settings},
+            },
+        }
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     write_weights(out, [parts] if isinstance(parts, dict) else parts, shard_bytes)
     write_tokenizer(out, src)

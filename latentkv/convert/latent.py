@@ -6,6 +6,7 @@ rank-r map is c = U_rᵀ M^½ Z, Z ≈ M^-½ U_r c, U_r the top eigenvectors of
 M^½ E[ZZᵀ] M^½ (PCA in the weighted space). M puts both errors in attention-output
 units (attention_weight). At full rank the factorization is exact for any M.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,7 +46,9 @@ def attention_weight(n_k, key_maps, nope_queries, xx, wo_blocks, group, rho, kap
         if n_k:
             qq = nope_queries[h] @ xx @ nope_queries[h].T
             m[:n_k, :n_k] += (kappa[h] / head_dim) * key_maps[g].T @ qq @ key_maps[g]
-        m[n_k + g * dv:n_k + (g + 1) * dv, n_k + g * dv:n_k + (g + 1) * dv] += rho[h] * wo_blocks[h].T @ wo_blocks[h]
+        m[n_k + g * dv : n_k + (g + 1) * dv, n_k + g * dv : n_k + (g + 1) * dv] += (
+            rho[h] * wo_blocks[h].T @ wo_blocks[h]
+        )
     return m
 
 

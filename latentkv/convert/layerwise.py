@@ -7,6 +7,7 @@ only the current layer's weights are held — the same forward, so the same numb
 against `source_logits` and `load_model(...).full_logits`).
 Shapes: ids [1, T], hidden [1, T, D].
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,13 @@ def source_perplexity(src: SourceModel, windows: torch.Tensor, desc: str = "perp
     embedding = src.tensors["model.embed_tokens.weight"]  # read once (a streamed source reads per access)
     norm = src.tensors["model.norm.weight"]
     head = src.tensors["lm_head.weight"] if "lm_head.weight" in src.tensors else embedding  # tied: one copy
-    return layerwise_perplexity(lambda ids: F.embedding(ids, embedding), layers(),
-                                lambda h: F.linear(rms_norm(h, norm, src.rms_norm_eps), head), windows, desc)
+    return layerwise_perplexity(
+        lambda ids: F.embedding(ids, embedding),
+        layers(),
+        lambda h: F.linear(rms_norm(h, norm, src.rms_norm_eps), head),
+        windows,
+        desc,
+    )
 
 
 def materialize(module: torch.nn.Module) -> None:
@@ -99,11 +105,13 @@ def converted_perplexity(folder: Path, windows: torch.Tensor, desc: str = "perpl
             materialize(layer)
             layer.self_attn.inv_freq = layer_inv_freq(cfg, i)  # to_empty left it uninitialized
             prefix = f"model.layers.{i}."
-            load_weights(model, read_tensors([n for n in where if n.startswith(prefix)], where, cfg),
-                         torch.float32, partial=True)
+            load_weights(
+                model, read_tensors([n for n in where if n.startswith(prefix)], where, cfg), torch.float32, partial=True
+            )
             yield lambda h, i=i: model.forward_layer(i, h)
             layer.to_empty(device="meta")  # this layer's weights go
             layer.self_attn.inv_freq = layer_inv_freq(cfg, i)
 
-    return layerwise_perplexity(model.model.embed_tokens, layers(),
-                                lambda h: model.compute_logits(model.model.norm(h)), windows, desc)
+    return layerwise_perplexity(
+        model.model.embed_tokens, layers(), lambda h: model.compute_logits(model.model.norm(h)), windows, desc
+    )

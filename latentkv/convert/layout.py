@@ -1,5 +1,6 @@
 """The DeepSeek-V3 config.json of a converted model (all layers dense, one KV head per query head),
 and the model it describes, built in memory: the converter measures with latentkv's own model."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,16 @@ from latentkv.sources.source_model import SourceModel
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def deepseek_config(src: SourceModel, dn: int, dr: int, ranks: list[int], stock: bool, theta: float | None,
-                    inv_freq: list[list[float]], dtype=torch.float32) -> dict:
+def deepseek_config(
+    src: SourceModel,
+    dn: int,
+    dr: int,
+    ranks: list[int],
+    stock: bool,
+    theta: float | None,
+    inv_freq: list[list[float]],
+    dtype=torch.float32,
+) -> dict:
     """config.json dict; native adds the `latentkv` extensions of docs/internals.md.
 
     MoE fields are set to the smallest values transformers accepts; with

@@ -1,4 +1,5 @@
 """`ConvertOptions`: everything a conversion can be told, with the measured defaults."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,14 +74,17 @@ class ConvertOptions:
         if self.calib_dtype not in ("auto", *MODEL_DTYPES):
             raise ValueError(f"calib_dtype must be auto or one of {', '.join(MODEL_DTYPES)}")
         if self.stock and self.dtype == "float16":
-            raise ValueError("export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range")
+            raise ValueError(
+                "export --stock as float32 or bfloat16: its latent (~1e-4) is below float16's normal range"
+            )
         if self.kv_bytes is not None and (self.rope_dim, self.kv_rank, self.cache_ratio) != (None, None, None):
             raise ValueError("give --kv-bytes or sizes (--rope-dim, --kv-rank, --cache-ratio), not both")
         if self.kv_bytes is not None and (self.stock or self.kv_bytes < 1):
             raise ValueError("--kv-bytes needs a positive number of bytes and the native format (not --stock)")
         if self.cache_dtype is not None and (self.cache_dtype not in CACHE_DTYPES or self.stock):
-            raise ValueError(f"cache_dtype (the folder's default cache) must be one of {', '.join(CACHE_DTYPES)}, "
-                             "native format only")
+            raise ValueError(
+                f"cache_dtype (the folder's default cache) must be one of {', '.join(CACHE_DTYPES)}, native format only"
+            )
         if self.cache_ratio is not None and self.kv_rank is not None:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
         if not 0 <= self.calib_chat <= 1:

@@ -4,6 +4,7 @@ The steps, each in its own module: RoPE plans (rope_plan.py), the latent of each
 (latent.py), the layer weights (assemble.py), the DeepSeek-V3 config (layout.py).
 Statistics are collected once (calibrate.py) so several settings can share them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,12 @@ THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stoc
 def augmented_weights(src: SourceModel, i: int):
     """(wq, wk, wv) [out, D+1] with biases as last column, and wo [D, H*d] (float64)."""
     layer = src.layer(i)
-    return (rope_plan.augment(layer["q"], layer["q_bias"]), rope_plan.augment(layer["k"], layer["k_bias"]),
-            rope_plan.augment(layer["v"], layer["v_bias"]), layer["o"].double())
+    return (
+        rope_plan.augment(layer["q"], layer["q_bias"]),
+        rope_plan.augment(layer["k"], layer["k_bias"]),
+        rope_plan.augment(layer["v"], layer["v_bias"]),
+        layer["o"].double(),
+    )
 
 
 def resolve_rope_dim(src: SourceModel, rope_dim: int | str, stock: bool) -> int:
@@ -35,7 +40,9 @@ def resolve_rope_dim(src: SourceModel, rope_dim: int | str, stock: bool) -> int:
     full = src.num_kv_heads * src.head_dim
     if rope_dim == "all":
         if stock and src.num_kv_heads > 1:
-            raise ValueError("--rope-dim all needs several rope pairs per frequency, which the stock format cannot express")
+            raise ValueError(
+                "--rope-dim all needs several rope pairs per frequency, which the stock format cannot express"
+            )
         return full
     rope_dim = int(rope_dim)
     if rope_dim <= 0 or rope_dim % 2 or rope_dim > full:
@@ -80,8 +87,11 @@ def plan_rope(src: SourceModel, stats: list[LayerStats], settings: ConvertOption
     for i, st in enumerate(stats):
         wq, wk, _, _ = augmented_weights(src, i)
         slots = stock_slots(theta, dr) if settings.stock else None
-        plans.append(rope_plan.plan_layer(wq, wk, st.xx, st.dist, src.inv_freq, src.num_heads, src.num_kv_heads, dr, slots,
-                                     settings.rope_window))
+        plans.append(
+            rope_plan.plan_layer(
+                wq, wk, st.xx, st.dist, src.inv_freq, src.num_heads, src.num_kv_heads, dr, slots, settings.rope_window
+            )
+        )
     dn = max(2, 2 * max(len(p.nope_freqs) for p in plans))
     return plans, dr, theta, dn
 
@@ -94,8 +104,17 @@ def latent_problem(src, i, plan, st, dn, k_weight):
     n_k = fk.shape[0]
     H, d = src.num_heads, src.head_dim
     wo_blocks = wo.view(wo.shape[0], H, d).permute(1, 0, 2)
-    m = lat.attention_weight(n_k, key_maps(plan, src.num_kv_heads, dn), nope_queries(plan, wq, H, dn), st.xx,
-                             wo_blocks, H // src.num_kv_heads, st.rho, st.kappa, d)
+    m = lat.attention_weight(
+        n_k,
+        key_maps(plan, src.num_kv_heads, dn),
+        nope_queries(plan, wq, H, dn),
+        st.xx,
+        wo_blocks,
+        H // src.num_kv_heads,
+        st.rho,
+        st.kappa,
+        d,
+    )
     m[:n_k, :n_k] *= k_weight
     return wz, m, n_k
 
@@ -125,7 +144,7 @@ def linearize_norm(fact: lat.Factorization, rms: float) -> lat.Factorization:
     for kv_a_layernorm (transformers hard-codes it; vLLM/SGLang read rms_norm_eps, which
     the stock config sets to 1e-6).
     """
-    target = STOCK_LATENT_MS ** 0.5
+    target = STOCK_LATENT_MS**0.5
     gain = (STOCK_LATENT_MS + STOCK_NORM_EPS) ** 0.5
     return lat.Factorization(fact.latent * (target / rms), fact.recon * (rms / target) * gain, fact.spectrum)
 
@@ -136,8 +155,14 @@ def latent_rms(fact: lat.Factorization, xx: torch.Tensor, rank: int) -> float:
     return float((((lt @ xx) * lt).sum() / rank).clamp(min=1e-30).sqrt())
 
 
-def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None,
-                  dtype=torch.float32, windows: torch.Tensor | None = None):
+def convert_parts(
+    src: SourceModel,
+    stats: list[LayerStats],
+    settings: ConvertOptions,
+    plans_info=None,
+    dtype=torch.float32,
+    windows: torch.Tensor | None = None,
+):
     """(DeepSeek-V3 config dict, info dict, parts): `parts` yields the converted tensors a piece at a
     time — the embeddings and final norm, then one dict per layer, each layer computed (and its
     source weights read) only when it is asked for, so a caller that writes each part and lets it
@@ -153,20 +178,39 @@ def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOp
     if settings.stock and len(set(ranks)) > 1 and not width:
         raise ValueError("the stock format needs one global rank")
     used, ranks = ranks, [width] * len(ranks) if width else ranks
-    cfg = deepseek_config(src, dn=dn, dr=dr, ranks=ranks, stock=settings.stock, theta=theta,
-                          inv_freq=[p.slot_freq.tolist() for p in plans], dtype=dtype)
-    info = {"ranks": ranks, "latent_used": used, "rope_dim": dr, "nope_dim": dn, "rope_theta": theta,
-            "kept_pairs": [p.kept.tolist() for p in plans]}
+    cfg = deepseek_config(
+        src,
+        dn=dn,
+        dr=dr,
+        ranks=ranks,
+        stock=settings.stock,
+        theta=theta,
+        inv_freq=[p.slot_freq.tolist() for p in plans],
+        dtype=dtype,
+    )
+    info = {
+        "ranks": ranks,
+        "latent_used": used,
+        "rope_dim": dr,
+        "nope_dim": dn,
+        "rope_theta": theta,
+        "kept_pairs": [p.kept.tolist() for p in plans],
+    }
     scale = ((dn + dr) / src.head_dim) ** 0.5
 
     def parts():
-        top = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if src.tie_word_embeddings else ["lm_head.weight"])
+        top = ["model.embed_tokens.weight", "model.norm.weight"] + (
+            [] if src.tie_word_embeddings else ["lm_head.weight"]
+        )
         first = {name: src.tensors[name].to(dtype) for name in top}
         if src.tie_word_embeddings and settings.stock:  # vLLM's DeepseekV2ForCausalLM ignores tie_word_embeddings
             first["lm_head.weight"] = first["model.embed_tokens.weight"].clone()
         yield first
-        refiner = Refiner(src, windows, settings.refine_steps, settings.refine_lr, settings.refine_inputs) \
-            if settings.refine_steps else None
+        refiner = (
+            Refiner(src, windows, settings.refine_steps, settings.refine_lr, settings.refine_inputs)
+            if settings.refine_steps
+            else None
+        )
         for i, st in enumerate(stats):
             wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.k_weight)
             fact = lat.factorize(wz, st.xx, m, used[i])
@@ -177,8 +221,14 @@ def convert_parts(src: SourceModel, stats: list[LayerStats], settings: ConvertOp
     return cfg, info, parts()
 
 
-def build_model(src: SourceModel, stats: list[LayerStats], settings: ConvertOptions, plans_info=None, dtype=torch.float32,
-                windows: torch.Tensor | None = None):
+def build_model(
+    src: SourceModel,
+    stats: list[LayerStats],
+    settings: ConvertOptions,
+    plans_info=None,
+    dtype=torch.float32,
+    windows: torch.Tensor | None = None,
+):
     """Converted model in memory: (DeepSeek-V3 config dict, tensors by name, info dict)."""
     cfg, info, parts = convert_parts(src, stats, settings, plans_info, dtype, windows)
     tensors = {}
@@ -214,11 +264,15 @@ def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None, r
     layer = src.layer(i)
     p = f"model.layers.{i}."
     out = {
-        p + "input_layernorm.weight": layer["attn_norm"], p + "post_attention_layernorm.weight": layer["mlp_norm"],
-        p + "mlp.gate_proj.weight": layer["gate"], p + "mlp.up_proj.weight": layer["up"],
+        p + "input_layernorm.weight": layer["attn_norm"],
+        p + "post_attention_layernorm.weight": layer["mlp_norm"],
+        p + "mlp.gate_proj.weight": layer["gate"],
+        p + "mlp.up_proj.weight": layer["up"],
         p + "mlp.down_proj.weight": layer["down"],
-        p + "self_attn.q_proj.weight": w["q_aug"][:, :-1], p + "self_attn.kv_a_proj_with_mqa.weight": w["kv_a_aug"][:, :-1],
-        p + "self_attn.kv_b_proj.weight": w["kv_b"], p + "self_attn.o_proj.weight": w["o"],
+        p + "self_attn.q_proj.weight": w["q_aug"][:, :-1],
+        p + "self_attn.kv_a_proj_with_mqa.weight": w["kv_a_aug"][:, :-1],
+        p + "self_attn.kv_b_proj.weight": w["kv_b"],
+        p + "self_attn.o_proj.weight": w["o"],
     }
     if src.qkv_bias:
         out[p + "self_attn.q_proj.bias"] = w["q_aug"][:, -1]

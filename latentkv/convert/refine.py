@@ -16,6 +16,7 @@ exact conversion: every rope pair kept, full rank) is never made worse — and s
 refined at all. Float32, seeded, the same bits for the same seed (one thread).
 Shapes: windows [N, T]; hidden [N, T, D]; tensors as assemble.build_layer returns them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,8 +66,8 @@ def relative_error(w, slot_freq, x, target, num_heads, dn) -> float:
     err = tot = 0.0
     with torch.no_grad():
         for b in range(0, x.shape[0], CHUNK):
-            t = target[b:b + CHUNK]
-            err += float((mla_attention(w, slot_freq, x[b:b + CHUNK], num_heads, dn) - t).square().sum())
+            t = target[b : b + CHUNK]
+            err += float((mla_attention(w, slot_freq, x[b : b + CHUNK], num_heads, dn) - t).square().sum())
             tot += float(t.square().sum())
     return err / max(tot, 1e-30)
 
@@ -94,8 +95,9 @@ class LayerFit:
     kept: bool
 
 
-def refine_layer(w: dict, slot_freq, x, target, num_heads: int, dn: int, steps: int, lr: float,
-                 seed: int, desc: str = "refining") -> tuple[dict, LayerFit]:
+def refine_layer(
+    w: dict, slot_freq, x, target, num_heads: int, dn: int, steps: int, lr: float, seed: int, desc: str = "refining"
+) -> tuple[dict, LayerFit]:
     """(tensors, fit): w's TRAINED tensors after `steps` Adam steps on windows x [N, T, D] against the
     source's attention output target [N, T, D]; w itself if that does not lower the held-out loss.
 
@@ -139,8 +141,9 @@ class Refiner:
     inputs="source": each layer sees the source's hidden states; "converted": the converted model's,
     through the layers already refined (attention converted, MLP the source's)."""
 
-    def __init__(self, src: SourceModel, windows: torch.Tensor, steps: int, lr: float, inputs: str = "converted",
-                 seed: int = 0):
+    def __init__(
+        self, src: SourceModel, windows: torch.Tensor, steps: int, lr: float, inputs: str = "converted", seed: int = 0
+    ):
         if windows.shape[0] < 2:
             raise ValueError("refinement needs at least 2 calibration windows (one is held out)")
         self.src, self.steps, self.lr, self.inputs, self.seed = src, steps, lr, inputs, seed
@@ -154,18 +157,33 @@ class Refiner:
         x, target = self.inputs_and_target(layer)
         fit = None
         if not exact and self.steps > 0:
-            w, fit = refine_layer(w, slot_freq, x, target, src.num_heads, dn, self.steps, self.lr, self.seed + i,
-                                  desc=f"refining layer {i}")
-            tqdm.write(f"refined layer {i}: held-out attention error {fit.before:.4f} -> {fit.after:.4f}"
-                       f"{'' if fit.kept else ' (not lower: closed form kept)'}")
+            w, fit = refine_layer(
+                w,
+                slot_freq,
+                x,
+                target,
+                src.num_heads,
+                dn,
+                self.steps,
+                self.lr,
+                self.seed + i,
+                desc=f"refining layer {i}",
+            )
+            tqdm.write(
+                f"refined layer {i}: held-out attention error {fit.before:.4f} -> {fit.after:.4f}"
+                f"{'' if fit.kept else ' (not lower: closed form kept)'}"
+            )
         self.fits.append(fit)
         with torch.no_grad():
             w32 = {k: v.float() for k, v in w.items()}
             for b in range(0, x.shape[0], CHUNK):
-                out = (target[b:b + CHUNK] if self.inputs == "source"
-                       else mla_attention(w32, slot_freq.float(), x[b:b + CHUNK], src.num_heads, dn))
-                h = self.hidden[b:b + CHUNK] + out
-                self.hidden[b:b + CHUNK] = h + ref.mlp(layer, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps))
+                out = (
+                    target[b : b + CHUNK]
+                    if self.inputs == "source"
+                    else mla_attention(w32, slot_freq.float(), x[b : b + CHUNK], src.num_heads, dn)
+                )
+                h = self.hidden[b : b + CHUNK] + out
+                self.hidden[b : b + CHUNK] = h + ref.mlp(layer, rms_norm(h, layer["mlp_norm"], src.rms_norm_eps))
         return w
 
     def inputs_and_target(self, layer: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,6 +192,7 @@ class Refiner:
         x = rms_norm(self.hidden, layer["attn_norm"], src.rms_norm_eps)
         positions = torch.arange(x.shape[1])
         with torch.no_grad():
-            target = torch.cat([ref.attention(src, layer, x[b:b + CHUNK], positions)
-                                for b in range(0, x.shape[0], CHUNK)])
+            target = torch.cat(
+                [ref.attention(src, layer, x[b : b + CHUNK], positions) for b in range(0, x.shape[0], CHUNK)]
+            )
         return x, target

@@ -15,14 +15,15 @@ so the kept pairs are those with the largest λ·(1 - |φ|²).
 Which distances: calibration windows are long (512 tokens) and queries deep in them attend to
 far tokens too (attention sinks among them), so over all distances the mean phase of the mid
 frequencies largely cancels (|φ| ≈ 0.3 - 0.6) — while in a chat prompt of 50 - 200 tokens those
-pairs turn by a small angle (|φ| ≈ 0.8 - 0.99). The φ folded into the query is therefore taken over the distances below a
-window (`near`; ConvertOptions.rope_window); the ranking stays over every distance, so the
+pairs turn by a small angle (|φ| ≈ 0.8 - 0.99). The φ folded into the query is therefore taken over the
+distances below a window (`near`; ConvertOptions.rope_window); the ranking stays over every distance, so the
 pairs long contexts need keep RoPE (measured: docs/conversion.md, "The phase window").
 
 For the stock format the rope dims must rotate at DeepSeek's schedule
 f_s = θ^(-2s/dr); a pair put in slot s keeps e^{i f_s Δ} and folds
 ψ = E[e^{i(θ_j - f_s)Δ}] into its query. Pairs are assigned to slots greedily by gain.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ def head_energy(unmix: torch.Tensor, lam: torch.Tensor, qe: torch.Tensor, group:
     """e[h, c, j]: head h's expected score energy through pair (c, j); sums over h to λ."""
     w = qe.view(-1, group, qe.shape[1])  # [Hkv, G, P]
     share = qe / w.sum(1).repeat_interleave(group, 0).clamp(min=EPS)  # [H, P]
-    u2 = (unmix ** 2).permute(1, 2, 0) * w.sum(1)[:, None, :]  # [g, c, j]: A⁻¹[g,c]²·w_g = U[g,c]²
+    u2 = (unmix**2).permute(1, 2, 0) * w.sum(1)[:, None, :]  # [g, c, j]: A⁻¹[g,c]²·w_g = U[g,c]²
     u2 = u2.repeat_interleave(group, 0)  # [H, c, j]
     return u2 * share[:, None, :] * lam[None]
 

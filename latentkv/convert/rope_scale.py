@@ -12,6 +12,7 @@ Measured (chat top-1 agreement with the source, int8 latent and int8 rope key, S
 conversion 0.977 with equal key energy per pair (ALPHA 0), 0.984 at 1/4, 0.986 at 1/2, lower at
 3/4 and 1, on calibration chat prompts; docs/conversion.md, "The frontier".
 """
+
 from __future__ import annotations
 
 import torch

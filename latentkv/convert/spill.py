@@ -8,6 +8,7 @@ in a scratch folder (next to the output, not /tmp, which may be RAM) and is read
 read() into ordinary memory when used — so the peak RSS holds one batch and one layer's
 statistics, and float64 round-trips exactly (the numbers do not change).
 """
+
 from __future__ import annotations
 
 import itertools

@@ -5,6 +5,7 @@ its CPU backend and FlashMLA take 576 only. All of them assume a 64-dim rope key
 another width converts fine but is refused at load time, so `--stock` snaps to a width the target
 takes; a width above what the source needs is padded with zero latent dims (the same model).
 """
+
 from __future__ import annotations
 
 STOCK_ROPE_DIM = 64
@@ -37,14 +38,18 @@ def stock_size(src, rope_dim, kv_rank, target: str, width: int | None = None) ->
             kv_rank = width - int(rope_dim)
         return rope_dim, kv_rank, notes
     if rope_dim is not None and rope_dim != STOCK_ROPE_DIM:
-        raise ValueError(f"--target {target} needs rope dim {STOCK_ROPE_DIM} (its MLA kernels assume it), "
-                         f"got {rope_dim}; use --target any for other shapes")
+        raise ValueError(
+            f"--target {target} needs rope dim {STOCK_ROPE_DIM} (its MLA kernels assume it), "
+            f"got {rope_dim}; use --target any for other shapes"
+        )
     rope_dim = STOCK_ROPE_DIM
     kv_rank = "full" if kv_rank is None else kv_rank
     need = 2 * src.num_kv_heads * src.head_dim - rope_dim  # widest latent a stock plan can use
     if width is not None:
         if width not in widths:
-            raise ValueError(f"--stock-width {width} is not one --target {target} takes ({', '.join(map(str, widths))})")
+            raise ValueError(
+                f"--stock-width {width} is not one --target {target} takes ({', '.join(map(str, widths))})"
+            )
         chosen = width
     elif kv_rank == "full":
         chosen = next((w for w in widths if w - rope_dim >= need), widths[-1])
@@ -54,10 +59,14 @@ def stock_size(src, rope_dim, kv_rank, target: str, width: int | None = None) ->
         asked = int(kv_rank) + rope_dim
         chosen = snap_width(asked, target)
         if chosen != asked:
-            notes.append(f"stock width {asked} snapped to {chosen} (rank {chosen - rope_dim} + rope {rope_dim}): "
-                         f"{target} takes {', '.join(map(str, widths))}")
+            notes.append(
+                f"stock width {asked} snapped to {chosen} (rank {chosen - rope_dim} + rope {rope_dim}): "
+                f"{target} takes {', '.join(map(str, widths))}"
+            )
     ratio = chosen / src.kv_elements()
     if ratio > 1:
-        notes.append(f"the {chosen}-wide stock cache is {ratio:.2f}x the source's {src.kv_elements()} elements "
-                     f"per token per layer: larger than the original (it is the width {target} serves)")
+        notes.append(
+            f"the {chosen}-wide stock cache is {ratio:.2f}x the source's {src.kv_elements()} elements "
+            f"per token per layer: larger than the original (it is the width {target} serves)"
+        )
     return rope_dim, chosen - rope_dim, notes

@@ -8,6 +8,7 @@ prose, code) with the same protocol, and docs perplexity with an int8 latent (pe
 max|c|/127, as the paged cache stores it). Picks the default the way the converter's default
 was chosen (`pick_default`). Writes a markdown table, JSON and a PNG plot.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,8 @@ from latentkv.sources.reference import source_logits
 
 DEFAULTS = ConvertOptions()
 # The default conversion: the smallest cache meeting both, in float32 and bf16 (issue 13; docs/conversion.md).
-MIN_AGREEMENT = 0.95   # held-out chat top-1 agreement with the source
-MAX_PPL_RATIO = 1.05   # perplexity / the source's, on every domain
+MIN_AGREEMENT = 0.95  # held-out chat top-1 agreement with the source
+MAX_PPL_RATIO = 1.05  # perplexity / the source's, on every domain
 SIZES = [1.0, 0.833, 0.75, 0.667, 0.5, 0.25]  # cache elements as a fraction of the source's
 
 
@@ -59,10 +60,16 @@ class Judge:
     def __init__(self, src, eval_tokens: int, ctx: int, chat_examples: int | None, out_dir: Path, log):
         tokenizer = src.tokenizer()
         self.tokenizer, self.folder = tokenizer, str(out_dir)
-        self.reference = ChatModel(lambda ids: source_logits(src, ids), tokenizer, "source", str(src.path), memoize=True)
-        self.cases = render_cases(tokenizer, load_chat(src.path, "heldout")[:chat_examples]) if chat_examples != 0 else []
+        self.reference = ChatModel(
+            lambda ids: source_logits(src, ids), tokenizer, "source", str(src.path), memoize=True
+        )
+        self.cases = (
+            render_cases(tokenizer, load_chat(src.path, "heldout")[:chat_examples]) if chat_examples != 0 else []
+        )
         self.windows = {d: text_windows(tokenizer, text(), ctx, eval_tokens) for d, text in DOMAINS.items()}
-        self.base = {d: perplexity(self.reference.logits, w, desc=f"source ppl {d}")["ppl"] for d, w in self.windows.items()}
+        self.base = {
+            d: perplexity(self.reference.logits, w, desc=f"source ppl {d}")["ppl"] for d, w in self.windows.items()
+        }
         log(f"source perplexity {json.dumps(self.base)}")
 
     def measure(self, model, int8: bool) -> dict:
@@ -70,18 +77,44 @@ class Judge:
         row["ppl"] = row["ppl_docs"]
         row["ppl_ratio_max"] = max(row[f"ppl_{d}"] / self.base[d] for d in self.windows)
         if int8:
-            row["ppl_int8"] = perplexity(lambda ids: model.full_logits(ids, cache_dtype="int8"), self.windows["docs"])["ppl"]
+            row["ppl_int8"] = perplexity(lambda ids: model.full_logits(ids, cache_dtype="int8"), self.windows["docs"])[
+                "ppl"
+            ]
         if self.cases:
             chat = chat_metrics(ChatModel.from_mla(model, self.tokenizer, self.folder), self.reference, self.cases)
-            row.update({k: chat[k] for k in ("top1_agreement", "kl", "match_mean", "full_match", "degenerate",
-                                             "degenerate_reference", "examples")})
+            row.update(
+                {
+                    k: chat[k]
+                    for k in (
+                        "top1_agreement",
+                        "kl",
+                        "match_mean",
+                        "full_match",
+                        "degenerate",
+                        "degenerate_reference",
+                        "examples",
+                    )
+                }
+            )
             row["degenerate_ids"] = [p["id"] for p in chat["per_example"] if p.get("degenerate")]
             row["answers"] = {p["id"]: p["greedy_text"] for p in chat["per_example"] if "greedy_text" in p}
         return row
 
 
-def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_formats, log,
-                 rope_window=DEFAULTS.rope_window, refine_steps=(0,), refine_lr=DEFAULTS.refine_lr, windows=None):
+def sweep_points(
+    src,
+    stats,
+    judge: Judge,
+    rope_dims,
+    formats,
+    ranks_for,
+    int8_formats,
+    log,
+    rope_window=DEFAULTS.rope_window,
+    refine_steps=(0,),
+    refine_lr=DEFAULTS.refine_lr,
+    windows=None,
+):
     """Measure every (rope dim, format, rank, refine steps) point; yields row dicts. windows: the
     calibration windows (refinement fits on them)."""
     for rope_dim in rope_dims:
@@ -95,14 +128,24 @@ def sweep_points(src, stats, judge: Judge, rope_dims, formats, ranks_for, int8_f
             points = [(rank, n) for rank in ranks_for(plans_info[1]) for n in refine_steps]  # rope dim resolved
             for rank, n in points:
                 started = time.time()
-                cfg, tensors, info = build_model(src, stats, replace(settings, kv_rank=rank, refine_steps=n,
-                                                                     refine_lr=refine_lr), plans_info, windows=windows)
-                row = {"rope_dim": info["rope_dim"], "format": fmt, "kv_rank": max(info["ranks"]),
-                       "refine_steps": n, "build_seconds": round(time.time() - started),
-                       "elements": sum(info["ranks"]) / len(info["ranks"]) + info["rope_dim"],
-                       "bytes_bf16": cache_bytes(info["ranks"], info["rope_dim"], False),
-                       "bytes_int8": cache_bytes(info["ranks"], info["rope_dim"], True),
-                       "rope_theta": info["rope_theta"]}
+                cfg, tensors, info = build_model(
+                    src,
+                    stats,
+                    replace(settings, kv_rank=rank, refine_steps=n, refine_lr=refine_lr),
+                    plans_info,
+                    windows=windows,
+                )
+                row = {
+                    "rope_dim": info["rope_dim"],
+                    "format": fmt,
+                    "kv_rank": max(info["ranks"]),
+                    "refine_steps": n,
+                    "build_seconds": round(time.time() - started),
+                    "elements": sum(info["ranks"]) / len(info["ranks"]) + info["rope_dim"],
+                    "bytes_bf16": cache_bytes(info["ranks"], info["rope_dim"], False),
+                    "bytes_int8": cache_bytes(info["ranks"], info["rope_dim"], True),
+                    "rope_theta": info["rope_theta"],
+                }
                 row["cache_ratio"] = row["elements"] / src.kv_elements()
                 row.update(judge.measure(converted_model(cfg, tensors), fmt in int8_formats))
                 log(json.dumps(row))
@@ -123,9 +166,14 @@ def pick_default(rows: list[dict]) -> dict | None:
 def pick_served_default(rows: list[dict], original_ppl: dict) -> dict | None:
     """The smallest served cache of a `bench frontier` table (its latentkv rows: bytes_per_token,
     agreement_float32 / _bfloat16, ppl per domain) that meets the bar in float32 and in bf16, or None."""
+
     def ok(row: dict) -> bool:
         agreement = min(row.get("agreement_float32", 0), row.get("agreement_bfloat16", 0))
-        return agreement >= MIN_AGREEMENT and max(row[f"ppl_{d}"] / ppl for d, ppl in original_ppl.items()) <= MAX_PPL_RATIO
+        return (
+            agreement >= MIN_AGREEMENT
+            and max(row[f"ppl_{d}"] / ppl for d, ppl in original_ppl.items()) <= MAX_PPL_RATIO
+        )
+
     good = [r for r in rows if r["system"].startswith("latentkv") and ok(r)]
     return min(good, key=lambda r: r["bytes_per_token"]) if good else None
 
@@ -134,9 +182,11 @@ def markdown_table(rows: list[dict], base: dict, src_bytes: int) -> str:
     """The sweep as a markdown table: behaviour against the source and perplexity ratios per domain.
     A point at or below half the source's cache whose greedy answers degenerate is flagged."""
     domains = list(base)
-    head = ("| rope | format | latent rank | cache vs source | bytes/token bf16 | chat top-1 | KL | match mean "
-            "| degenerate | " + " | ".join(f"ppl {d} ×" for d in domains) + " | int8 docs × | meets bar |\n"
-            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |" + " ---: |" * len(domains) + " ---: | --- |")
+    head = (
+        "| rope | format | latent rank | cache vs source | bytes/token bf16 | chat top-1 | KL | match mean "
+        "| degenerate | " + " | ".join(f"ppl {d} ×" for d in domains) + " | int8 docs × | meets bar |\n"
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |" + " ---: |" * len(domains) + " ---: | --- |"
+    )
     lines = [head]
     for r in rows:
         chat = "– | – | – | –"
@@ -148,8 +198,10 @@ def markdown_table(rows: list[dict], base: dict, src_bytes: int) -> str:
         ratios = " | ".join(f"{r[f'ppl_{d}'] / base[d]:.3f}" for d in domains)
         int8 = f"{r['ppl_int8'] / base['docs']:.3f}" if "ppl_int8" in r else "–"
         fmt = r["format"] + (f", refined {r['refine_steps']}" if r.get("refine_steps") else "")
-        lines.append(f"| {r['rope_dim']} | {fmt} | {r['kv_rank']} | {r['bytes_bf16'] / src_bytes:.3f} | "
-                     f"{r['bytes_bf16']} | {chat} | {ratios} | {int8} | {'yes' if meets(r) else 'no'} |")
+        lines.append(
+            f"| {r['rope_dim']} | {fmt} | {r['kv_rank']} | {r['bytes_bf16'] / src_bytes:.3f} | "
+            f"{r['bytes_bf16']} | {chat} | {ratios} | {int8} | {'yes' if meets(r) else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -164,7 +216,9 @@ def plot(rows: list[dict], base: dict, src_bytes: int, path: Path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     keys = sorted({(r["rope_dim"], r["format"]) for r in rows}, key=lambda k: (-k[0], k[1]))
     for rope_dim, fmt in keys:
-        pts = sorted((r for r in rows if (r["rope_dim"], r["format"]) == (rope_dim, fmt)), key=lambda r: r["bytes_bf16"])
+        pts = sorted(
+            (r for r in rows if (r["rope_dim"], r["format"]) == (rope_dim, fmt)), key=lambda r: r["bytes_bf16"]
+        )
         style = "-" if fmt == "native" else "--"
         x = [r["bytes_bf16"] for r in pts]
         if all("top1_agreement" in r for r in pts):
@@ -187,11 +241,26 @@ def plot(rows: list[dict], base: dict, src_bytes: int, path: Path) -> None:
     plt.close(fig)
 
 
-def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native", "stock"), ranks=None,
-              calib_tokens=DEFAULTS.calib_tokens, eval_tokens=4096, ctx=512, int8_formats=("native", "stock"), log=print,
-              stats_cache=None, calib_chat=DEFAULTS.calib_chat, chat_examples=None, sizes=None,
-              calib_weight=DEFAULTS.calib_weight, rope_window=DEFAULTS.rope_window, refine_steps=(0,),
-              refine_lr=DEFAULTS.refine_lr) -> dict:
+def run_sweep(
+    source=None,
+    out_dir="sweep",
+    rope_dims=(64, 32),
+    formats=("native", "stock"),
+    ranks=None,
+    calib_tokens=DEFAULTS.calib_tokens,
+    eval_tokens=4096,
+    ctx=512,
+    int8_formats=("native", "stock"),
+    log=print,
+    stats_cache=None,
+    calib_chat=DEFAULTS.calib_chat,
+    chat_examples=None,
+    sizes=None,
+    calib_weight=DEFAULTS.calib_weight,
+    rope_window=DEFAULTS.rope_window,
+    refine_steps=(0,),
+    refine_lr=DEFAULTS.refine_lr,
+) -> dict:
     """Run the sweep; writes sweep.md, sweep.json, sweep.png into out_dir and returns the JSON dict.
     rope_dims: even ints or "all"; ranks: latent widths for every rope dim, or sizes: cache sizes
     (fractions of the source's elements) whose rank each rope dim gets (neither: SIZES).
@@ -206,8 +275,11 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
     src = read_source(source)
     cached = bool(stats_cache) and Path(stats_cache).is_file()
     # the windows: for the statistics, and for refinement (which fits on them) — not otherwise read
-    windows, weights = (calibration_windows(src, None, calib_tokens, ctx, calib_chat, calib_weight)
-                        if not cached or any(refine_steps) else (None, None))
+    windows, weights = (
+        calibration_windows(src, None, calib_tokens, ctx, calib_chat, calib_weight)
+        if not cached or any(refine_steps)
+        else (None, None)
+    )
     if cached:
         stats = load_stats(stats_cache)
         log(f"calibration statistics from {stats_cache} ({stats[0].tokens} tokens)")
@@ -218,29 +290,56 @@ def run_sweep(source=None, out_dir="sweep", rope_dims=(64, 32), formats=("native
     judge = Judge(src, eval_tokens, ctx, chat_examples, out_dir, log)
     src_bytes = 2 * src.kv_elements() * src.num_layers
     ranks_for = (lambda dr: list(ranks)) if ranks else (lambda dr: ranks_at(src, dr, sizes or SIZES))
-    meta = {"source": str(src.path), "source_ppl": judge.base, "source_bytes_bf16": src_bytes, "ctx": ctx,
-            "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
-            "chat_examples": len(judge.cases), "calib_tokens": int(stats[0].tokens), "calib_chat": calib_chat,
-            "calib_weight": calib_weight, "rope_window": rope_window, "k_weight": DEFAULTS.k_weight,
-            "refine_lr": refine_lr,
-            "protocol": PROTOCOL.format(ctx=ctx)}
+    meta = {
+        "source": str(src.path),
+        "source_ppl": judge.base,
+        "source_bytes_bf16": src_bytes,
+        "ctx": ctx,
+        "eval_tokens": {d: int(w[:, 1:].numel()) for d, w in judge.windows.items()},
+        "chat_examples": len(judge.cases),
+        "calib_tokens": int(stats[0].tokens),
+        "calib_chat": calib_chat,
+        "calib_weight": calib_weight,
+        "rope_window": rope_window,
+        "k_weight": DEFAULTS.k_weight,
+        "refine_lr": refine_lr,
+        "protocol": PROTOCOL.format(ctx=ctx),
+    }
     rows = []
-    for row in sweep_points(src, stats, judge, rope_dims, formats, ranks_for, int8_formats, log, rope_window,
-                            refine_steps, refine_lr, windows):
+    for row in sweep_points(
+        src,
+        stats,
+        judge,
+        rope_dims,
+        formats,
+        ranks_for,
+        int8_formats,
+        log,
+        rope_window,
+        refine_steps,
+        refine_lr,
+        windows,
+    ):
         rows.append(row)  # rewrite the outputs after every point so a cut-short run keeps what it measured
         result = write_outputs(out_dir, meta, rows, seconds=round(time.time() - start))
     log(markdown_table(rows, judge.base, src_bytes))
-    log(f"default by the bar (chat top-1 >= {MIN_AGREEMENT}, every domain ppl <= x{MAX_PPL_RATIO}): "
-        f"{result['default'] or 'no point meets it'}")
+    log(
+        f"default by the bar (chat top-1 >= {MIN_AGREEMENT}, every domain ppl <= x{MAX_PPL_RATIO}): "
+        f"{result['default'] or 'no point meets it'}"
+    )
     return result
 
 
 def write_outputs(out_dir: Path, meta: dict, rows: list[dict], **extra) -> dict:
     """Write out_dir/sweep.json (meta, the bar, pick_default's choice, rows), sweep.md and sweep.png."""
     chosen = pick_default(rows)
-    result = {**meta, "bar": {"min_agreement": MIN_AGREEMENT, "max_ppl_ratio": MAX_PPL_RATIO},
-              "default": chosen and {k: chosen[k] for k in ("rope_dim", "kv_rank", "cache_ratio", "bytes_bf16")},
-              "rows": rows, **extra}
+    result = {
+        **meta,
+        "bar": {"min_agreement": MIN_AGREEMENT, "max_ppl_ratio": MAX_PPL_RATIO},
+        "default": chosen and {k: chosen[k] for k in ("rope_dim", "kv_rank", "cache_ratio", "bytes_bf16")},
+        "rows": rows,
+        **extra,
+    }
     (out_dir / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
     (out_dir / "sweep.md").write_text(markdown_table(rows, meta["source_ppl"], meta["source_bytes_bf16"]) + "\n")
     plot(rows, meta["source_ppl"], meta["source_bytes_bf16"], out_dir / "sweep.png")
@@ -249,9 +348,24 @@ def write_outputs(out_dir: Path, meta: dict, rows: list[dict], **extra) -> dict:
 
 # What runs must share for their rows to go in one table (the source is named by its perplexities:
 # the same file may sit at another path).
-SAME_PROTOCOL = ("source_ppl", "source_bytes_bf16", "ctx", "eval_tokens", "chat_examples", "calib_tokens",
-                 "calib_chat", "calib_weight", "rope_window", "k_weight", "protocol")
-UNRECORDED = {"calib_weight": 1.0, "rope_window": None, "k_weight": 5.0}  # what a run that predates a field measured with
+SAME_PROTOCOL = (
+    "source_ppl",
+    "source_bytes_bf16",
+    "ctx",
+    "eval_tokens",
+    "chat_examples",
+    "calib_tokens",
+    "calib_chat",
+    "calib_weight",
+    "rope_window",
+    "k_weight",
+    "protocol",
+)
+UNRECORDED = {
+    "calib_weight": 1.0,
+    "rope_window": None,
+    "k_weight": 5.0,
+}  # what a run that predates a field measured with
 
 
 def merge_sweeps(parts, out_dir) -> dict:
@@ -262,9 +376,13 @@ def merge_sweeps(parts, out_dir) -> dict:
     for name, run in runs[1:]:
         differ = [k for k in SAME_PROTOCOL if run.get(k, UNRECORDED.get(k)) != first.get(k, UNRECORDED.get(k))]
         if differ:
-            raise ValueError(f"{name}/sweep.json differs from {runs[0][0]}/sweep.json in {', '.join(differ)}: "
-                             f"its rows do not compare")
-    rows = sorted((r for _, run in runs for r in run["rows"]), key=lambda r: (-r["cache_ratio"], r["rope_dim"], r["format"]))
+            raise ValueError(
+                f"{name}/sweep.json differs from {runs[0][0]}/sweep.json in {', '.join(differ)}: "
+                f"its rows do not compare"
+            )
+    rows = sorted(
+        (r for _, run in runs for r in run["rows"]), key=lambda r: (-r["cache_ratio"], r["rope_dim"], r["format"])
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"source": first["source"], **{k: first.get(k, UNRECORDED.get(k)) for k in SAME_PROTOCOL}}

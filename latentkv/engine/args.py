@@ -4,19 +4,28 @@
 `--config` files and command-line flags (latentkv/settings.py) apply the same rule to the
 same names, so an error there names the key or flag that gave the value.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 import torch
 
-from latentkv.facts import (ATTENTION_BACKEND_DEFAULT, ATTENTION_BACKENDS, ATTENTION_PATHS, BLOCK_SIZES, CACHE_DTYPE_ALIASES,
-                            ENGINE_CACHE_DTYPES, MODEL_DTYPE_ALIASES, MODEL_DTYPES)
+from latentkv.facts import (
+    ATTENTION_BACKEND_DEFAULT,
+    ATTENTION_BACKENDS,
+    ATTENTION_PATHS,
+    BLOCK_SIZES,
+    CACHE_DTYPE_ALIASES,
+    ENGINE_CACHE_DTYPES,
+    MODEL_DTYPE_ALIASES,
+    MODEL_DTYPES,
+)
 from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sizes import parse_memory
 
-STORE_MAX_SIZE = "10GiB"   # default bound of a --kv-store directory
-WARM_FRACTION = 0.05       # default share of the cache --warm templates may pin
+STORE_MAX_SIZE = "10GiB"  # default bound of a --kv-store directory
+WARM_FRACTION = 0.05  # default share of the cache --warm templates may pin
 
 
 def positive_int(value):
@@ -51,6 +60,7 @@ def choice(allowed, aliases=None):
         if value not in allowed:
             raise ValueError
         return value
+
     return check
 
 
@@ -88,12 +98,18 @@ OPTION_CHECKS = {
     "model": ("a path", text),
     "tokenizer": ("a path", text),
     "dtype": (f"one of {['auto', *MODEL_DTYPES]}", model_dtype),
-    "kv_cache_dtype": (f"one of {list(ENGINE_CACHE_DTYPES)} ('auto': the folder's own format where it records one, "
-                       "else the model dtype; 'bfloat16' / 'float32': the unquantized latent, the model dtype)",
-                       choice(ENGINE_CACHE_DTYPES, CACHE_DTYPE_ALIASES)),
-    "quantization": (f"one of {['none', *QUANTIZATIONS]} (int8 / int4: weight-only; w4a8 / w8a8: int8 activations too; int4, w4a8, w8a8: CPU)", quantization),
+    "kv_cache_dtype": (
+        f"one of {list(ENGINE_CACHE_DTYPES)} ('auto': the folder's own format where it records one, "
+        "else the model dtype; 'bfloat16' / 'float32': the unquantized latent, the model dtype)",
+        choice(ENGINE_CACHE_DTYPES, CACHE_DTYPE_ALIASES),
+    ),
+    "quantization": (
+        f"one of {['none', *QUANTIZATIONS]} (int8 / int4: weight-only; w4a8 / w8a8: int8 activations too; "
+        "int4, w4a8, w8a8: CPU)",
+        quantization,
+    ),
     "block_size": (f"one of {list(BLOCK_SIZES)}", choice(BLOCK_SIZES)),
-    "kv_cache_memory": ("a positive size such as \"2GiB\", \"512MiB\" or a number of bytes", memory),
+    "kv_cache_memory": ('a positive size such as "2GiB", "512MiB" or a number of bytes', memory),
     "kv_cache_blocks": ("a positive number of cache blocks", positive_int),
     "kv_cache_fraction": ("a fraction in (0, 1]", fraction),
     "max_model_len": ("a positive integer", positive_int),
@@ -106,11 +122,13 @@ OPTION_CHECKS = {
     "skip_tokenizer_init": ("true or false", boolean),
     "seed": ("an integer >= 0", non_negative_int),
     "attention_path": (f"one of {list(ATTENTION_PATHS)}", choice(ATTENTION_PATHS)),
-    "attention_backend": (f"one of {list(ATTENTION_BACKENDS)} ('auto': native where it builds)",
-                          choice(ATTENTION_BACKENDS)),
+    "attention_backend": (
+        f"one of {list(ATTENTION_BACKENDS)} ('auto': native where it builds)",
+        choice(ATTENTION_BACKENDS),
+    ),
     "threads": ("a positive number of threads", positive_int),
     "kv_store": ("a directory path", text),
-    "kv_store_max_size": ("a positive size such as \"20GiB\" or a number of bytes", memory),
+    "kv_store_max_size": ('a positive size such as "20GiB" or a number of bytes', memory),
     "warm": ("a JSONL file path", text),
     "warm_fraction": ("a fraction in [0, 1]", share),
 }
@@ -132,12 +150,12 @@ class EngineArgs:
     model: str
     tokenizer: str | None = None
     dtype: str | torch.dtype = "auto"
-    device: str | None = None               # None: cuda when available, else cpu
-    kv_cache_dtype: str = "auto"            # "auto" (the folder's own, else the model dtype) | "int8" | "fp8_e4m3"
+    device: str | None = None  # None: cuda when available, else cpu
+    kv_cache_dtype: str = "auto"  # "auto" (the folder's own, else the model dtype) | "int8" | "fp8_e4m3"
     #                                         | "int8_rope8" | "fp8_e4m3_rope8" | "q4_0" | "bfloat16" | "float32"
     block_size: int = 16
     kv_cache_memory: int | str | None = None  # bytes or e.g. "2GiB" (read into bytes here)
-    kv_cache_blocks: int | None = None      # or a number of blocks; neither: kv_cache_fraction
+    kv_cache_blocks: int | None = None  # or a number of blocks; neither: kv_cache_fraction
     kv_cache_fraction: float | None = None  # of free memory (default 0.9 on CUDA, 0.25 on CPU)
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -146,16 +164,22 @@ class EngineArgs:
     seed: int = 0
     skip_tokenizer_init: bool = False
     nan_check: bool = False
-    batch_invariant: bool = True            # same tokens alone, batched, chunked or prefix-cached (docs/internals.md)
-    enforce_eager: bool = False             # every step through the modules, no decode plan (vLLM's name: no CUDA graphs)
-    attention_path: str = "auto"            # "auto" | "naive" | "absorbed"
-    quantization: str | None = None         # None | "int8" | "int4" (weight-only) | "w4a8" | "w8a8" (int8 activations too; CPU)
-    attention_backend: str = ATTENTION_BACKEND_DEFAULT  # "auto" (native where it builds, else torch) | "native" | "torch"
-    threads: int | None = None              # torch = OpenMP threads; None: cpu.default_threads() (all cores; engine/threads.py backs off)
-    kv_store: str | None = None             # directory of the on-disk latent store (docs/store.md); None: off
+    batch_invariant: bool = True  # same tokens alone, batched, chunked or prefix-cached (docs/internals.md)
+    enforce_eager: bool = False  # every step through the modules, no decode plan (vLLM's name: no CUDA graphs)
+    attention_path: str = "auto"  # "auto" | "naive" | "absorbed"
+    quantization: str | None = (
+        None  # None | "int8" | "int4" (weight-only) | "w4a8" | "w8a8" (int8 activations too; CPU)
+    )
+    attention_backend: str = (
+        ATTENTION_BACKEND_DEFAULT  # "auto" (native where it builds, else torch) | "native" | "torch"
+    )
+    threads: int | None = (
+        None  # torch = OpenMP threads; None: cpu.default_threads() (all cores; engine/threads.py backs off)
+    )
+    kv_store: str | None = None  # directory of the on-disk latent store (docs/store.md); None: off
     kv_store_max_size: int | str = STORE_MAX_SIZE  # the whole directory (read into bytes), LRU-evicted beyond
-    warm: str | None = None                 # JSONL of template prompts / conversations prefilled at start
-    warm_fraction: float = WARM_FRACTION    # of the cache's blocks the templates may pin in RAM
+    warm: str | None = None  # JSONL of template prompts / conversations prefilled at start
+    warm_fraction: float = WARM_FRACTION  # of the cache's blocks the templates may pin in RAM
 
     def __post_init__(self):
         for f in fields(self):
@@ -163,9 +187,13 @@ class EngineArgs:
             if f.name in OPTION_CHECKS and not (value is None and f.default is None):
                 setattr(self, f.name, check_option(f.name, value))
         if self.kv_cache_memory is not None and self.kv_cache_blocks is not None:
-            raise ValueError(f"give kv_cache_memory ({self.kv_cache_memory} bytes) or kv_cache_blocks "
-                             f"({self.kv_cache_blocks}), not both: they size the same cache")
+            raise ValueError(
+                f"give kv_cache_memory ({self.kv_cache_memory} bytes) or kv_cache_blocks "
+                f"({self.kv_cache_blocks}), not both: they size the same cache"
+            )
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             # else the oldest sequences would take every step's budget and the rest wait
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                             f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step")
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step"
+            )

@@ -10,6 +10,7 @@ two special tokens — template text and content together, as a plain tokenizati
 see it — is tokenized with special tokens not parsed. Content free of markers takes the
 usual path (identical ids).
 """
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,13 @@ import uuid
 from latentkv.engine.prompt_errors import PromptError
 
 
-def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool = True,
-                chat_template: str | None = None, tools: list[dict] | None = None) -> tuple[str, list[int]]:
+def render_chat(
+    tokenizer,
+    conversation: list[dict],
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+    tools: list[dict] | None = None,
+) -> tuple[str, list[int]]:
     """The templated prompt text and its token ids. The template writes any BOS itself, so
     no special tokens are added a second time. `tools` (OpenAI tool definitions) reach
     templates that define a tool format; others ignore them."""
@@ -29,13 +35,18 @@ def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool
         raise PromptError("this model has no chat template; send a plain prompt (e.g. /v1/completions)")
 
     def apply(messages: list[dict]) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             chat_template=chat_template, tools=tools)
+        return tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+            tools=tools,
+        )
 
     text = apply(conversation)
     specials = special_tokens(tokenizer)
     if not any(s in str(m.get("content") or "") for m in conversation for s in specials):
-        return text, tokenizer(text, add_special_tokens=False).input_ids   # nothing to escape
+        return text, tokenizer(text, add_special_tokens=False).input_ids  # nothing to escape
     return text, tokenize_pieces(tokenizer, template_pieces(apply, conversation), specials)
 
 
@@ -57,8 +68,10 @@ def template_pieces(apply, conversation: list[dict]) -> list[tuple[str, bool]]:
         before, found, rest = rest.partition(mark)
         if not found or mark in rest:
             # the template transforms or repeats content: content and markers cannot be told apart
-            raise PromptError("a message contains one of the model's control tokens, and this chat template "
-                              "does not let them be passed as text")
+            raise PromptError(
+                "a message contains one of the model's control tokens, and this chat template "
+                "does not let them be passed as text"
+            )
         pieces += [(before, True), (str(message.get("content") or ""), False)]
     pieces.append((rest, True))
     return pieces
@@ -72,7 +85,7 @@ def tokenize_pieces(tokenizer, pieces: list[tuple[str, bool]], specials: list[st
     for text, is_template in pieces:
         parts = split.split(text) if is_template else [text]
         for j, part in enumerate(parts):
-            if j % 2:   # a marker of the template itself
+            if j % 2:  # a marker of the template itself
                 ids += tokenize_text(tokenizer, run) + [tokenizer.convert_tokens_to_ids(part)]
                 run = ""
             else:

@@ -7,6 +7,7 @@ read_offset]`, holding the new text back while it ends in '\ufffd' (the characte
 not complete yet). The window starts a few prompt tokens back so that tokenizers whose
 decoding depends on the left context (leading spaces) decode outputs as in context.
 """
+
 from __future__ import annotations
 
 from latentkv.engine.sequence import Sequence
@@ -21,11 +22,11 @@ def detokenize_incrementally(tokenizer, seq: Sequence, flush: bool = False, end:
     emits even an incomplete tail (the sequence is finishing). Returns the new text."""
     skip = seq.params.skip_special_tokens
     end = len(seq.token_ids) if end is None else end
-    prefix_text = decode(tokenizer, seq.token_ids[seq.prefix_offset:seq.read_offset], skip)
-    full_text = decode(tokenizer, seq.token_ids[seq.prefix_offset:end], skip)
+    prefix_text = decode(tokenizer, seq.token_ids[seq.prefix_offset : seq.read_offset], skip)
+    full_text = decode(tokenizer, seq.token_ids[seq.prefix_offset : end], skip)
     if len(full_text) <= len(prefix_text) or (full_text.endswith("\ufffd") and not flush):
         return ""
-    new_text = full_text[len(prefix_text):]
+    new_text = full_text[len(prefix_text) :]
     seq.prefix_offset, seq.read_offset = seq.read_offset, end
     seq.text += new_text
     return new_text
@@ -54,4 +55,4 @@ def visible_text(seq: Sequence) -> str:
     if seq.is_finished or not seq.params.stop:
         return seq.text
     hold = max(len(s) for s in seq.params.stop) - 1
-    return seq.text[:max(len(seq.text) - hold, 0)]
+    return seq.text[: max(len(seq.text) - hold, 0)]

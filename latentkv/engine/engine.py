@@ -10,6 +10,7 @@ when the batched model run raises, the step is rerun one sequence at a time, the
 that still fail finish with finish_reason "error" (their blocks freed and scrubbed), and
 the others carry on as if nothing happened. That holds for bugs nobody has found yet.
 """
+
 from __future__ import annotations
 
 import gc
@@ -72,8 +73,9 @@ def find_eos_token_ids(folder: Path, cfg, tokenizer) -> list[int]:
             eos = json.loads(gen.read_text()).get("eos_token_id")
         except (ValueError, AttributeError) as err:
             raise ValueError(f"{gen}: not a JSON object ({type(err).__name__}: {err})") from None
-        if isinstance(eos, bool) or not (eos is None or isinstance(eos, int)
-                                         or (isinstance(eos, list) and all(type(t) is int for t in eos))):
+        if isinstance(eos, bool) or not (
+            eos is None or isinstance(eos, int) or (isinstance(eos, list) and all(type(t) is int for t in eos))
+        ):
             raise ValueError(f"{gen}: eos_token_id must be an integer or a list of integers, got {eos!r}")
         if eos is not None:
             return list(eos) if isinstance(eos, list) else [eos]
@@ -90,8 +92,10 @@ def with_folder_cache(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype) ->
     "float32" the unquantized latent, which is stored in the model dtype `dtype`."""
     asked = args.kv_cache_dtype
     if asked in UNQUANTIZED_CACHES and MODEL_DTYPES[asked] != dtype:
-        raise ValueError(f"kv_cache_dtype = {asked!r}: the unquantized latent is stored in the model dtype, "
-                         f"{dtype_name(dtype)} here (set dtype = {asked!r}, or kv_cache_dtype = {dtype_name(dtype)!r})")
+        raise ValueError(
+            f"kv_cache_dtype = {asked!r}: the unquantized latent is stored in the model dtype, "
+            f"{dtype_name(dtype)} here (set dtype = {asked!r}, or kv_cache_dtype = {dtype_name(dtype)!r})"
+        )
     return replace(args, kv_cache_dtype=cfg.served_cache_dtype(asked))
 
 
@@ -105,16 +109,26 @@ class LLMEngine:
         device = model.device
         max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         num_blocks, per_block = plan_num_blocks(
-            self.cfg, args.block_size, model.dtype, args.kv_cache_dtype, device,
-            args.kv_cache_memory, args.kv_cache_blocks, args.kv_cache_fraction,
-            max_useful_blocks=args.max_num_seqs * -(-max_model_len // args.block_size))
+            self.cfg,
+            args.block_size,
+            model.dtype,
+            args.kv_cache_dtype,
+            device,
+            args.kv_cache_memory,
+            args.kv_cache_blocks,
+            args.kv_cache_fraction,
+            max_useful_blocks=args.max_num_seqs * -(-max_model_len // args.block_size),
+        )
         report_capacity(num_blocks, args.block_size, per_block, args.kv_cache_dtype)
         self.capacity_tokens = num_blocks * args.block_size
         if self.capacity_tokens < max_model_len:
             # else a long request is cut short by the cache, not by a limit anyone was told about
-            print(f"latentkv: warning: the KV cache holds {self.capacity_tokens} tokens, fewer than max_model_len "
-                  f"{max_model_len}; max_model_len is capped to {self.capacity_tokens} (raise kv_cache_memory "
-                  "for longer sequences)", file=sys.stderr)
+            print(
+                f"latentkv: warning: the KV cache holds {self.capacity_tokens} tokens, fewer than max_model_len "
+                f"{max_model_len}; max_model_len is capped to {self.capacity_tokens} (raise kv_cache_memory "
+                "for longer sequences)",
+                file=sys.stderr,
+            )
             max_model_len = self.capacity_tokens
         self.bytes_per_block = per_block
         self.max_model_len = max_model_len
@@ -122,9 +136,17 @@ class LLMEngine:
         batched = args.max_num_batched_tokens or max(2048, args.max_num_seqs)
         self.scheduler = Scheduler(KVManager(self.pool), args.max_num_seqs, batched)
         self.eos_token_ids = find_eos_token_ids(Path(args.model), self.cfg, tokenizer)
-        self.runner = ModelRunner(model, args.block_size, num_blocks, args.kv_cache_dtype,
-                                  args.attention_path, args.seed, args.nan_check, self.eos_token_ids,
-                                  args.batch_invariant)
+        self.runner = ModelRunner(
+            model,
+            args.block_size,
+            num_blocks,
+            args.kv_cache_dtype,
+            args.attention_path,
+            args.seed,
+            args.nan_check,
+            self.eos_token_ids,
+            args.batch_invariant,
+        )
         # what the engine allocated, scales included (cache/accounting.py's formula gives the same)
         self.kv_bytes_per_token = sum(c.nbytes() for c in self.runner.caches) // self.capacity_tokens
         if args.batch_invariant:
@@ -136,10 +158,14 @@ class LLMEngine:
         self.scheduler.kv.store = self.store
         if self.store is not None:
             print(f"latentkv: {self.store.describe()}", file=sys.stderr, flush=True)
-        self.pinned_blocks: list[int] = []   # template blocks held in RAM for the engine's life
+        self.pinned_blocks: list[int] = []  # template blocks held in RAM for the engine's life
         # a count the engine chose (all cores) backs off while other processes hold cores; a fixed one stays
-        self.governor = ThreadGovernor(torch.get_num_threads(), args.threads is None and threads_from_env() is None
-                                       and model.model.embed_tokens.weight.device.type == "cpu")
+        self.governor = ThreadGovernor(
+            torch.get_num_threads(),
+            args.threads is None
+            and threads_from_env() is None
+            and model.model.embed_tokens.weight.device.type == "cpu",
+        )
         keep_freed_memory()  # the process serves now: a step's freed temporaries serve the next step
         if args.warm:
             warm_up(self, args.warm, args.warm_fraction)
@@ -154,8 +180,9 @@ class LLMEngine:
         dtype = resolve_dtype(args.dtype, torch.device(device))
         if (Path(args.model) / "config.json").is_file():  # else load_model says what is missing
             args = with_folder_cache(args, ModelConfig.from_file(Path(args.model) / "config.json"), dtype)
-        route = decide_route(device, dtype, args.attention_backend, args.quantization, args.batch_invariant,
-                             args.kv_cache_dtype)
+        route = decide_route(
+            device, dtype, args.attention_backend, args.quantization, args.batch_invariant, args.kv_cache_dtype
+        )
         model = load_model(args.model, route=route)
         tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or args.model)
         engine = cls(args, model, tokenizer)
@@ -170,8 +197,13 @@ class LLMEngine:
         return engine
 
     # -- requests ------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    prompt_token_ids: list[int] | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | None = None,
+    ) -> None:
         """Queue a request. Raises ValueError for an unusable prompt (empty, token ids out
         of the vocabulary, longer than max_model_len or than the whole cache)."""
         params = params or SamplingParams()
@@ -180,7 +212,7 @@ class LLMEngine:
         text, ids = self.tokenize(prompt, prompt_token_ids)
         self.check_prompt(ids, params)
         seqs = [Sequence(request_id, ids, params.for_sample(i), index=i, prompt=text) for i in range(params.n)]
-        if params.guided_decoding is not None:   # raises GuidedDecodingError before anything is queued
+        if params.guided_decoding is not None:  # raises GuidedDecodingError before anything is queued
             for seq in seqs:
                 seq.guide = self.guides.matcher(params.guided_decoding)
         self.requests[request_id] = seqs
@@ -201,10 +233,16 @@ class LLMEngine:
             raise PromptError("the prompt is empty")
         check_token_ids(ids, self.cfg.vocab_size)
         if len(ids) >= self.max_model_len:  # the one prompt-length rule (the server relies on it too)
-            capped = " (capped to what the whole KV cache holds; raise kv_cache_memory)" \
-                if self.max_model_len == self.capacity_tokens else ""
-            raise PromptError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}{capped}, "
-                              "so it leaves no room for output", code="context_length_exceeded")
+            capped = (
+                " (capped to what the whole KV cache holds; raise kv_cache_memory)"
+                if self.max_model_len == self.capacity_tokens
+                else ""
+            )
+            raise PromptError(
+                f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}{capped}, "
+                "so it leaves no room for output",
+                code="context_length_exceeded",
+            )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
 
@@ -231,12 +269,13 @@ class LLMEngine:
         self.governor.before_step()
         results = run_isolated(self.runner, out)
         self.governor.after_step()
-        self.scheduler.mark_computed(SchedulerOutput(
-            scheduled=[s for s, r in zip(out.scheduled, results) if not isinstance(r, str)]))
+        self.scheduler.mark_computed(
+            SchedulerOutput(scheduled=[s for s, r in zip(out.scheduled, results) if not isinstance(r, str)])
+        )
         touched: dict[str, None] = {}
         for s, r in zip(out.scheduled, results):
             seq = s.seq
-            if isinstance(r, str):   # it failed even when run alone
+            if isinstance(r, str):  # it failed even when run alone
                 touched[seq.request_id] = None
                 self.fail(seq, r)
                 continue
@@ -246,8 +285,11 @@ class LLMEngine:
             except Exception as err:  # noqa: BLE001 - a bug in one sequence's bookkeeping fails it alone
                 touched[seq.request_id] = None
                 self.fail(seq, describe_failure(err))
-        return [self.make_output(self.requests.pop(rid) if self.is_done(rid) else self.requests[rid])
-                for rid in touched if rid in self.requests]
+        return [
+            self.make_output(self.requests.pop(rid) if self.is_done(rid) else self.requests[rid])
+            for rid in touched
+            if rid in self.requests
+        ]
 
     def process(self, seq: Sequence, r: SeqResult) -> bool:
         """Take one sequence's share of the step; True when it produced a token or finished."""
@@ -282,7 +324,7 @@ class LLMEngine:
         if seq.guide is not None and token not in self.eos_token_ids and (ended := advance(seq.guide, token)):
             if ended != "stop":
                 return self.finish(seq, "error", error=ended)
-            if self.tokenizer is not None:   # the grammar is complete: its last token is part of the text
+            if self.tokenizer is not None:  # the grammar is complete: its last token is part of the text
                 detokenize_incrementally(self.tokenizer, seq, flush=True)
             return self.finish(seq, "stop", flush=False)
         if may_stop and not params.ignore_eos and token in self.eos_token_ids:
@@ -295,10 +337,12 @@ class LLMEngine:
                 return self.finish(seq, "stop", stop_reason=seq.stop_reason, flush=False)
         if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
             return self.finish(seq, "length")
-        if len(seq) >= self.max_model_len:   # (max_model_len <= the cache's capacity, see __init__)
+        if len(seq) >= self.max_model_len:  # (max_model_len <= the cache's capacity, see __init__)
             return self.finish(seq, "length")
 
-    def finish(self, seq: Sequence, reason: str, stop_reason=None, error: str | None = None, flush: bool = True) -> None:
+    def finish(
+        self, seq: Sequence, reason: str, stop_reason=None, error: str | None = None, flush: bool = True
+    ) -> None:
         if flush and self.tokenizer is not None and reason != "error":
             # EOS / a stop token ends the text without being part of it
             stop_token = reason == "stop" and (stop_reason is None or isinstance(stop_reason, int))
@@ -330,19 +374,34 @@ class LLMEngine:
 
     def make_output(self, seqs: list[Sequence]) -> RequestOutput:
         first = seqs[0]
-        completions = [CompletionOutput(
-            index=s.index, text=visible_text(s), token_ids=list(s.output_token_ids),
-            cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
-            logprobs=list(s.logprobs) if s.logprobs is not None else None,
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason) for s in seqs]
+        completions = [
+            CompletionOutput(
+                index=s.index,
+                text=visible_text(s),
+                token_ids=list(s.output_token_ids),
+                cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+                logprobs=list(s.logprobs) if s.logprobs is not None else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+            )
+            for s in seqs
+        ]
         errors = [s.error for s in seqs if s.error]
         return RequestOutput(
-            request_id=first.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
-            outputs=completions, finished=all(s.is_finished for s in seqs),
+            request_id=first.request_id,
+            prompt=first.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=completions,
+            finished=all(s.is_finished for s in seqs),
             prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs is not None else None,
-            num_cached_tokens=first.num_cached_tokens, error=errors[0] if errors else None,
-            metrics={"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
-                     "last_token_time": max((s.last_token_time or 0.0) for s in seqs) or None})
+            num_cached_tokens=first.num_cached_tokens,
+            error=errors[0] if errors else None,
+            metrics={
+                "arrival_time": first.arrival_time,
+                "first_token_time": first.first_token_time,
+                "last_token_time": max((s.last_token_time or 0.0) for s in seqs) or None,
+            },
+        )
 
     def stats(self) -> dict:
         return {

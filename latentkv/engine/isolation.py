@@ -7,6 +7,7 @@ themselves. Rerunning is safe: a sequence's new latents go to its own (not yet
 registered) blocks at the same slots, and seeded generators are rewound first so a
 retried sequence draws exactly what it would have drawn.
 """
+
 from __future__ import annotations
 
 import sys

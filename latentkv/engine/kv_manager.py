@@ -1,6 +1,7 @@
 """Sequence-level block bookkeeping on top of `BlockPool`: prefix lookup, growing a
 sequence's block table for the tokens it computes this step, registering its full
 blocks for reuse, and giving its blocks back."""
+
 from __future__ import annotations
 
 from latentkv.cache.block_pool import NO_HASH, BlockPool, hash_full_blocks
@@ -15,7 +16,7 @@ class KVManager:
     def __init__(self, pool: BlockPool):
         self.pool = pool
         self.block_size = pool.block_size
-        self.store = None   # a latentkv.store.tier.StoreTier: the on-disk second tier, when set
+        self.store = None  # a latentkv.store.tier.StoreTier: the on-disk second tier, when set
         # batch-invariant mode: decode computes a token's latents with another kernel than a prompt's
         # prefill would (attention/prefill.py), so only blocks wholly inside the prompt are shared
         self.prompt_blocks_only = False
@@ -27,8 +28,9 @@ class KVManager:
         if not self.pool.enable_prefix_caching or seq.wants_prompt_logprobs:
             return []
         num_full = (len(seq) - 1) // self.block_size
-        seq.block_hashes = hash_full_blocks(seq.token_ids[:num_full * self.block_size], self.block_size,
-                                            seq.block_hashes[:num_full])
+        seq.block_hashes = hash_full_blocks(
+            seq.token_ids[: num_full * self.block_size], self.block_size, seq.block_hashes[:num_full]
+        )
         hits = self.pool.match_prefix(seq.block_hashes[:num_full], seq.token_ids)
         if self.store is not None and len(hits) < num_full:
             hits += self.store.restore(seq.block_hashes[:num_full], seq.token_ids, hits)
@@ -66,14 +68,14 @@ class KVManager:
         if num_full <= seq.num_registered_blocks or not self.pool.enable_prefix_caching:
             return
         bs = self.block_size
-        seq.block_hashes = hash_full_blocks(seq.token_ids[:num_full * bs], bs, seq.block_hashes[:num_full])
+        seq.block_hashes = hash_full_blocks(seq.token_ids[: num_full * bs], bs, seq.block_hashes[:num_full])
         full = []
         for i in range(seq.num_registered_blocks, num_full):
             parent = seq.block_hashes[i - 1] if i else NO_HASH
-            full.append((seq.block_table[i], parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.block_hashes[i]))
+            full.append((seq.block_table[i], parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]), seq.block_hashes[i]))
             self.pool.register(*full[-1])
         if self.store is not None:
-            self.store.save(full)   # to the on-disk tier, written behind
+            self.store.save(full)  # to the on-disk tier, written behind
         seq.num_registered_blocks = num_full
 
     def release(self, seq: Sequence) -> None:

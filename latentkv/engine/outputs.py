@@ -1,4 +1,5 @@
 """What a request gives back: vLLM's `RequestOutput` / `CompletionOutput` / `Logprob` shapes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +8,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Logprob:
     logprob: float
-    rank: int                       # 1 = the most likely token
+    rank: int  # 1 = the most likely token
     decoded_token: str | None = None
 
 
@@ -22,7 +23,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None   # "stop" | "length" | "abort" | "error" | None (running)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None (running)
     stop_reason: int | str | None = None
 
 
@@ -36,4 +37,4 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None
-    metrics: dict = field(default_factory=dict)   # arrival_time, first_token_time, last_token_time (time.monotonic())
+    metrics: dict = field(default_factory=dict)  # arrival_time, first_token_time, last_token_time (time.monotonic())

@@ -1,5 +1,6 @@
 """What makes a prompt unusable, as one error type with a machine-readable `code` (the
 server answers it as a 400 with that code; `LLM` callers see a ValueError)."""
+
 from __future__ import annotations
 
 
@@ -16,5 +17,6 @@ def check_token_ids(ids: list[int], vocab_size: int) -> None:
     2**64 raises OverflowError, not a clean error)."""
     for t in ids:
         if not 0 <= t < vocab_size:
-            raise PromptError(f"prompt token id {t} is outside the vocabulary (0 <= id < {vocab_size})",
-                              code="invalid_token_id")
+            raise PromptError(
+                f"prompt token id {t} is outside the vocabulary (0 <= id < {vocab_size})", code="invalid_token_id"
+            )

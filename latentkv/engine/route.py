@@ -3,6 +3,7 @@
 extension it uses serves with, the attention backend, the linears, batch invariance), with what
 the modules built from it run — the backend's prefill and decode kernels, the linears' kinds
 (quant.linear_kind), how MoE experts run — and whether the decode plan runs (and why not)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -25,8 +26,11 @@ def kernels_isa(route) -> str:
 
 def linear_kinds(model) -> str:
     """'qkv_a/o/gate_up/down/...: w4a8 (native) x120; lm_head: bfloat16 torch padded'."""
-    body = Counter(linear_kind(module) for name, module in model.model.named_modules()
-                   if isinstance(module, (nn.Linear, QuantLinear)) and not name.endswith("kv_b_proj"))
+    body = Counter(
+        linear_kind(module)
+        for name, module in model.model.named_modules()
+        if isinstance(module, (nn.Linear, QuantLinear)) and not name.endswith("kv_b_proj")
+    )
     layers = ", ".join(f"{kind} x{count}" for kind, count in sorted(body.items()))
     return f"layers {layers}; lm_head {linear_kind(model.lm_head)}"
 
@@ -48,11 +52,13 @@ def describe(model, plan_reason: str | None) -> str:
     dtype, device, invariant = route.dtype, route.device, route.batch_invariant
     backend = model.model.layers[0].self_attn.backend
     cache = dtype_name(dtype) if route.cache_dtype == "auto" else route.cache_dtype
-    return (f"route: dtype {dtype_name(dtype)}, cache {cache}; isa {kernels_isa(route)}; "
-            f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, invariant)}, "
-            f"decode {backend.decode_route(dtype, device, invariant)}); linears {linear_kinds(model)}{moe_route(model)}; "
-            f"decode plan {'off (' + plan_reason + ')' if plan_reason else 'on'}; "
-            f"batch invariance {'on' if invariant else 'off'}; sampler {sampler_route(device)}")
+    return (
+        f"route: dtype {dtype_name(dtype)}, cache {cache}; isa {kernels_isa(route)}; "
+        f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, invariant)}, "
+        f"decode {backend.decode_route(dtype, device, invariant)}); linears {linear_kinds(model)}{moe_route(model)}; "
+        f"decode plan {'off (' + plan_reason + ')' if plan_reason else 'on'}; "
+        f"batch invariance {'on' if invariant else 'off'}; sampler {sampler_route(device)}"
+    )
 
 
 def sampler_route(device: str) -> str:

@@ -14,6 +14,7 @@ Logprobs are those of the raw model distribution (before penalties, temperature 
 truncation), as in vLLM. A guided sequence's disallowed tokens are -inf before the choice
 (each row's mask from its own matcher, latentkv/guided.py).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,12 +32,13 @@ from latentkv.guided import apply_guides
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    logprobs: list[PositionLogprobs | None]   # per row; None where not asked
+    logprobs: list[PositionLogprobs | None]  # per row; None where not asked
     chosen_logprobs: list[float | None]
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
-           generator: torch.Generator | None = None) -> SamplerOutput:
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int], generator: torch.Generator | None = None
+) -> SamplerOutput:
     """logits [N, V] float32, one row per sequence of `seqs` -> one token per row."""
     raw = logits.float()
     logits = apply_penalties(raw, seqs)
@@ -56,10 +58,12 @@ def raw_logprobs(raw: torch.Tensor, rows: list[int], token_ids: torch.Tensor, to
     """The model's own distribution (before penalties, temperature and truncation) at `rows` of raw
     [N, V]: ([{id: Logprob}], [chosen logprob]) as gather_logprobs gives them."""
     if raw.device.type == "cpu" and sample_kernel.available():
-        chosen, ranks, top_vals, top_ids = sample_kernel.logprob_rows(raw.contiguous(), torch.tensor(rows),
-                                                                      token_ids.contiguous(), max(top_n))
-        return logprob_dicts(chosen.tolist(), ranks.tolist(), top_vals.tolist(), top_ids.tolist(),
-                             token_ids.tolist(), top_n)
+        chosen, ranks, top_vals, top_ids = sample_kernel.logprob_rows(
+            raw.contiguous(), torch.tensor(rows), token_ids.contiguous(), max(top_n)
+        )
+        return logprob_dicts(
+            chosen.tolist(), ranks.tolist(), top_vals.tolist(), top_ids.tolist(), token_ids.tolist(), top_n
+        )
     return gather_logprobs(torch.log_softmax(raw[rows], dim=-1), token_ids, top_n)
 
 
@@ -78,12 +82,16 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     penalized = [i for i in range(n) if rep[i] != 1.0 or pres[i] or freq[i]]
     lens = torch.zeros(n, dtype=torch.long)
     lens[penalized] = torch.tensor([len(seqs[i].token_ids) for i in penalized])
-    flat = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(seqs[i].token_ids for i in penalized),
-                                        dtype=np.int64, count=int(lens.sum())))
+    flat = torch.from_numpy(
+        np.fromiter(
+            itertools.chain.from_iterable(seqs[i].token_ids for i in penalized), dtype=np.int64, count=int(lens.sum())
+        )
+    )
     prompt_lens = torch.tensor([seqs[i].num_prompt_tokens if lens[i] else 0 for i in range(n)])
     if device.type == "cpu" and sample_kernel.available():
-        return sample_kernel.penalize_rows(logits.contiguous(), flat, lens, prompt_lens, torch.tensor(rep),
-                                           torch.tensor(pres), torch.tensor(freq))
+        return sample_kernel.penalize_rows(
+            logits.contiguous(), flat, lens, prompt_lens, torch.tensor(rep), torch.tensor(pres), torch.tensor(freq)
+        )
     # flat keys row * vocab + token: every output token, and the prompt's where a repetition penalty reads it
     row = torch.repeat_interleave(torch.arange(n), lens)
     position = torch.arange(flat.numel()) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
@@ -95,7 +103,7 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     keys, where = torch.unique(torch.cat((out_keys, prompt_keys)), return_inverse=True)
     if not keys.numel():
         return logits
-    count = torch.zeros(keys.numel()).index_add_(0, where[:out_keys.numel()], torch.ones(out_keys.numel())).to(device)
+    count = torch.zeros(keys.numel()).index_add_(0, where[: out_keys.numel()], torch.ones(out_keys.numel())).to(device)
     keys, row = keys.to(device), (keys // vocab).to(device)
     values = logits.reshape(-1)[keys]
     r = torch.tensor(rep, device=device)[row]
@@ -166,11 +174,14 @@ def choose_tokens(logits: torch.Tensor, seqs: list[Sequence], generator: torch.G
     temperature = torch.tensor([p.temperature for p in params])
     top_k = [p.top_k for p in params]
     # a top_p below float32's range (5e-324 is a valid request) keeps the top token, as it would in float64
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64).clamp_min(torch.finfo(torch.float32).tiny).float()
+    top_p = (
+        torch.tensor([p.top_p for p in params], dtype=torch.float64).clamp_min(torch.finfo(torch.float32).tiny).float()
+    )
     min_p = torch.tensor([p.min_p for p in params])
     if logits.device.type == "cpu" and sample_kernel.available():
-        picked = sample_kernel.sample_rows(logits.contiguous(), torch.tensor(rows), temperature,
-                                           torch.tensor(top_k), top_p, min_p, u)
+        picked = sample_kernel.sample_rows(
+            logits.contiguous(), torch.tensor(rows), temperature, torch.tensor(top_k), top_p, min_p, u
+        )
     else:
         device = logits.device
         sub = truncate(logits[rows] / temperature.to(device)[:, None], top_k, top_p.tolist(), min_p.tolist())
@@ -237,8 +248,14 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, top_n: list
     ranks = (logprobs > chosen[:, None]).sum(dim=-1) + 1
     width = max(top_n, default=0)
     top_vals, top_ids = logprobs.topk(width, dim=-1) if width else (None, None)
-    return logprob_dicts(chosen.tolist(), ranks.tolist(), top_vals.tolist() if width else None,
-                         top_ids.tolist() if width else None, token_ids.tolist(), top_n)
+    return logprob_dicts(
+        chosen.tolist(),
+        ranks.tolist(),
+        top_vals.tolist() if width else None,
+        top_ids.tolist() if width else None,
+        token_ids.tolist(),
+        top_n,
+    )
 
 
 def logprob_dicts(chosen: list[float], ranks: list[int], top_vals, top_ids, token_ids: list[int], top_n: list[int]):

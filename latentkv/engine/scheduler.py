@@ -12,6 +12,7 @@ usually cheaply, since its freed full blocks stay in the prefix cache. Oldest
 sequences therefore always make progress (no deadlock), and the preempted one is
 the next admitted (no starvation).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -53,7 +54,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []   # in admission order: last = newest
+        self.running: list[Sequence] = []  # in admission order: last = newest
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:

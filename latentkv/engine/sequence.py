@@ -1,4 +1,5 @@
 """One request's state as the scheduler, block pool and runner see it."""
+
 from __future__ import annotations
 
 import enum
@@ -28,25 +29,31 @@ class Sequence:
     whole prompt plus the output so far is recomputed.
     """
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 index: int = 0, prompt: str | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        index: int = 0,
+        prompt: str | None = None,
+    ):
         self.request_id = request_id
-        self.index = index                      # which of the request's n samples
+        self.index = index  # which of the request's n samples
         self.prompt = prompt
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.status = Status.WAITING
         self.arrival = next(_arrival)
-        self.arrival_time = time.monotonic()           # time.monotonic() seconds
+        self.arrival_time = time.monotonic()  # time.monotonic() seconds
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.block_table: list[int] = []
-        self.block_hashes: list[bytes] = []     # chained hashes of full blocks, grown lazily
-        self.num_registered_blocks = 0          # leading blocks already offered to the prefix cache
+        self.block_hashes: list[bytes] = []  # chained hashes of full blocks, grown lazily
+        self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
-        self.finish_reason: str | None = None   # "stop" | "length" | "abort" | "error"
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
         self.stop_reason: int | str | None = None
         self.error: str | None = None
         # Sampling state. A seeded request owns its generator so its draws do not
@@ -57,7 +64,7 @@ class Sequence:
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
         self.cumulative_logprob = 0.0
-        self.guide = None   # its grammar matcher with guided decoding (latentkv/guided.py)
+        self.guide = None  # its grammar matcher with guided decoding (latentkv/guided.py)
         # Detokenizer state (see engine/detokenizer.py).
         self.text = ""
         self.prefix_offset = max(self.num_prompt_tokens - 5, 0)
@@ -67,16 +74,18 @@ class Sequence:
         return len(self.token_ids)
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id}#{self.index}, {self.status.value}, len={len(self)}, "
-                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+        return (
+            f"Sequence({self.request_id}#{self.index}, {self.status.value}, len={len(self)}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
+        return self.token_ids[: self.num_prompt_tokens]
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:

@@ -27,6 +27,7 @@ Kernel results do not depend on the thread count (tests/model, tests/attention c
 threads bit for bit), so a change never changes an answer. Each step runs on its engine's count
 (torch's is per process: two engines in one process, as in the benches, set it in turn).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,13 +39,13 @@ import torch
 
 from latentkv.cpu import allowed_cores
 
-WAIT_SHARE = 0.3     # thread-seconds waited per second: quiet ~0.00; sharing a core 0.5-1.0
-BUSY_WINDOWS = 2     # consecutive waiting windows before backing off (one may be a passing spike)
+WAIT_SHARE = 0.3  # thread-seconds waited per second: quiet ~0.00; sharing a core 0.5-1.0
+BUSY_WINDOWS = 2  # consecutive waiting windows before backing off (one may be a passing spike)
 WINDOW_SECONDS = 0.2  # steps measured together (a slow step is a window alone)
 CHECK_SECONDS = 2.0  # how often a backed-off engine looks for free cores
 RELAPSE_SECONDS = 10.0  # backing off this soon after taking a thread back doubles the wait
 MAX_WAIT_SECONDS = 64.0
-FREE_CORE = 0.9      # a core's worth of time (minus noise) the others left free lets one thread back
+FREE_CORE = 0.9  # a core's worth of time (minus noise) the others left free lets one thread back
 
 
 def run_queue_ns() -> dict[int, int] | None:
@@ -121,8 +122,11 @@ class ThreadGovernor:
         if self.busy >= BUSY_WINDOWS:
             relapse = time.monotonic() - self.raised_at < RELAPSE_SECONDS
             self.wait = min(2 * self.wait, MAX_WAIT_SECONDS) if relapse else CHECK_SECONDS
-            self.set(self.threads - 1, f"its threads waited for a core {share:.2f} s per second "
-                                       f"over the last {1e3 * wall:.0f} ms of steps: more threads than free cores")
+            self.set(
+                self.threads - 1,
+                f"its threads waited for a core {share:.2f} s per second "
+                f"over the last {1e3 * wall:.0f} ms of steps: more threads than free cores",
+            )
         elif self.threads < self.start:
             self.look_for_free_cores()
 
@@ -140,8 +144,11 @@ class ThreadGovernor:
             self.set(self.threads + 1, f"the other processes now keep {others:.1f} of {len(self.cores)} cores busy")
 
     def set(self, threads: int, why: str) -> None:
-        print(f"latentkv: threads {self.threads} -> {threads}: {why} (--threads N fixes the count)",
-              file=sys.stderr, flush=True)
+        print(
+            f"latentkv: threads {self.threads} -> {threads}: {why} (--threads N fixes the count)",
+            file=sys.stderr,
+            flush=True,
+        )
         self.threads, self.busy, self.usage_mark = threads, 0, None
         torch.set_num_threads(threads)
 

@@ -11,6 +11,7 @@ FILE is JSONL, one template a line, any of:
 A conversation is rendered with the model's chat template *with* the assistant prompt,
 so a request with the same conversation so far shares every full block of it.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,10 @@ def read_templates(path: str | Path, tokenizer) -> list[list[int]]:
         try:
             prompts.append(template_ids(json.loads(line), tokenizer))
         except (ValueError, TypeError, KeyError) as err:
-            raise ValueError(f"{path}:{number}: not a template ({err}); expected a JSON string, "
-                             "{\"prompt\": ...}, {\"prompt_token_ids\": [...]} or {\"messages\": [...]}") from None
+            raise ValueError(
+                f"{path}:{number}: not a template ({err}); expected a JSON string, "
+                '{"prompt": ...}, {"prompt_token_ids": [...]} or {"messages": [...]}'
+            ) from None
     return prompts
 
 
@@ -74,18 +77,22 @@ def warm_up(engine, path: str | Path, fraction: float) -> int:
         while engine.has_unfinished_requests():
             bar.update(sum(out.finished for out in engine.step()))
     pin(engine, prompts, int(fraction * engine.pool.num_blocks))
-    print(f"latentkv: warmed {len(prompts)} templates from {path}: {len(engine.pinned_blocks)} blocks pinned "
-          f"(up to {fraction:.0%} of {engine.pool.num_blocks})", file=sys.stderr, flush=True)
+    print(
+        f"latentkv: warmed {len(prompts)} templates from {path}: {len(engine.pinned_blocks)} blocks pinned "
+        f"(up to {fraction:.0%} of {engine.pool.num_blocks})",
+        file=sys.stderr,
+        flush=True,
+    )
     return len(engine.pinned_blocks)
 
 
 def pin(engine, prompts: list[list[int]], budget: int) -> None:
     pool, bs = engine.pool, engine.pool.block_size
-    counts = pool.prefix_queries, pool.prefix_hits   # pinning is not traffic
+    counts = pool.prefix_queries, pool.prefix_hits  # pinning is not traffic
     pinned = set(engine.pinned_blocks)
     for ids in prompts:
-        hashes = hash_full_blocks(ids[:len(ids) // bs * bs], bs)
-        new = [b for b in pool.match_prefix(hashes, ids) if b not in pinned][:budget - len(pinned)]
+        hashes = hash_full_blocks(ids[: len(ids) // bs * bs], bs)
+        new = [b for b in pool.match_prefix(hashes, ids) if b not in pinned][: budget - len(pinned)]
         pool.take(new)
         pinned.update(new)
         engine.pinned_blocks += new

@@ -20,6 +20,7 @@ Per example:
   up to len(answer) + extra_tokens tokens or an EOS — breaks the repetition rule
   (repetition.RULE). The same rule on the original's answers is reported beside it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -48,6 +49,7 @@ EXTRA_TOKENS = 32  # greedy answers may run this far past the original's length 
 @dataclass(frozen=True)
 class ChatCase:
     """One rendered example: ids [T] = prompt (with the template's control tokens) + answer."""
+
     id: str
     category: str
     ids: tuple[int, ...]
@@ -55,7 +57,7 @@ class ChatCase:
 
     @property
     def answer(self) -> list[int]:
-        return list(self.ids[self.answer_start:])
+        return list(self.ids[self.answer_start :])
 
 
 def render_cases(tokenizer, examples) -> list[ChatCase]:
@@ -78,9 +80,16 @@ class ChatModel:
     (sources are evaluated mostly as the reference itself, where little is generated).
     """
 
-    def __init__(self, logits: Callable[[torch.Tensor], torch.Tensor], tokenizer, kind: str, name: str,
-                 greedy: Callable[[list[list[int]], list[int]], list[list[int]]] | None = None, memoize: bool = False,
-                 cache_dtype: str = "auto"):
+    def __init__(
+        self,
+        logits: Callable[[torch.Tensor], torch.Tensor],
+        tokenizer,
+        kind: str,
+        name: str,
+        greedy: Callable[[list[list[int]], list[int]], list[list[int]]] | None = None,
+        memoize: bool = False,
+        cache_dtype: str = "auto",
+    ):
         self.logits, self.tokenizer, self.kind, self.name, self.greedy = logits, tokenizer, kind, name, greedy
         self.cache_dtype = cache_dtype  # the latent cache it scores through (MLA models)
         # a reference scored again and again (healing's periodic eval) keeps its answer rows:
@@ -110,17 +119,27 @@ class ChatModel:
         eos = src.eos_token_id if isinstance(src.eos_token_id, list) else [src.eos_token_id]
         stop = sorted({t for t in [*eos, tokenizer.eos_token_id] if t is not None})
         logits = lambda ids: source_logits(src, ids)  # noqa: E731
-        return cls(logits, tokenizer, f"source ({src.kind} {src.arch}, reference forward)",
-                   str(path or "bundled SmolLM2 GGUF"), lambda prompts, limits: greedy_uncached(logits, prompts, limits, stop))
+        return cls(
+            logits,
+            tokenizer,
+            f"source ({src.kind} {src.arch}, reference forward)",
+            str(path or "bundled SmolLM2 GGUF"),
+            lambda prompts, limits: greedy_uncached(logits, prompts, limits, stop),
+        )
 
     @classmethod
     def from_mla(cls, model, tokenizer, folder: str, cache_dtype: str = "auto") -> "ChatModel":
         """Wrap a loaded latentkv model (e.g. one being healed) from `folder`; cache_dtype "auto" is the
         folder's own cache format, as served."""
         cache_dtype = model.config.served_cache_dtype(cache_dtype)
-        return cls(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), tokenizer, "mla (latentkv model)", folder,
-                   lambda prompts, limits: greedy_engine(model, tokenizer, folder, cache_dtype, prompts, limits),
-                   cache_dtype=cache_dtype)
+        return cls(
+            lambda ids: model.full_logits(ids, cache_dtype=cache_dtype),
+            tokenizer,
+            "mla (latentkv model)",
+            folder,
+            lambda prompts, limits: greedy_engine(model, tokenizer, folder, cache_dtype, prompts, limits),
+            cache_dtype=cache_dtype,
+        )
 
 
 def greedy_uncached(logits_fn, prompts: list[list[int]], limits: list[int], stop: list[int]) -> list[list[int]]:
@@ -138,14 +157,22 @@ def greedy_uncached(logits_fn, prompts: list[list[int]], limits: list[int], stop
     return outs
 
 
-def greedy_engine(model, tokenizer, folder: str, cache_dtype: str, prompts: list[list[int]], limits: list[int]) -> list[list[int]]:
+def greedy_engine(
+    model, tokenizer, folder: str, cache_dtype: str, prompts: list[list[int]], limits: list[int]
+) -> list[list[int]]:
     """Greedy continuations through latentkv's engine (batched, paged latent cache)."""
     if not prompts:
         return []
     longest = max(len(p) + n for p, n in zip(prompts, limits))
-    args = EngineArgs(model=folder, dtype=str(model.dtype).removeprefix("torch."), kv_cache_dtype=cache_dtype,
-                      max_model_len=longest + 1, kv_cache_blocks=len(prompts) * (-(-(longest + 1) // 16) + 1),
-                      max_num_seqs=len(prompts), enable_prefix_caching=False)
+    args = EngineArgs(
+        model=folder,
+        dtype=str(model.dtype).removeprefix("torch."),
+        kv_cache_dtype=cache_dtype,
+        max_model_len=longest + 1,
+        kv_cache_blocks=len(prompts) * (-(-(longest + 1) // 16) + 1),
+        max_num_seqs=len(prompts),
+        enable_prefix_caching=False,
+    )
     engine = LLMEngine(args, model, tokenizer)
     for i, (prompt, limit) in enumerate(zip(prompts, limits)):
         engine.add_request(str(i), None, SamplingParams(temperature=0.0, max_tokens=limit), prompt_token_ids=prompt)
@@ -167,12 +194,25 @@ def score_case(model: ChatModel, reference: ChatModel, case: ChatCase) -> dict:
     kl = (ref.exp() * (ref - mine)).sum(-1)
     hits = (top == torch.tensor(case.answer)).int()
     match = int(hits.cumprod(0).sum())
-    return {"id": case.id, "category": case.category, "positions": len(case.answer), "agree": int(agree.sum()),
-            "kl_sum": float(kl.sum()), "match": match, "next": int(top[match]) if match < len(case.answer) else None}
+    return {
+        "id": case.id,
+        "category": case.category,
+        "positions": len(case.answer),
+        "agree": int(agree.sum()),
+        "kl_sum": float(kl.sum()),
+        "match": match,
+        "next": int(top[match]) if match < len(case.answer) else None,
+    }
 
 
-def chat_metrics(model: ChatModel, reference: ChatModel, cases: list[ChatCase], generate: bool = True,
-                 extra_tokens: int = EXTRA_TOKENS, desc: str = "eval chat") -> dict:
+def chat_metrics(
+    model: ChatModel,
+    reference: ChatModel,
+    cases: list[ChatCase],
+    generate: bool = True,
+    extra_tokens: int = EXTRA_TOKENS,
+    desc: str = "eval chat",
+) -> dict:
     """Behaviour of `model` against `reference` on rendered cases (see the module docstring).
 
     Returns {"examples", "positions", "top1_agreement", "kl", "match_mean", "match_median",
@@ -186,7 +226,9 @@ def chat_metrics(model: ChatModel, reference: ChatModel, cases: list[ChatCase], 
         add_greedy_answers(model, cases, per, extra_tokens)
     result = summarize(per)
     result["rule"] = RULE
-    result["by_category"] = {cat: summarize([p for p in per if p["category"] == cat]) for cat in sorted({p["category"] for p in per})}
+    result["by_category"] = {
+        cat: summarize([p for p in per if p["category"] == cat]) for cat in sorted({p["category"] for p in per})
+    }
     result["per_example"] = per
     return result
 
@@ -196,10 +238,10 @@ def add_greedy_answers(model: ChatModel, cases: list[ChatCase], per: list[dict],
     diverged = [i for i, p in enumerate(per) if p["next"] is not None]
     limits = {i: len(cases[i].answer) + extra_tokens - per[i]["match"] - 1 for i in diverged}
     todo = [i for i in diverged if limits[i] > 0]
-    prompts = [list(cases[i].ids[:cases[i].answer_start + per[i]["match"]]) + [per[i]["next"]] for i in todo]
+    prompts = [list(cases[i].ids[: cases[i].answer_start + per[i]["match"]]) + [per[i]["next"]] for i in todo]
     continued = {i: [] for i in diverged} | dict(zip(todo, model.greedy(prompts, [limits[i] for i in todo])))
     for i, (case, p) in enumerate(zip(cases, per)):
-        answer = case.answer if i not in continued else case.answer[:p["match"]] + [p["next"]] + continued[i]
+        answer = case.answer if i not in continued else case.answer[: p["match"]] + [p["next"]] + continued[i]
         p["greedy_tokens"] = len(answer)
         p["greedy_text"] = model.tokenizer.decode(answer, skip_special_tokens=False)
         p["distinct2"] = distinct_ratio(answer)
@@ -212,10 +254,12 @@ def summarize(per: list[dict]) -> dict:
     matches = [p["match"] for p in per]
     generated = all("degenerate" in p for p in per)
     return {
-        "examples": len(per), "positions": positions,
+        "examples": len(per),
+        "positions": positions,
         "top1_agreement": sum(p["agree"] for p in per) / positions,
         "kl": sum(p["kl_sum"] for p in per) / positions,
-        "match_mean": statistics.mean(matches), "match_median": statistics.median(matches),
+        "match_mean": statistics.mean(matches),
+        "match_median": statistics.median(matches),
         "full_match": sum(p["match"] == p["positions"] for p in per) / len(per),
         "degenerate": sum(p["degenerate"] for p in per) if generated else None,
         "degenerate_reference": sum(p["degenerate_reference"] for p in per) if generated else None,
@@ -224,14 +268,18 @@ def summarize(per: list[dict]) -> dict:
 
 def format_table(result: dict) -> str:
     """Markdown table: one row per category and one for all examples."""
-    head = ("| prompts | n | answer tokens | top-1 agreement | KL (nats/token) | match mean | match median | "
-            "full match | degenerate (original) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    head = (
+        "| prompts | n | answer tokens | top-1 agreement | KL (nats/token) | match mean | match median | "
+        "full match | degenerate (original) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )
     rows = [(cat, r) for cat, r in result["by_category"].items()] + [("**all**", result)]
     lines = [head]
     for name, r in rows:
         degenerate = "-" if r["degenerate"] is None else f"{r['degenerate']} ({r['degenerate_reference']})"
-        lines.append(f"| {name} | {r['examples']} | {r['positions']} | {r['top1_agreement']:.4f} | {r['kl']:.4f} | "
-                     f"{r['match_mean']:.1f} | {r['match_median']:g} | {r['full_match']:.2f} | {degenerate} |")
+        lines.append(
+            f"| {name} | {r['examples']} | {r['positions']} | {r['top1_agreement']:.4f} | {r['kl']:.4f} | "
+            f"{r['match_mean']:.1f} | {r['match_median']:g} | {r['full_match']:.2f} | {degenerate} |"
+        )
     return "\n".join(lines)
 
 
@@ -241,17 +289,34 @@ def print_degenerate(result: dict, file=sys.stdout) -> None:
             print(f"degenerate: {p['id']}: {p['greedy_text']!r}", file=file)
 
 
-def evaluate_chat(model: str | Path | None, reference: str | Path | None = None, split: str = "heldout",
-                  max_examples: int | None = None, dtype: str = "float32", cache_dtype: str = "auto",
-                  generate: bool = True, extra_tokens: int = EXTRA_TOKENS) -> dict:
+def evaluate_chat(
+    model: str | Path | None,
+    reference: str | Path | None = None,
+    split: str = "heldout",
+    max_examples: int | None = None,
+    dtype: str = "float32",
+    cache_dtype: str = "auto",
+    generate: bool = True,
+    extra_tokens: int = EXTRA_TOKENS,
+) -> dict:
     """`latentkv eval chat`: load both models, render the reference's chat examples with the
     reference's tokenizer (control tokens included), and compare (chat_metrics)."""
     ref = ChatModel.load(reference)
     examples = load_chat(reference, split)[:max_examples]
     cases = render_cases(ref.tokenizer, examples)
-    mine = ref if model is not None and reference is not None and Path(model) == Path(reference) else ChatModel.load(model, dtype, cache_dtype)
+    mine = (
+        ref
+        if model is not None and reference is not None and Path(model) == Path(reference)
+        else ChatModel.load(model, dtype, cache_dtype)
+    )
     if mine.tokenizer.get_vocab() != ref.tokenizer.get_vocab():
         raise ValueError(f"{mine.name} and the reference {ref.name} have different vocabularies")
     result = chat_metrics(mine, ref, cases, generate, extra_tokens)
-    return {"model": f"{mine.name} [{mine.kind}]", "reference": f"{ref.name} [{ref.kind}]", "split": split,
-            "dtype": dtype, "cache_dtype": mine.cache_dtype, **result}
+    return {
+        "model": f"{mine.name} [{mine.kind}]",
+        "reference": f"{ref.name} [{ref.kind}]",
+        "split": split,
+        "dtype": dtype,
+        "cache_dtype": mine.cache_dtype,
+        **result,
+    }

@@ -9,6 +9,7 @@ Domains (all offline, the same on every machine):
          split (so no calibration docstring is scored again as part of its code).
 Each is scored with the perplexity protocol (perplexity.py), the first max_tokens // ctx windows.
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,8 +57,13 @@ DOMAINS = {
 }
 
 
-def domain_perplexity(models: list, domains: list[str] | None = None, ctx: int = 512, max_tokens: int | None = 8192,
-                      dtype: str = "float32") -> dict:
+def domain_perplexity(
+    models: list,
+    domains: list[str] | None = None,
+    ctx: int = 512,
+    max_tokens: int | None = 8192,
+    dtype: str = "float32",
+) -> dict:
     """Perplexity of each model (path or None: the bundled SmolLM2) on each domain.
 
     Returns {"domains", "ctx", "max_tokens", "protocol", "models": [{"model", "kind",
@@ -78,7 +84,13 @@ def domain_perplexity(models: list, domains: list[str] | None = None, ctx: int =
         rows.append(row)
         del logits_fn
         gc.collect()  # one model in memory at a time
-    return {"domains": domains, "ctx": ctx, "max_tokens": max_tokens, "protocol": PROTOCOL.format(ctx=ctx), "models": rows}
+    return {
+        "domains": domains,
+        "ctx": ctx,
+        "max_tokens": max_tokens,
+        "protocol": PROTOCOL.format(ctx=ctx),
+        "models": rows,
+    }
 
 
 def format_domain_table(result: dict) -> str:

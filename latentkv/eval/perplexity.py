@@ -5,6 +5,7 @@ not predicted. PPL = exp(mean negative log-likelihood over the predicted tokens)
 The protocol alone (no model loading): `latentkv eval ppl` (scorer.py) and the converter
 both score with it, so their numbers are the same numbers.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-PROTOCOL = ("non-overlapping windows of {ctx} tokens, each scored from its own start; "
-            "the first token of each window is not predicted; ppl = exp(mean NLL)")
+PROTOCOL = (
+    "non-overlapping windows of {ctx} tokens, each scored from its own start; "
+    "the first token of each window is not predicted; ppl = exp(mean NLL)"
+)
 
 
 def window_ids(ids: list[int], ctx: int, max_windows: int | None = None) -> torch.Tensor:
@@ -45,21 +48,26 @@ def summary(total: float, count: int, ctx: int) -> dict:
 
 
 @torch.no_grad()
-def perplexity(logits_fn: Callable[[torch.Tensor], torch.Tensor], windows: torch.Tensor, batch: int = 1,
-               desc: str = "perplexity") -> dict:
+def perplexity(
+    logits_fn: Callable[[torch.Tensor], torch.Tensor], windows: torch.Tensor, batch: int = 1, desc: str = "perplexity"
+) -> dict:
     """{"ppl", "nll", "tokens", "ctx"} of logits_fn(ids [B, T]) -> [B, T, vocab] over windows [N, T]."""
     total, count = 0.0, 0
     for b in tqdm(range(0, windows.shape[0], batch), desc=desc, unit="window", leave=False):
-        ids = windows[b:b + batch]
+        ids = windows[b : b + batch]
         total += window_nll(logits_fn(ids), ids)
         count += ids[:, 1:].numel()
     return summary(total, count, windows.shape[1])
 
 
 @torch.no_grad()
-def layerwise_perplexity(embed: Callable[[torch.Tensor], torch.Tensor], layers: Iterable[Callable],
-                         logits_fn: Callable[[torch.Tensor], torch.Tensor], windows: torch.Tensor,
-                         desc: str = "perplexity") -> dict:
+def layerwise_perplexity(
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    layers: Iterable[Callable],
+    logits_fn: Callable[[torch.Tensor], torch.Tensor],
+    windows: torch.Tensor,
+    desc: str = "perplexity",
+) -> dict:
     """perplexity() of a model run one layer at a time over all windows: embed(ids [1, T]) -> hidden
     [1, T, D]; `layers` yields each layer as a function hidden -> hidden (a generator may load a
     layer's weights before yielding it and free them after), logits_fn(hidden) -> [1, T, vocab].

@@ -1,5 +1,6 @@
 """A model as a scorer: a source (GGUF, Llama-family HF folder) or an MLA folder as a logits function,
 and its perplexity on text by the protocol of perplexity.py (what `latentkv eval ppl` prints)."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ def is_mla_folder(path: Path) -> bool:
     return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in MLA_MODEL_TYPES
 
 
-def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantization: str | None = None,
-                 dtype: str = "float32"):
+def model_scorer(
+    path: str | Path | None, cache_dtype: str = "auto", quantization: str | None = None, dtype: str = "float32"
+):
     """(logits_fn(ids [B,T]) -> [B,T,V], tokenizer, kind) for a source or an MLA folder.
 
     MLA folders run latentkv's own model (`load_model`, full-sequence forward through the
@@ -35,16 +37,26 @@ def model_scorer(path: str | Path | None, cache_dtype: str = "auto", quantizatio
         model = load_model(path, dtype=getattr(torch, dtype), quantization=quantization)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         cache_dtype = model.config.served_cache_dtype(cache_dtype)  # "auto": the folder's own, as served
-        return (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)), tokenizer, f"mla (latentkv model, cache {cache_dtype})"
+        return (
+            (lambda ids: model.full_logits(ids, cache_dtype=cache_dtype)),
+            tokenizer,
+            f"mla (latentkv model, cache {cache_dtype})",
+        )
     if cache_dtype != "auto" or quantization or dtype != "float32":
         raise ValueError("--cache-dtype, --quantization and --dtype apply to MLA models only")
     src = read_source(path)
     return (lambda ids: source_logits(src, ids)), src.tokenizer(), f"source ({src.kind} {src.arch}, reference forward)"
 
 
-def evaluate(model: str | Path | None, texts: list[str] | None = None, ctx: int = 512,
-             max_tokens: int | None = None, cache_dtype: str = "auto", quantization: str | None = None,
-             dtype: str = "float32") -> dict:
+def evaluate(
+    model: str | Path | None,
+    texts: list[str] | None = None,
+    ctx: int = 512,
+    max_tokens: int | None = None,
+    cache_dtype: str = "auto",
+    quantization: str | None = None,
+    dtype: str = "float32",
+) -> dict:
     """Perplexity of a model (None: the bundled SmolLM2) on text files (None: the default held-out text).
 
     Returns {"ppl", "nll", "tokens", "ctx", "windows", "model", "text", "protocol"}.
@@ -57,5 +69,10 @@ def evaluate(model: str | Path | None, texts: list[str] | None = None, ctx: int 
         text, where = heldout_text(), "default held-out text (Python docs, never used for calibration)"
     windows = text_windows(tokenizer, text, ctx, max_tokens)
     result = perplexity(logits_fn, windows)
-    return {**result, "windows": windows.shape[0], "model": f"{model or 'bundled SmolLM2 GGUF'} [{kind}]",
-            "text": where, "protocol": PROTOCOL.format(ctx=ctx)}
+    return {
+        **result,
+        "windows": windows.shape[0],
+        "model": f"{model or 'bundled SmolLM2 GGUF'} [{kind}]",
+        "text": where,
+        "protocol": PROTOCOL.format(ctx=ctx),
+    }

@@ -5,6 +5,7 @@ multi-token-prediction layers skipped), every tensor checked against the shape t
 The expected names and shapes come from the model itself, built on the meta device (nothing
 allocated), so the export and the loader agree on what a checkpoint holds.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,16 @@ from pathlib import Path
 import torch
 
 from latentkv.config import ModelConfig
-from latentkv.model.loader import (LAYER_NAME, CheckpointError, checkpoint_slots, empty_model, open_safetensors,
-                                   read_checked, slot_shape, weight_files)
+from latentkv.model.loader import (
+    LAYER_NAME,
+    CheckpointError,
+    checkpoint_slots,
+    empty_model,
+    open_safetensors,
+    read_checked,
+    slot_shape,
+    weight_files,
+)
 from latentkv.model.route import Route
 
 
@@ -21,8 +30,11 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint name -> shape of every tensor the config implies (lm_head left out when tied)."""
     model = empty_model(cfg, Route(), device="meta")
     params = dict(model.named_parameters(remove_duplicate=False))
-    return {name: slot_shape(params[pname], rows) for name, (pname, rows) in checkpoint_slots(model).items()
-            if not (cfg.tie_word_embeddings and name == "lm_head.weight")}
+    return {
+        name: slot_shape(params[pname], rows)
+        for name, (pname, rows) in checkpoint_slots(model).items()
+        if not (cfg.tie_word_embeddings and name == "lm_head.weight")
+    }
 
 
 class CheckpointTensors:
@@ -62,8 +74,9 @@ class CheckpointTensors:
         missing = sorted(want - set(found))
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise CheckpointError(f"missing tensor {missing[0]} (expected shape {self.expected[missing[0]]}){more} "
-                                  f"in {self.folder}")
+            raise CheckpointError(
+                f"missing tensor {missing[0]} (expected shape {self.expected[missing[0]]}){more} in {self.folder}"
+            )
         return found
 
     def file_of(self, name: str) -> Path:
@@ -88,11 +101,13 @@ class CheckpointTensors:
             if self.cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue  # some tied checkpoints still carry a copy
             if name not in self.expected:
-                raise CheckpointError(f"unexpected tensor {name} in {file} (shape {tuple(tensor.shape)}): "
-                                      "not part of this model's config")
+                raise CheckpointError(
+                    f"unexpected tensor {name} in {file} (shape {tuple(tensor.shape)}): not part of this model's config"
+                )
             if tuple(tensor.shape) != self.expected[name]:
-                raise CheckpointError(f"tensor {name} in {file} has shape {tuple(tensor.shape)}; "
-                                      f"the config expects {self.expected[name]}")
+                raise CheckpointError(
+                    f"tensor {name} in {file} has shape {tuple(tensor.shape)}; the config expects {self.expected[name]}"
+                )
             if name in want:
                 kept[name] = tensor
         return kept

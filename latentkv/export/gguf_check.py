@@ -6,6 +6,7 @@ on, group-limited routing only as DeepSeek-V3 scores groups (its two best expert
 beta_fast 32 / beta_slow 1 and truncated correction dims. Everything else latentkv serves maps
 exactly (model/ and gguf_metadata.py say how).
 """
+
 from __future__ import annotations
 
 from latentkv.config import ModelConfig
@@ -26,7 +27,10 @@ def refusals(cfg: ModelConfig) -> list[str]:
     """Why llama.cpp's deepseek2 cannot run this model as latentkv does (empty: it can)."""
     why = []
     if cfg.kv_lora_ranks is not None and len(set(cfg.kv_lora_ranks)) > 1:
-        why.append(f"per-layer latent ranks (latentkv.kv_lora_ranks: {min(cfg.kv_lora_ranks)}..{max(cfg.kv_lora_ranks)}); {STOCK}")
+        why.append(
+            f"per-layer latent ranks (latentkv.kv_lora_ranks: {min(cfg.kv_lora_ranks)}.."
+            f"{max(cfg.kv_lora_ranks)}); {STOCK}"
+        )
     if cfg.rope_inv_freq is not None:
         why.append(f"explicit per-layer rope frequencies (latentkv.rope_inv_freq); {STOCK}")
     if not cfg.kv_a_layernorm:
@@ -36,9 +40,13 @@ def refusals(cfg: ModelConfig) -> list[str]:
         why.append(f"attention biases ({what}: true; e.g. a Qwen2 source): llama.cpp's deepseek2 has none")
     if cfg.qk_nope_head_dim < 1:
         why.append("qk_nope_head_dim 0: llama.cpp's deepseek2 needs at least one non-rope query/key dim")
-    if cfg.q_lora_rank and any(cfg.num_hidden_layers == n and vocab in (None, cfg.vocab_size) for n, vocab in LITE_LAYERS):
-        why.append(f"q_lora_rank with {cfg.num_hidden_layers} layers: llama.cpp's deepseek2 reads no q_lora_rank for "
-                   "this layer count (it takes it for DeepSeek-V2-Lite, which has q_proj)")
+    if cfg.q_lora_rank and any(
+        cfg.num_hidden_layers == n and vocab in (None, cfg.vocab_size) for n, vocab in LITE_LAYERS
+    ):
+        why.append(
+            f"q_lora_rank with {cfg.num_hidden_layers} layers: llama.cpp's deepseek2 reads no q_lora_rank for "
+            "this layer count (it takes it for DeepSeek-V2-Lite, which has q_proj)"
+        )
     why += moe_refusals(cfg) + rope_refusals(cfg)
     return why
 
@@ -50,11 +58,15 @@ def moe_refusals(cfg: ModelConfig) -> list[str]:
         return []
     why = []
     if moe != list(range(moe[0], L)):
-        why.append(f"MoE layers {moe} are not all layers from the first one on (moe_layer_freq {cfg.moe_layer_freq}): "
-                   "llama.cpp's deepseek2 has leading dense layers, then MoE only")
+        why.append(
+            f"MoE layers {moe} are not all layers from the first one on (moe_layer_freq {cfg.moe_layer_freq}): "
+            "llama.cpp's deepseek2 has leading dense layers, then MoE only"
+        )
     if cfg.limits_groups and cfg.topk_group < cfg.n_group and cfg.topk_method != "noaux_tc":
-        why.append(f"topk_method {cfg.topk_method!r} with {cfg.topk_group} of {cfg.n_group} groups: llama.cpp ranks "
-                   "expert groups by their two best experts (DeepSeek-V3's noaux_tc), not by their best one")
+        why.append(
+            f"topk_method {cfg.topk_method!r} with {cfg.topk_group} of {cfg.n_group} groups: llama.cpp ranks "
+            "expert groups by their two best experts (DeepSeek-V3's noaux_tc), not by their best one"
+        )
     if cfg.limits_groups and cfg.topk_group < cfg.n_group and cfg.n_routed_experts // cfg.n_group < 2:
         why.append(f"{cfg.n_group} groups of one expert: llama.cpp ranks a group by its two best experts")
     if cfg.routed_scaling_factor == 0:
@@ -70,8 +82,10 @@ def rope_refusals(cfg: ModelConfig) -> list[str]:
     if s.factor < 1:
         why.append(f"YaRN factor {s.factor} below 1")
     if (s.beta_fast, s.beta_slow) != LLAMA_CPP_BETAS:
-        why.append(f"YaRN beta_fast {s.beta_fast} / beta_slow {s.beta_slow}: llama.cpp's deepseek2 always uses "
-                   f"{LLAMA_CPP_BETAS[0]:g} / {LLAMA_CPP_BETAS[1]:g}")
+        why.append(
+            f"YaRN beta_fast {s.beta_fast} / beta_slow {s.beta_slow}: llama.cpp's deepseek2 always uses "
+            f"{LLAMA_CPP_BETAS[0]:g} / {LLAMA_CPP_BETAS[1]:g}"
+        )
     if not s.truncate:
         why.append("YaRN with truncate: false: llama.cpp rounds the correction dims (floor / ceil)")
     return why
@@ -81,5 +95,7 @@ def check_representable(cfg: ModelConfig, where: str) -> None:
     """Raise ExportError listing every reason `cfg` cannot be written for llama.cpp's deepseek2."""
     why = refusals(cfg)
     if why:
-        raise ExportError(f"{where}: llama.cpp's deepseek2 architecture cannot run this model as latentkv does:\n  - "
-                          + "\n  - ".join(why))
+        raise ExportError(
+            f"{where}: llama.cpp's deepseek2 architecture cannot run this model as latentkv does:\n  - "
+            + "\n  - ".join(why)
+        )

@@ -9,6 +9,7 @@ Two things llama.cpp computes differently from DeepSeek's code are mapped exactl
   `rope.scaling.attn_factor` by its own formula: `rope_scaling_keys` solves for the values that give
   latentkv's softmax scale and cos / sin factor (model/rope.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -93,13 +94,19 @@ def rope_scaling_keys(cfg: ModelConfig) -> dict[str, object]:
     F, S = attention_factor(s), softmax_scale(cfg) * math.sqrt(cfg.qk_head_dim)
     if s.rope_type != "yarn" or s.factor == 1:  # plain rope: cos / sin A, scores A² / sqrt(dk)
         if not math.isclose(S, F * F, rel_tol=1e-6):
-            raise ExportError(f"rope scaling {s}: a cos/sin factor {F:g} with a softmax scale of {S:g}/sqrt(dk) "
-                              "has no llama.cpp equivalent without YaRN")
+            raise ExportError(
+                f"rope scaling {s}: a cos/sin factor {F:g} with a softmax scale of {S:g}/sqrt(dk) "
+                "has no llama.cpp equivalent without YaRN"
+            )
         return {} if F == 1 else {"add_rope_scaling_attn_factors": F}
     log_f = math.log(s.factor)
-    keys = {"add_rope_scaling_type": gguf.RopeScalingType.YARN, "add_rope_scaling_factor": s.factor,
-            "add_rope_scaling_orig_ctx_len": s.original_max_position_embeddings,
-            "add_rope_scaling_yarn_beta_fast": s.beta_fast, "add_rope_scaling_yarn_beta_slow": s.beta_slow}
+    keys = {
+        "add_rope_scaling_type": gguf.RopeScalingType.YARN,
+        "add_rope_scaling_factor": s.factor,
+        "add_rope_scaling_orig_ctx_len": s.original_max_position_embeddings,
+        "add_rope_scaling_yarn_beta_fast": s.beta_fast,
+        "add_rope_scaling_yarn_beta_slow": s.beta_slow,
+    }
     log_mul = (math.sqrt(S) / F - 1) / (0.1 * log_f)
     if abs(log_mul) < 1e-6:
         A = F / (1 + 0.1 * log_f)

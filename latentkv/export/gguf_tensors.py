@@ -11,9 +11,10 @@ The layout (src/models/deepseek2.cpp load_arch_tensors; names from gguf.constant
   rows interleaved: llama.cpp rotates adjacent pairs (its NORM rope type), as DeepSeek does.
 The same functions run on meta tensors to plan the file's header and on the weights to write it.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -26,9 +27,14 @@ from latentkv.model.spec import layer_spec
 T = gguf.MODEL_TENSOR
 Q = gguf.GGMLQuantizationType
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
-FILE_TYPES = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.F16: gguf.LlamaFileType.MOSTLY_F16,
-              Q.BF16: gguf.LlamaFileType.MOSTLY_BF16, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
-              Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0, Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}
+FILE_TYPES = {
+    Q.F32: gguf.LlamaFileType.ALL_F32,
+    Q.F16: gguf.LlamaFileType.MOSTLY_F16,
+    Q.BF16: gguf.LlamaFileType.MOSTLY_BF16,
+    Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+    Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
+    Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
+}
 QUANTIZED = (Q.Q8_0, Q.Q4_0, Q.Q4_1)
 # kept in float32 whatever the outtype: routing decisions are precision-sensitive (latentkv keeps the
 # router float32 too), and llama.cpp never quantizes it
@@ -44,7 +50,9 @@ def gguf_name(kind: T, layer: int | None = None) -> str:
     return f"{gguf.TENSOR_NAMES[kind].format(bid=layer)}.{suffix}"
 
 
-def model_tensors(cfg: ModelConfig, top: Getter, layer: Callable[[int], Getter]) -> Iterator[tuple[str, T, torch.Tensor]]:
+def model_tensors(
+    cfg: ModelConfig, top: Getter, layer: Callable[[int], Getter]
+) -> Iterator[tuple[str, T, torch.Tensor]]:
     """(GGUF name, kind, tensor) of every tensor of the file, in file order; `top(name)` gives a
     checkpoint tensor outside the layers, `layer(i)` a getter of layer i's (called once per layer)."""
     yield gguf_name(T.TOKEN_EMBD), T.TOKEN_EMBD, top("model.embed_tokens.weight")

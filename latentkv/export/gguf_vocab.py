@@ -8,6 +8,7 @@ BPE) it does not know. convert_hf_to_gguf names it by hashing the token ids of a
 does the same for the families latentkv serves and converts, recognizes a plain GPT-2 byte-level
 splitter by its tokenizer.json, and otherwise asks for `--tokenizer-pre`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,15 @@ from latentkv.export.gguf_check import ExportError
 
 # convert_hf_to_gguf.py's `chktxt` (llama.cpp, get_vocab_base_pre), character for character: the
 # hashes below are of the token ids a tokenizer gives for it.
-CHKTXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\U0001f680 (normal) \U0001f636\u200d\U0001f32b\ufe0f '
-          '(multiple emojis concatenated) \u2705 \U0001f999\U0001f999 3 33 333 3333 33333 333333 3333333 33333333 '
-          '3.3 3..3 3...3 \u1780\u17b6\u1793\u17cb\u178f\u17c2\u1796\u17b7\u179f\u17c1\u179f\u17a2\u17b6\u1785'
-          '\U0001f601 ?\u6211\u60f3\u5728apple\u5de5\u4f5c1314151\u5929\uff5e ------======= '
-          '\u043d\u0435\u0449\u043e \u043d\u0430 \u0411\u044a\u043b\u0433\u0430\u0440\u0441\u043a\u0438 '
-          '\'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, \'RE you sure? '
-          '\'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL')
+CHKTXT = (
+    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\U0001f680 (normal) \U0001f636\u200d\U0001f32b\ufe0f "
+    "(multiple emojis concatenated) \u2705 \U0001f999\U0001f999 3 33 333 3333 33333 333333 3333333 33333333 "
+    "3.3 3..3 3...3 \u1780\u17b6\u1793\u17cb\u178f\u17c2\u1796\u17b7\u179f\u17c1\u179f\u17a2\u17b6\u1785"
+    "\U0001f601 ?\u6211\u60f3\u5728apple\u5de5\u4f5c1314151\u5929\uff5e ------======= "
+    "\u043d\u0435\u0449\u043e \u043d\u0430 \u0411\u044a\u043b\u0433\u0430\u0440\u0441\u043a\u0438 "
+    "''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you sure? "
+    "'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
+)
 
 # sha256 of str(tokenizer.encode(CHKTXT)) -> llama.cpp's pre-tokenizer name, for the model families
 # latentkv converts (Llama 3, Qwen2, SmolLM, Mistral Nemo) and DeepSeek's own; from llama.cpp's
@@ -64,7 +67,9 @@ def add_vocab(writer: gguf.GGUFWriter, folder: Path, vocab_size: int, pre: str |
     writer.add_token_types(types)
     special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
     if not special.merges:
-        raise ExportError(f"{folder / 'tokenizer.json'}: no BPE merges (model.merges); llama.cpp's gpt2 tokenizer needs them")
+        raise ExportError(
+            f"{folder / 'tokenizer.json'}: no BPE merges (model.merges); llama.cpp's gpt2 tokenizer needs them"
+        )
     # llama.cpp's default depends on the pre-tokenizer: say what the folder's tokenizer does
     special.add_special_token.update(adds_special(tokenizer))
     special.add_to_gguf(writer, quiet=True)
@@ -82,16 +87,20 @@ def tokenizer_spec(folder: Path) -> dict:
     """tokenizer.json, checked to be a byte-level BPE tokenizer (what GGUF's "gpt2" model is)."""
     path = folder / "tokenizer.json"
     if not path.is_file():
-        raise ExportError(f"{folder}: no tokenizer.json; a GGUF carries its tokenizer, so the folder needs one "
-                          "(latentkv convert writes it beside the weights)")
+        raise ExportError(
+            f"{folder}: no tokenizer.json; a GGUF carries its tokenizer, so the folder needs one "
+            "(latentkv convert writes it beside the weights)"
+        )
     try:
         spec = json.loads(path.read_text())
         kind = spec["model"]["type"]
     except (ValueError, KeyError, TypeError) as err:
         raise ExportError(f"{path}: not a tokenizers JSON file ({type(err).__name__}: {err})") from None
     if kind != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
-        raise ExportError(f"{path}: a {kind} tokenizer without a byte-level pre-tokenizer; the GGUF export writes "
-                          "byte-level BPE (GPT-2 style) vocabularies only (SentencePiece-style ones are not supported yet)")
+        raise ExportError(
+            f"{path}: a {kind} tokenizer without a byte-level pre-tokenizer; the GGUF export writes "
+            "byte-level BPE (GPT-2 style) vocabularies only (SentencePiece-style ones are not supported yet)"
+        )
     return spec
 
 
@@ -99,8 +108,10 @@ def token_list(tokenizer, vocab_size: int, folder: Path) -> tuple[list[str], lis
     """(tokens, token types) for ids 0..vocab_size-1, as convert_hf_to_gguf's get_vocab_base."""
     vocab = tokenizer.get_vocab()
     if max(vocab.values()) >= vocab_size:
-        raise ExportError(f"{folder}: the tokenizer has id {max(vocab.values())} but the model's vocab_size is "
-                          f"{vocab_size}: its embedding has no row for it")
+        raise ExportError(
+            f"{folder}: the tokenizer has id {max(vocab.values())} but the model's vocab_size is "
+            f"{vocab_size}: its embedding has no row for it"
+        )
     by_id = {i: token for token, i in vocab.items()}
     added = tokenizer.added_tokens_decoder
     tokens, types = [], []
@@ -127,6 +138,8 @@ def pre_tokenizer(tokenizer, spec: dict, folder: Path) -> str:
     plain = {k: splitter.get(k) for k in GPT2_SPLITTER} == GPT2_SPLITTER and not spec.get("normalizer")
     if plain:
         return "gpt-2"
-    raise ExportError(f"{folder}: cannot tell which of llama.cpp's pre-tokenizers this tokenizer uses (its "
-                      f"convert_hf_to_gguf hash {digest} is not one latentkv knows); pass it with --tokenizer-pre "
-                      "NAME (e.g. llama-bpe, qwen2, smollm, deepseek-v3: llama.cpp's src/llama-vocab.cpp lists them)")
+    raise ExportError(
+        f"{folder}: cannot tell which of llama.cpp's pre-tokenizers this tokenizer uses (its "
+        f"convert_hf_to_gguf hash {digest} is not one latentkv knows); pass it with --tokenizer-pre "
+        "NAME (e.g. llama-bpe, qwen2, smollm, deepseek-v3: llama.cpp's src/llama-vocab.cpp lists them)"
+    )

@@ -5,6 +5,7 @@ config alone, by running the tensor layout (gguf_tensors.py) on meta tensors; th
 read, transformed, encoded and written one decoder layer at a time, so a 236B model needs about
 one layer in memory. The file is written beside `out` and renamed into place when complete.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,9 @@ def resolve_outtype(outtype: str, ckpt: CheckpointTensors) -> str:
     return AUTO[stored]
 
 
-def plan(writer: gguf.GGUFWriter, cfg: ModelConfig, base: gguf.GGMLQuantizationType,
-         shapes: dict[str, tuple[int, ...]]) -> int:
+def plan(
+    writer: gguf.GGUFWriter, cfg: ModelConfig, base: gguf.GGMLQuantizationType, shapes: dict[str, tuple[int, ...]]
+) -> int:
     """Add every tensor's info (name, shape, type, bytes) from meta tensors of the checkpoint's
     `shapes` (checkpoint.expected_shapes); returns the total bytes."""
 
@@ -92,8 +94,9 @@ def plan(writer: gguf.GGUFWriter, cfg: ModelConfig, base: gguf.GGMLQuantizationT
     return total
 
 
-def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, ckpt: CheckpointTensors,
-                  base: gguf.GGMLQuantizationType, total: int) -> None:
+def write_tensors(
+    writer: gguf.GGUFWriter, cfg: ModelConfig, ckpt: CheckpointTensors, base: gguf.GGMLQuantizationType, total: int
+) -> None:
     """Read, transform, encode and write every tensor in the planned order, one layer held at a time."""
     with tqdm(total=total, unit="B", unit_scale=True, desc="export gguf") as bar:
         for name, kind, tensor in model_tensors(cfg, ckpt.top, lambda i: ckpt.layer(i).__getitem__):

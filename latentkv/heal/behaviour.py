@@ -4,6 +4,7 @@ before, during (every `eval_every` steps, teacher-forced only) and after trainin
 The teacher's answer rows are scored once and kept (ChatModel memoize), so a periodic check
 costs one student forward per prompt.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,26 +20,38 @@ class ChatProbe:
     def __init__(self, student, tokenizer, folder: Path, teacher_logits, teacher: str | None, examples: int):
         self.cases = render_cases(tokenizer, load_chat(teacher, "heldout")[:examples])
         self.student = ChatModel.from_mla(student, tokenizer, str(folder))
-        self.reference = ChatModel(teacher_logits, tokenizer, "teacher", str(teacher or "bundled SmolLM2 GGUF"), memoize=True)
-        self.curve: list[dict] = []   # {"step", "train_minutes", "top1_agreement", "kl", "match_mean"}
-        self.seconds = 0.0            # spent measuring (not training)
+        self.reference = ChatModel(
+            teacher_logits, tokenizer, "teacher", str(teacher or "bundled SmolLM2 GGUF"), memoize=True
+        )
+        self.curve: list[dict] = []  # {"step", "train_minutes", "top1_agreement", "kl", "match_mean"}
+        self.seconds = 0.0  # spent measuring (not training)
 
     def measure(self, step: int, train_minutes: float, generate: bool = False, label: str = "") -> dict:
         started = time.monotonic()
         r = chat_metrics(self.student, self.reference, self.cases, generate=generate, desc=f"eval chat {label}".strip())
         self.seconds += time.monotonic() - started
-        self.curve.append({"step": step, "train_minutes": train_minutes, "top1_agreement": r["top1_agreement"],
-                           "kl": r["kl"], "match_mean": r["match_mean"]})
+        self.curve.append(
+            {
+                "step": step,
+                "train_minutes": train_minutes,
+                "top1_agreement": r["top1_agreement"],
+                "kl": r["kl"],
+                "match_mean": r["match_mean"],
+            }
+        )
         return r
 
 
 def report(probe: ChatProbe, before: dict | None, after: dict, out: Path) -> str:
     """Write out/chat_eval.json and out/chat_agreement.png; returns the before/after tables."""
     strip = lambda r: r and {k: v for k, v in r.items() if k != "per_example"}  # noqa: E731
-    (out / "chat_eval.json").write_text(json.dumps({"before": strip(before), "after": after, "curve": probe.curve}, indent=1))
+    (out / "chat_eval.json").write_text(
+        json.dumps({"before": strip(before), "after": after, "curve": probe.curve}, indent=1)
+    )
     if len(probe.curve) > 1:
-        fig, ax = new_figure("Healing: chat top-1 agreement with the original (held-out prompts)", "training minutes",
-                             "top-1 agreement")
+        fig, ax = new_figure(
+            "Healing: chat top-1 agreement with the original (held-out prompts)", "training minutes", "top-1 agreement"
+        )
         ax.plot([c["train_minutes"] for c in probe.curve], [c["top1_agreement"] for c in probe.curve], marker="o")
         ax.axhline(0.95, linestyle="--", color="grey")
         save_figure(fig, out, "chat_agreement")

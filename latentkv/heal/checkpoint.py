@@ -4,6 +4,7 @@ The model folder keeps every non-weight file of the input (config, tokenizer, ca
 weights are rewritten under the same names and dtype. The optimizer state goes to
 safetensors and the counters to JSON — nothing is pickled.
 """
+
 from __future__ import annotations
 
 import json

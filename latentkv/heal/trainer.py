@@ -1,7 +1,8 @@
 """Distillation loop: KL from the teacher's next-token distribution (optionally mixed with
 the language-model loss), AdamW with warmup + cosine decay, gradient clipping at 1.0,
-bf16 autocast where bf16 is native (CUDA; CPUs with avx512_bf16 / AMX), a fixed seed, NaN/Inf steps skipped, checkpoints that resume
-the same trajectory."""
+bf16 autocast where bf16 is native (CUDA; CPUs with avx512_bf16 / AMX), a fixed seed, NaN/Inf steps
+skipped, checkpoints that resume the same trajectory."""
+
 from __future__ import annotations
 
 import math
@@ -143,8 +144,12 @@ def heal(cfg: HealConfig, on_loss: Callable[[int, torch.Tensor], torch.Tensor] |
     tokenizer = AutoTokenizer.from_pretrained(source)
     budget = (cfg.steps or 10**9) * cfg.batch * cfg.seq_len
     chat = calib_chat(cfg.teacher) if cfg.chat_share > 0 else None
-    windows = training_windows(tokenizer, cfg.data, cfg.seq_len, min(budget, cfg.max_tokens), cfg.seed, chat, cfg.chat_share)
-    probe = ChatProbe(student, tokenizer, source, teacher, cfg.teacher, cfg.eval_examples) if cfg.eval_examples else None
+    windows = training_windows(
+        tokenizer, cfg.data, cfg.seq_len, min(budget, cfg.max_tokens), cfg.seed, chat, cfg.chat_share
+    )
+    probe = (
+        ChatProbe(student, tokenizer, source, teacher, cfg.teacher, cfg.eval_examples) if cfg.eval_examples else None
+    )
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     counters = {"step": 0, "total": cfg.steps, "skipped": 0, "losses": [], "kls": []}
     if cfg.resume:
@@ -163,8 +168,9 @@ def heal(cfg: HealConfig, on_loss: Callable[[int, torch.Tensor], torch.Tensor] |
     return result
 
 
-def train_loop(cfg, student, params, teacher, windows, optimizer, counters, source, out, dtype, on_loss,
-               probe=None) -> HealResult:
+def train_loop(
+    cfg, student, params, teacher, windows, optimizer, counters, source, out, dtype, on_loss, probe=None
+) -> HealResult:
     result = HealResult(out, counters["step"], counters["losses"], counters["kls"], counters["skipped"])
     deadline = time.monotonic() + 60 * cfg.minutes if cfg.minutes else None
     bad_in_row, start_step, started = 0, counters["step"], time.monotonic()
@@ -191,7 +197,9 @@ def train_loop(cfg, student, params, teacher, windows, optimizer, counters, sour
             bad_in_row += 1
             tqdm.write(f"heal: step {step}: NaN/Inf in the loss or gradients, step skipped ({bad_in_row} in a row)")
             if bad_in_row > cfg.max_bad_steps:
-                result.stopped = f"stopped: more than {cfg.max_bad_steps} NaN/Inf steps in a row; the last good checkpoint is kept"
+                result.stopped = (
+                    f"stopped: more than {cfg.max_bad_steps} NaN/Inf steps in a row; the last good checkpoint is kept"
+                )
                 break
         else:
             bad_in_row = 0
@@ -201,15 +209,20 @@ def train_loop(cfg, student, params, teacher, windows, optimizer, counters, sour
         result.steps_done = step
         elapsed = time.monotonic() - started
         bar.update(1)
-        bar.set_postfix(loss=f"{result.losses[-1]:.4f}" if result.losses else "-", kl=f"{result.kls[-1]:.4f}" if result.kls else "-",
-                        tok_s=f"{(step - start_step) * cfg.batch * cfg.seq_len / elapsed:.0f}")
+        bar.set_postfix(
+            loss=f"{result.losses[-1]:.4f}" if result.losses else "-",
+            kl=f"{result.kls[-1]:.4f}" if result.kls else "-",
+            tok_s=f"{(step - start_step) * cfg.batch * cfg.seq_len / elapsed:.0f}",
+        )
         if step % cfg.save_every == 0 or step == total:
             checkpoint(student, source, out, dtype, optimizer, result, total)
         if probe and cfg.eval_every and step % cfg.eval_every == 0 and step != total:
             measured = time.monotonic()
             r = probe.measure(step, (measured - started) / 60)
-            tqdm.write(f"heal: step {step}: chat top-1 agreement {r['top1_agreement']:.4f}, KL {r['kl']:.4f}, "
-                       f"match mean {r['match_mean']:.1f}")
+            tqdm.write(
+                f"heal: step {step}: chat top-1 agreement {r['top1_agreement']:.4f}, KL {r['kl']:.4f}, "
+                f"match mean {r['match_mean']:.1f}"
+            )
             paused = time.monotonic() - measured  # measuring is not training: the clock and budget skip it
             started += paused
             deadline = deadline + paused if deadline else None
@@ -253,10 +266,17 @@ def checkpoint(student, source, out, dtype, optimizer, result: HealResult, total
     save_model(student, source, out, dtype)
     (out / STATE_DIR).mkdir(exist_ok=True)
     save_master_weights(student, out / STATE_DIR)
-    save_state(out / STATE_DIR, optimizer, {"step": result.steps_done, "total": total, "skipped": result.skipped,
-                                "losses": result.losses, "kls": result.kls})
-
-
+    save_state(
+        out / STATE_DIR,
+        optimizer,
+        {
+            "step": result.steps_done,
+            "total": total,
+            "skipped": result.skipped,
+            "losses": result.losses,
+            "kls": result.kls,
+        },
+    )
 
 
 def save_master_weights(model, out: Path) -> None:

@@ -5,6 +5,7 @@ The default mix: documentation windows (the default corpus's training split, or 
 files) and chat windows — the chat data's *calib* split (the original model's own answers)
 rendered through the chat template, control tokens included, packed back to back. The chat
 data's held-out split, which `eval chat` measures on, is never trained on."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +31,15 @@ def expand_paths(paths: list[str | Path]) -> list[Path]:
     return files
 
 
-def training_windows(tokenizer, data: list[str] | None, seq_len: int, max_tokens: int | None, seed: int,
-                     chat: list | None = None, chat_share: float = 0.0) -> torch.Tensor:
+def training_windows(
+    tokenizer,
+    data: list[str] | None,
+    seq_len: int,
+    max_tokens: int | None,
+    seed: int,
+    chat: list | None = None,
+    chat_share: float = 0.0,
+) -> torch.Tensor:
     """[N, seq_len] token windows: chat windows (a `chat_share` of the token budget, from the
     chat examples `chat`) then document windows (the user's files, or the default corpus's
     training split: its held-out split is never trained on); batch_indices shuffles them."""
@@ -43,7 +51,9 @@ def training_windows(tokenizer, data: list[str] | None, seq_len: int, max_tokens
     chat_part = chat_windows(tokenizer, chat, seq_len, n_chat, seed)
     if chat_share >= 1:
         return chat_part
-    return torch.cat([chat_part, token_windows(tokenizer, docs, seq_len, max(seq_len, budget - n_chat * seq_len), seed)])
+    return torch.cat(
+        [chat_part, token_windows(tokenizer, docs, seq_len, max(seq_len, budget - n_chat * seq_len), seed)]
+    )
 
 
 def chat_windows(tokenizer, examples: list, seq_len: int, n_windows: int, seed: int) -> torch.Tensor:

@@ -4,7 +4,8 @@ batch-invariant prefill span. attention/native_backend.py's NativeBackend decide
 - `mla_decode`: absorbed queries [B, M, r+dr] over one layer's paged latent -> o_lat [B, M, r].
   Paths: amx (bf16 queries: scores and value sums on AMX tiles, csrc/attention/mla_decode_amx.h),
   avx512_bf16 (bf16 queries: vdpbf16ps, mla_decode_bf16.h; an int8 latent of a rank that is a
-  multiple of 64: vpdpbusd, mla_decode_vnni.h, on AMX CPUs too), avx512 and scalar (float32 FMAs, mla_decode_impl.h), avx2
+  multiple of 64: vpdpbusd, mla_decode_vnni.h, on AMX CPUs too), avx512 and scalar (float32 FMAs,
+mla_decode_impl.h), avx2
   (intrinsics, mla_decode_avx2.h). A sequence's keys are cut into work items of DECODE_SPAN tokens
   at fixed positions for contexts up to DECODE_SPAN x DECODE_MAX_SPANS tokens (longer ones: at most
   DECODE_MAX_SPANS items), merged in order: the same bits alone, batched, on any thread count.
@@ -13,6 +14,7 @@ batch-invariant prefill span. attention/native_backend.py's NativeBackend decide
   bf16 on avx512_bf16 (mla_prefill_bf16.h), AMX tiles on amx (mla_prefill_amx.h).
 LATENTKV_NATIVE=0 switches the extension off (the PyTorch reference backend then serves).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,7 +27,8 @@ DECODE_SPAN, DECODE_MAX_SPANS = 256, 64  # csrc/attention/mla_job.h SPAN, MAX_SP
 
 def probe(module, isa: int) -> list:
     """The self-check's inputs (kernels/build.py): decode over float32, bf16, int8 (an int8 rope key
-    too, and both 64 wide) and q4_0 caches with float32 and bf16 queries (one and two query tokens), a latent rank that ends mid-chunk, and a
+    too, and both 64 wide) and q4_0 caches with float32 and bf16 queries (one and two query tokens), a latent
+    rank that ends mid-chunk, and a
     prefill span in both dtypes with keys packed and read in place, one rope key for all heads or one per group,
     kv rows per head or per group."""
     gen = torch.Generator().manual_seed(0)
@@ -49,9 +52,12 @@ def probe(module, isa: int) -> list:
         pos = torch.tensor([[39, 38], [16, 15]])[:, :q_len] if q_len > 1 else torch.empty(0, dtype=torch.long)
         for qdt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             q = query.to(qdt)
-            for name, caches in (("kv", (kv.to(qdt), empty, empty, empty)), ("int8", (empty, latent, scale, rope)),
-                                 ("int8 rope8", (empty, latent, scale2, rope8)),
-                                 ("q4_0", (empty, q4_latent, q4_scale, q4_rope))):
+            for name, caches in (
+                ("kv", (kv.to(qdt), empty, empty, empty)),
+                ("int8", (empty, latent, scale, rope)),
+                ("int8 rope8", (empty, latent, scale2, rope8)),
+                ("q4_0", (empty, q4_latent, q4_scale, q4_rope)),
+            ):
                 got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, isa, 1)
                 out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
     # a latent that ends mid-chunk (rank % 32 == 16, as the default conversion's 240): bf16 queries
@@ -74,21 +80,39 @@ def probe(module, isa: int) -> list:
     # second nope step over the values, against zero query pairs); grouped rope keys [S, 2, dr]
     # (two heads each, model/rope_groups.py) read in place and packed; kv rows one per two heads
     # (MLAttention.kv_groups), with a nope part and without (a converted GQA model's values alone)
-    for dn, dr_p, groups, kv_heads in ((16, dr, 1, heads), (16, 32, 1, heads), (16, 32, 2, heads), (16, dr, 2, heads),
-                                       (16, 32, 2, 2), (0, 32, 2, 2)):
+    for dn, dr_p, groups, kv_heads in (
+        (16, dr, 1, heads),
+        (16, 32, 1, heads),
+        (16, 32, 2, heads),
+        (16, dr, 2, heads),
+        (16, 32, 2, 2),
+        (0, 32, 2, 2),
+    ):
         for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             q = torch.randn(n, heads, dn + dr_p, generator=gen).to(dt)
             keys = torch.randn(span, kv_heads, dn + dv, generator=gen).to(dt)
-            k_r = torch.randn(span, dr_p, generator=gen).to(dt) if groups == 1 else \
-                torch.randn(span, groups, dr_p, generator=gen).to(dt)
+            k_r = (
+                torch.randn(span, dr_p, generator=gen).to(dt)
+                if groups == 1
+                else torch.randn(span, groups, dr_p, generator=gen).to(dt)
+            )
             m, l, acc = torch.full((n, heads), float("-inf")), torch.zeros(n, heads), torch.zeros(n, heads, 16)
             module.mla_prefill(q, keys, k_r, dn, 50, 0, m, l, acc, 0.2, isa, 1)
-            out.append((f"mla_prefill {dt} dn {dn} dr {dr_p} rope keys {groups} kv heads {kv_heads}", acc / l[..., None], tol))
+            out.append(
+                (f"mla_prefill {dt} dn {dn} dr {dr_p} rope keys {groups} kv heads {kv_heads}", acc / l[..., None], tol)
+            )
     return out
 
 
-EXT = Extension("attention", "latentkv_mla_attention", "mla_attention.cpp", "LATENTKV_NATIVE",
-                "the native CPU attention kernel is", "the PyTorch reference backend", probe)
+EXT = Extension(
+    "attention",
+    "latentkv_mla_attention",
+    "mla_attention.cpp",
+    "LATENTKV_NATIVE",
+    "the native CPU attention kernel is",
+    "the PyTorch reference backend",
+    probe,
+)
 
 
 def extension():
@@ -118,8 +142,16 @@ def prefill_supported(dtype: torch.dtype) -> bool:
     return dtype in PREFILL_DTYPES
 
 
-def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: int = 1, isa: str | None = None,
-               threads: int | None = None) -> torch.Tensor:
+def mla_decode(
+    query,
+    cache,
+    block_tables,
+    context_lens,
+    query_pos=None,
+    heads: int = 1,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
     """query [B, M, r+dr] (M = Q*heads rows, absorbed and scaled) over one layer's LatentCache ->
     o_lat [B, M, r] in the query dtype. Rows of query token q see keys j <= query_pos[b, q]
     (None: the whole context). A q4_0 cache's rope key is stored turned: the query's must be too
@@ -130,9 +162,21 @@ def mla_decode(query, cache, block_tables, context_lens, query_pos=None, heads: 
     else:
         kv, latent, scale, rope = cache.kv, empty, empty, empty
     pos = query_pos if query_pos is not None else context_lens.new_empty(0)
-    return extension().mla_decode(query, kv, latent, scale, rope, block_tables, context_lens, pos, heads,
-                                  cache.kv_rank, cache.block_size, ISAS[isa or chosen_isa()],
-                                  threads or torch.get_num_threads())
+    return extension().mla_decode(
+        query,
+        kv,
+        latent,
+        scale,
+        rope,
+        block_tables,
+        context_lens,
+        pos,
+        heads,
+        cache.kv_rank,
+        cache.block_size,
+        ISAS[isa or chosen_isa()],
+        threads or torch.get_num_threads(),
+    )
 
 
 def prefill_finish(acc, l, out) -> None:
@@ -141,8 +185,10 @@ def prefill_finish(acc, l, out) -> None:
     extension().prefill_finish(acc, l, out)
 
 
-def mla_prefill(q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float,
-                isa: str | None = None) -> None:
+def mla_prefill(
+    q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float, isa: str | None = None
+) -> None:
     """One span of the invariant prefill (attention/prefill.py span_prefill has the contract)."""
-    extension().mla_prefill(q, kv, k_r, dn, first, key_start, m, l, acc, scale, ISAS[isa or chosen_isa()],
-                            torch.get_num_threads())
+    extension().mla_prefill(
+        q, kv, k_r, dn, first, key_start, m, l, acc, scale, ISAS[isa or chosen_isa()], torch.get_num_threads()
+    )

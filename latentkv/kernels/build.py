@@ -18,6 +18,7 @@ Each kernel family (attention.py, decode_ops.py, qlinear.py beside this module) 
   None, `unavailable_reason()` says why, and (unless switched off on purpose) one RuntimeWarning
   names what runs instead.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,7 +55,9 @@ def build_dir() -> Path:
     """One build folder per Python, torch and checkout: two installs of latentkv on one machine
     (a clone and a venv, two worktrees) would otherwise rebuild over each other's loaded library."""
     checkout = hashlib.sha1(str(CSRC.resolve()).encode()).hexdigest()[:8]
-    return build_root() / f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}-{checkout}"
+    return (
+        build_root() / f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__.split('+')[0]}-{checkout}"
+    )
 
 
 def isa_name(code: int) -> str:
@@ -123,8 +126,11 @@ class Extension:
                 raise RuntimeError(f"disabled by {self.switch}=0")
             directory = build_dir() / self.family
             if not (directory / f"{self.name}.so").exists():
-                print(f"latentkv: building {self.what.rsplit(' ', 1)[0]} into {directory} (once, {FIRST_BUILD})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"latentkv: building {self.what.rsplit(' ', 1)[0]} into {directory} (once, {FIRST_BUILD})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             module = compile_extension(self.name, self.source, directory)
             state["runs"] = list(module.supported_isas())
             state["disabled"] = self_check(self, module, state["runs"])
@@ -135,13 +141,21 @@ class Extension:
             state["module"] = None
             state["reason"] = failure_reason(err)
             if f"{self.switch}=0" not in state["reason"]:
-                warnings.warn(f"latentkv: {self.what} unavailable ({state['reason']}); using {self.fallback} "
-                              "(correct, slower)", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"latentkv: {self.what} unavailable ({state['reason']}); using {self.fallback} (correct, slower)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             return
         for code, why in state["disabled"].items():  # once the module is in place (an error filter cannot undo it)
             below = max(c for c in state["isas"] if c < code)
-            warnings.warn(f"latentkv: {self.name}'s {isa_name(code)} path disagrees with its scalar path ({why}); "
-                          f"disabled, {isa_name(below)} serves", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"latentkv: {self.name}'s {isa_name(code)} path disagrees with its scalar path ({why}); "
+                f"disabled, {isa_name(below)} serves",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
 
 def choose_isa(runs: list[int], isas: list[int]) -> str:
     """LATENTKV_CPU_ISA's path (or the best below it, where an extension lacks it or the self-check
@@ -187,9 +201,15 @@ def compile_extension(name: str, source: Path, directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
     # every .cpp of the family's folder: a family split into units per ISA builds them in parallel
     sources = [str(source)] + sorted(str(p) for p in source.parent.glob("*.cpp") if p != source)
-    return load(name=name, sources=sources, build_directory=str(directory), extra_cflags=CFLAGS,
-                extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC / "common"), str(source.parent)],
-                verbose=False)
+    return load(
+        name=name,
+        sources=sources,
+        build_directory=str(directory),
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        extra_include_paths=[str(CSRC / "common"), str(source.parent)],
+        verbose=False,
+    )
 
 
 def failure_reason(err: Exception) -> str:
@@ -215,8 +235,9 @@ def build_in_background(*extensions: Extension) -> list[threading.Thread]:
     """Build each extension in its own daemon thread, now: a first build (FIRST_BUILD each) then
     overlaps the caller's work and the other builds instead of stalling the first forward pass.
     A later `module()` waits for its thread's build (the lock)."""
-    threads = [threading.Thread(target=ext.module, daemon=True, name=f"latentkv-build-{ext.family}")
-               for ext in extensions]
+    threads = [
+        threading.Thread(target=ext.module, daemon=True, name=f"latentkv-build-{ext.family}") for ext in extensions
+    ]
     for thread in threads:
         thread.start()
     return threads

@@ -5,8 +5,10 @@ when the native one runs; model/decode_plan.py builds the plan.
 
 ISA paths: avx512, avx2, scalar for `head_matmul`, `rms_norm`, `silu_mul` (GCC vector tiles), and
 amx for `head_matmul` over bf16 (csrc/decode_ops/head_amx.h: the weight packed once by `head_pack`);
-`rope` and `write_latent`'s row loops for avx512, avx2, scalar (the same bits on each). LATENTKV_FUSED=0 switches the extension off.
+`rope` and `write_latent`'s row loops for avx512, avx2, scalar (the same bits on each).
+LATENTKV_FUSED=0 switches the extension off.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,13 +29,25 @@ def probe(module, isa: int) -> list:
             none = torch.empty(0, dtype=dt)
             out.append((f"head_matmul {dt} rows={rows}", module.head_matmul(x, w, 0.3, extra, isa, none), tol))
             if dt == torch.float32:  # bf16 weights under float32 rows
-                out.append((f"head_matmul bf16 w rows={rows}", module.head_matmul(x, w.bfloat16(), 0.3, extra, isa, none), tol))
+                out.append(
+                    (f"head_matmul bf16 w rows={rows}", module.head_matmul(x, w.bfloat16(), 0.3, extra, isa, none), tol)
+                )
             else:  # columns in 16s: the AMX path (a last step of K % 32 = 8 values), packed once and per call
                 w16 = w[..., :64].contiguous()
-                out.append((f"head_matmul {dt} 64 columns rows={rows}",
-                            module.head_matmul(x, w16, 0.3, extra, isa, module.head_pack(w16, isa)), tol))
-                out.append((f"head_matmul {dt} 64 columns unpacked rows={rows}",
-                            module.head_matmul(x, w16, 0.3, extra, isa, none), tol))
+                out.append(
+                    (
+                        f"head_matmul {dt} 64 columns rows={rows}",
+                        module.head_matmul(x, w16, 0.3, extra, isa, module.head_pack(w16, isa)),
+                        tol,
+                    )
+                )
+                out.append(
+                    (
+                        f"head_matmul {dt} 64 columns unpacked rows={rows}",
+                        module.head_matmul(x, w16, 0.3, extra, isa, none),
+                        tol,
+                    )
+                )
         x, res = torch.randn(5, 96, generator=gen).to(dt), torch.randn(5, 96, generator=gen).to(dt)
         weight = torch.randn(96, generator=gen).to(dt)
         total, normed = module.rms_norm(x, weight, 1e-5, res, isa)
@@ -50,18 +64,29 @@ def rope_and_write(module, isa: int, dtype: torch.dtype, gen: torch.Generator) -
     cos, sin = torch.randn(6, 8, generator=gen), torch.randn(6, 8, generator=gen)
     none = x.new_empty(0)
     out = [(f"rope {dtype} {il}", module.rope(x[..., 8:24], cos, sin, il, isa, none.long())) for il in (True, False)]
-    out.append((f"rope {dtype} slots", module.rope(x[..., 8:24], cos, sin, True, isa, torch.tensor([5, 0, 7, 1, 1, 2, 6, 3]))))
+    out.append(
+        (f"rope {dtype} slots", module.rope(x[..., 8:24], cos, sin, True, isa, torch.tensor([5, 0, 7, 1, 1, 2, 6, 3])))
+    )
     c, k_r, slots = x[:, 0, :24] * 5, x[:, 1, :16], torch.tensor([7, 0, 3, 12, 5, 9])
     latent, scale = torch.zeros(16, 24, dtype=torch.int8), torch.zeros(16, 2)
     rope, plain = torch.zeros(16, 16, dtype=torch.int8), torch.zeros(16, 40, dtype=dtype)
     module.write_latent(c, k_r, cos, sin, True, slots, none, latent, scale, rope, 127.0, isa)
     module.write_latent(c, k_r, cos, sin, False, slots, plain, none, none, none, 0.0, isa)
-    return out + [(f"write_latent {dtype} int8", torch.cat((latent.float(), rope.float(), scale), dim=1)),
-                  (f"write_latent {dtype}", plain)]
+    return out + [
+        (f"write_latent {dtype} int8", torch.cat((latent.float(), rope.float(), scale), dim=1)),
+        (f"write_latent {dtype}", plain),
+    ]
 
 
-EXT = Extension("decode_ops", "latentkv_decode_ops", "decode_ops.cpp", "LATENTKV_FUSED", "the fused decode ops are",
-                "the PyTorch reference ops", probe)
+EXT = Extension(
+    "decode_ops",
+    "latentkv_decode_ops",
+    "decode_ops.cpp",
+    "LATENTKV_FUSED",
+    "the fused decode ops are",
+    "the PyTorch reference ops",
+    probe,
+)
 
 
 def extension():

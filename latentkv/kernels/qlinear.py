@@ -19,6 +19,7 @@ byte products: AVX-512 VNNI's vpdpbusd where the CPU has it (64 multiply-adds an
 int32), else AVX2's maddubs (32, against 8 float FMAs); the same fixed reduction order per output
 element on every path (`dot_path()` says which runs).
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,10 +36,15 @@ def probe_weight(kind: int, n: int, k: int, gen: torch.Generator) -> torch.Tenso
     kp = -(-k // GROUP) * GROUP
     if kind in (4, ACT8 + 4):
         codes = torch.randint(0, 16, (n, kp), generator=gen)
-        scale_zero = torch.stack((torch.rand(kp // GROUP, n, generator=gen) / 8, torch.randn(kp // GROUP, n, generator=gen)), -1)
+        scale_zero = torch.stack(
+            (torch.rand(kp // GROUP, n, generator=gen) / 8, torch.randn(kp // GROUP, n, generator=gen)), -1
+        )
         return (pack_int4 if kind == 4 else pack_w4a8)(codes, scale_zero)
     if kind in (8, ACT8 + 8):
-        codes, scales = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8), torch.rand(n, generator=gen) / 64
+        codes, scales = (
+            torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8),
+            torch.rand(n, generator=gen) / 64,
+        )
         return (pack_int8 if kind == 8 else pack_w8a8)(codes, scales)
     return (pack_bf16 if kind == 16 else pack_f32)(torch.randn(n, k, generator=gen))
 
@@ -93,8 +99,15 @@ def probe(module, isa: int) -> list:
     return out + probe_moe(module, isa, gen)
 
 
-EXT = Extension("qlinear", "latentkv_qlinear", "qlinear.cpp", "LATENTKV_QLINEAR", "the native int4/int8 linears are",
-                "ATen's kernels", probe)
+EXT = Extension(
+    "qlinear",
+    "latentkv_qlinear",
+    "qlinear.cpp",
+    "LATENTKV_QLINEAR",
+    "the native int4/int8 linears are",
+    "ATen's kernels",
+    probe,
+)
 
 
 def extension():
@@ -128,7 +141,7 @@ def pack_int4(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
     g, pad = kp // GROUP, -n % ROW_PAD
     nb = (n + pad) // BLOCK
     nib = _pad(codes, pad, 0).to(torch.int64).view(nb, BLOCK, g, 4, 8)
-    words = (nib << (4 * torch.arange(8))).sum(-1)                    # [NB, 16, G, 4]
+    words = (nib << (4 * torch.arange(8))).sum(-1)  # [NB, 16, G, 4]
     words = _to_int32(words).permute(0, 2, 3, 1).reshape(nb, g, 4 * BLOCK)
     scale, zero = scale_zero.float().unbind(-1)
     sz = F.pad(torch.stack((scale, zero - 8 * scale), -1), (0, 0, 0, pad)).view(g, nb, BLOCK, 2)  # padded rows: 0
@@ -143,7 +156,7 @@ def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     pad, kpad = -n % ROW_PAD, -k % GROUP
     nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
     codes = _pad(q, pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
-    codes = codes.contiguous().view(torch.int32)                        # [NB, G, 128]
+    codes = codes.contiguous().view(torch.int32)  # [NB, G, 128]
     s = F.pad(scales.float(), (0, pad)).view(nb, 1, BLOCK).expand(nb, g, BLOCK).contiguous().view(torch.int32)
     return torch.cat((codes, s), dim=-1).contiguous()
 
@@ -154,7 +167,9 @@ def pack_f32(w: torch.Tensor) -> torch.Tensor:
     n, k = w.shape
     pad, kpad = -n % ROW_PAD, -k % GROUP
     nb, g = (n + pad) // BLOCK, (k + kpad) // GROUP
-    rows = _pad(w.detach().float(), pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
+    rows = (
+        _pad(w.detach().float(), pad, kpad).view(nb, BLOCK, g, GROUP).permute(0, 2, 3, 1).reshape(nb, g, GROUP * BLOCK)
+    )
     ones = torch.ones(nb, g, BLOCK)
     return torch.cat((rows, ones), dim=-1).contiguous().view(torch.int32)
 
@@ -196,9 +211,12 @@ def pack_w4a8(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
     c = _pad(codes, pad, 0).to(torch.uint8).view(nb, BLOCK, g, 2, 16)
     rows = torch.tensor(W4A8_SLOTS + tuple(8 + s for s in W4A8_SLOTS))
     nib = (c[..., 0, :] | (c[..., 1, :] << 4))[:, rows].permute(0, 2, 1, 3).reshape(nb, g, BLOCK * 16)
-    sm = F.pad(torch.stack(w4a8_scale_min(scale_zero)), (0, pad)).view(2, g, nb, BLOCK).permute(2, 1, 0, 3)  # [G, N] each
-    return torch.cat((nib.contiguous().view(torch.int32), sm.reshape(nb, g, 2 * BLOCK).contiguous().view(torch.int32)),
-                     dim=-1).contiguous()
+    sm = (
+        F.pad(torch.stack(w4a8_scale_min(scale_zero)), (0, pad)).view(2, g, nb, BLOCK).permute(2, 1, 0, 3)
+    )  # [G, N] each
+    return torch.cat(
+        (nib.contiguous().view(torch.int32), sm.reshape(nb, g, 2 * BLOCK).contiguous().view(torch.int32)), dim=-1
+    ).contiguous()
 
 
 def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -231,9 +249,18 @@ def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, ..
     return tuple(extension().quantize_activations(x, groups, EXT.state["isa"]))
 
 
-def moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-        shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None, kind: int, inter: int,
-        shared_inter: int = 0) -> torch.Tensor:
+def moe(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate_up: torch.Tensor | None,
+    shared_down: torch.Tensor | None,
+    kind: int,
+    inter: int,
+    shared_inter: int = 0,
+) -> torch.Tensor:
     """A MoE layer's experts in one call (csrc/qlinear/moe.h). x [T, D] float32 / bf16; weights [T, k]
     float32 and ids [T, k] int64 (the router's); gate_up [E, NB, G, REC] and down [E, NB', G', REC]: the
     routed experts' packed gate_up (2 * inter outputs, gate then up) and down (D outputs), stacked;
@@ -242,12 +269,24 @@ def moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torc
     slots in order of weights[t, s] times expert ids[t, s]'s MLP (its modules' bits), then the shared
     experts' output, in float32 (model/deepseek.py moe_reference: the same steps)."""
     none = gate_up.new_empty(0)
-    return extension().moe(x, weights, ids, gate_up, down, none if shared_gate_up is None else shared_gate_up,
-                           none if shared_down is None else shared_down, kind, inter, shared_inter, EXT.state["isa"])
+    return extension().moe(
+        x,
+        weights,
+        ids,
+        gate_up,
+        down,
+        none if shared_gate_up is None else shared_gate_up,
+        none if shared_down is None else shared_down,
+        kind,
+        inter,
+        shared_inter,
+        EXT.state["isa"],
+    )
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, 16: bf16, or 32: float32) -> [M, out_features] in x's dtype."""
+    """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, 16: bf16, or 32: float32) -> [M, out_features]
+    in x's dtype."""
     return extension().linear(x, packed, bits, out_features, EXT.state["isa"])
 
 
@@ -256,14 +295,34 @@ def runs_amx() -> bool:
     return available() and EXT.state["isa"] >= 4
 
 
-def moe_route(logits: torch.Tensor, bias: torch.Tensor | None, softmax: bool, n_group: int, topk_group: int,
-              noaux: bool, group_limited: bool, k: int, normalized: bool, scale: float):
+def moe_route(
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    softmax: bool,
+    n_group: int,
+    topk_group: int,
+    noaux: bool,
+    group_limited: bool,
+    k: int,
+    normalized: bool,
+    scale: float,
+):
     """A MoE layer's router after its logits (csrc/qlinear/moe_route.h), every token in one native pass:
     logits [T, E] float32, bias [E] or None -> (weights [T, k] float32, ids [T, k] int64): scores by
     softmax (V2) or sigmoid (V3), + bias, the best topk_group groups kept, the top k (ties: the lower
     expert first), their scores normalized where asked, times scale."""
-    return extension().moe_route(logits, logits.new_empty(0) if bias is None else bias.contiguous(), softmax, n_group,
-                                 topk_group, noaux, group_limited, k, normalized, scale)
+    return extension().moe_route(
+        logits,
+        logits.new_empty(0) if bias is None else bias.contiguous(),
+        softmax,
+        n_group,
+        topk_group,
+        noaux,
+        group_limited,
+        k,
+        normalized,
+        scale,
+    )
 
 
 def fused_swiglu(packed_bits: int, inter: int) -> bool:

@@ -9,6 +9,7 @@ this runs.
 ISA paths: avx512, avx2, scalar (the same loops auto-vectorized per target). LATENTKV_SAMPLE_KERNEL=0
 switches the extension off.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,8 @@ def probe(module, isa: int) -> list:
     exactly the scalar path's (random logits put no cut or draw within rounding of a boundary)."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(8, 3000, generator=gen) * 2.0
-    logits[3, ::7] = float("-inf")          # a guided row's mask
-    logits[5, 100:200] = logits[5].max()    # ties at the top
+    logits[3, ::7] = float("-inf")  # a guided row's mask
+    logits[5, 100:200] = logits[5].max()  # ties at the top
     n = 24
     rows = torch.arange(n) % 8
     temperature = torch.tensor([1.0, 0.7, 1.3, 0.5] * 6)
@@ -34,8 +35,15 @@ def probe(module, isa: int) -> list:
     return [("sample_rows", tokens.double(), 0.0)]
 
 
-EXT = Extension("sample", "latentkv_sample", "sample.cpp", "LATENTKV_SAMPLE_KERNEL", "the native sampler is",
-                "the PyTorch sampler", probe)
+EXT = Extension(
+    "sample",
+    "latentkv_sample",
+    "sample.cpp",
+    "LATENTKV_SAMPLE_KERNEL",
+    "the native sampler is",
+    "the PyTorch sampler",
+    probe,
+)
 
 
 def available() -> bool:
@@ -46,15 +54,32 @@ def unavailable_reason() -> str | None:
     return EXT.unavailable_reason()
 
 
-def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor, isa: int | None = None,
-                kept: torch.Tensor | None = None) -> torch.Tensor:
+def sample_rows(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    u: torch.Tensor,
+    isa: int | None = None,
+    kept: torch.Tensor | None = None,
+) -> torch.Tensor:
     """logits [R, V] float32 (rows contiguous), rows [N] int64 (which logit rows), temperature [N] float32 > 0,
     top_k [N] int64 (0: off), top_p [N] float32 in (0, 1], min_p [N] float32 in [0, 1], u [N] float64 in
     [0, 1) -> tokens [N] int64. `isa`: the path (default: the one that serves); `kept` [N, V] float32, if
     given, gets each row's weights after truncation (e^((l - max) / T), 0 where dropped)."""
-    return EXT.module().sample_rows(logits, rows, temperature, top_k, top_p, min_p, u,
-                                    torch.empty(0) if kept is None else kept, EXT.isa() if isa is None else isa)
+    return EXT.module().sample_rows(
+        logits,
+        rows,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        u,
+        torch.empty(0) if kept is None else kept,
+        EXT.isa() if isa is None else isa,
+    )
 
 
 def logprob_rows(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, n: int, isa: int | None = None):
@@ -64,8 +89,15 @@ def logprob_rows(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor,
     return EXT.module().logprob_rows(logits, rows, chosen, n, EXT.isa() if isa is None else isa)
 
 
-def penalize_rows(logits: torch.Tensor, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor,
-                  rep: torch.Tensor, pres: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+def penalize_rows(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    lens: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    rep: torch.Tensor,
+    pres: torch.Tensor,
+    freq: torch.Tensor,
+) -> torch.Tensor:
     """logits [N, V] float32; ids: each row's token ids (prompt, then output) one row after another, int64;
     lens, prompt_lens [N] int64; rep, pres, freq [N] float32 -> a new [N, V]: the logits with each row's
     repetition (prompt + output), frequency and presence (output) penalties, torch's float32 bits."""

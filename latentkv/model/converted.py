@@ -17,6 +17,7 @@ of them (its answers: no rope groups, its nope part, one kv row per head, kv_b_p
 `n_heads`, `dn`, `dr`, `dv`, `kv_rank`, `q_lora_rank`, `fused`, `split`, `inv_freq`, `interleaved`,
 `kv_b_proj` and `q_linear()`, and keeps its findings on the layer.
 """
+
 from __future__ import annotations
 
 import torch
@@ -84,10 +85,16 @@ class ConvertedStructure:
 
     def _find_kv_groups(self, w: torch.Tensor) -> tuple[bool, int, nn.Module | None]:
         """w [H, dn + dv, kv_rank] -> kv_b_facts()."""
-        nope = self.dn > 0 and bool(w[:, :self.dn].any())
-        used = w if nope else w[:, self.dn:]
-        per = next((p for p in range(self.n_heads, 1, -1) if self.n_heads % p == 0
-                    and torch.equal(used, used[::p].repeat_interleave(p, 0))), 1)
+        nope = self.dn > 0 and bool(w[:, : self.dn].any())
+        used = w if nope else w[:, self.dn :]
+        per = next(
+            (
+                p
+                for p in range(self.n_heads, 1, -1)
+                if self.n_heads % p == 0 and torch.equal(used, used[::p].repeat_interleave(p, 0))
+            ),
+            1,
+        )
         if per == 1 or not qlinear.available():
             return nope, 1, None
         return nope, per, FixedOrderLinear.from_weight(used[::per].reshape(-1, w.shape[-1]).contiguous())
@@ -139,10 +146,10 @@ class ConvertedStructure:
     @torch.no_grad()
     def _find_rope_groups(self, weight: torch.Tensor, bias: torch.Tensor | None) -> RopeGroups | None:
         """weight [rows, K] (bias [rows]) of q_linear() -> the groups of its query rope rows."""
-        q = weight[:self.split[0]].detach()
+        q = weight[: self.split[0]].detach()
         if bias is not None:
-            q = torch.cat((q, bias[:self.split[0], None].detach().to(q.dtype)), dim=1)
-        rows = q.view(self.n_heads, self.dn + self.dr, -1)[:, self.dn:]
+            q = torch.cat((q, bias[: self.split[0], None].detach().to(q.dtype)), dim=1)
+        rows = q.view(self.n_heads, self.dn + self.dr, -1)[:, self.dn :]
         return find_rope_groups(rows, self.inv_freq, self.interleaved)
 
     def padded_expand(self, rows: torch.Tensor) -> torch.Tensor | None:
@@ -153,7 +160,7 @@ class ConvertedStructure:
         weight = self.padded_kv_b()
         if weight is None:
             return None
-        x, packed = rows[..., :weight.shape[1]], self._padded[2]
+        x, packed = rows[..., : weight.shape[1]], self._padded[2]
         if packed is not None and x.dim() == 2:
             return qlinear.linear(x, packed, 16, weight.shape[0])
         return F.linear(x, weight)
@@ -165,9 +172,15 @@ class ConvertedStructure:
         the pad). oneDNN runs K = 256 at ~1.6x the speed of K = 240 on AMX; latentkv's tile kernel
         as fast at 2,048 rows and 1.5x at 256."""
         linear, depth = self.kv_b_proj, -(-self.kv_rank // 32) * 32
-        if (not features()["amx_bf16"] or type(linear) is not nn.Linear or linear.bias is not None
-                or linear.weight.dtype != torch.bfloat16
-                or depth == self.kv_rank or depth > self.kv_rank + self.dr or torch.is_grad_enabled()):
+        if (
+            not features()["amx_bf16"]
+            or type(linear) is not nn.Linear
+            or linear.bias is not None
+            or linear.weight.dtype != torch.bfloat16
+            or depth == self.kv_rank
+            or depth > self.kv_rank + self.dr
+            or torch.is_grad_enabled()
+        ):
             return None
         version = weight_version(linear.weight)
         if self._padded[0] != version:

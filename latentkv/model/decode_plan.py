@@ -16,6 +16,7 @@ module's ops, in C++: kernels/csrc/decode_ops/plan_moe.h). Whether it does is re
 elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's name for running without
 CUDA graphs) turns it off.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,17 +44,23 @@ class DecodePlan:
     def applies(self, meta: AttentionMetadata) -> bool:
         """Whether the modules would run this step as the plan does: single-token decode rows in
         one group (row b = sequence b), the absorbed path, native decode kernel."""
-        return (meta.max_query_len == 1 and meta.groups is None and meta.prompt_rows is None
-                and meta.path in ("auto", "absorbed") and not torch.is_grad_enabled()
-                and all(choose_path(layer, meta) == "absorbed" for layer in self.shapes))
+        return (
+            meta.max_query_len == 1
+            and meta.groups is None
+            and meta.prompt_rows is None
+            and meta.path in ("auto", "absorbed")
+            and not torch.is_grad_enabled()
+            and all(choose_path(layer, meta) == "absorbed" for layer in self.shapes)
+        )
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [B] -> final hidden states [B, hidden] (as model(...) returns)."""
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_factor)
         x = self.model.model.embed_tokens(input_ids)
         # the final RMSNorm too (model.model.norm's kernel, in the native call)
-        return self.step.run(x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens,
-                                    torch.get_num_threads())
+        return self.step.run(
+            x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens, torch.get_num_threads()
+        )
 
 
 def build(model, caches) -> tuple[DecodePlan | None, str | None]:
@@ -65,9 +72,17 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
         layers = [layer_entry(layer, cache, model.route.dtype) for layer, cache in zip(model.model.layers, caches)]
     norm = model.model.norm
     step = decode_ops.extension().DecodePlan(
-        layers, norm.weight, norm.eps, qlinear.extension().linear_capsule, qlinear.extension().moe_capsule,
-        qlinear.extension().route_capsule, attention_kernels.extension().mla_decode_capsule,
-        decode_ops.EXT.isa(), qlinear.EXT.isa(), attention_kernels.EXT.isa())
+        layers,
+        norm.weight,
+        norm.eps,
+        qlinear.extension().linear_capsule,
+        qlinear.extension().moe_capsule,
+        qlinear.extension().route_capsule,
+        attention_kernels.extension().mla_decode_capsule,
+        decode_ops.EXT.isa(),
+        qlinear.EXT.isa(),
+        attention_kernels.EXT.isa(),
+    )
     return DecodePlan(model, step), None
 
 
@@ -89,7 +104,9 @@ def unsupported(model, caches) -> str | None:
         if spec.moe and layer.mlp.native is None:
             return f"layer {spec.index}: MoE experts without their native call"
         if cache.q4:
-            return f"layer {spec.index}: its q4_0 cache is written and read by the per-layer path (no native q4_0 write)"
+            return (
+                f"layer {spec.index}: its q4_0 cache is written and read by the per-layer path (no native q4_0 write)"
+            )
         if cache.dtype != route.dtype:
             return f"layer {spec.index}: cache dtype {cache.dtype} differs from the model's {route.dtype}"
     return None
@@ -107,11 +124,23 @@ def mlp_entry(mlp, moe: bool) -> dict:
         return {"gate_up": linear_entry(mlp.gate_up_proj), "down": linear_entry(mlp.down_proj)}
     gate, cfg = mlp.gate, mlp.gate.cfg
     bias = gate.e_score_correction_bias
-    return {"moe": {
-        "gate": gate.weight.detach(), "gate_packed": gate.packed(), "bias": None if bias is None else bias.detach(), "softmax": gate.softmax,
-        "group_limited": gate.group_limited, "noaux": gate.noaux, "normalized": gate.normalized,
-        "n_group": cfg.n_group, "topk_group": cfg.topk_group, "k": cfg.num_experts_per_tok,
-        "scale": float(cfg.routed_scaling_factor), "safe_rows": invariant.SAFE_ROWS, "native": mlp.native}}
+    return {
+        "moe": {
+            "gate": gate.weight.detach(),
+            "gate_packed": gate.packed(),
+            "bias": None if bias is None else bias.detach(),
+            "softmax": gate.softmax,
+            "group_limited": gate.group_limited,
+            "noaux": gate.noaux,
+            "normalized": gate.normalized,
+            "n_group": cfg.n_group,
+            "topk_group": cfg.topk_group,
+            "k": cfg.num_experts_per_tok,
+            "scale": float(cfg.routed_scaling_factor),
+            "safe_rows": invariant.SAFE_ROWS,
+            "native": mlp.native,
+        }
+    }
 
 
 def layer_entry(layer, cache, dtype: torch.dtype) -> dict:
@@ -124,20 +153,36 @@ def layer_entry(layer, cache, dtype: torch.dtype) -> dict:
     uk_packed, uv_packed = attn.head_packs()
     quantized = cache.quantized
     return {
-        "w_in": layer.input_layernorm.weight, "eps_in": spec.norm_eps,
-        "w_post": layer.post_attention_layernorm.weight, "eps_post": spec.norm_eps,
+        "w_in": layer.input_layernorm.weight,
+        "eps_in": spec.norm_eps,
+        "w_post": layer.post_attention_layernorm.weight,
+        "eps_post": spec.norm_eps,
         "eps_latent": spec.latent_eps,
         "w_q_a_norm": attn.q_a_layernorm.weight if spec.q_lora_rank else None,
         "w_kv_a_norm": attn.kv_a_layernorm.weight if spec.kv_a_layernorm else None,
-        "w_uk": w_uk, "w_uv_t": w_uv_t,  # packed: empty -> head_matmul packs per call
+        "w_uk": w_uk,
+        "w_uv_t": w_uv_t,  # packed: empty -> head_matmul packs per call
         "uk_packed": w_uk.new_empty(0) if uk_packed is None else uk_packed,
         "uv_packed": w_uv_t.new_empty(0) if uv_packed is None else uv_packed,
-        "qkv_a": linear_entry(attn.qkv_a_proj), "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
-        "o": linear_entry(attn.o_proj), **mlp_entry(layer.mlp, spec.moe),
-        "rope_slots": groups.slots if groups else None, "mix": mix, "mix_packed": mix_packed,
-        "q_dim": attn.split[0], "heads": spec.n_heads, "dn": spec.dn, "dr": spec.dr, "dv": spec.dv,
-        "rank": spec.kv_rank, "scale": spec.scale, "interleaved": spec.interleaved,
-        "kv": None if quantized else cache.kv, "latent": cache.latent if quantized else None,
-        "cache_scale": cache.scale if quantized else None, "cache_rope": cache.rope if quantized else None,
-        "qmax": cache.qmax if quantized else 0.0, "block_size": cache.block_size,
+        "qkv_a": linear_entry(attn.qkv_a_proj),
+        "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
+        "o": linear_entry(attn.o_proj),
+        **mlp_entry(layer.mlp, spec.moe),
+        "rope_slots": groups.slots if groups else None,
+        "mix": mix,
+        "mix_packed": mix_packed,
+        "q_dim": attn.split[0],
+        "heads": spec.n_heads,
+        "dn": spec.dn,
+        "dr": spec.dr,
+        "dv": spec.dv,
+        "rank": spec.kv_rank,
+        "scale": spec.scale,
+        "interleaved": spec.interleaved,
+        "kv": None if quantized else cache.kv,
+        "latent": cache.latent if quantized else None,
+        "cache_scale": cache.scale if quantized else None,
+        "cache_rope": cache.rope if quantized else None,
+        "qmax": cache.qmax if quantized else 0.0,
+        "block_size": cache.block_size,
     }

@@ -3,10 +3,10 @@
 Module and parameter names match the Hugging Face checkpoints, so loading is a
 name-for-name copy.
 """
+
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import invariant
@@ -30,8 +30,9 @@ class MLP(nn.Module):
 
     def __init__(self, dim: int, inter_dim: int, route: Route):
         super().__init__()
-        self.gate_up_proj = route.packed_linear("gate_up_proj", dim,
-                                                [("gate_proj", inter_dim, False), ("up_proj", inter_dim, False)])
+        self.gate_up_proj = route.packed_linear(
+            "gate_up_proj", dim, [("gate_proj", inter_dim, False), ("up_proj", inter_dim, False)]
+        )
         self.down_proj = route.linear("down_proj", inter_dim, dim)
         self.fused = route.fused
 
@@ -90,9 +91,18 @@ class Gate(nn.Module):
         logits = self.logits(x)
         if logits.device.type == "cpu" and not torch.is_grad_enabled() and qlinear.available():
             cfg = self.cfg
-            return qlinear.moe_route(logits, self.e_score_correction_bias, self.softmax, cfg.n_group, cfg.topk_group,
-                                     self.noaux, self.group_limited, cfg.num_experts_per_tok, self.normalized,
-                                     float(cfg.routed_scaling_factor))
+            return qlinear.moe_route(
+                logits,
+                self.e_score_correction_bias,
+                self.softmax,
+                cfg.n_group,
+                cfg.topk_group,
+                self.noaux,
+                self.group_limited,
+                cfg.num_experts_per_tok,
+                self.normalized,
+                float(cfg.routed_scaling_factor),
+            )
         return self.route(logits)
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,8 +133,9 @@ class Gate(nn.Module):
         return grouped.masked_fill(~keep[:, :, None], fill).view_as(choice)
 
 
-def moe_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: nn.ModuleList,
-                  shared: nn.Module | None) -> torch.Tensor:
+def moe_reference(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: nn.ModuleList, shared: nn.Module | None
+) -> torch.Tensor:
     """What the native call (kernels/qlinear.py `moe`) computes, with the modules: x [T, D], the router's
     weights [T, k] (float32) and expert ids [T, k] -> [T, D] in x's dtype. Each expert this batch routes
     to runs on its tokens; then per token the weighted sum of its slots' expert outputs in slot order,
@@ -151,8 +162,9 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, route: Route):
         super().__init__()
         self.gate = Gate(cfg)
-        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size, route)
-                                     for _ in range(cfg.n_routed_experts))
+        self.experts = nn.ModuleList(
+            MLP(cfg.hidden_size, cfg.moe_intermediate_size, route) for _ in range(cfg.n_routed_experts)
+        )
         self.inter, self.shared_inter = cfg.moe_intermediate_size, cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = MLP(cfg.hidden_size, self.shared_inter, route) if self.shared_inter else None
         self.native: tuple | None = None  # the native call's weights and shapes (pack_weights), or None
@@ -180,8 +192,11 @@ class MoE(nn.Module):
         # the experts' own buffers just went; glibc would keep them resident between live ones
         # (a model's worth of experts: V2-Lite's w4a8 load peaked at 14.6 GiB instead of ~11)
         return_freed_memory()
-        shared = [None, None] if self.shared_experts is None else \
-            [self.shared_experts.gate_up_proj.weight_packed, self.shared_experts.down_proj.weight_packed]
+        shared = (
+            [None, None]
+            if self.shared_experts is None
+            else [self.shared_experts.gate_up_proj.weight_packed, self.shared_experts.down_proj.weight_packed]
+        )
         self.native = (*stacks, *shared, kinds.pop(), self.inter, self.shared_inter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -226,8 +241,9 @@ class DeepseekModel(nn.Module):
     def __init__(self, cfg: ModelConfig, route: Route, backend: AttentionBackend):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, layer_spec(cfg, i), route, backend)
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, layer_spec(cfg, i), route, backend) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, route.fused)
 
     def forward(self, input_ids, positions, meta, caches):
@@ -273,7 +289,9 @@ class MLAForCausalLM(nn.Module):
         """The compute dtype (linears may be stored as int8 with scales of this dtype)."""
         return self.model.embed_tokens.weight.dtype
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, caches: list) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, caches: list
+    ) -> torch.Tensor:
         """input_ids, positions [T] (flat batch) -> final hidden states [T, hidden]."""
         return self.model(input_ids, positions, meta, caches)
 
@@ -286,7 +304,9 @@ class MLAForCausalLM(nn.Module):
         """Score whole sequences: token_ids [B, S] -> logits [B, S, vocab] (no autograd)."""
         return self.forward_sequences(token_ids, path, cache_dtype)
 
-    def forward_sequences(self, token_ids: torch.Tensor, path: str = "naive", cache_dtype: str = "auto") -> torch.Tensor:
+    def forward_sequences(
+        self, token_ids: torch.Tensor, path: str = "naive", cache_dtype: str = "auto"
+    ) -> torch.Tensor:
         """Whole sequences through a throwaway cache (one block each), differentiable:
         token_ids [B, S] -> logits [B, S, vocab]. Used for scoring and for healing."""
         b, s = token_ids.shape

@@ -6,6 +6,7 @@ its checkpoint tensor names beyond the module's own parameter names (the layer p
 stored beside the weights, stacked experts). The loader (model/loader.py) reads every folder
 through it; docs/internals.md, "Adding a model family", says how to add one.
 """
+
 from __future__ import annotations
 
 import re
@@ -46,13 +47,15 @@ class ModelFamily:
 DEEPSEEK_NAMES = CheckpointNames(
     layer=re.compile(r"^model\.layers\.(\d+)\."),
     skip_suffixes=("weight_scale_inv", "rotary_emb.inv_freq"),
-    fused_experts=re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$"))
+    fused_experts=re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$"),
+)
 
 
 def deepseek_family(model_type: str) -> ModelFamily:
     layout = DEEPSEEK_LAYOUTS[model_type]
-    return ModelFamily(model_type, lambda raw: ModelConfig.read_deepseek(raw, layout), layer_spec, MLAForCausalLM,
-                       DEEPSEEK_NAMES)
+    return ModelFamily(
+        model_type, lambda raw: ModelConfig.read_deepseek(raw, layout), layer_spec, MLAForCausalLM, DEEPSEEK_NAMES
+    )
 
 
 # each DeepSeek layout is a family (a family of another layout: its own entry here)

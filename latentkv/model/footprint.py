@@ -6,6 +6,7 @@ its own `pack` computes on meta tensors (shapes only, no work), so the estimate 
 kernels' layouts (row padding, scales per group) without restating them. The loader compares it
 with the memory available before it reads anything.
 """
+
 from __future__ import annotations
 
 import torch

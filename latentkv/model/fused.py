@@ -15,6 +15,7 @@ extension built; LATENTKV_FUSED=0 switches it off), handed to each op as `kernel
 runs the reference under autograd (healing trains through it). The native side (build, ISA,
 self-check) is kernels/decode_ops.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,55 +47,101 @@ def head_pack(w: torch.Tensor) -> torch.Tensor:
     return EXT.state["module"].head_pack(w.detach(), EXT.state["isa"])
 
 
-def head_matmul(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0, extra: torch.Tensor | None = None, *,
-                kernel: bool = False, packed: torch.Tensor | None = None) -> torch.Tensor:
+def head_matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: float = 1.0,
+    extra: torch.Tensor | None = None,
+    *,
+    kernel: bool = False,
+    packed: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x [N, H, K] · w [H, K, C] per head, times scale; `extra` [N, H, E] times scale beside it
     -> [N, H, C + E] in x's dtype (w: x's dtype, or bf16 under float32 x — exact values, half the bytes).
     packed: head_pack(w), else the native op packs it per call where it runs on AMX."""
     if runs(kernel):
-        return EXT.state["module"].head_matmul(x, w, scale, x.new_empty(0) if extra is None else extra, EXT.state["isa"],
-                                               x.new_empty(0) if packed is None else packed)
+        return EXT.state["module"].head_matmul(
+            x,
+            w,
+            scale,
+            x.new_empty(0) if extra is None else extra,
+            EXT.state["isa"],
+            x.new_empty(0) if packed is None else packed,
+        )
     out = torch.bmm(x.transpose(0, 1), w.to(x.dtype)).transpose(0, 1)
     if extra is not None:
         out = torch.cat((out, extra), dim=-1)
     return out * scale if scale != 1.0 else out
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, *, kernel: bool = False,
-         slots: torch.Tensor | None = None) -> torch.Tensor:
+def rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool,
+    *,
+    kernel: bool = False,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Rotate x [N, G, d] by cos/sin [N, d/2] -> a new [N, G, d]; with slots [d/2] (int64), pair i
     by column slots[i] of cos/sin [N, F] (the native op reads them in place: no gathered copy)."""
     if runs(kernel):
-        return EXT.state["module"].rope(x, cos, sin, interleaved, EXT.state["isa"],
-                                        x.new_empty(0, dtype=torch.long) if slots is None else slots)
+        return EXT.state["module"].rope(
+            x, cos, sin, interleaved, EXT.state["isa"], x.new_empty(0, dtype=torch.long) if slots is None else slots
+        )
     if slots is not None:
         cos, sin = cos[:, slots], sin[:, slots]
     return apply_rope(x, cos, sin, interleaved)
 
 
-def write_latent(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 interleaved: bool, slot_mapping: torch.Tensor, *, kernel: bool = False) -> None:
+def write_latent(
+    cache: LatentCache,
+    c: torch.Tensor,
+    k_r: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool,
+    slot_mapping: torch.Tensor,
+    *,
+    kernel: bool = False,
+) -> None:
     """Store c [T, r] and k_r [T, dr] (not yet rotated: rotated here) at flat slots [T], quantized
     if the cache is: one pass (the native op), else the reference rope + attention.paged.write."""
     if runs(kernel) and c.dtype == cache.dtype and not cache.q4:  # q4_0 blocks: the reference writes them
         empty = c.new_empty(0)
         if cache.quantized:
-            EXT.state["module"].write_latent(c, k_r, cos, sin, interleaved, slot_mapping, empty, cache.latent, cache.scale,
-                                             cache.rope, cache.qmax, EXT.state["isa"])
+            EXT.state["module"].write_latent(
+                c,
+                k_r,
+                cos,
+                sin,
+                interleaved,
+                slot_mapping,
+                empty,
+                cache.latent,
+                cache.scale,
+                cache.rope,
+                cache.qmax,
+                EXT.state["isa"],
+            )
         else:
-            EXT.state["module"].write_latent(c, k_r, cos, sin, interleaved, slot_mapping, cache.kv, empty, empty, empty, 0.0,
-                                             EXT.state["isa"])
+            EXT.state["module"].write_latent(
+                c, k_r, cos, sin, interleaved, slot_mapping, cache.kv, empty, empty, empty, 0.0, EXT.state["isa"]
+            )
         return
     write(cache, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0], slot_mapping)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
-             kernel: bool = False):
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *, kernel: bool = False
+):
     """RMSNorm of x [T, d] (statistics in float32, one rounding, as F.rms_norm); with `residual`,
     of x + residual -> (x + residual, its norm). Without: the norm alone. The native op takes the
     flat batch (2-D: a whole-sequence [B, S, d] runs the reference)."""
     if runs(kernel) and x.dim() == 2:
-        total, out = EXT.state["module"].rms_norm(x, weight, eps, x.new_empty(0) if residual is None else residual, EXT.state["isa"])
+        total, out = EXT.state["module"].rms_norm(
+            x, weight, eps, x.new_empty(0) if residual is None else residual, EXT.state["isa"]
+        )
         return out if residual is None else (total, out)
     if residual is None:
         return F.rms_norm(x, weight.shape, weight, eps)

@@ -15,6 +15,7 @@ own mapping of the shard, dropped once copied, so a shard's pages do not stay re
 maps the file, and get_tensor returns views of the mapping). The memory the model will take
 (model/footprint.py) is checked against what is available before any tensor is read.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
             raise ValueError(f"dtype {dtype!r} is not supported; expected one of {list(MODEL_DTYPES)} or 'auto'")
         dtype = MODEL_DTYPES[dtype]
     if dtype == torch.float16 and device.type == "cpu":
-        raise ValueError("dtype float16 is only supported on CUDA; on CPU use float32 or bfloat16 (float16 matmul is ~1000x slower there)")
+        raise ValueError(
+            "dtype float16 is only supported on CUDA; on CPU use float32 or bfloat16 "
+            "(float16 matmul is ~1000x slower there)"
+        )
     return dtype
 
 
@@ -66,8 +70,9 @@ def weight_files(folder: Path) -> list[Path]:
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(f"{index}: not a safetensors index (needs a \"weight_map\" object): "
-                                  f"{type(err).__name__}: {err}") from None
+            raise CheckpointError(
+                f'{index}: not a safetensors index (needs a "weight_map" object): {type(err).__name__}: {err}'
+            ) from None
         missing = [s for s in shards if not (folder / s).exists()]
         if missing:
             raise CheckpointError(f"{index}: lists shard {missing[0]} which is not in {folder}")
@@ -78,15 +83,21 @@ def weight_files(folder: Path) -> list[Path]:
     pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickled:
         raise CheckpointError(
-            f"{folder}: only pickled weights ({', '.join(pickled)}); latentkv loads safetensors only and never unpickles "
+            f"{folder}: only pickled weights ({', '.join(pickled)}); latentkv loads safetensors only "
+            "and never unpickles "
             "(convert them with a tool you trust, e.g. transformers' save_pretrained(safe_serialization=True))"
         )
     raise CheckpointError(f"{folder}: no *.safetensors weight files")
 
 
-def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               attention_backend: str = ATTENTION_BACKEND_DEFAULT, quantization: str | None = None,
-               route: Route | None = None) -> nn.Module:
+def load_model(
+    path: str | Path,
+    dtype: str | torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    attention_backend: str = ATTENTION_BACKEND_DEFAULT,
+    quantization: str | None = None,
+    route: Route | None = None,
+) -> nn.Module:
     """Read config.json and the safetensors shards of `path` into a model on device/dtype, its
     linears quantized as `quantization` says (model/quant.py). `route` (model/route.py, e.g. the
     engine's) replaces dtype, device, attention_backend and quantization."""
@@ -101,8 +112,14 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
     model = meta_model(cfg, route)
     check_memory(folder, model, route)
     total = sum(f.stat().st_size for f in files)
-    with tqdm(total=total, desc=f"loading {folder.name}", unit="B", unit_scale=True, unit_divisor=1024,
-              disable=total < BAR_BYTES) as bar:
+    with tqdm(
+        total=total,
+        desc=f"loading {folder.name}",
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=total < BAR_BYTES,
+    ) as bar:
         load_weights(model, file_tensors(files, cfg, bar), route.dtype)
         bar.update(total - bar.n)  # the shards' headers, and tensors skipped (multi-token prediction)
     model.pack_weights()
@@ -110,8 +127,12 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
     return model.eval()
 
 
-def model_from_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu") -> nn.Module:
+def model_from_tensors(
+    cfg: ModelConfig,
+    tensors: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> nn.Module:
     """A model from checkpoint-named tensors held in memory (the converter's), as load_model would build it."""
     model = meta_model(cfg, decide_route(device, dtype))
     load_weights(model, ((name, t, "memory") for name, t in tensors.items()), dtype, copy=False)
@@ -126,7 +147,8 @@ def check_memory(folder: Path, model: nn.Module, route: Route) -> None:
         raise CheckpointError(
             f"{folder}: loading it as {str(route.dtype).removeprefix('torch.')} with {route.weights} weights needs "
             f"about {need / GIB:.1f} GiB but {available / GIB:.1f} GiB is available on {route.device}; "
-            "free memory, or load it quantized (--quantization w4a8 or int4: about a third of bf16's bytes)")
+            "free memory, or load it quantized (--quantization w4a8 or int4: about a third of bf16's bytes)"
+        )
 
 
 def meta_model(cfg: ModelConfig, route: Route) -> nn.Module:
@@ -183,8 +205,11 @@ def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     (views; what load_model read, bit for bit)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.config.tie_word_embeddings
-    return {name: params[pname].detach() if rows is None else params[pname].detach()[rows]
-            for name, (pname, rows) in checkpoint_slots(model).items() if not (tied and name == "lm_head.weight")}
+    return {
+        name: params[pname].detach() if rows is None else params[pname].detach()[rows]
+        for name, (pname, rows) in checkpoint_slots(model).items()
+        if not (tied and name == "lm_head.weight")
+    }
 
 
 def file_tensors(files: list[Path], cfg: ModelConfig, bar: tqdm | None = None):
@@ -255,7 +280,9 @@ def load_weights(model: nn.Module, tensors, dtype: torch.dtype, partial: bool = 
         pname, rows = slots[missing[0]]
         shape = slot_shape(params[pname], rows)
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"missing tensor {missing[0]} (expected shape {shape}){more} in {', '.join(sorted(where))}")
+        raise CheckpointError(
+            f"missing tensor {missing[0]} (expected shape {shape}){more} in {', '.join(sorted(where))}"
+        )
 
 
 def packing_waits(model: nn.Module, params: dict, slots: dict, expected: set[str]):
@@ -277,8 +304,10 @@ def open_safetensors(file: Path):
     try:
         return safe_open(str(file), framework="pt")
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
-        raise CheckpointError(f"{file}: cannot read it as safetensors ({type(err).__name__}: {err}); "
-                              "is it truncated or not a safetensors file?") from None
+        raise CheckpointError(
+            f"{file}: cannot read it as safetensors ({type(err).__name__}: {err}); "
+            "is it truncated or not a safetensors file?"
+        ) from None
 
 
 def read_checked(f, name: str, names: set[str], cfg: ModelConfig, file: Path):
@@ -335,13 +364,23 @@ def slot_shape(param: torch.Tensor, rows: slice | None) -> tuple:
     return tuple(param.shape) if rows is None else (rows.stop - rows.start, *param.shape[1:])
 
 
-def copy_param(params: dict, slots: dict, name: str, tensor: torch.Tensor, source, dtype: torch.dtype,
-               model: nn.Module | None = None, copy: bool = True) -> None:
+def copy_param(
+    params: dict,
+    slots: dict,
+    name: str,
+    tensor: torch.Tensor,
+    source,
+    dtype: torch.dtype,
+    model: nn.Module | None = None,
+    copy: bool = True,
+) -> None:
     """Copy one checkpoint tensor into its parameter (its rows of a packed one; copy=False: a whole
     parameter may be the tensor itself). A parameter on the meta device is given storage first, on
     `model`'s route device, under every name it has (tied)."""
     if name not in slots:
-        raise CheckpointError(f"unexpected tensor {name} in {source} (shape {tuple(tensor.shape)}): not part of this model's config")
+        raise CheckpointError(
+            f"unexpected tensor {name} in {source} (shape {tuple(tensor.shape)}): not part of this model's config"
+        )
     pname, rows = slots[name]
     param, shape = params[pname], slot_shape(params[pname], rows)
     if tuple(tensor.shape) != shape:
@@ -353,8 +392,12 @@ def copy_param(params: dict, slots: dict, name: str, tensor: torch.Tensor, sourc
                 replace_param(model, params, pname, tensor.to(device=device, dtype=param_dtype(name, dtype), copy=copy))
                 return
             # a packed parameter, filled part by part; a part without a bias stays zero
-            param = replace_param(model, params, pname,
-                                  (torch.zeros if pname.endswith(".bias") else torch.empty)(param.shape, dtype=dtype, device=device))
+            param = replace_param(
+                model,
+                params,
+                pname,
+                (torch.zeros if pname.endswith(".bias") else torch.empty)(param.shape, dtype=dtype, device=device),
+            )
         if rows is not None:
             param.data[rows] = tensor.to(device=param.device, dtype=param.dtype)
             return
@@ -364,7 +407,9 @@ def copy_param(params: dict, slots: dict, name: str, tensor: torch.Tensor, sourc
 def replace_param(model: nn.Module, params: dict, pname: str, value: torch.Tensor) -> nn.Parameter:
     """A meta parameter -> a parameter holding `value`; a tied lm_head takes the embedding's."""
     new = nn.Parameter(value, requires_grad=params[pname].requires_grad)
-    names = [pname] + (["lm_head.weight"] if pname == "model.embed_tokens.weight" and model.config.tie_word_embeddings else [])
+    names = [pname] + (
+        ["lm_head.weight"] if pname == "model.embed_tokens.weight" and model.config.tie_word_embeddings else []
+    )
     for name in names:
         owner, _, kind = name.rpartition(".")
         setattr(model.get_submodule(owner), kind, new)

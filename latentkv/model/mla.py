@@ -13,6 +13,7 @@ The cache, the masks and the choice between the two belong to the attention back
 (latentkv/attention/); this module is the math it calls back into (attention/layer_api.py names
 it). A converted GQA model's structural savings are converted.py's.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,7 +55,11 @@ class MLAttention(ConvertedStructure, nn.Module):
         self.interleaved, self.scale, self.rope_factor = spec.interleaved, spec.scale, spec.rope_factor
         self.register_buffer("inv_freq", layer_inv_freq(cfg, spec.index), persistent=False)
         self.backend = backend
-        self._absorbed = (None, None, (None, None))  # (weight version, contiguous W_UK / W_UVᵀ, their head_packs) for inference
+        self._absorbed = (
+            None,
+            None,
+            (None, None),
+        )  # (weight version, contiguous W_UK / W_UVᵀ, their head_packs) for inference
         # their storage dtype for inference (None: the weight's); bf16 beside quantized linears, with
         # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
         self.absorbed_dtype = route.absorbed_dtype
@@ -71,7 +76,9 @@ class MLAttention(ConvertedStructure, nn.Module):
         """The linear whose first rows are the query's (q_b_proj, or the packed q / [c ; k_r] projection)."""
         return self.q_b_proj if self.q_lora_rank else self.qkv_a_proj
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache
+    ) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
         writes this step's latents to cache."""
         if fused.runs(self.fused):
@@ -92,7 +99,7 @@ class MLAttention(ConvertedStructure, nn.Module):
         if self.q_lora_rank:
             q = self.q_b_proj(self.q_a_layernorm(q))
         q = q.view(x.shape[0], self.n_heads, -1)
-        q_nope, q_rope = q[..., :self.dn], q[..., self.dn:]
+        q_nope, q_rope = q[..., : self.dn], q[..., self.dn :]
         c, k_r = kv.split([self.kv_rank, self.dr], dim=-1)
         if self.kv_a_layernorm is not None:
             c = self.kv_a_layernorm(c)
@@ -142,10 +149,18 @@ class MLAttention(ConvertedStructure, nn.Module):
         q_rope = self.full_rope(q_rope)
         (w_uk, _), (uk_packed, _) = self._split_and_packs()
         if fused.runs(self.fused):  # one native call; each row reduces in a fixed order (batch-invariant)
-            rows = fused.head_matmul(q_nope.reshape(b * q, h, self.dn), w_uk, self.scale, q_rope.reshape(b * q, h, self.dr),
-                                     kernel=True, packed=uk_packed)
+            rows = fused.head_matmul(
+                q_nope.reshape(b * q, h, self.dn),
+                w_uk,
+                self.scale,
+                q_rope.reshape(b * q, h, self.dr),
+                kernel=True,
+                packed=uk_packed,
+            )
             return rows.view(b, q * h, -1)
-        q_lat = invariant.bmm(q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype))  # [H, B*Q, r]
+        q_lat = invariant.bmm(
+            q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype)
+        )  # [H, B*Q, r]
         q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
         # the softmax scale goes on the small query, not on the [B, Q*H, L] scores
         return (torch.cat((q_lat, q_rope), dim=-1) * self.scale).view(b, q * h, -1)
@@ -155,16 +170,19 @@ class MLAttention(ConvertedStructure, nn.Module):
         b, h = o_lat.shape[0], self.n_heads
         (_, w_uv_t), (_, uv_packed) = self._split_and_packs()
         if fused.runs(self.fused):
-            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True,
-                                     packed=uv_packed).view(b, q, h, self.dv)
-        out = invariant.bmm(o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype))  # [H, B*Q, dv]
+            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True, packed=uv_packed).view(
+                b, q, h, self.dv
+            )
+        out = invariant.bmm(
+            o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype)
+        )  # [H, B*Q, dv]
         return out.transpose(0, 1).reshape(b, q, h, self.dv)
 
     def expand(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached rows [B, L, kv_rank + dr] -> per-head keys [B,L,H,dn+dr] and values [B,L,H,dv]."""
         b, length = kv.shape[:2]
         h = self.n_heads
-        k_r = kv[..., self.kv_rank:]
+        k_r = kv[..., self.kv_rank :]
         k_nope, v = self.expand_latent(kv).view(b, length, h, self.dn + self.dv).split([self.dn, self.dv], dim=-1)
         return torch.cat((k_nope, k_r[:, :, None, :].expand(b, length, h, self.dr)), dim=-1), v
 
@@ -172,4 +190,4 @@ class MLAttention(ConvertedStructure, nn.Module):
         """kv_b_proj of cached rows' latents: rows [..., kv_rank + dr] -> [..., H * (dn + dv)] (through
         the zero-padded weight where that applies: ConvertedStructure.padded_expand)."""
         out = self.padded_expand(rows)
-        return self.kv_b_proj(rows[..., :self.kv_rank]) if out is None else out
+        return self.kv_b_proj(rows[..., : self.kv_rank]) if out is None else out

@@ -1,5 +1,6 @@
 """RMSNorm as DeepSeek and transformers compute it (statistics in float32): one native call
 (model/fused.py) where the route runs the fused ops, else F.rms_norm."""
+
 from __future__ import annotations
 
 import torch

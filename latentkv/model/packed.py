@@ -5,6 +5,7 @@ step. The checkpoint keeps the parts as separate tensors; `parts` says how they 
 (row blocks, in order) so the loader can map each tensor into its rows and the exporter
 can cut them out again (loader.checkpoint_slots). A part without a bias has zeros there.
 """
+
 from __future__ import annotations
 
 from torch import nn

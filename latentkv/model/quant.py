@@ -20,6 +20,7 @@ which turns it into the kernel's layout once. `from_linear` packs a copy of an n
 Packing works on blocks of rows (every layout is row-local, padded at the end only), so its float
 and integer temporaries stay a few MiB whatever the matrix (a 102400-row lm_head took ~3 GiB whole).
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,10 @@ from ..kernels import qlinear
 SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them exact
 INT4_GROUP = 32
 QUANTIZATIONS = ("int8", "int4", "w4a8", "w8a8")
-INT_DOT = {"w4a8": "int4", "w8a8": "int8"}  # integer-dot kinds (CPU, the native kernel) -> the weight-only kind without it
+INT_DOT = {
+    "w4a8": "int4",
+    "w8a8": "int8",
+}  # integer-dot kinds (CPU, the native kernel) -> the weight-only kind without it
 PACK_ELEMENTS = 1 << 22  # weights packed at a time (pack_weights): 16 MiB of float32 temporaries per step
 
 
@@ -42,8 +46,14 @@ class QuantLinear(nn.Module):
     PackedLinear's) lets the loader fill `weight` part by part. `uses_qlinear`: latentkv's kernel
     (kernels/qlinear.py) runs it, else ATen's int kernels (the route decides)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 parts: list[tuple[str, int, bool]] | None = None, uses_qlinear: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        parts: list[tuple[str, int, bool]] | None = None,
+        uses_qlinear: bool = True,
+    ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.uses_qlinear = uses_qlinear
@@ -58,7 +68,9 @@ class QuantLinear(nn.Module):
         return cls.from_weight(linear.weight.detach(), linear.bias, uses_qlinear)
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: nn.Parameter | None = None, uses_qlinear: bool = True) -> "QuantLinear":
+    def from_weight(
+        cls, weight: torch.Tensor, bias: nn.Parameter | None = None, uses_qlinear: bool = True
+    ) -> "QuantLinear":
         """The packed linear x -> x · weightᵀ (+ bias) of weight [out, in]."""
         q = cls(weight.shape[1], weight.shape[0], uses_qlinear=uses_qlinear)
         q.weight.data = weight
@@ -88,7 +100,7 @@ class QuantLinear(nn.Module):
                 self.bias = nn.Parameter(bias, requires_grad=False)
         del self.weight
         rows = max(qlinear.ROW_PAD, PACK_ELEMENTS // max(self.in_features, 1) // qlinear.ROW_PAD * qlinear.ROW_PAD)
-        pieces = [self.pack(weight[start:start + rows]) for start in range(0, weight.shape[0], rows)]
+        pieces = [self.pack(weight[start : start + rows]) for start in range(0, weight.shape[0], rows)]
         for name in list(pieces[0]):
             parts = [piece.pop(name) for piece in pieces]
             self.register_buffer(name, parts[0] if len(parts) == 1 else torch.cat(parts, self.ROW_DIMS.get(name, 0)))
@@ -169,8 +181,10 @@ class Int4Linear(QuantLinear):
             codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
             return {"weight_packed": qlinear.pack_int4(codes, scale_zero.to(w.dtype))}
         codes, scale_zero = quantize_int4(F.pad(w, (0, 0, 0, -w.shape[0] % 16)))  # only the last block is short
-        return {"weight_int4": torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
-                "scale_zero": scale_zero.to(w.dtype)}
+        return {
+            "weight_int4": torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
+            "scale_zero": scale_zero.to(w.dtype),
+        }
 
     @property
     def record(self) -> int | None:
@@ -179,8 +193,10 @@ class Int4Linear(QuantLinear):
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
         if self.uses_qlinear:
             return qlinear.linear(flat, self.weight_packed, 4, self.out_features)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype))
-        return y[:, :self.out_features]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat, self.weight_int4, INT4_GROUP, self.scale_zero.to(flat.dtype)
+        )
+        return y[:, : self.out_features]
 
 
 class W4A8Linear(QuantLinear):
@@ -235,15 +251,27 @@ class FixedOrderLinear(QuantLinear):
         runs (bf16 rows on AMX: qlinear.fused_swiglu), the bits of forward then decode_ops' silu_mul;
         None elsewhere."""
         inter = self.out_features // 2
-        if not (self.packed and self.bias is None and x.dtype == torch.bfloat16 and self.out_features % 2 == 0
-                and qlinear.fused_swiglu(self.bits, inter)):
+        if not (
+            self.packed
+            and self.bias is None
+            and x.dtype == torch.bfloat16
+            and self.out_features % 2 == 0
+            and qlinear.fused_swiglu(self.bits, inter)
+        ):
             return None
-        return qlinear.swiglu_linear(x.reshape(-1, self.in_features), self.weight_packed, inter).view(*x.shape[:-1], inter)
+        return qlinear.swiglu_linear(x.reshape(-1, self.in_features), self.weight_packed, inter).view(
+            *x.shape[:-1], inter
+        )
 
 
 # how the route names each class (model/route.py WEIGHTS)
-LINEAR_CLASSES = {"fixed-order": FixedOrderLinear, "int8": Int8Linear, "int4": Int4Linear, "w4a8": W4A8Linear,
-                  "w8a8": W8A8Linear}
+LINEAR_CLASSES = {
+    "fixed-order": FixedOrderLinear,
+    "int8": Int8Linear,
+    "int4": Int4Linear,
+    "w4a8": W4A8Linear,
+    "w8a8": W8A8Linear,
+}
 
 
 def linear_kind(linear: nn.Module) -> str:

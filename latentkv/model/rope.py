@@ -4,6 +4,7 @@ Only the `qk_rope_head_dim` part of queries and the shared rope key are rotated.
 Two layouts exist in checkpoints: interleaved pairs `(x0,x1),(x2,x3),…` (DeepSeek's
 own, V2 always, V3 with `rope_interleave`) and halves `(x_i, x_{i+d/2})`.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 def softmax_scale(cfg: ModelConfig) -> float:
     """1/sqrt(dn+dr), times mscale(mscale_all_dim)² under YaRN, as DeepSeek does."""
-    scale = cfg.qk_head_dim ** -0.5
+    scale = cfg.qk_head_dim**-0.5
     s = cfg.rope_scaling
     if s.rope_type == "yarn" and s.mscale_all_dim:
         m = yarn_mscale(s.factor, s.mscale_all_dim)

@@ -16,6 +16,7 @@ with RoPE and applies to rotated rows. The cache keeps the mixed key (decode rea
 one direction per group, groups of consecutive heads as GQA numbers them) and returns None where it
 does not hold: DeepSeek's own checkpoints (one slot a frequency), refined or other conversions.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class RopeGroups:
     """basis [G, dr, 2F]: group g's un-mixed rope key is k_r · basis[g] (pair f at 2f, 2f + 1);
     heads_per_group consecutive query heads read each; slots [F]: a rope slot (column of the
     layer's cos / sin [T, dr/2]) at pair f's frequency."""
+
     basis: torch.Tensor
     heads_per_group: int
     slots: torch.Tensor
@@ -59,7 +61,9 @@ class RopeGroups:
         w = self._for(dtype)
         return w.mix, w.mix_packed
 
-    def fold(self, weight: torch.Tensor, bias: torch.Tensor | None, nope: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def fold(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, nope: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A query projection's weight [H * (nope + dr) + rest, K] (bias [same]) -> the one whose
         head rows are [nope rows ; basisᵀ · rope rows] ([H * (nope + 2F) + rest, K]): its rope part
         is queries() of the original's, before RoPE (they commute), rounded once to the weight's dtype."""
@@ -68,9 +72,11 @@ class RopeGroups:
         b = self.basis.double().repeat_interleave(self.heads_per_group, 0).transpose(1, 2)  # [H, 2F, dr]
 
         def fold_rows(rows: torch.Tensor) -> torch.Tensor:
-            q = rows[:heads * (nope + dr)].double().view(heads, nope + dr, *rows.shape[1:])
+            q = rows[: heads * (nope + dr)].double().view(heads, nope + dr, *rows.shape[1:])
             rope = torch.einsum("hfd,hd...->hf...", b, q[:, nope:])
-            return torch.cat((torch.cat((q[:, :nope], rope), dim=1).flatten(0, 1).to(rows.dtype), rows[heads * (nope + dr):]))
+            return torch.cat(
+                (torch.cat((q[:, :nope], rope), dim=1).flatten(0, 1).to(rows.dtype), rows[heads * (nope + dr) :])
+            )
 
         return fold_rows(weight), None if bias is None else fold_rows(bias)
 
@@ -80,8 +86,9 @@ class RopeGroups:
         if w.keys is not None:
             out = w.keys(k_r.contiguous())
         else:
-            out = fused.head_matmul(k_r[:, None].expand(-1, self.groups, -1).contiguous(), self.basis.to(w.heads.dtype),
-                                    kernel=True)
+            out = fused.head_matmul(
+                k_r[:, None].expand(-1, self.groups, -1).contiguous(), self.basis.to(w.heads.dtype), kernel=True
+            )
         return out.view(k_r.shape[0], self.groups, -1)
 
     def _for(self, dtype: torch.dtype) -> "_Weights":

@@ -10,6 +10,7 @@ decode plan reads it (model/decode_plan.py) and the engine prints it (engine/rou
 What stays per call depends on the input: a step's rows (prompt or decode, the path by cost, the
 backend's kernel for the query's dtype) and autograd (training runs the PyTorch reference ops).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -72,8 +73,14 @@ class Route:
         return cls(in_features, sum(rows for _, rows, _ in parts), any(b for _, _, b in parts), parts, self.qlinear)
 
 
-def decide_route(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, attention_backend: str = "auto",
-                 quantization: str | None = None, batch_invariant: bool = False, cache_dtype: str = "auto") -> Route:
+def decide_route(
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    attention_backend: str = "auto",
+    quantization: str | None = None,
+    batch_invariant: bool = False,
+    cache_dtype: str = "auto",
+) -> Route:
     """The route for a model on `device` in `dtype`. An extension is asked (and built, on first
     use) only where the route could use it: qlinear for a quantization or batch invariance.
     quantization int4 / w4a8 / w8a8 are CPU-only; w4a8 / w8a8 run int4 / int8 weights with float
@@ -84,17 +91,36 @@ def decide_route(device: str | torch.device = "cpu", dtype: torch.dtype = torch.
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if quantization in ("int4", *INT_DOT) and device != "cpu":
         raise ValueError(f"quantization {quantization!r} has CPU kernels only; device must be 'cpu', got {device!r}")
-    asked = {"attention": attention_backend in ("auto", "native"),
-             "decode_ops": device == "cpu" and dtype in KERNEL_DTYPES,
-             "qlinear": device == "cpu" and bool(quantization or batch_invariant)}
+    asked = {
+        "attention": attention_backend in ("auto", "native"),
+        "decode_ops": device == "cpu" and dtype in KERNEL_DTYPES,
+        "qlinear": device == "cpu" and bool(quantization or batch_invariant),
+    }
     uses_qlinear = asked["qlinear"] and qlinear.available()
-    weights = quantization or ("fixed-order" if batch_invariant and uses_qlinear and dtype in KERNEL_DTYPES else "float")
+    weights = quantization or (
+        "fixed-order" if batch_invariant and uses_qlinear and dtype in KERNEL_DTYPES else "float"
+    )
     if weights in INT_DOT and not uses_qlinear:
-        warnings.warn(f"latentkv: {weights} needs the native linears ({qlinear.unavailable_reason()}); "
-                      f"using {INT_DOT[weights]} weights with float activations instead", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"latentkv: {weights} needs the native linears ({qlinear.unavailable_reason()}); "
+            f"using {INT_DOT[weights]} weights with float activations instead",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         weights = INT_DOT[weights]
-    isas = tuple((ext.family, ext.choose() if ext.available() else "unavailable")
-                 for ext in (attention_kernels.EXT, decode_ops.EXT, qlinear.EXT) if asked[ext.family])
-    return Route(device=device, dtype=dtype, cache_dtype=cache_dtype, attention=resolve_backend(attention_backend),
-                 fused=asked["decode_ops"] and decode_ops.available(), qlinear=uses_qlinear, weights=weights,
-                 batch_invariant=batch_invariant, isas=isas)
+    isas = tuple(
+        (ext.family, ext.choose() if ext.available() else "unavailable")
+        for ext in (attention_kernels.EXT, decode_ops.EXT, qlinear.EXT)
+        if asked[ext.family]
+    )
+    return Route(
+        device=device,
+        dtype=dtype,
+        cache_dtype=cache_dtype,
+        attention=resolve_backend(attention_backend),
+        fused=asked["decode_ops"] and decode_ops.available(),
+        qlinear=uses_qlinear,
+        weights=weights,
+        batch_invariant=batch_invariant,
+        isas=isas,
+    )

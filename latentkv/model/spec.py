@@ -3,6 +3,7 @@ model/mla.py and model/deepseek.py build the layer's modules from, and that the 
 (model/decode_plan.py) hands the native step (kernels/csrc/decode_ops/decode_step.h). Each layer
 keeps the spec it was built from (`DecoderLayer.spec`), so the two paths read one description
 instead of the plan re-deriving it from the modules."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,11 @@ class LayerSpec:
     def qkv_a_parts(self) -> list[tuple[str, int, bool]]:
         """The packed projection's parts (checkpoint name, rows, bias): q (or q_a) and [c ; k_r]
         read the same x, so they are one matmul (model/packed.py)."""
-        q_part = ("q_a_proj", self.q_lora_rank, self.attention_bias) if self.q_lora_rank \
+        q_part = (
+            ("q_a_proj", self.q_lora_rank, self.attention_bias)
+            if self.q_lora_rank
             else ("q_proj", self.qk_dim, self.q_bias)
+        )
         return [q_part, ("kv_a_proj_with_mqa", self.kv_rank + self.dr, self.attention_bias)]
 
     @property
@@ -56,8 +60,21 @@ class LayerSpec:
 
 def layer_spec(cfg: ModelConfig, layer: int) -> LayerSpec:
     return LayerSpec(
-        index=layer, hidden=cfg.hidden_size, n_heads=cfg.num_attention_heads, dn=cfg.qk_nope_head_dim,
-        dr=cfg.qk_rope_head_dim, dv=cfg.v_head_dim, kv_rank=cfg.kv_rank(layer), q_lora_rank=cfg.q_lora_rank or 0,
-        q_bias=cfg.q_bias, attention_bias=cfg.attention_bias, kv_a_layernorm=cfg.kv_a_layernorm,
-        interleaved=cfg.rope_interleave, scale=softmax_scale(cfg), rope_factor=attention_factor(cfg.rope_scaling),
-        moe=cfg.is_moe_layer(layer), intermediate=cfg.intermediate_size, norm_eps=cfg.rms_norm_eps)
+        index=layer,
+        hidden=cfg.hidden_size,
+        n_heads=cfg.num_attention_heads,
+        dn=cfg.qk_nope_head_dim,
+        dr=cfg.qk_rope_head_dim,
+        dv=cfg.v_head_dim,
+        kv_rank=cfg.kv_rank(layer),
+        q_lora_rank=cfg.q_lora_rank or 0,
+        q_bias=cfg.q_bias,
+        attention_bias=cfg.attention_bias,
+        kv_a_layernorm=cfg.kv_a_layernorm,
+        interleaved=cfg.rope_interleave,
+        scale=softmax_scale(cfg),
+        rope_factor=attention_factor(cfg.rope_scaling),
+        moe=cfg.is_moe_layer(layer),
+        intermediate=cfg.intermediate_size,
+        norm_eps=cfg.rms_norm_eps,
+    )

@@ -1,4 +1,5 @@
 """The FastAPI app: routes, guards (API key, body limit), status counting, engine loop lifecycle."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,7 +46,7 @@ class CountStatus:
         try:
             await self.app(scope, receive, counting_send)
         except Exception:
-            if not started:   # Starlette's outermost handler will answer 500
+            if not started:  # Starlette's outermost handler will answer 500
                 self.metrics.count_status(500)
             raise
 
@@ -66,20 +67,34 @@ async def unless_disconnected(request: Request, work):
         task.cancel()
 
 
-def build_state(engine, served_model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
-                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False,
-                shutdown_timeout: float = 30.0) -> ServerState:
+def build_state(
+    engine,
+    served_model_name: str,
+    max_waiting_requests: int = 256,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    metrics_public: bool = False,
+    shutdown_timeout: float = 30.0,
+) -> ServerState:
     """Wrap an `LLMEngine` for serving (the engine loop starts with the app; when the app stops,
     the engine's KV store queue is written out, within `shutdown_timeout` seconds)."""
     holder: dict = {}
     metrics = ServerMetrics(lambda: holder["engine"].stats)
     async_engine = AsyncEngine(engine, on_finish=metrics.count_finished)
     holder["engine"] = async_engine
-    return ServerState(engine=async_engine, metrics=metrics, served_model_name=served_model_name,
-                       max_model_len=engine.max_model_len, max_num_seqs=engine.args.max_num_seqs,
-                       max_waiting_requests=max_waiting_requests, api_key=api_key,
-                       vocab_size=engine.cfg.vocab_size, max_request_bytes=max_request_bytes,
-                       metrics_public=metrics_public, drain=Drain(shutdown_timeout))
+    return ServerState(
+        engine=async_engine,
+        metrics=metrics,
+        served_model_name=served_model_name,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.args.max_num_seqs,
+        max_waiting_requests=max_waiting_requests,
+        api_key=api_key,
+        vocab_size=engine.cfg.vocab_size,
+        max_request_bytes=max_request_bytes,
+        metrics_public=metrics_public,
+        drain=Drain(shutdown_timeout),
+    )
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -98,15 +113,16 @@ def build_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app, api_key_required=state.api_key is not None)
     # added last = runs first: count, then the key, then the body limit and JSON check
-    app.add_middleware(BodyGuard, max_bytes=state.max_request_bytes,
-                       json_paths=("/v1/completions", "/v1/chat/completions"))
+    app.add_middleware(
+        BodyGuard, max_bytes=state.max_request_bytes, json_paths=("/v1/completions", "/v1/chat/completions")
+    )
     app.add_middleware(ApiKeyGuard, api_key=state.api_key, metrics_public=state.metrics_public)
-    app.add_middleware(DrainGate, drain=state.drain)   # shutting down: 503 before anything else
+    app.add_middleware(DrainGate, drain=state.drain)  # shutting down: 503 before anything else
     app.add_middleware(CountStatus, metrics=state.metrics)
 
     @app.get("/health")
     async def health():
-        if state.drain.draining:   # not ready: a load balancer should send the next request elsewhere
+        if state.drain.draining:  # not ready: a load balancer should send the next request elsewhere
             return JSONResponse({"status": "draining"}, status_code=503)
         if not state.engine.alive:
             return JSONResponse({"status": "error", "detail": state.engine.error}, status_code=503)
@@ -117,14 +133,19 @@ def build_app(state: ServerState) -> FastAPI:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     def model_card() -> dict:
-        return {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "latentkv",
-                "max_model_len": state.max_model_len}
+        return {
+            "id": state.served_model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "latentkv",
+            "max_model_len": state.max_model_len,
+        }
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model:path}")   # (:path: served names may hold slashes, "org/model")
+    @app.get("/v1/models/{model:path}")  # (:path: served names may hold slashes, "org/model")
     async def retrieve_model(model: str):
         state.check_model(model)
         return model_card()

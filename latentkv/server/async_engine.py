@@ -6,6 +6,7 @@ asyncio queue. Tokenization and chat templating (the `prepare` callable of an ad
 in one tokenizer thread with its own copy of the tokenizer — not in the engine thread,
 so a huge prompt never stalls the other requests' steps, and not on the event loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,6 +32,7 @@ class EngineDeadError(RuntimeError):
 class ShutdownError(EngineDeadError):
     """The server is shutting down: this request was refused, or it ran past the shutdown
     timeout and was ended (503 with Retry-After in OpenAI's format; an error event in a stream)."""
+
     code = "server_shutting_down"
 
 
@@ -47,7 +49,7 @@ class Submission:
     outputs: asyncio.Queue
     accepted: asyncio.Future
     arrived: float = field(default_factory=time.perf_counter)
-    text: str | None = None           # filled by `prepare` in the tokenizer thread
+    text: str | None = None  # filled by `prepare` in the tokenizer thread
     token_ids: list[int] = field(default_factory=list)
 
 
@@ -65,7 +67,7 @@ class AsyncEngine:
         self.num_seqs_in_flight = 0  # sequences submitted and not yet finished
         self.stopping = False
         self.error: str | None = None
-        self.refusing: ShutdownError | None = None   # set by `end_all`: no request is taken any more
+        self.refusing: ShutdownError | None = None  # set by `end_all`: no request is taken any more
         self.thread = threading.Thread(target=self.run, name="latentkv-engine", daemon=True)
         # the engine thread detokenizes with engine.tokenizer; prompts get their own copy and thread
         self.tokenizer = copy.deepcopy(engine.tokenizer)
@@ -193,7 +195,7 @@ class AsyncEngine:
                 self.fail_in_flight(payload)
 
     def accept(self, sub: Submission) -> None:
-        if self.refusing is not None:   # tokenized while the shutdown ended the others
+        if self.refusing is not None:  # tokenized while the shutdown ended the others
             self.release(sub.params.n)
             sub.loop.call_soon_threadsafe(set_exception_once, sub.accepted, ShutdownError(str(self.refusing)))
             return

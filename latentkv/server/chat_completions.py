@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: the conversation through the model's chat template; output
 guided by response_format / guided_* or by tools (server/tools.py)."""
+
 from __future__ import annotations
 
 import time
@@ -10,8 +11,21 @@ from latentkv.engine.chat_template import render_chat
 from latentkv.guided import GuidedDecodingError
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import ChatCompletionRequest, sampling_param_named
-from latentkv.server.serving import (DeltaTracker, EngineStream, ServerState, chunk_writer, chat_logprobs, collect,
-                                     follow, new_id, raise_if_failed, sse, sse_error, submit_all, usage)
+from latentkv.server.serving import (
+    DeltaTracker,
+    EngineStream,
+    ServerState,
+    chunk_writer,
+    chat_logprobs,
+    collect,
+    follow,
+    new_id,
+    raise_if_failed,
+    sse,
+    sse_error,
+    submit_all,
+    usage,
+)
 from latentkv.server.tools import ToolPlan, parse_tool_calls, plan_tools, strip_tool_calls
 
 
@@ -57,16 +71,34 @@ def answer(plan: ToolPlan | None, text: str, finish_reason: str | None) -> tuple
 def chat_body(req: ChatCompletionRequest, state: ServerState, final, request_id: str, plan: ToolPlan | None) -> dict:
     choices = []
     for c in final.outputs:
-        logprobs = chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs and c.logprobs is not None else None
+        logprobs = (
+            chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0)
+            if req.logprobs and c.logprobs is not None
+            else None
+        )
         fields, finish_reason = answer(plan, c.text, c.finish_reason)
-        choices.append({"index": c.index, "message": {"role": "assistant", "refusal": None, **fields},
-                        "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": c.stop_reason})
-    return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
-            "model": state.served_model_name, "choices": choices, "usage": usage([final])}
+        choices.append(
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "refusal": None, **fields},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+        )
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.served_model_name,
+        "choices": choices,
+        "usage": usage([final]),
+    }
 
 
-async def stream_chat(req: ChatCompletionRequest, state: ServerState, subs: list, request_id: str,
-                      plan: ToolPlan | None):
+async def stream_chat(
+    req: ChatCompletionRequest, state: ServerState, subs: list, request_id: str, plan: ToolPlan | None
+):
     """Text streams as it comes; with tools the answer is held until it ends, since only
     then is it known to be a tool call (and its arguments complete)."""
     chunk = chunk_writer("chat.completion.chunk", request_id, state.served_model_name, req.include_usage)
@@ -81,8 +113,16 @@ async def stream_chat(req: ChatCompletionRequest, state: ServerState, subs: list
                 final = out
             for d in tracker.update(0, out):
                 if d.first:
-                    yield chunk([{"index": d.index, "delta": {"role": "assistant", "content": ""},
-                                  "logprobs": None, "finish_reason": None}])
+                    yield chunk(
+                        [
+                            {
+                                "index": d.index,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
                 if plan is not None:
                     held[d.index] = held.get(d.index, "") + d.text
                     if d.finish_reason:
@@ -92,8 +132,9 @@ async def stream_chat(req: ChatCompletionRequest, state: ServerState, subs: list
                 if req.logprobs and d.logprobs is not None:
                     logprobs = chat_logprobs(d.token_ids, d.logprobs, req.top_logprobs or 0)
                 if d.text or logprobs:
-                    yield chunk([{"index": d.index, "delta": {"content": d.text}, "logprobs": logprobs,
-                                  "finish_reason": None}])
+                    yield chunk(
+                        [{"index": d.index, "delta": {"content": d.text}, "logprobs": logprobs, "finish_reason": None}]
+                    )
                 if d.finish_reason:
                     yield chunk([{"index": d.index, "delta": {}, "logprobs": None, "finish_reason": d.finish_reason}])
         if req.include_usage and final is not None:

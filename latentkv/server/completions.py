@@ -1,4 +1,5 @@
 """POST /v1/completions: one engine request per prompt, `n` samples each."""
+
 from __future__ import annotations
 
 import time
@@ -9,9 +10,22 @@ from latentkv.engine.prompt_errors import PromptError, check_token_ids
 from latentkv.guided import GuidedDecodingError
 from latentkv.server.errors import bad_request
 from latentkv.server.protocol import CompletionRequest, sampling_param_named
-from latentkv.server.serving import (DeltaTracker, EngineStream, ServerState, chunk_writer, collect, completion_logprobs,
-                                     follow, new_id, prompt_logprobs_body, raise_if_failed, sse, sse_error, submit_all,
-                                     usage)
+from latentkv.server.serving import (
+    DeltaTracker,
+    EngineStream,
+    ServerState,
+    chunk_writer,
+    collect,
+    completion_logprobs,
+    follow,
+    new_id,
+    prompt_logprobs_body,
+    raise_if_failed,
+    sse,
+    sse_error,
+    submit_all,
+    usage,
+)
 
 
 # Each prompt becomes prepare(tokenizer) -> (text, ids), run in the tokenizer thread; the
@@ -21,14 +35,16 @@ def text_prompt(prompt: str):
         if tokenizer is None:
             raise PromptError("this server has no tokenizer; send the prompt as token ids")
         return prompt, tokenizer(prompt).input_ids
+
     return prepare
 
 
 def token_prompt(ids: list[int], vocab_size: int):
     def prepare(tokenizer):
-        check_token_ids(ids, vocab_size)   # before decoding them (the engine checks the rest)
+        check_token_ids(ids, vocab_size)  # before decoding them (the engine checks the rest)
         text = tokenizer.decode(ids) if tokenizer is not None else None
         return text, list(ids)
+
     return prepare
 
 
@@ -47,15 +63,19 @@ def check_request(req: CompletionRequest) -> list:
 async def create_completion(req: CompletionRequest, state: ServerState):
     state.check_model(req.model)
     prompts = check_request(req)
-    scoring = req.echo and req.logprobs is not None   # the prompt's own logprobs too (lm-eval's loglikelihood)
+    scoring = req.echo and req.logprobs is not None  # the prompt's own logprobs too (lm-eval's loglikelihood)
     try:
         guided = req.guided()
     except GuidedDecodingError as err:
         raise bad_request(str(err), param=err.param, code=err.code) from None
     try:
         # max_tokens 0 still picks one token (in the prefill step, no extra forward); it is not returned
-        params = req.sampling_params(1 if req.max_tokens == 0 else req.max_tokens, req.logprobs, guided,
-                                     prompt_logprobs=req.logprobs if scoring else None)
+        params = req.sampling_params(
+            1 if req.max_tokens == 0 else req.max_tokens,
+            req.logprobs,
+            guided,
+            prompt_logprobs=req.logprobs if scoring else None,
+        )
     except ValueError as err:
         raise bad_request(str(err), param=sampling_param_named(err)) from None
     state.check_queue(len(prompts) * req.n)
@@ -66,7 +86,7 @@ async def create_completion(req: CompletionRequest, state: ServerState):
         return EngineStream(stream_completion(req, state, subs, request_id), state, subs)
     finals = await collect(state, subs)
     body = completion_body(req, state, finals, request_id)
-    if req.stream:   # max_tokens 0: nothing to stream but the prompt; one chunk
+    if req.stream:  # max_tokens 0: nothing to stream but the prompt; one chunk
         chunk = chunk_writer("text_completion", request_id, state.served_model_name, req.include_usage)
         events = [chunk(body["choices"])] + ([chunk([], body["usage"])] if req.include_usage else []) + [sse("[DONE]")]
         return StreamingResponse(iter(events), media_type="text/event-stream")
@@ -89,16 +109,27 @@ def completion_body(req: CompletionRequest, state: ServerState, finals: list, re
         prefix = (out.prompt or "") if req.echo else ""
         for c in out.outputs:
             scored_only = req.max_tokens == 0
-            choices.append({"index": i * req.n + c.index, "text": prefix + ("" if scored_only else c.text),
-                            "logprobs": choice_logprobs(req, out, c, prefix),
-                            "finish_reason": "length" if scored_only else c.finish_reason,
-                            "stop_reason": None if scored_only else c.stop_reason})
+            choices.append(
+                {
+                    "index": i * req.n + c.index,
+                    "text": prefix + ("" if scored_only else c.text),
+                    "logprobs": choice_logprobs(req, out, c, prefix),
+                    "finish_reason": "length" if scored_only else c.finish_reason,
+                    "stop_reason": None if scored_only else c.stop_reason,
+                }
+            )
     choices.sort(key=lambda ch: ch["index"])
     counts = usage(finals)
     if req.max_tokens == 0:
         counts = {**counts, "completion_tokens": 0, "total_tokens": counts["prompt_tokens"]}
-    return {"id": request_id, "object": "text_completion", "created": int(time.time()),
-            "model": state.served_model_name, "choices": choices, "usage": counts}
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.served_model_name,
+        "choices": choices,
+        "usage": counts,
+    }
 
 
 async def stream_completion(req: CompletionRequest, state: ServerState, subs: list, request_id: str):
@@ -121,8 +152,9 @@ async def stream_completion(req: CompletionRequest, state: ServerState, subs: li
                     logprobs = completion_logprobs(d.token_ids, d.logprobs, req.logprobs, start, echoed)
                 offsets[d.index] = offsets.get(d.index, 0) + len(text)
                 if text or d.finish_reason:
-                    yield chunk([{"index": d.index, "text": text, "logprobs": logprobs,
-                                  "finish_reason": d.finish_reason}])
+                    yield chunk(
+                        [{"index": d.index, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}]
+                    )
         if req.include_usage:
             yield chunk([], usage([finals[i] for i in sorted(finals)]))
     except Exception as err:  # noqa: BLE001 - headers are sent; report in the stream

@@ -1,4 +1,5 @@
 """Errors in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
+
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -6,21 +7,45 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error", 503: "server_error"}
-CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
-         500: "internal_error", 503: "overloaded"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "server_error",
+}
+CODES = {
+    401: "invalid_api_key",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    500: "internal_error",
+    503: "overloaded",
+}
 
 # pydantic error type -> OpenAI-style error code
-VALIDATION_CODES = {"missing": "missing_required_parameter", "json_invalid": "invalid_json",
-                    "model_attributes_type": "invalid_type", "dict_type": "invalid_type"}
+VALIDATION_CODES = {
+    "missing": "missing_required_parameter",
+    "json_invalid": "invalid_json",
+    "model_attributes_type": "invalid_type",
+    "dict_type": "invalid_type",
+}
 
 
 class ApiError(Exception):
     """An error answered with `status` and OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None, type_: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+        type_: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -85,9 +110,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, err: StarletteHTTPException):
-        return JSONResponse(error_body(str(err.detail), TYPES.get(err.status_code, "invalid_request_error"),
-                                       code=CODES.get(err.status_code)),
-                            status_code=err.status_code, headers=getattr(err, "headers", None))
+        return JSONResponse(
+            error_body(
+                str(err.detail), TYPES.get(err.status_code, "invalid_request_error"), code=CODES.get(err.status_code)
+            ),
+            status_code=err.status_code,
+            headers=getattr(err, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, err: Exception):

@@ -6,6 +6,7 @@ The body is read (at most `max_bytes`, refused before reading when Content-Lengt
 more), checked once with a strict parser — no NaN/Infinity, no lone surrogates, not
 empty — and replayed to the app unchanged.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from latentkv.server.errors import error_body
 from latentkv.settings import DEFAULT_MAX_REQUEST_BYTES
+
 PUBLIC_PATHS = ("/health",)
 API_KEY_ENV = "LATENTKV_API_KEY"
 
@@ -35,8 +37,15 @@ def resolve_api_key(flag: str | None, key_file: str | None, environ=os.environ) 
     return environ.get(API_KEY_ENV) or None
 
 
-async def send_error(send, status: int, message: str, type_: str, param: str | None = None,
-                     code: str | None = None, headers: dict | None = None) -> None:
+async def send_error(
+    send,
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict | None = None,
+) -> None:
     body = json.dumps(error_body(message, type_, param, code)).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -68,8 +77,14 @@ class ApiKeyGuard:
         if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key):
             return await self.app(scope, receive, send)
         message = "missing API key" if not given else "invalid API key"
-        await send_error(send, 401, f"{message}: send 'Authorization: Bearer <key>'", "authentication_error",
-                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        await send_error(
+            send,
+            401,
+            f"{message}: send 'Authorization: Bearer <key>'",
+            "authentication_error",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 def reject_constant(name: str):
@@ -120,8 +135,7 @@ class BodyGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        too_big = (f"the request body is larger than the limit of {self.max_bytes} bytes "
-                   "(--max-request-bytes)")
+        too_big = f"the request body is larger than the limit of {self.max_bytes} bytes (--max-request-bytes)"
         length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await send_error(send, 413, too_big, "invalid_request_error", code="request_too_large")
@@ -149,6 +163,6 @@ class BodyGuard:
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()   # then disconnects, as the app expects
+            return await receive()  # then disconnects, as the app expects
 
         await self.app(scope, replay, send)

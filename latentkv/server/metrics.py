@@ -4,6 +4,7 @@ Counters and histograms are updated as requests run; the engine's gauges (runnin
 waiting sequences, cache blocks, prefix-cache hit rate, preemptions) are read from the
 engine loop's latest stats snapshot at scrape time.
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -35,10 +36,15 @@ class EngineStatsCollector:
             "latentkv_num_requests_running": ("sequences running now", s["running"]),
             "latentkv_num_requests_waiting": ("sequences waiting for a slot or cache blocks", s["waiting"]),
             "latentkv_cache_blocks_used": ("latent cache blocks in use", s["blocks_used"]),
-            "latentkv_cache_blocks_free": ("latent cache blocks free (cached prefixes count as free)", s["blocks_free"]),
+            "latentkv_cache_blocks_free": (
+                "latent cache blocks free (cached prefixes count as free)",
+                s["blocks_free"],
+            ),
             "latentkv_cache_capacity_tokens": ("tokens the latent cache holds", s["capacity_tokens"]),
-            "latentkv_prefix_cache_hit_rate": ("prefix-cache hits / queries (full blocks)",
-                                               s["prefix_hits"] / s["prefix_queries"] if s["prefix_queries"] else 0.0),
+            "latentkv_prefix_cache_hit_rate": (
+                "prefix-cache hits / queries (full blocks)",
+                s["prefix_hits"] / s["prefix_queries"] if s["prefix_queries"] else 0.0,
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
@@ -60,10 +66,18 @@ class ServerMetrics:
         self.finished = Counter("latentkv_request_finish", "finished generations by reason", ["reason"], registry=r)
         self.prompt_tokens = Counter("latentkv_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("latentkv_generation_tokens", "generated tokens", registry=r)
-        self.ttft = Histogram("latentkv_time_to_first_token_seconds", "arrival to first generated token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("latentkv_inter_token_latency_seconds", "time between a request's outputs",
-                             buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "latentkv_time_to_first_token_seconds",
+            "arrival to first generated token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "latentkv_inter_token_latency_seconds",
+            "time between a request's outputs",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         r.register(EngineStatsCollector(read_stats))
 
     def count_status(self, status: int) -> None:

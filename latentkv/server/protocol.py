@@ -8,6 +8,7 @@ ignored, as OpenAI does. vLLM's extras `top_k`, `min_p`, `min_tokens`, `ignore_e
 `repetition_penalty`, `stop_token_ids`, `guided_json`, `guided_regex`, `guided_choice` are
 accepted too.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
@@ -19,10 +20,10 @@ from latentkv.sampling_params import SamplingParams
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
-MAX_INT = 2**31 - 1      # counts and token ids: anything larger is a client error, not a tensor overflow
-MAX_STOP = 16            # stop strings / stop token ids per request
-MAX_PROMPTS = 64         # prompts in one completions request
-MAX_CHOICES = 256        # guided_choice strings
+MAX_INT = 2**31 - 1  # counts and token ids: anything larger is a client error, not a tensor overflow
+MAX_STOP = 16  # stop strings / stop token ids per request
+MAX_PROMPTS = 64  # prompts in one completions request
+MAX_CHOICES = 256  # guided_choice strings
 MAX_TOOLS = 128
 
 
@@ -57,10 +58,10 @@ class StreamOptions(BaseModel):
 
 class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
-    name: str | None = None      # required by OpenAI; only a label here
+    name: str | None = None  # required by OpenAI; only a label here
     description: str | None = None
     schema_: dict | None = Field(None, alias="schema")
-    strict: bool | None = None   # the schema is always enforced, strict or not
+    strict: bool | None = None  # the schema is always enforced, strict or not
 
 
 class ResponseFormat(BaseModel):
@@ -105,8 +106,9 @@ class SamplingFields(BaseModel):
             given.append(GuidedDecodingParams(json_object=True, param="response_format"))
         elif fmt is not None and fmt.type == "json_schema":
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-                raise GuidedDecodingError("response_format of type json_schema needs json_schema.schema",
-                                          "response_format.json_schema.schema")
+                raise GuidedDecodingError(
+                    "response_format of type json_schema needs json_schema.schema", "response_format.json_schema.schema"
+                )
             given.append(GuidedDecodingParams(json=fmt.json_schema.schema_, param="response_format.json_schema.schema"))
         if self.guided_json is not None:
             given.append(GuidedDecodingParams(json=self.guided_json, param="guided_json"))
@@ -115,12 +117,20 @@ class SamplingFields(BaseModel):
         if self.guided_choice is not None:
             given.append(GuidedDecodingParams(choice=tuple(self.guided_choice), param="guided_choice"))
         if len(given) > 1:
-            raise GuidedDecodingError(f"give at most one of response_format, guided_json, guided_regex, guided_choice; "
-                                      f"got {', '.join(g.param for g in given)}", given[1].param)
+            raise GuidedDecodingError(
+                f"give at most one of response_format, guided_json, guided_regex, guided_choice; "
+                f"got {', '.join(g.param for g in given)}",
+                given[1].param,
+            )
         return given[0] if given else None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None, guided: GuidedDecodingParams | None = None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+    def sampling_params(
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        guided: GuidedDecodingParams | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             n=self.n,
@@ -150,7 +160,7 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, TokenIds, Annotated[list[Union[str, TokenIds]], Field(max_length=MAX_PROMPTS)]]
-    max_tokens: Int(ge=0, le=MAX_INT) | None = 16   # 0: score the prompt only (with echo and logprobs)
+    max_tokens: Int(ge=0, le=MAX_INT) | None = 16  # 0: score the prompt only (with echo and logprobs)
     logprobs: Int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     echo: bool = False
     suffix: str | None = None
@@ -175,8 +185,8 @@ class FunctionDef(BaseModel):
     model_config = STRICT
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
     description: str | None = None
-    parameters: dict | None = None   # a JSON schema; none means no arguments
-    strict: bool | None = None       # the schema is always enforced
+    parameters: dict | None = None  # a JSON schema; none means no arguments
+    strict: bool | None = None  # the schema is always enforced
 
 
 class Tool(BaseModel):
@@ -204,6 +214,7 @@ class CalledFunction(BaseModel):
 
 class ToolCall(BaseModel):
     """An earlier assistant turn's tool call, sent back by the client."""
+
     model_config = STRICT
     id: str | None = None
     type: Literal["function"] = "function"

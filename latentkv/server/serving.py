@@ -1,5 +1,6 @@
 """What completions and chat share: submitting requests, following their outputs into
 per-choice deltas, usage, logprobs, server-sent events."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,34 +28,43 @@ class ServerState:
     max_model_len: int
     max_num_seqs: int
     max_waiting_requests: int
-    vocab_size: int                         # token ids of prompts must be below it
+    vocab_size: int  # token ids of prompts must be below it
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    metrics_public: bool = False            # /metrics without the key
-    drain: Drain = field(default_factory=Drain)   # graceful shutdown (server/shutdown.py)
+    metrics_public: bool = False  # /metrics without the key
+    drain: Drain = field(default_factory=Drain)  # graceful shutdown (server/shutdown.py)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.served_model_name!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.served_model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_queue(self, num_seqs: int) -> None:
         """503 + Retry-After when taking `num_seqs` more would overfill the waiting queue."""
         waiting = self.engine.waiting_after(num_seqs)
         if waiting > self.max_waiting_requests:
-            raise ApiError(503, f"the server is busy: {waiting} sequences would wait, more than the limit of "
-                                f"{self.max_waiting_requests}; retry later", headers={"Retry-After": "1"},
-                           code="overloaded")
+            raise ApiError(
+                503,
+                f"the server is busy: {waiting} sequences would wait, more than the limit of "
+                f"{self.max_waiting_requests}; retry later",
+                headers={"Retry-After": "1"},
+                code="overloaded",
+            )
 
     async def submit(self, request_id: str, prepare, params, param: str) -> Submission:
         try:
             return await self.engine.add(request_id, prepare, params)
         except EngineDeadError as err:
             raise unavailable(err) from None
-        except ValueError as err:   # a PromptError, the engine's own check, or a GuidedDecodingError
-            raise bad_request(str(err), param=getattr(err, "param", None) or param,
-                              code=getattr(err, "code", "invalid_prompt")) from None
+        except ValueError as err:  # a PromptError, the engine's own check, or a GuidedDecodingError
+            raise bad_request(
+                str(err), param=getattr(err, "param", None) or param, code=getattr(err, "code", "invalid_prompt")
+            ) from None
 
 
 def unavailable(err: EngineDeadError) -> ApiError:
@@ -78,7 +88,7 @@ class EngineStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             for sub in self.subs:
-                if sub.request_id in self.engine.streams:   # (a finished request has left it)
+                if sub.request_id in self.engine.streams:  # (a finished request has left it)
                     self.engine.abort(sub.request_id)
 
 
@@ -185,7 +195,7 @@ class DeltaTracker:
             first = index not in self.chars
             chars, tokens = self.chars.get(index, 0), self.tokens.get(index, 0)
             text, new_ids = c.text[chars:], c.token_ids[tokens:]
-            logprobs = c.logprobs[tokens:len(c.token_ids)] if c.logprobs is not None else None
+            logprobs = c.logprobs[tokens : len(c.token_ids)] if c.logprobs is not None else None
             self.chars[index], self.tokens[index] = len(c.text), len(c.token_ids)
             if c.finish_reason is not None:
                 self.finished.add(index)
@@ -209,8 +219,7 @@ def token_text(lp, fallback: str = "") -> str:
     return lp.decoded_token if lp.decoded_token is not None else fallback
 
 
-def completion_logprobs(token_ids: list[int], positions: list, k: int, offset: int,
-                        result: dict | None = None) -> dict:
+def completion_logprobs(token_ids: list[int], positions: list, k: int, offset: int, result: dict | None = None) -> dict:
     """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset.
     Each position's top_logprobs holds its k most likely tokens and, as with OpenAI, always the
     token itself (k = 0: only it). A position without logprobs (the prompt's first token) is
@@ -239,7 +248,7 @@ def prompt_logprobs_body(out, k: int) -> dict:
     body = completion_logprobs(ids, positions, k, 0)
     prompt = out.prompt or ""
     rest = sum(len(t or "") for t in body["tokens"][1:])
-    first = prompt[:len(prompt) - rest] if rest <= len(prompt) else ""
+    first = prompt[: len(prompt) - rest] if rest <= len(prompt) else ""
     body["tokens"][0] = first
     body["text_offset"] = [0] + [o + len(first) for o in body["text_offset"][1:]]
     return body
@@ -251,10 +260,17 @@ def chat_logprobs(token_ids: list[int], positions: list, k: int) -> dict:
     for tid, position in zip(token_ids, positions):
         chosen = position[tid]
         token = token_text(chosen)
-        content.append({"token": token, "logprob": chosen.logprob, "bytes": list(token.encode()),
-                        "top_logprobs": [{"token": token_text(lp), "logprob": lp.logprob,
-                                          "bytes": list(token_text(lp).encode())}
-                                         for _, lp in top_entries(position, k)]})
+        content.append(
+            {
+                "token": token,
+                "logprob": chosen.logprob,
+                "bytes": list(token.encode()),
+                "top_logprobs": [
+                    {"token": token_text(lp), "logprob": lp.logprob, "bytes": list(token_text(lp).encode())}
+                    for _, lp in top_entries(position, k)
+                ],
+            }
+        )
     return {"content": content, "refusal": None}
 
 
@@ -270,6 +286,7 @@ def chunk_writer(object_name: str, request_id: str, model: str, include_usage: b
         if include_usage and (usage_value is not None or object_name != "text_completion"):
             body["usage"] = usage_value
         return sse(body)
+
     return chunk
 
 

@@ -10,6 +10,7 @@ uvicorn is told to exit, and the app's lifespan stops the engine thread and writ
 store's whole queue to disk (bounded by the same timeout; the blocks written and dropped are
 logged). A second signal exits at once, with status 128 + the signal's number.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +25,7 @@ from latentkv.server.async_engine import AsyncEngine, ShutdownError
 from latentkv.server.guard import send_error
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
-ENDING_GRACE = 5.0   # seconds the ended requests get to send their 503 / error event
+ENDING_GRACE = 5.0  # seconds the ended requests get to send their 503 / error event
 
 
 def log(message: str) -> None:
@@ -52,15 +53,21 @@ class Drain:
 
     async def run(self, engine: AsyncEngine, exit_server: Callable[[], None]) -> None:
         """Wait for in-flight requests (up to the timeout), end the rest, then let the server exit."""
-        log(f"latentkv: shutting down: {self.in_flight} request(s) in flight may finish within {self.timeout:g} s; "
-            "new requests get 503 (a second signal exits at once)")
+        log(
+            f"latentkv: shutting down: {self.in_flight} request(s) in flight may finish within {self.timeout:g} s; "
+            "new requests get 503 (a second signal exits at once)"
+        )
         while self.in_flight and self.remaining() > 0:
             await asyncio.sleep(0.05)
         if self.in_flight:
             log(f"latentkv: ending {self.in_flight} request(s) still running after {self.timeout:g} s")
         # also when none runs: a request tokenized at this moment is refused, not started
-        engine.end_all(ShutdownError(f"the server is shutting down: the request did not finish within the "
-                                     f"shutdown timeout ({self.timeout:g} s); retry it"))
+        engine.end_all(
+            ShutdownError(
+                f"the server is shutting down: the request did not finish within the "
+                f"shutdown timeout ({self.timeout:g} s); retry it"
+            )
+        )
         grace = time.monotonic() + ENDING_GRACE
         while self.in_flight and time.monotonic() < grace:
             await asyncio.sleep(0.05)
@@ -79,8 +86,14 @@ class DrainGate:
         if scope["type"] != "http" or scope["path"] not in GENERATE_PATHS:
             return await self.app(scope, receive, send)
         if self.drain.draining:
-            return await send_error(send, 503, "the server is shutting down and takes no new requests; retry later",
-                                    "server_error", code="server_shutting_down", headers={"Retry-After": "1"})
+            return await send_error(
+                send,
+                503,
+                "the server is shutting down and takes no new requests; retry later",
+                "server_error",
+                code="server_shutting_down",
+                headers={"Retry-After": "1"},
+            )
         self.drain.in_flight += 1
         try:
             await self.app(scope, receive, send)
@@ -108,7 +121,7 @@ class DrainingServer(uvicorn.Server):
         if self.drain.draining:
             log(f"latentkv: second signal ({sig}): exiting now; requests in flight and queued KV store writes are lost")
             os._exit(128 + sig)
-        if self.loop is None:   # not serving yet: nothing to drain
+        if self.loop is None:  # not serving yet: nothing to drain
             self.should_exit = True
             return
         self.drain.begin()
@@ -125,5 +138,7 @@ def close_engine(engine, timeout: float) -> None:
     """Write the KV store's queue (within `timeout` s) and say what was written and dropped."""
     report = engine.close(timeout)
     if report is not None:
-        log(f"latentkv: KV store: {report.written} queued block(s) written, {report.dropped} dropped "
-            f"({report.seconds:.1f} s)")
+        log(
+            f"latentkv: KV store: {report.written} queued block(s) written, {report.dropped} dropped "
+            f"({report.seconds:.1f} s)"
+        )

@@ -14,6 +14,7 @@
   in text, streamed as usual.
 - `"none"`, or no tools: text, as without tools.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,10 @@ NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": Fals
 
 @dataclass
 class ToolPlan:
-    mode: str                                  # "required" | "named" | "auto"
-    guided: GuidedDecodingParams | None        # the grammar of the output (not for "auto")
-    function: str | None = None                # the named function
-    tools: list[dict] | None = None            # for the chat template
+    mode: str  # "required" | "named" | "auto"
+    guided: GuidedDecodingParams | None  # the grammar of the output (not for "auto")
+    function: str | None = None  # the named function
+    tools: list[dict] | None = None  # for the chat template
 
 
 def parameters(function) -> dict:
@@ -57,18 +58,31 @@ def plan_tools(req: ChatCompletionRequest, chat_template: str | None) -> ToolPla
             return None
         return ToolPlan("auto", None, tools=template_tools)
     if choice == "required":
-        calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": parameters(t.function)},
-                  "required": ["name", "arguments"], "additionalProperties": False} for t in req.tools]
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "arguments": parameters(t.function)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in req.tools
+        ]
         schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
         if req.parallel_tool_calls is False:
             schema["maxItems"] = 1
         return ToolPlan("required", GuidedDecodingParams(json=schema, param="tools"), tools=template_tools)
     named = [t for t in req.tools if t.function.name == choice.function.name]
     if not named:
-        raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the tools",
-                          param="tool_choice")
-    return ToolPlan("named", GuidedDecodingParams(json=parameters(named[0].function), param="tools"),
-                    function=choice.function.name, tools=template_tools)
+        raise bad_request(
+            f"tool_choice names the function {choice.function.name!r}, which is not among the tools",
+            param="tool_choice",
+        )
+    return ToolPlan(
+        "named",
+        GuidedDecodingParams(json=parameters(named[0].function), param="tools"),
+        function=choice.function.name,
+        tools=template_tools,
+    )
 
 
 def defines_tool_format(chat_template: str | None) -> bool:

@@ -9,6 +9,7 @@ file is used only for the source it was made from: the bundled files under `asse
 the user cache (`~/.cache/latentkv/chat/`); otherwise the answers are generated (minutes) and
 cached — never another model's answers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,7 +55,7 @@ class ChatExample:
 
 
 def split_of(example_id: str) -> str:
-    """"heldout" or "calib", fixed by a hash of the id."""
+    """ "heldout" or "calib", fixed by a hash of the id."""
     return "heldout" if int(hashlib.sha256(example_id.encode()).hexdigest(), 16) % HELDOUT_EVERY == 0 else "calib"
 
 
@@ -93,7 +94,7 @@ def render_chat_example(tokenizer, example: ChatExample) -> tuple[list[int], int
         return prompt_ids + list(example.answer_ids), len(prompt_ids)
     turns = user_message(example.prompt) + [{"role": "assistant", "content": example.answer}]
     _, full = render_chat(tokenizer, turns, add_generation_prompt=False)
-    if full[:len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
+    if full[: len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
         return full, len(prompt_ids)
     return prompt_ids + tokenizer(example.answer, add_special_tokens=False).input_ids, len(prompt_ids)
 
@@ -108,8 +109,11 @@ def read_answers(path: Path) -> tuple[dict, list[dict]]:
 
 
 def matches(header: dict, fingerprint: str, max_new_tokens: int) -> bool:
-    return (header.get("fingerprint") == fingerprint and header.get("prompts") == prompts_digest()
-            and header.get("max_new_tokens") == max_new_tokens)
+    return (
+        header.get("fingerprint") == fingerprint
+        and header.get("prompts") == prompts_digest()
+        and header.get("max_new_tokens") == max_new_tokens
+    )
 
 
 def answers_file(source=None, max_new_tokens: int = MAX_NEW_TOKENS, log=None) -> Path:
@@ -121,16 +125,28 @@ def answers_file(source=None, max_new_tokens: int = MAX_NEW_TOKENS, log=None) ->
         if candidate.is_file() and matches(read_answers(candidate)[0], fingerprint, max_new_tokens):
             return candidate
     (log or (lambda m: print(m, file=sys.stderr, flush=True)))(
-        f"latentkv: generating the chat answers of {path} (once; cached at {cached})")
+        f"latentkv: generating the chat answers of {path} (once; cached at {cached})"
+    )
     return write_answers(path, cached, max_new_tokens, fingerprint)
 
 
 @lru_cache(maxsize=4)
 def _examples(path: Path, mtime: int) -> tuple[tuple[str, ChatExample], ...]:
     """(split, example) of every row of an answer file (read once per file version)."""
-    return tuple((r["split"], ChatExample(prompt=r["prompt"], answer=r["answer"], id=r["id"], category=r["category"],
-                                          answer_ids=tuple(r["answer_ids"]), finished=r["finished"]))
-                 for r in read_answers(path)[1])
+    return tuple(
+        (
+            r["split"],
+            ChatExample(
+                prompt=r["prompt"],
+                answer=r["answer"],
+                id=r["id"],
+                category=r["category"],
+                answer_ids=tuple(r["answer_ids"]),
+                finished=r["finished"],
+            ),
+        )
+        for r in read_answers(path)[1]
+    )
 
 
 def load_chat(source=None, split: str = "heldout", max_new_tokens: int = MAX_NEW_TOKENS) -> list[ChatExample]:
@@ -157,8 +173,9 @@ def is_mla_folder(path: Path) -> bool:
     return path.is_dir() and cfg.is_file() and json.loads(cfg.read_text()).get("model_type") in MLA_MODEL_TYPES
 
 
-def write_answers(source: Path, out: Path, max_new_tokens: int = MAX_NEW_TOKENS, fingerprint: str | None = None,
-                  batch: int = 32) -> Path:
+def write_answers(
+    source: Path, out: Path, max_new_tokens: int = MAX_NEW_TOKENS, fingerprint: str | None = None, batch: int = 32
+) -> Path:
     """Let `source` answer every prompt greedily in float32 and write the answer file `out`
     (atomically). An MLA folder runs on latentkv's engine; a GGUF / Llama-family HF folder on
     transformers (the engine serves MLA only)."""
@@ -168,17 +185,37 @@ def write_answers(source: Path, out: Path, max_new_tokens: int = MAX_NEW_TOKENS,
         generator, answers = "latentkv", engine_answers(source, prompts, max_new_tokens)
     else:
         generator, answers = "transformers", transformers_answers(source, prompts, max_new_tokens, batch)
-    header = {"format": FORMAT, "source": source.name, "fingerprint": fingerprint or content_hash(source),
-              "prompts": prompts_digest(), "max_new_tokens": max_new_tokens, "dtype": "float32",
-              "decoding": "greedy", "generator": generator}
+    header = {
+        "format": FORMAT,
+        "source": source.name,
+        "fingerprint": fingerprint or content_hash(source),
+        "prompts": prompts_digest(),
+        "max_new_tokens": max_new_tokens,
+        "dtype": "float32",
+        "decoding": "greedy",
+        "generator": generator,
+    }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps(header) + "\n")
         for r, (text, ids, finished) in zip(prompts, answers):
-            f.write(json.dumps({"id": r["id"], "category": r["category"], "split": r["split"], "prompt": r["prompt"], "answer": text,
-                                "answer_ids": ids, "finished": finished}, ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": r["id"],
+                        "category": r["category"],
+                        "split": r["split"],
+                        "prompt": r["prompt"],
+                        "answer": text,
+                        "answer_ids": ids,
+                        "finished": finished,
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
     tmp.replace(out)
     return out
 
@@ -193,8 +230,9 @@ def engine_answers(folder: Path, prompts: list[dict], max_new_tokens: int) -> li
 
 
 @torch.no_grad()
-def transformers_answers(source: Path, prompts: list[dict], max_new_tokens: int,
-                         batch: int) -> list[tuple[str, list[int], bool]]:
+def transformers_answers(
+    source: Path, prompts: list[dict], max_new_tokens: int, batch: int
+) -> list[tuple[str, list[int], bool]]:
     """[(text, token ids, finished)] from transformers' float32 model of a GGUF / HF source
     (the same logits as the converter's reference forward), batched with left padding (masked: each
     answer is the one the prompt alone gets, up to float rounding)."""
@@ -207,8 +245,11 @@ def transformers_answers(source: Path, prompts: list[dict], max_new_tokens: int,
     else:
         model = AutoModelForCausalLM.from_pretrained(str(src.path), dtype=torch.float32)
     model.eval()
-    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
-              else [model.generation_config.eos_token_id])
+    eos = set(
+        model.generation_config.eos_token_id
+        if isinstance(model.generation_config.eos_token_id, list)
+        else [model.generation_config.eos_token_id]
+    )
     eos = sorted(t for t in eos | {tokenizer.eos_token_id} if t is not None)
     ids = [render_chat(tokenizer, user_message(r["prompt"]))[1] for r in prompts]
     # rows of one category tend to stop together (HF generate runs until every row has), and
@@ -216,14 +257,20 @@ def transformers_answers(source: Path, prompts: list[dict], max_new_tokens: int,
     order = sorted(range(len(prompts)), key=lambda i: (prompts[i]["category"], len(ids[i])))
     answers: list = [None] * len(prompts)
     for k in tqdm(range(0, len(order), batch), desc="answering (transformers, greedy)", unit="batch"):
-        chunk = order[k:k + batch]
+        chunk = order[k : k + batch]
         width = max(len(ids[i]) for i in chunk)
         x = torch.tensor([[eos[0]] * (width - len(ids[i])) + ids[i] for i in chunk])  # left padding, masked
         mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i in chunk])
-        out = model.generate(x, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=eos, pad_token_id=eos[0])
+        out = model.generate(
+            x,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )
         for i, row in zip(chunk, out[:, width:].tolist()):
             stop = next((j for j, t in enumerate(row) if t in eos), None)
-            row = row if stop is None else row[:stop + 1]
+            row = row if stop is None else row[: stop + 1]
             answers[i] = (tokenizer.decode(row, skip_special_tokens=True), row, stop is not None)
     return answers

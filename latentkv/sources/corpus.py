@@ -10,6 +10,7 @@ library's modules. Each document goes to the held-out part or the calibration pa
 by a hash of its name, so the split is fixed and the held-out text is never used
 for calibration.
 """
+
 from __future__ import annotations
 
 import ast
@@ -91,7 +92,7 @@ def file_documents(paths: list[str | Path]) -> list[str]:
                 if line.strip():
                     record = json.loads(line)
                     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                        raise ValueError(f"{path}:{n}: each jsonl line needs a string \"text\" field")
+                        raise ValueError(f'{path}:{n}: each jsonl line needs a string "text" field')
                     docs.append(record["text"])
         else:
             docs.append(path.read_text(encoding="utf-8"))

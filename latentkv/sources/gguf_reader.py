@@ -3,6 +3,7 @@
 Quantized tensors are dequantized with `gguf.quants.dequantize`; llama.cpp stores the
 rows of `attn_q` / `attn_k` permuted (pairs interleaved per head), which is undone here.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,10 +30,17 @@ LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}
-UNSUPPORTED = {"attn_q_norm": "QK-norm (attn_q_norm)", "attn_k_norm": "QK-norm (attn_k_norm)",
-               "ffn_gate_inp": "mixture of experts (ffn_gate_inp)", "attn_output.bias": "attention output bias"}
+TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+UNSUPPORTED = {
+    "attn_q_norm": "QK-norm (attn_q_norm)",
+    "attn_k_norm": "QK-norm (attn_k_norm)",
+    "ffn_gate_inp": "mixture of experts (ffn_gate_inp)",
+    "attn_output.bias": "attention output bias",
+}
 
 
 def open_reader(path: Path):
@@ -94,7 +102,12 @@ def read_gguf(path: Path, resident_limit: int | None = None) -> SourceModel:
                 raise SourceError(f"{path}: unsupported: {what} in tensor {tensor.name}")
     if read_field(reader, "llama.rope.scaling.type") not in (None, "none"):
         raise SourceError(f"{path}: unsupported: RoPE scaling {read_field(reader, 'llama.rope.scaling.type')!r}")
-    required = ["llama.block_count", "llama.embedding_length", "llama.feed_forward_length", "llama.attention.head_count"]
+    required = [
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+    ]
     for key in required:
         if read_field(reader, key) is None:
             raise SourceError(f"{path}: missing metadata {key}")
@@ -120,17 +133,26 @@ def read_gguf(path: Path, resident_limit: int | None = None) -> SourceModel:
         raise SourceError(f"{path}: missing tensor token_embd.weight")
     vocab = int(read_field(reader, "llama.vocab_size", shapes["model.embed_tokens.weight"][0]))
     source = SourceModel(
-        path=path, kind="gguf", arch="llama", vocab_size=vocab, hidden_size=D,
+        path=path,
+        kind="gguf",
+        arch="llama",
+        vocab_size=vocab,
+        hidden_size=D,
         intermediate_size=int(read_field(reader, "llama.feed_forward_length")),
-        num_layers=int(read_field(reader, "llama.block_count")), num_heads=H, num_kv_heads=Hkv, head_dim=d,
+        num_layers=int(read_field(reader, "llama.block_count")),
+        num_heads=H,
+        num_kv_heads=Hkv,
+        head_dim=d,
         rms_norm_eps=float(read_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=theta, inv_freq=default_inv_freq(d, theta),
+        rope_theta=theta,
+        inv_freq=default_inv_freq(d, theta),
         max_position_embeddings=int(read_field(reader, "llama.context_length", 4096)),
         tie_word_embeddings="lm_head.weight" not in tensors,
         qkv_bias=any(n.endswith("q_proj.bias") for n in tensors),
         bos_token_id=read_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=read_field(reader, "tokenizer.ggml.eos_token_id"),
-        chat_template=read_field(reader, "tokenizer.chat_template"), tensors=tensors,
+        chat_template=read_field(reader, "tokenizer.chat_template"),
+        tensors=tensors,
     )
     check_tensors(source)
     return source

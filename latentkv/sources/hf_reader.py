@@ -4,6 +4,7 @@ Safetensors only (nothing is unpickled). Anything the converter cannot express e
 is refused with a message naming it: QK-norm (Qwen3), sliding-window attention, MoE,
 attention-output or MLP biases, RoPE types that rescale attention.
 """
+
 from __future__ import annotations
 
 import json
@@ -125,14 +126,25 @@ def read_hf_folder(path: Path, resident_limit: int | None = None) -> SourceModel
     elif "lm_head.weight" not in tensors:
         raise SourceError(f"{path}: missing tensor lm_head.weight")
     source = SourceModel(
-        path=path, kind="hf", arch=arch, vocab_size=hf_cfg.vocab_size, hidden_size=hf_cfg.hidden_size,
-        intermediate_size=hf_cfg.intermediate_size, num_layers=hf_cfg.num_hidden_layers,
+        path=path,
+        kind="hf",
+        arch=arch,
+        vocab_size=hf_cfg.vocab_size,
+        hidden_size=hf_cfg.hidden_size,
+        intermediate_size=hf_cfg.intermediate_size,
+        num_layers=hf_cfg.num_hidden_layers,
         num_heads=hf_cfg.num_attention_heads,
         num_kv_heads=getattr(hf_cfg, "num_key_value_heads", None) or hf_cfg.num_attention_heads,
-        head_dim=hf_cfg.head_dim, rms_norm_eps=hf_cfg.rms_norm_eps, rope_theta=theta, inv_freq=inv_freq,
-        max_position_embeddings=getattr(hf_cfg, "max_position_embeddings", 4096), tie_word_embeddings=tie,
-        qkv_bias=arch == "qwen2", bos_token_id=getattr(hf_cfg, "bos_token_id", None),
-        eos_token_id=getattr(hf_cfg, "eos_token_id", None), chat_template=read_chat_template(path),
+        head_dim=hf_cfg.head_dim,
+        rms_norm_eps=hf_cfg.rms_norm_eps,
+        rope_theta=theta,
+        inv_freq=inv_freq,
+        max_position_embeddings=getattr(hf_cfg, "max_position_embeddings", 4096),
+        tie_word_embeddings=tie,
+        qkv_bias=arch == "qwen2",
+        bos_token_id=getattr(hf_cfg, "bos_token_id", None),
+        eos_token_id=getattr(hf_cfg, "eos_token_id", None),
+        chat_template=read_chat_template(path),
         tensors=tensors,
     )
     check_tensors(source)

@@ -2,6 +2,7 @@
 
 Both readers return a `SourceModel` (source_model.py).
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -4,6 +4,7 @@ the converted model runs on latentkv.model).
 Used to evaluate sources, to collect calibration statistics layer by layer, and as the
 ground truth of the exactness tests. Shapes: ids [B, T], hidden [B, T, D].
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -29,8 +30,9 @@ def project_qkv(src: SourceModel, layer: dict, x: torch.Tensor):
 KVStore = Callable[[torch.Tensor], torch.Tensor]  # what a KV cache does to k (after RoPE) or v [B,Hkv,T,d]
 
 
-def attention(src: SourceModel, layer: dict, x: torch.Tensor, positions: torch.Tensor,
-              kv: KVStore | None = None) -> torch.Tensor:
+def attention(
+    src: SourceModel, layer: dict, x: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None
+) -> torch.Tensor:
     """Self-attention output [B,T,D] of normed input x (calibrate.py computes the probabilities itself);
     kv: the round trip of a quantized KV cache, applied to k and v as a cache would store them."""
     B, T, _ = x.shape
@@ -39,7 +41,7 @@ def attention(src: SourceModel, layer: dict, x: torch.Tensor, positions: torch.T
     q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
     if kv is not None:
         k, v = kv(k), kv(v)
-    scale = src.head_dim ** -0.5
+    scale = src.head_dim**-0.5
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     return F.linear(out.transpose(1, 2).reshape(B, T, -1), layer["o"])
 
@@ -49,8 +51,9 @@ def mlp(layer: dict, x: torch.Tensor) -> torch.Tensor:
     return F.linear(F.silu(F.linear(x, layer["gate"])) * F.linear(x, layer["up"]), layer["down"])
 
 
-def decoder_layer(src: SourceModel, i: int, h: torch.Tensor, positions: torch.Tensor,
-                  kv: KVStore | None = None) -> torch.Tensor:
+def decoder_layer(
+    src: SourceModel, i: int, h: torch.Tensor, positions: torch.Tensor, kv: KVStore | None = None
+) -> torch.Tensor:
     """Residual stream after layer i, hidden [B,T,D] -> [B,T,D]."""
     layer = src.layer(i)
     h = h + attention(src, layer, rms_norm(h, layer["attn_norm"], src.rms_norm_eps), positions, kv)

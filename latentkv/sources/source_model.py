@@ -4,6 +4,7 @@
 Hugging Face "rotate half" layout (pair i = dims (i, i + d/2)). The readers
 (gguf_reader.py, hf_reader.py) build it; readers.py (`read_source`) picks the reader.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -101,17 +102,31 @@ def check_tensors(source: SourceModel) -> None:
     shapes = {"model.embed_tokens.weight": (source.vocab_size, D), "model.norm.weight": (D,)}
     for i in range(source.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-            p + "self_attn.q_proj.weight": (H * d, D), p + "self_attn.k_proj.weight": (Hkv * d, D),
-            p + "self_attn.v_proj.weight": (Hkv * d, D), p + "self_attn.o_proj.weight": (D, H * d),
-            p + "mlp.gate_proj.weight": (F, D), p + "mlp.up_proj.weight": (F, D), p + "mlp.down_proj.weight": (D, F),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (D,),
+                p + "post_attention_layernorm.weight": (D,),
+                p + "self_attn.q_proj.weight": (H * d, D),
+                p + "self_attn.k_proj.weight": (Hkv * d, D),
+                p + "self_attn.v_proj.weight": (Hkv * d, D),
+                p + "self_attn.o_proj.weight": (D, H * d),
+                p + "mlp.gate_proj.weight": (F, D),
+                p + "mlp.up_proj.weight": (F, D),
+                p + "mlp.down_proj.weight": (D, F),
+            }
+        )
         if source.qkv_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (H * d,), p + "self_attn.k_proj.bias": (Hkv * d,),
-                           p + "self_attn.v_proj.bias": (Hkv * d,)})
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (H * d,),
+                    p + "self_attn.k_proj.bias": (Hkv * d,),
+                    p + "self_attn.v_proj.bias": (Hkv * d,),
+                }
+            )
     for name, shape in shapes.items():
         if name not in source.tensors:
             raise SourceError(f"{source.path}: missing tensor {name}")
         if tuple(source.tensors.shapes[name]) != shape:
-            raise SourceError(f"{source.path}: tensor {name} has shape {tuple(source.tensors.shapes[name])}, expected {shape}")
+            raise SourceError(
+                f"{source.path}: tensor {name} has shape {tuple(source.tensors.shapes[name])}, expected {shape}"
+            )

@@ -7,6 +7,7 @@ layer by layer holds one layer's weights, not the model. Small models are kept r
 after the first read (`resident=True`): re-reading a dequantized GGUF for every
 perplexity window costs more than the memory.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

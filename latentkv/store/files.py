@@ -13,6 +13,7 @@ go (`read_block`'s `place`: the engine's cache rows for a restore, one preadv pe
 then verify the checksum there: a restore copies every byte once, from the page cache into
 the latent cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,21 @@ import xxhash
 from safetensors.torch import save as save_bytes
 
 TOKENS = "token_ids"
-MAX_HEADER = 1 << 20   # a block's header is a few KB; a larger length field is damage
-DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-          "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
-          "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "BOOL": torch.bool}
+MAX_HEADER = 1 << 20  # a block's header is a few KB; a larger length field is damage
+DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "BOOL": torch.bool,
+}
 
 # place(name, dtype, shape) -> the writable buffers the named tensor's bytes fill, in order
 # (together exactly its size), or None where this reader cannot hold it (Unplaceable)
@@ -50,6 +62,7 @@ class StoredBlock:
     """block_hash / parent_hash: 16-byte chained hashes; token_ids: block_size ints;
     tensors: per layer, that layer's cache tensors for this block (LatentCache.tensors()
     order, each [block_size, ...]); empty when read_block placed them elsewhere."""
+
     block_hash: bytes
     parent_hash: bytes
     token_ids: tuple
@@ -110,14 +123,21 @@ def unpack(tensors: dict[str, torch.Tensor]) -> list[list[torch.Tensor]]:
 def encode(block: StoredBlock) -> bytes:
     tensors = pack(block.tensors)
     tensors[TOKENS] = torch.tensor(block.token_ids, dtype=torch.int64)
-    meta = {"hash": block.block_hash.hex(), "parent": block.parent_hash.hex(),
-            "checksum": checksum({k: (t.dtype, tuple(t.shape), [raw(t.contiguous())]) for k, t in tensors.items()},
-                                 block.block_hash, block.parent_hash)}
+    meta = {
+        "hash": block.block_hash.hex(),
+        "parent": block.parent_hash.hex(),
+        "checksum": checksum(
+            {k: (t.dtype, tuple(t.shape), [raw(t.contiguous())]) for k, t in tensors.items()},
+            block.block_hash,
+            block.parent_hash,
+        ),
+    }
     return save_bytes(tensors, metadata=meta)
 
 
-def read_block(read: Callable[[int, int], bytes], read_into: Callable[[int, list], int], size: int,
-               place: Place | None = None) -> StoredBlock:
+def read_block(
+    read: Callable[[int, int], bytes], read_into: Callable[[int, list], int], size: int, place: Place | None = None
+) -> StoredBlock:
     """Parse and verify one block file of `size` bytes through read(offset, n) -> bytes and
     read_into(offset, buffers) -> bytes read; raises CorruptBlock, or Unplaceable when `place`
     refuses a tensor. With `place`, the latents land where it says and the result's tensors are
@@ -166,12 +186,12 @@ def decode(data: bytes) -> StoredBlock:
     def read_into(offset: int, buffers: list) -> int:
         done = 0
         for buf in buffers:
-            piece = view[offset + done:offset + done + len(buf)]
-            buf[:len(piece)] = piece
+            piece = view[offset + done : offset + done + len(buf)]
+            buf[: len(piece)] = piece
             done += len(piece)
         return done
 
-    return read_block(lambda offset, n: bytes(view[offset:offset + n]), read_into, len(data))
+    return read_block(lambda offset, n: bytes(view[offset : offset + n]), read_into, len(data))
 
 
 def read_file(path: Path, place: Place | None = None) -> tuple[StoredBlock, int]:
@@ -180,8 +200,12 @@ def read_file(path: Path, place: Place | None = None) -> tuple[StoredBlock, int]
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        return read_block(lambda offset, n: os.pread(fd, n, offset),
-                          lambda offset, buffers: os.preadv(fd, buffers, offset), size, place), size
+        return read_block(
+            lambda offset, n: os.pread(fd, n, offset),
+            lambda offset, buffers: os.preadv(fd, buffers, offset),
+            size,
+            place,
+        ), size
     finally:
         os.close(fd)
 

@@ -8,6 +8,7 @@ spaced 1 MiB pieces, so a 600 GB checkpoint is fingerprinted in well under a sec
 two different healings of one conversion still differ), the compute dtype, cache dtype,
 block size, weight quantization and STORE_VERSION.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,13 +47,18 @@ def weights_digest(folder: Path, stamps: tuple) -> bytes:
     return digest.digest()
 
 
-def model_fingerprint(model_dir: str | Path, dtype: str, cache_dtype: str, block_size: int,
-                      quantization: str | None) -> str:
+def model_fingerprint(
+    model_dir: str | Path, dtype: str, cache_dtype: str, block_size: int, quantization: str | None
+) -> str:
     """-> 32 hex characters."""
     folder = Path(model_dir).resolve()
-    stamps = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                   for p in sorted([folder / "config.json", *folder.glob("*.safetensors")]))
+    stamps = tuple(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted([folder / "config.json", *folder.glob("*.safetensors")])
+    )
     digest = hashlib.blake2b(weights_digest(folder, stamps), digest_size=16)
-    digest.update(f"latentkv-store:{STORE_VERSION};dtype:{dtype};cache:{cache_dtype};block:{block_size};"
-                  f"quant:{quantization};".encode())
+    digest.update(
+        f"latentkv-store:{STORE_VERSION};dtype:{dtype};cache:{cache_dtype};block:{block_size};"
+        f"quant:{quantization};".encode()
+    )
     return digest.hexdigest()

@@ -19,6 +19,7 @@ heals). LRU is by modification time: a hit touches its file.
 A store that cannot be written (a read-only file system or directory, a full disk) but
 holds blocks opens read-only: it serves what it holds and writes nothing (`read_only` says why).
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,10 +30,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from latentkv.store.files import CorruptBlock, Place, StoredBlock, Unplaceable, encode, read_file, remove_dead_temps, write_atomic
+from latentkv.store.files import (
+    CorruptBlock,
+    Place,
+    StoredBlock,
+    Unplaceable,
+    encode,
+    read_file,
+    remove_dead_temps,
+    write_atomic,
+)
 
 SUFFIX = ".safetensors"
-LOW_WATER = 0.9   # eviction deletes down to this fraction of max_size, so it runs rarely
+LOW_WATER = 0.9  # eviction deletes down to this fraction of max_size, so it runs rarely
 # errors that say "this directory cannot be written" (not "it is broken"): a store holding
 # blocks then still serves them, read-only
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
@@ -40,12 +50,12 @@ UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT
 
 @dataclass
 class StoreCounters:
-    hits: int = 0             # blocks read back and served
-    misses: int = 0           # lookups that found no usable block (absent, collision)
+    hits: int = 0  # blocks read back and served
+    misses: int = 0  # lookups that found no usable block (absent, collision)
     bytes_read: int = 0
     bytes_written: int = 0
-    write_drops: int = 0      # blocks not written: queue full, or the store stopped writing
-    corrupt_blocks: int = 0   # files that failed to parse or verify (removed)
+    write_drops: int = 0  # blocks not written: queue full, or the store stopped writing
+    corrupt_blocks: int = 0  # files that failed to parse or verify (removed)
     evicted_blocks: int = 0
 
 
@@ -94,7 +104,7 @@ class LatentStore:
             self.tmp_dir.mkdir(parents=True, exist_ok=True)
             self.blocks_dir.mkdir(exist_ok=True)
             probe = self.tmp_dir / f"{os.getpid()}-probe.tmp"
-            probe.write_bytes(b"ok")   # fails now, clearly, if the directory is read-only
+            probe.write_bytes(b"ok")  # fails now, clearly, if the directory is read-only
             probe.unlink()
             remove_dead_temps(self.tmp_dir)
             if describe is not None and not (self.dir / "model.json").exists():
@@ -121,8 +131,9 @@ class LatentStore:
         after `parent_hash`; else None (a miss). Corrupt files are counted and removed."""
         return self.read_chain([(block_hash, parent_hash, tuple(token_ids))])[0]
 
-    def read_chain(self, wanted: list[tuple[bytes, bytes, tuple]],
-                   places: list[Place] | None = None) -> list[StoredBlock | None]:
+    def read_chain(
+        self, wanted: list[tuple[bytes, bytes, tuple]], places: list[Place] | None = None
+    ) -> list[StoredBlock | None]:
         """`read` for each (block hash, parent hash, token ids) of a prefix chain, in order; after
         the first miss the rest are None (a chain is served up to its first gap) and are not
         counted. With `places` (one per wanted block, files.read_block's `place`) each block's
@@ -147,8 +158,9 @@ class LatentStore:
             out.append(block)
         return out + [None] * (len(wanted) - len(out))
 
-    def load(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple,
-             place: Place | None = None) -> tuple[StoredBlock | None, str, int]:
+    def load(
+        self, block_hash: bytes, parent_hash: bytes, token_ids: tuple, place: Place | None = None
+    ) -> tuple[StoredBlock | None, str, int]:
         """One file read and verified, no counters touched (read_chain counts) ->
         (block or None, "hit" / "absent" / "corrupt" / "collision" / "unplaceable", bytes read).
         A corrupt file is removed; a hit's file is touched (LRU)."""
@@ -165,7 +177,7 @@ class LatentStore:
         except Unplaceable:
             return None, "unplaceable", 0
         if block.parent_hash != parent_hash or block.token_ids != tuple(token_ids):
-            return None, "collision", 0   # a hash collision: never served on the hash alone
+            return None, "collision", 0  # a hash collision: never served on the hash alone
         self.touch(path)
         return block, "hit", nbytes
 
@@ -181,7 +193,7 @@ class LatentStore:
         data = encode(block)
         try:
             write_atomic(path, data, self.tmp_dir)
-        except FileNotFoundError:   # `latentkv store clear` ran meanwhile: start the folders again
+        except FileNotFoundError:  # `latentkv store clear` ran meanwhile: start the folders again
             self.tmp_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(path, data, self.tmp_dir)
         self.counters.bytes_written += len(data)
@@ -193,7 +205,7 @@ class LatentStore:
         unreadable) and evict if that passes max_size; all under the ledger's lock."""
         fd = os.open(self.root / ".size", os.O_RDWR | os.O_CREAT, 0o644)
         with open(fd, "r+") as ledger:
-            fcntl.flock(ledger, fcntl.LOCK_EX)   # released when the file closes
+            fcntl.flock(ledger, fcntl.LOCK_EX)  # released when the file closes
             text = ledger.read().strip()
             total = int(text) + nbytes if text.isdigit() else sum(size for _, size, _ in block_files(self.root))
             if total > self.max_size:

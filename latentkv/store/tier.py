@@ -8,6 +8,7 @@ pool and latent caches.
   register them, so the request's admission sees them as ordinary cached
   blocks and skips their prefill.
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,7 +34,7 @@ class StoreTier:
         self.pool = pool
         self.block_size = pool.block_size
         self.writer = WriteBehind(store, max_pending, failed=store.read_only)
-        self.on_disk: set[bytes] = set()   # hashes this process wrote or read (skip re-writing)
+        self.on_disk: set[bytes] = set()  # hashes this process wrote or read (skip re-writing)
         self.rows = block_rows(caches)
 
     @property
@@ -47,7 +48,7 @@ class StoreTier:
         blocks = [b for b in blocks if b[3] not in self.on_disk]
         if not blocks:
             return
-        if self.writer.failed:   # a read-only or failed store: no copy for nothing, a drop each
+        if self.writer.failed:  # a read-only or failed store: no copy for nothing, a drop each
             for _ in blocks:
                 self.writer.drop()
             return
@@ -64,27 +65,29 @@ class StoreTier:
         Reads only as many blocks as the pool has free; stops at the first miss."""
         bs = self.block_size
         room = self.pool.num_free - self.pool.count_revived(hits)
-        wanted = [(block_hashes[i], block_hashes[i - 1] if i else NO_HASH, tuple(token_ids[i * bs:(i + 1) * bs]))
-                  for i in range(len(hits), min(len(block_hashes), len(hits) + max(room, 0)))]
-        present = 0   # files there up to the first gap (a stat each): blocks are taken only for them
+        wanted = [
+            (block_hashes[i], block_hashes[i - 1] if i else NO_HASH, tuple(token_ids[i * bs : (i + 1) * bs]))
+            for i in range(len(hits), min(len(block_hashes), len(hits) + max(room, 0)))
+        ]
+        present = 0  # files there up to the first gap (a stat each): blocks are taken only for them
         while present < len(wanted) and self.store.contains(wanted[present][0]):
             present += 1
         if not present:
             if wanted:
                 self.store.counters.misses += 1
             return []
-        self.pool.take(hits)   # so allocating cannot evict the RAM hits themselves
+        self.pool.take(hits)  # so allocating cannot evict the RAM hits themselves
         ids = self.pool.allocate(present)
         slots = [CacheSlots(self.rows, block_id) for block_id in ids]
         served = []
         for block_id, block, slot in zip(ids, self.store.read_chain(wanted[:present], slots), slots):
             if block is None or not slot.complete():
-                break   # this block's rows may hold a failed read: it stays unregistered
+                break  # this block's rows may hold a failed read: it stays unregistered
             self.pool.register(block_id, block.parent_hash, block.token_ids, block.block_hash)
             self.on_disk.add(block.block_hash)
             served.append(block_id)
         if len(served) == present < len(wanted):
-            self.store.counters.misses += 1   # the gap the stats found (a failed read counted its own)
+            self.store.counters.misses += 1  # the gap the stats found (a failed read counted its own)
         self.pool.free(list(reversed(ids)) + list(reversed(hits)))
         return served
 
@@ -93,9 +96,11 @@ class StoreTier:
         return self.writer.close(timeout)
 
     def describe(self) -> str:
-        return (f"KV store {self.store.root} ({self.store.size / 2**20:.1f} MiB of "
-                f"{self.store.max_size / 2**20:.0f} MiB): {self.store.num_blocks()} blocks usable by this model "
-                f"(fingerprint {self.store.fingerprint[:12]})" + (", read-only" if self.store.read_only else ""))
+        return (
+            f"KV store {self.store.root} ({self.store.size / 2**20:.1f} MiB of "
+            f"{self.store.max_size / 2**20:.0f} MiB): {self.store.num_blocks()} blocks usable by this model "
+            f"(fingerprint {self.store.fingerprint[:12]})" + (", read-only" if self.store.read_only else "")
+        )
 
 
 def open_tier(args, model_dtype: torch.dtype, caches: list, pool: BlockPool) -> StoreTier | None:
@@ -107,30 +112,41 @@ def open_tier(args, model_dtype: torch.dtype, caches: list, pool: BlockPool) -> 
         return None
     dtype = dtype_name(model_dtype)
     fingerprint = model_fingerprint(args.model, dtype, args.kv_cache_dtype, args.block_size, args.quantization)
-    describe = {"model": str(args.model), "dtype": dtype, "kv_cache_dtype": args.kv_cache_dtype,
-                "block_size": args.block_size, "quantization": args.quantization, "store_version": STORE_VERSION}
+    describe = {
+        "model": str(args.model),
+        "dtype": dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "block_size": args.block_size,
+        "quantization": args.quantization,
+        "store_version": STORE_VERSION,
+    }
     try:
         store = LatentStore(args.kv_store, fingerprint, args.kv_store_max_size, describe)
     except OSError as err:
         warn(f"the KV store {args.kv_store} is not usable ({err}); running without it")
         return None
     if store.read_only:
-        warn(f"the KV store {args.kv_store} cannot be written ({store.read_only}); serving the blocks it holds "
-             "without writing new ones")
+        warn(
+            f"the KV store {args.kv_store} cannot be written ({store.read_only}); serving the blocks it holds "
+            "without writing new ones"
+        )
     return StoreTier(store, caches, pool)
 
 
 def block_rows(caches: list) -> list[list[tuple]]:
     """Per layer, per cache tensor: (dtype, one block's shape, the tensor's bytes as a
     [blocks, bytes per block] uint8 array, a view): what CacheSlots hands the reader, made once."""
-    return [[(t.dtype, tuple(t.shape[1:]), t.view(t.shape[0], -1).view(torch.uint8).numpy())
-             for t in cache.tensors()] for cache in caches]
+    return [
+        [(t.dtype, tuple(t.shape[1:]), t.view(t.shape[0], -1).view(torch.uint8).numpy()) for t in cache.tensors()]
+        for cache in caches
+    ]
 
 
 class CacheSlots:
     """files.read_block's `place` for one block of the engine's caches: a stored tensor's pieces
     are that block's rows of each (layer, j) it holds (block_rows), when dtype and shape match;
     records which it filled."""
+
     def __init__(self, rows: list[list[tuple]], block_id: int):
         self.rows, self.block_id = rows, block_id
         self.filled: set[tuple[int, int]] = set()

@@ -8,6 +8,7 @@ for the rest of the run (later blocks count as drops); reads go on.
 `close(timeout)` is the shutdown's flush: it writes the whole queue, or what the timeout
 allows (the rest is dropped and counted), and says how many blocks it wrote and dropped.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,6 +29,7 @@ _STOP = object()
 @dataclass
 class FlushReport:
     """What a close wrote of the queue it found, what it dropped, and in how many seconds."""
+
     written: int = 0
     dropped: int = 0
     seconds: float = 0.0
@@ -43,11 +45,11 @@ class WriteBehind:
         self.store = store
         self.queue: queue.Queue = queue.Queue(max_pending)
         self.failed = failed
-        self.written = 0   # blocks this writer put on disk (or found there)
-        self.drop_lock = threading.Lock()   # drops are counted by both threads
+        self.written = 0  # blocks this writer put on disk (or found there)
+        self.drop_lock = threading.Lock()  # drops are counted by both threads
         self.thread = threading.Thread(target=self.loop, name="latentkv-store-writer", daemon=True)
         self.thread.start()
-        atexit.register(self.close)   # an `LLM` user's last blocks still reach the disk
+        atexit.register(self.close)  # an `LLM` user's last blocks still reach the disk
 
     def submit(self, block: StoredBlock) -> bool:
         if self.failed:
@@ -69,7 +71,7 @@ class WriteBehind:
             try:
                 if block is _STOP:
                     return
-                if self.failed or not all_finite(block):   # NaN latents never reach the disk
+                if self.failed or not all_finite(block):  # NaN latents never reach the disk
                     self.drop()
                     continue
                 self.store.write(block)
@@ -77,8 +79,12 @@ class WriteBehind:
             except OSError as err:
                 self.failed = True
                 self.drop()
-                print(f"latentkv: warning: cannot write to the KV store {self.store.root} ({err}); "
-                      "running on without writing to it", file=sys.stderr, flush=True)
+                print(
+                    f"latentkv: warning: cannot write to the KV store {self.store.root} ({err}); "
+                    "running on without writing to it",
+                    file=sys.stderr,
+                    flush=True,
+                )
             finally:
                 self.queue.task_done()
 
@@ -99,15 +105,14 @@ class WriteBehind:
         atexit.unregister(self.close)
         if self.thread.is_alive():
             if not self.flush(timeout):
-                self.discard()   # the disk is too slow for the bound: these blocks are lost, counted
+                self.discard()  # the disk is too slow for the bound: these blocks are lost, counted
             left = max(0.0, timeout - (time.monotonic() - start))
             try:
-                self.queue.put(_STOP, timeout=max(left, 0.1))   # room: flush or discard emptied the queue
+                self.queue.put(_STOP, timeout=max(left, 0.1))  # room: flush or discard emptied the queue
                 self.thread.join(left)
-            except queue.Full:   # blocks still come in: leave the daemon thread behind
+            except queue.Full:  # blocks still come in: leave the daemon thread behind
                 pass
-        return FlushReport(self.written - written, self.store.counters.write_drops - dropped,
-                           time.monotonic() - start)
+        return FlushReport(self.written - written, self.store.counters.write_drops - dropped, time.monotonic() - start)
 
     def discard(self) -> None:
         """Drop every block still queued (the one being written, if any, finishes)."""

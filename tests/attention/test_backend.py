@@ -1,4 +1,5 @@
 """The backend seam: the selection point, and a backend that overrides only the kernels."""
+
 import pytest
 import torch
 
@@ -24,7 +25,10 @@ class Recording(TorchBackend):
 
 
 def test_unknown_backend_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match=r"attention backend 'cuda-mla' is not available; expected one of \['auto', 'native', 'torch'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"attention backend 'cuda-mla' is not available; expected one of \['auto', 'native', 'torch'\]",
+    ):
         attention.get_backend("cuda-mla")
 
 
@@ -44,13 +48,16 @@ def test_a_registered_backend_serves_both_paths(tiny_checkpoints, monkeypatch):
 @torch.inference_mode()
 def test_without_the_native_build_auto_falls_back_with_one_warning(tiny_checkpoints, monkeypatch):
     """A machine with no compiler (here: the compiler "fails"): one warning, the reference backend."""
+
     def fail(*args, **kwargs):
         raise OSError("no compiler\ng++: not found")
 
     monkeypatch.setattr(attention_kernels.EXT, "state", {})  # forget this process's build
     monkeypatch.setattr(build, "compile_extension", fail)
-    with pytest.warns(RuntimeWarning, match="native CPU attention kernel is unavailable .*g\\+\\+: not found.*"
-                                            "using the PyTorch reference backend") as caught:
+    with pytest.warns(
+        RuntimeWarning,
+        match="native CPU attention kernel is unavailable .*g\\+\\+: not found.*using the PyTorch reference backend",
+    ) as caught:
         folder, _ = tiny_checkpoints("v3_dense_qlora")
         model = load_model(folder)  # "auto"
         load_model(folder)

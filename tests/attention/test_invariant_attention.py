@@ -6,6 +6,7 @@ agree with the one-pass reference within the dtype's tolerance (float32 2e-5, bf
 output's scale: the reference rounds scores and probabilities to bf16) and never allocate more
 than a tile's worth, however long the context.
 """
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -25,14 +26,19 @@ def filled(lengths, rank, rope, dtype, cache_dtype="auto", seed=0):
     gen = torch.Generator().manual_seed(seed)
     need = [-(-n // BLOCK) for n in lengths]
     ids = torch.randperm(sum(need) + 2, generator=gen)[: sum(need)] + 1
-    tables = [ids[sum(need[:i]):sum(need[:i + 1])].tolist() for i in range(len(lengths))]
+    tables = [ids[sum(need[:i]) : sum(need[: i + 1])].tolist() for i in range(len(lengths))]
     cache = LatentCache(sum(need) + 3, BLOCK, rank, rope, dtype, cache_dtype)
     if cache_dtype == "auto":
         cache.kv.normal_(generator=gen).mul_(50)  # stale rows past each context must not leak
     for n, table in zip(lengths, tables):
         pos = torch.arange(n)
         slots = torch.tensor(table)[pos // BLOCK] * BLOCK + pos % BLOCK
-        write(cache, (torch.randn(n, rank, generator=gen) * 2).to(dtype), torch.randn(n, rope, generator=gen).to(dtype), slots)
+        write(
+            cache,
+            (torch.randn(n, rank, generator=gen) * 2).to(dtype),
+            torch.randn(n, rope, generator=gen).to(dtype),
+            slots,
+        )
     return cache, tables
 
 
@@ -46,7 +52,9 @@ def attend(backend, query, cache, qlens, ctxs, tables):
     return out[meta.query_valid].flatten(0, 1)
 
 
-@pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.float32, "auto"), (torch.bfloat16, "int8")])
+@pytest.mark.parametrize(
+    "dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.float32, "auto"), (torch.bfloat16, "int8")]
+)
 def test_a_row_is_the_same_in_prefill_chunk_decode_and_batch(attention_backend, dtype, cache_dtype):
     heads, rank, rope = 3, 32, 8
     length = KEY_TILE + 45  # two key tiles, the second partly filled
@@ -55,18 +63,24 @@ def test_a_row_is_the_same_in_prefill_chunk_decode_and_batch(attention_backend, 
     gen = torch.Generator().manual_seed(1)
     query = (torch.randn(length * heads, rank + rope, generator=gen) * 0.3).to(dtype)
     whole = attend(backend, query, cache, [length], [length], tables[:1])  # prefill from scratch
-    rows = lambda a, b: query[a * heads:b * heads]  # noqa: E731
+    rows = lambda a, b: query[a * heads : b * heads]  # noqa: E731
     tail = attend(backend, rows(200, length), cache, [length - 200], [length], tables[:1])  # after a cached prefix
-    assert torch.equal(tail, whole[200 * heads:])
+    assert torch.equal(tail, whole[200 * heads :])
     for p in (0, 15, 16, KEY_TILE - 1, KEY_TILE, length - 1):  # decodes, alone and beside others
         alone = attend(backend, rows(p, p + 1), cache, [1], [p + 1], tables[:1])
-        assert torch.equal(alone, whole[p * heads:(p + 1) * heads]), p
+        assert torch.equal(alone, whole[p * heads : (p + 1) * heads]), p
         other = torch.randn(2 * heads, rank + rope, generator=gen).to(dtype)
-        batched = attend(backend, torch.cat((other[:heads], rows(p, p + 1), other[heads:])), cache,
-                         [1, 1, 1], [70, p + 1, 300], [tables[1], tables[0], tables[2]])
-        assert torch.equal(batched[heads:2 * heads], alone), p
+        batched = attend(
+            backend,
+            torch.cat((other[:heads], rows(p, p + 1), other[heads:])),
+            cache,
+            [1, 1, 1],
+            [70, p + 1, 300],
+            [tables[1], tables[0], tables[2]],
+        )
+        assert torch.equal(batched[heads : 2 * heads], alone), p
     mixed = attend(backend, torch.cat((rows(250, 260), other[:heads])), cache, [10, 1], [260, 70], tables[:2])
-    assert torch.equal(mixed[:10 * heads], whole[250 * heads:260 * heads])
+    assert torch.equal(mixed[: 10 * heads], whole[250 * heads : 260 * heads])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -74,7 +88,9 @@ def test_tiled_prefill_over_cached_context_matches_the_one_pass_reference(dtype)
     heads, rank, rope = 4, 32, 8
     length, cached = 2 * KEY_TILE + QUERY_CHUNK + 37, KEY_TILE + 3  # several key tiles and query chunks
     cache, tables = filled([length], rank, rope, dtype)
-    query = (torch.randn(1, (length - cached) * heads, rank + rope, generator=torch.Generator().manual_seed(2)) * 0.3).to(dtype)
+    query = (
+        torch.randn(1, (length - cached) * heads, rank + rope, generator=torch.Generator().manual_seed(2)) * 0.3
+    ).to(dtype)
     meta, _ = build_metadata([length - cached], [length], tables, BLOCK)
     tiled = tiled_latent_attention(query, cache, meta).double()
     whole = TorchBackend().whole_latent_attention(query, cache, meta).double()

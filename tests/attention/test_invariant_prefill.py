@@ -3,12 +3,14 @@
 Both implementations: "tiles" (SDPA on fixed query tiles, every CPU and dtype) and "native"
 (span_prefill with the native kernel on each instruction set this CPU runs: float32 FMAs at the
 ISA's width, bf16 dot products on avx512_bf16; skipped without the native build). A prompt row's
-output must be bit-identical whether its prompt is prefilled whole, in chunks that end anywhere (mid-tile, one row), or after a cached prefix — in bf16 and float32 and over
+output must be bit-identical whether its prompt is prefilled whole, in chunks that end anywhere
+(mid-tile, one row), or after a cached prefix — in bf16 and float32 and over
 an int8 latent — on the machine that runs the suite (it relies on SDPA's CPU kernel rounding a
 row the same in calls of the same shape). It must also agree with the plain naive path (one
 causal SDPA call) within the dtype's tolerance, and steps are split so that each prompt attends
 alone while decodes share a group.
 """
+
 import functools
 
 import pytest
@@ -53,7 +55,7 @@ class Layer(nn.Module):
         self._padded = (None, None, None)
         self.scale = (dn + dr) ** -0.5
         self.kv_b_proj = nn.Linear(rank, heads * (dn + dv), bias=False).to(dtype)
-        nn.init.normal_(self.kv_b_proj.weight, std=rank ** -0.5, generator=torch.Generator().manual_seed(4))
+        nn.init.normal_(self.kv_b_proj.weight, std=rank**-0.5, generator=torch.Generator().manual_seed(4))
 
 
 def prompt(length, layer, dtype, cache_dtype):
@@ -66,8 +68,12 @@ def prompt(length, layer, dtype, cache_dtype):
     if cache_dtype == "auto":
         cache.kv.normal_(generator=gen).mul_(50)
     pos = torch.arange(length)
-    write(cache, torch.randn(length, layer.kv_rank, generator=gen).to(dtype),
-          torch.randn(length, layer.dr, generator=gen).to(dtype), torch.tensor(table)[pos // BLOCK] * BLOCK + pos % BLOCK)
+    write(
+        cache,
+        torch.randn(length, layer.kv_rank, generator=gen).to(dtype),
+        torch.randn(length, layer.dr, generator=gen).to(dtype),
+        torch.tensor(table)[pos // BLOCK] * BLOCK + pos % BLOCK,
+    )
     q_nope = torch.randn(length, layer.n_heads, layer.dn, generator=gen).to(dtype)
     q_rope = torch.randn(length, layer.n_heads, layer.dr, generator=gen).to(dtype)
     return cache, table, q_nope, q_rope
@@ -95,16 +101,27 @@ def test_tiles_sit_at_fixed_positions():
     assert tiles(130, 600) == every[1:4] and tiles(511, 512) == [every[2]]
 
 
-@pytest.mark.parametrize("impl,dtype,cache_dtype", [("tiles", torch.bfloat16, "auto"), ("tiles", torch.float32, "auto"),
-                                                    ("tiles", torch.bfloat16, "int8")]
-                         + [(impl, dtype, cache_dtype) for impl in NATIVE
-                            for dtype, cache_dtype in [(torch.float32, "auto"), (torch.float32, "int8"),
-                                                       (torch.bfloat16, "auto"), (torch.bfloat16, "int8")]])
+@pytest.mark.parametrize(
+    "impl,dtype,cache_dtype",
+    [("tiles", torch.bfloat16, "auto"), ("tiles", torch.float32, "auto"), ("tiles", torch.bfloat16, "int8")]
+    + [
+        (impl, dtype, cache_dtype)
+        for impl in NATIVE
+        for dtype, cache_dtype in [
+            (torch.float32, "auto"),
+            (torch.float32, "int8"),
+            (torch.bfloat16, "auto"),
+            (torch.bfloat16, "int8"),
+        ]
+    ],
+)
 @torch.inference_mode()
 def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeypatch, impl, dtype, cache_dtype):
     monkeypatch.setattr(prefill_module, "SPAN", 256)  # native: several key spans at this small size
     length = 1100  # the first tiles and two of TILE, the last partly filled
-    layer = Layer(rank=40, dr=24, dtype=dtype)  # bf16 on AMX: kv_b_proj padded to 64 columns, the rope values in the pad
+    layer = Layer(
+        rank=40, dr=24, dtype=dtype
+    )  # bf16 on AMX: kv_b_proj padded to 64 columns, the rope values in the pad
     cache, table, q_nope, q_rope = prompt(length, layer, dtype, cache_dtype)
     whole = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl)
     for cuts in ([0, 100, 101, 256, 700, length], [0, 1, 512, 513, 1099, length], [0, 300, length]):
@@ -112,8 +129,11 @@ def test_a_prompt_row_is_the_same_whole_chunked_or_after_a_cached_prefix(monkeyp
         assert torch.equal(torch.cat(chunks), whole), cuts
 
 
-@pytest.mark.parametrize("impl,dtype", [("tiles", torch.float32), ("tiles", torch.bfloat16)]
-                         + [(impl, dtype) for impl in NATIVE for dtype in (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "impl,dtype",
+    [("tiles", torch.float32), ("tiles", torch.bfloat16)]
+    + [(impl, dtype) for impl in NATIVE for dtype in (torch.float32, torch.bfloat16)],
+)
 @torch.inference_mode()
 def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(impl, dtype):
     length, layer = 700, Layer(dtype=dtype)
@@ -121,9 +141,17 @@ def test_matches_one_causal_sdpa_call_on_the_whole_expanded_context(impl, dtype)
     tiled = prefill(layer, cache, table, q_nope, q_rope, 0, length, impl).double()
     meta, _ = build_metadata([length], [length], [table], BLOCK)
     key, value = layer.expand(torch.cat([cache.kv[b] for b in table])[None, :length])
-    plain = torch.nn.functional.scaled_dot_product_attention(
-        torch.cat((q_nope, q_rope), -1)[None].transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-        is_causal=True, scale=layer.scale)[0].transpose(0, 1).double()
+    plain = (
+        torch.nn.functional.scaled_dot_product_attention(
+            torch.cat((q_nope, q_rope), -1)[None].transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            is_causal=True,
+            scale=layer.scale,
+        )[0]
+        .transpose(0, 1)
+        .double()
+    )
     assert (tiled - plain).abs().max() <= TOL[dtype] * plain.abs().max()
 
 
@@ -140,7 +168,7 @@ def test_the_padded_kv_b_proj_is_kv_b_proj_whatever_the_rope_values(monkeypatch)
     assert layer.padded_kv_b().shape == (3 * 28, 64)
     got = layer.expand_latent(rows)
     want = layer.kv_b_proj(rows[:, :40]).float()
-    assert (got.float() - want).abs().max() <= 2 ** -7 * want.abs().max()
+    assert (got.float() - want).abs().max() <= 2**-7 * want.abs().max()
     other = rows.clone()
     other[:, 40:] = torch.randn(300, 24).bfloat16() * 1e4
     assert torch.equal(layer.expand_latent(other), got)
@@ -148,9 +176,9 @@ def test_the_padded_kv_b_proj_is_kv_b_proj_whatever_the_rope_values(monkeypatch)
         assert layer._padded[2] is not None
         for m in (1, 17, 37, 128):
             assert torch.equal(layer.expand_latent(rows[:m]), got[:m]), m
-    assert Layer(rank=40, dr=8, dtype=torch.bfloat16).padded_kv_b() is None   # no room for the pad
-    assert Layer(rank=64, dr=8, dtype=torch.bfloat16).padded_kv_b() is None   # on the grid already
-    assert Layer(rank=40, dr=24).padded_kv_b() is None   # float32: MKL gains nothing
+    assert Layer(rank=40, dr=8, dtype=torch.bfloat16).padded_kv_b() is None  # no room for the pad
+    assert Layer(rank=64, dr=8, dtype=torch.bfloat16).padded_kv_b() is None  # on the grid already
+    assert Layer(rank=40, dr=24).padded_kv_b() is None  # float32: MKL gains nothing
 
 
 def test_each_prompt_attends_alone_and_decodes_together():
@@ -182,14 +210,18 @@ def test_many_sequences_in_one_pass_are_each_alone(monkeypatch, impl, dtype, cac
     seqs = [(300, 0), (90, 200), (7, 0)]
     need = [-(-(n + p) // block) for n, p in seqs]
     ids = (torch.randperm(sum(need) + 4, generator=gen) + 1).tolist()
-    tables = [ids[sum(need[:i]):sum(need[:i + 1])] for i in range(len(seqs))]
+    tables = [ids[sum(need[:i]) : sum(need[: i + 1])] for i in range(len(seqs))]
     cache = LatentCache(sum(need) + 6, block, layer.kv_rank, layer.dr, dtype, cache_dtype)
     if cache_dtype == "auto":
         cache.kv.normal_(generator=gen).mul_(50)  # stale values past each context
     for (n, p), table in zip(seqs, tables):
         pos = torch.arange(n + p)
-        write(cache, torch.randn(n + p, layer.kv_rank, generator=gen).to(dtype),
-              torch.randn(n + p, layer.dr, generator=gen).to(dtype), torch.tensor(table)[pos // block] * block + pos % block)
+        write(
+            cache,
+            torch.randn(n + p, layer.kv_rank, generator=gen).to(dtype),
+            torch.randn(n + p, layer.dr, generator=gen).to(dtype),
+            torch.tensor(table)[pos // block] * block + pos % block,
+        )
     total = sum(n for n, _ in seqs)
     q_nope = torch.randn(total, layer.n_heads, layer.dn, generator=gen).to(dtype)
     q_rope = torch.randn(total, layer.n_heads, layer.dr, generator=gen).to(dtype)
@@ -198,15 +230,17 @@ def test_many_sequences_in_one_pass_are_each_alone(monkeypatch, impl, dtype, cac
     for (n, p), table in zip(seqs, tables):
         meta, _ = build_metadata([n], [n + p], [table], block, invariant=True, prompt_lens=[n + p])
         items.append((slice(at, at + n), meta))
-        alone.append(span_prefill(layer, q_nope[at:at + n], q_rope[at:at + n], cache, meta, kernel))
-        tiled = invariant_prefill(layer, q_nope[at:at + n], q_rope[at:at + n], cache, meta).double()
+        alone.append(span_prefill(layer, q_nope[at : at + n], q_rope[at : at + n], cache, meta, kernel))
+        tiled = invariant_prefill(layer, q_nope[at : at + n], q_rope[at : at + n], cache, meta).double()
         assert (alone[-1].double() - tiled).abs().max() <= TOL[dtype] * tiled.abs().max()  # the right rows read
         at += n
     together = torch.full((total, layer.n_heads, layer.dv), float("nan"), dtype=dtype)
     prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items, kernel, together)
     assert torch.equal(together, torch.cat(alone))
     finished = torch.full_like(together, float("nan"))  # the native last step: the same bits
-    prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items, kernel, finished, attention_kernels.prefill_finish)
+    prefill_module.span_prefill_many(
+        layer, q_nope, q_rope, cache, items, kernel, finished, attention_kernels.prefill_finish
+    )
     assert torch.equal(finished, together)
     rev = torch.full_like(together, float("nan"))  # rows not one after another: gathered by index
     prefill_module.span_prefill_many(layer, q_nope, q_rope, cache, items[::-1], kernel, rev)

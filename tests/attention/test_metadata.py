@@ -1,4 +1,5 @@
 """Flat-batch metadata: block runs and per-group attention for mixed query lengths."""
+
 import pytest
 import torch
 
@@ -25,15 +26,25 @@ def test_mixed_lengths_attend_per_group_and_equal_lengths_do_not():
 
 def same_metadata(a, b) -> bool:
     """Every field of two AttentionMetadata equal (tensors: values and dtypes), groups recursively."""
-    for name in ("query_start", "context_lens", "block_tables", "slot_mapping", "query_index", "query_valid", "query_pos"):
+    for name in (
+        "query_start",
+        "context_lens",
+        "block_tables",
+        "slot_mapping",
+        "query_index",
+        "query_valid",
+        "query_pos",
+    ):
         x, y = getattr(a, name), getattr(b, name)
         if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
             return False
     scalars = ("max_query_len", "max_context_len", "path", "runs", "invariant", "prompt_rows")
     if any(getattr(a, n) != getattr(b, n) for n in scalars) or (a.groups is None) != (b.groups is None):
         return False
-    return a.groups is None or all(row_list(ra) == row_list(rb) and same_metadata(ga, gb)
-                                   for (ra, ga), (rb, gb) in zip(a.groups, b.groups, strict=True))
+    return a.groups is None or all(
+        row_list(ra) == row_list(rb) and same_metadata(ga, gb)
+        for (ra, ga), (rb, gb) in zip(a.groups, b.groups, strict=True)
+    )
 
 
 def test_the_decode_fast_path_builds_what_the_general_path_builds():
@@ -46,10 +57,14 @@ def test_the_decode_fast_path_builds_what_the_general_path_builds():
         ctx = torch.randint(1, 70, (b,), generator=gen).tolist()
         if trial % 5 == 0:
             ctx[0] = 32  # ends exactly on a block edge
-        tables = [torch.randperm(64, generator=gen)[:-(-c // 16) + trial % 2].tolist() for c in ctx]
+        tables = [torch.randperm(64, generator=gen)[: -(-c // 16) + trial % 2].tolist() for c in ctx]
         prompt = [c - int(torch.randint(0, 3, (1,), generator=gen)) + 1 for c in ctx]  # some rows still prompt
-        for invariant, prompt_lens, split in ((False, None, True), (True, None, True), (True, prompt, True),
-                                              (True, prompt, False)):
+        for invariant, prompt_lens, split in (
+            (False, None, True),
+            (True, None, True),
+            (True, prompt, True),
+            (True, prompt, False),
+        ):
             args = ([1] * b, ctx, tables, 16, "cpu", "auto", split, invariant, prompt_lens)
             fast, fast_pos = decode_metadata(*args[1:])
             slow, slow_pos = general_metadata(*args)

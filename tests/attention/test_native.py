@@ -19,6 +19,7 @@ the same bf16 rows, the same int8 / fp8 codes and scales):
 - reference vs native: 1e-4 in float32; 5e-2 in bfloat16 (the reference rounds its scores,
   probabilities and dequantized latent to bf16 before the matmuls).
 """
+
 import random
 import time
 import types
@@ -33,7 +34,9 @@ from latentkv.cache import q4
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.attention.paged import write
 
-pytestmark = pytest.mark.skipif(not attention_kernels.available(), reason=f"native backend not built: {attention_kernels.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    not attention_kernels.available(), reason=f"native backend not built: {attention_kernels.unavailable_reason()}"
+)
 
 NATIVE_TOL = {torch.float32: 2e-5, torch.bfloat16: 8e-3}
 REFERENCE_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
@@ -48,7 +51,7 @@ def filled_cache(lengths, heads, rank, rope, dtype, cache_dtype, block_size, see
     random.Random(seed).shuffle(ids)
     tables, at = [], 0
     for n in need:
-        tables.append(ids[at:at + n])
+        tables.append(ids[at : at + n])
         at += n
     cache = LatentCache(len(ids) + 1, block_size, rank, rope, dtype, cache_dtype)
     if cache_dtype == "auto":  # garbage in unused slots must not leak into any sum
@@ -90,7 +93,7 @@ def kernel_query(query, cache):
     part is turned too (as attention/native_backend.py does)."""
     if not cache.q4:
         return query
-    return torch.cat((query[..., :cache.kv_rank], q4.turn(query[..., cache.kv_rank:])), dim=-1)
+    return torch.cat((query[..., : cache.kv_rank], q4.turn(query[..., cache.kv_rank :])), dim=-1)
 
 
 def exact_attention(query, rows, query_lens, lengths, heads):
@@ -127,24 +130,47 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
 
 
 @pytest.mark.parametrize("isa", attention_kernels.supported_isas())
-@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
-                                               (torch.bfloat16, "int8"), (torch.bfloat16, "fp8_e4m3"),
-                                               (torch.float32, "int8"), (torch.bfloat16, "int8_rope8"),
-                                               (torch.float32, "fp8_e4m3_rope8"), (torch.float32, "q4_0"),
-                                               (torch.bfloat16, "q4_0")])
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [
+        (torch.float32, "auto"),
+        (torch.bfloat16, "auto"),
+        (torch.bfloat16, "int8"),
+        (torch.bfloat16, "fp8_e4m3"),
+        (torch.float32, "int8"),
+        (torch.bfloat16, "int8_rope8"),
+        (torch.float32, "fp8_e4m3_rope8"),
+        (torch.float32, "q4_0"),
+        (torch.bfloat16, "q4_0"),
+    ],
+)
 def test_batch_of_lengths_ending_mid_block_every_isa(isa, dtype, cache_dtype):
     run_case([1, 17, 300, 45], heads=9, rank=64, rope=32, dtype=dtype, cache_dtype=cache_dtype, isa=isa)
 
 
-@pytest.mark.parametrize("heads,rank,rope", [(1, 32, 0), (16, 512, 64), (128, 128, 16), (3, 256, 64), (2, 48, 8),
-                                             (9, 248, 96), (9, 240, 96), (5, 44, 6), (4, 37, 3)])  # widths off the vector lanes
+@pytest.mark.parametrize(
+    "heads,rank,rope",
+    [
+        (1, 32, 0),
+        (16, 512, 64),
+        (128, 128, 16),
+        (3, 256, 64),
+        (2, 48, 8),
+        (9, 248, 96),
+        (9, 240, 96),
+        (5, 44, 6),
+        (4, 37, 3),
+    ],
+)  # widths off the vector lanes
 @pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3", "int8_rope8", "q4_0"])  # q4_0: odd widths too
 def test_heads_ranks_and_rope_widths(heads, rank, rope, cache_dtype):
     run_case([33, 130], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype=cache_dtype, seed=heads)
 
 
-@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, "auto"), (torch.float32, "fp8_e4m3"),
-                                               (torch.bfloat16, "auto"), (torch.bfloat16, "int8")])
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [(torch.float32, "auto"), (torch.float32, "fp8_e4m3"), (torch.bfloat16, "auto"), (torch.bfloat16, "int8")],
+)
 def test_long_context_split_across_threads_is_merged_exactly(dtype, cache_dtype):
     """5,000 tokens: many spans (a log-sum-exp merge) on several threads."""
     run_case([5000, 3], heads=4, rank=64, rope=16, dtype=dtype, cache_dtype=cache_dtype, block_size=32)
@@ -153,14 +179,21 @@ def test_long_context_split_across_threads_is_merged_exactly(dtype, cache_dtype)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_several_query_tokens_are_causal(dtype):
     """Q > 1 (a short chunk): each query row sees keys up to its own position only."""
-    run_case([40, 9, 70], heads=5, rank=32, rope=8, dtype=dtype, cache_dtype="auto",
-             query_lens=[4, 1, 3], block_size=8)
+    run_case([40, 9, 70], heads=5, rank=32, rope=8, dtype=dtype, cache_dtype="auto", query_lens=[4, 1, 3], block_size=8)
 
 
 @pytest.mark.parametrize("isa", attention_kernels.supported_isas())
-@pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, "auto"), (torch.bfloat16, "int8"),
-                                               (torch.bfloat16, "fp8_e4m3"), (torch.float32, "int8"),
-                                               (torch.bfloat16, "int8_rope8"), (torch.bfloat16, "q4_0")])
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [
+        (torch.bfloat16, "auto"),
+        (torch.bfloat16, "int8"),
+        (torch.bfloat16, "fp8_e4m3"),
+        (torch.float32, "int8"),
+        (torch.bfloat16, "int8_rope8"),
+        (torch.bfloat16, "q4_0"),
+    ],
+)
 @pytest.mark.parametrize("rank,rope", [(64, 16), (240, 96)])  # 240: the latent ends mid-chunk (the default conversion)
 def test_result_does_not_depend_on_the_batch_or_threads(isa, dtype, cache_dtype, rank, rope):
     """Batch invariance: a sequence's output is bit-identical alone, in a batch of mixed lengths
@@ -174,14 +207,19 @@ def assert_batch_invariant(isa, dtype, cache_dtype, rank, rope, heads=8):
     cache, tables, _ = filled_cache(lengths, heads, rank, rope, dtype, cache_dtype, 16, seed=3)
     query = torch.randn(len(lengths), heads, rank + rope, generator=torch.Generator().manual_seed(4)).to(dtype)
     meta, _ = build_metadata([1] * len(lengths), lengths, tables, 16)
-    batched = {t: attention_kernels.mla_decode(query, cache, meta.block_tables, meta.context_lens, heads=heads, isa=isa, threads=t)
-               for t in (1, 2)}
+    batched = {
+        t: attention_kernels.mla_decode(
+            query, cache, meta.block_tables, meta.context_lens, heads=heads, isa=isa, threads=t
+        )
+        for t in (1, 2)
+    }
     assert torch.equal(batched[1], batched[2])
     for b in range(len(lengths)):
-        alone, _ = build_metadata([1], lengths[b:b + 1], tables[b:b + 1], 16)
+        alone, _ = build_metadata([1], lengths[b : b + 1], tables[b : b + 1], 16)
         for t in (1, 2):
-            one = attention_kernels.mla_decode(query[b:b + 1], cache, alone.block_tables, alone.context_lens, heads=heads,
-                                               isa=isa, threads=t)
+            one = attention_kernels.mla_decode(
+                query[b : b + 1], cache, alone.block_tables, alone.context_lens, heads=heads, isa=isa, threads=t
+            )
             assert torch.equal(one[0], batched[2][b]), (b, t)
 
 
@@ -192,10 +230,28 @@ def test_int8_latent_and_rope_in_whole_int8_steps(isa, heads, rank, rope, block_
     int8 tile products of the codes where they lie (block size 8: the rows copied first) with the
     query in two int8 parts. Mid-block and multi-span lengths, 20 heads (two row groups), several
     query tokens; batch-invariant."""
-    run_case([1, 17, 300, 45, 700], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype="int8_rope8",
-             block_size=block_size, isa=isa)
-    run_case([40, 9, 70], heads=heads, rank=rank, rope=rope, dtype=torch.bfloat16, cache_dtype="int8_rope8",
-             block_size=block_size, query_lens=[4, 1, 3], isa=isa, seed=1)
+    run_case(
+        [1, 17, 300, 45, 700],
+        heads=heads,
+        rank=rank,
+        rope=rope,
+        dtype=torch.bfloat16,
+        cache_dtype="int8_rope8",
+        block_size=block_size,
+        isa=isa,
+    )
+    run_case(
+        [40, 9, 70],
+        heads=heads,
+        rank=rank,
+        rope=rope,
+        dtype=torch.bfloat16,
+        cache_dtype="int8_rope8",
+        block_size=block_size,
+        query_lens=[4, 1, 3],
+        isa=isa,
+        seed=1,
+    )
     assert_batch_invariant(isa, torch.bfloat16, "int8_rope8", rank, rope, heads=heads)
 
 

@@ -1,6 +1,7 @@
 """The native prefill kernels against float64 attention, on every instruction set this CPU runs:
 float32 FMAs at the ISA's vector width (csrc/mla_prefill_f32.h: 4 lanes scalar/sse2, 8 avx2, 16
-avx512; bf16 tensors widened) and bf16 dot products (csrc/mla_prefill_bf16.h, bf16 on avx512_bf16; on AMX tiles, mla_prefill_amx.h).
+avx512; bf16 tensors widened) and bf16 dot products (csrc/mla_prefill_bf16.h, bf16 on avx512_bf16;
+on AMX tiles, mla_prefill_amx.h).
 Also their batch invariance: a row's bits do not depend on the span cuts, the rows beside it or
 the threads (through the engine's span_prefill: tests/attention/test_invariant_prefill.py).
 
@@ -9,6 +10,7 @@ and keys): float32 kernel 1e-5 — scores and probabilities in float32, e^x by a
 bf16 kernel 1e-2 — scores are exact bf16 products summed in float32, the probabilities are
 rounded to bf16 (2^-9 relative) before the values, and the result once more to bf16 (2^-8).
 """
+
 import pytest
 import torch
 
@@ -47,7 +49,9 @@ def run(q, kv, k_r, dn, first, scale, cuts, isa, state=None):
         for t in (m, l, acc):
             t.fill_(state)
     for a, b in zip(cuts, cuts[1:]):
-        attention_kernels.mla_prefill(q, kv[a:b].contiguous(), k_r[a:b].contiguous(), dn, first, a, m, l, acc, scale, isa=isa)
+        attention_kernels.mla_prefill(
+            q, kv[a:b].contiguous(), k_r[a:b].contiguous(), dn, first, a, m, l, acc, scale, isa=isa
+        )
     return acc[..., :dv] / l[..., None]
 
 
@@ -60,8 +64,19 @@ def inputs(n, keys, heads, dn, dr, dv, dtype=torch.bfloat16, seed=0):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,dn,dr,dv", [(1, 16, 8, 16), (3, 50, 96, 64), (16, 128, 64, 128), (2, 15, 0, 12),
-                                            (128, 32, 32, 32), (4, 8, 8, 70), (5, 17, 7, 33), (9, 64, 96, 64)])
+@pytest.mark.parametrize(
+    "heads,dn,dr,dv",
+    [
+        (1, 16, 8, 16),
+        (3, 50, 96, 64),
+        (16, 128, 64, 128),
+        (2, 15, 0, 12),
+        (128, 32, 32, 32),
+        (4, 8, 8, 70),
+        (5, 17, 7, 33),
+        (9, 64, 96, 64),
+    ],
+)
 @torch.inference_mode()
 def test_matches_float64_attention(isa, dtype, heads, dn, dr, dv):
     n, keys, first = 203, 320, 100  # rows at 100..302: the last key block partly visible, keys past 302 unseen
@@ -72,8 +87,10 @@ def test_matches_float64_attention(isa, dtype, heads, dn, dr, dv):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,groups,dn,dr,dv", [(9, 3, 2, 64, 64), (9, 3, 0, 64, 64), (6, 2, 50, 32, 64),
-                                                   (4, 4, 15, 8, 33), (8, 2, 64, 96, 64), (4, 2, 0, 8, 16)])
+@pytest.mark.parametrize(
+    "heads,groups,dn,dr,dv",
+    [(9, 3, 2, 64, 64), (9, 3, 0, 64, 64), (6, 2, 50, 32, 64), (4, 4, 15, 8, 33), (8, 2, 64, 96, 64), (4, 2, 0, 8, 16)],
+)
 @torch.inference_mode()
 def test_grouped_rope_keys_match_float64_attention(isa, dtype, heads, groups, dn, dr, dv):
     # k_r [S, G, dr]: consecutive heads share one rope key (model/rope_groups.py; SmolLM2's conversion
@@ -85,17 +102,24 @@ def test_grouped_rope_keys_match_float64_attention(isa, dtype, heads, groups, dn
     got, want = run(q, kv, k_r, dn, first, scale, [0, 128, keys], isa), exact(q, kv, k_r, dn, first, scale)
     assert (got.double() - want).abs().max() <= tolerance(isa, dtype) * want.abs().max()
     shared = run(q, kv, k_r[:, :1].expand(-1, groups, -1), dn, first, scale, [0, keys], isa)
-    assert torch.equal(shared, run(q, kv, k_r[:, 0], dn, first, scale, [0, keys], isa))  # one group's key: the shared form
+    assert torch.equal(
+        shared, run(q, kv, k_r[:, 0], dn, first, scale, [0, keys], isa)
+    )  # one group's key: the shared form
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,groups,dn,dr,dv", [(9, 3, 3, 0, 64, 64), (9, 3, 3, 2, 64, 64),
-                                                            (6, 2, 1, 16, 32, 48), (4, 2, 2, 15, 8, 33)])
-@pytest.mark.parametrize("rows", [40, 300])  # one work item a head (AMX packs values inside it) / several (packed first)
+@pytest.mark.parametrize(
+    "heads,kv_heads,groups,dn,dr,dv",
+    [(9, 3, 3, 0, 64, 64), (9, 3, 3, 2, 64, 64), (6, 2, 1, 16, 32, 48), (4, 2, 2, 15, 8, 33)],
+)
+@pytest.mark.parametrize(
+    "rows", [40, 300]
+)  # one work item a head (AMX packs values inside it) / several (packed first)
 @torch.inference_mode()
-def test_kv_rows_per_group_give_the_bits_of_the_rows_repeated_per_head(isa, dtype, heads, kv_heads, groups, dn, dr, dv,
-                                                                      rows):
+def test_kv_rows_per_group_give_the_bits_of_the_rows_repeated_per_head(
+    isa, dtype, heads, kv_heads, groups, dn, dr, dv, rows
+):
     # kv [S, Hk, dn + dv]: consecutive heads with equal kv_b_proj rows read one row (MLAttention.kv_groups;
     # SmolLM2's conversion: its values per source KV head, the first two shapes)
     q, _, _, scale = inputs(rows, 256, heads, dn, dr, dv, dtype, seed=6)
@@ -123,7 +147,9 @@ def test_a_long_context_in_spans_with_large_scores(isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dn,dr", [(50, 40), (50, 96), (64, 32)])  # AMX: keys packed / read in place, over the values / not
+@pytest.mark.parametrize(
+    "dn,dr", [(50, 40), (50, 96), (64, 32)]
+)  # AMX: keys packed / read in place, over the values / not
 @torch.inference_mode()
 def test_span_cuts_rows_and_threads_do_not_change_a_bit(isa, dtype, dn, dr):
     # rows alone or a few (one work item a head: AMX packs each block's values inside it) and many
@@ -152,4 +178,3 @@ def test_bad_shapes_are_refused():
         run(q.float(), kv, k_r, 16, 0, scale, [0, 64], ISAS[-1])
     with pytest.raises(RuntimeError, match="shapes do not match"):  # 3 rope keys for 2 heads
         run(q, kv, k_r[:, None].expand(-1, 3, -1), 16, 0, scale, [0, 64], ISAS[-1])
-

@@ -9,7 +9,9 @@ from latentkv.cache.latent_cache import LatentCache, dequantize_latent, quantize
 @pytest.mark.parametrize("cache_dtype", ["auto", "int8", "fp8_e4m3"])
 def test_write_then_gather_through_block_table(cache_dtype):
     gen = torch.Generator().manual_seed(0)
-    cache = LatentCache(num_blocks=6, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype)
+    cache = LatentCache(
+        num_blocks=6, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype
+    )
     c, k_r = torch.randn(7, 16, generator=gen), torch.randn(7, 8, generator=gen)
     table = [4, 1]  # tokens 0-3 in block 4, 4-6 in block 1
     slots = torch.tensor([4 * 4 + i for i in range(4)] + [1 * 4 + i for i in range(3)])
@@ -21,7 +23,9 @@ def test_write_then_gather_through_block_table(cache_dtype):
     assert cache.tensors()[-1].dtype == rope_dtype
     assert torch.equal(kv[:, 16:], k_r.to(rope_dtype).float())
     err = (kv[:, :16] - c).abs().max().item()
-    bound = {"auto": 0.0, "int8": c.abs().max().item() / 127 / 2 + 1e-6, "fp8_e4m3": c.abs().max().item() / 16}[cache_dtype]
+    bound = {"auto": 0.0, "int8": c.abs().max().item() / 127 / 2 + 1e-6, "fp8_e4m3": c.abs().max().item() / 16}[
+        cache_dtype
+    ]
     assert err <= bound
 
 
@@ -30,7 +34,9 @@ def test_pieces_of_block_runs_equal_the_gather(cache_dtype):
     """A sequence on runs of consecutive blocks is read piece by piece: the same rows as a
     gather through its block table, and (unquantized) views of the cache, not copies."""
     gen = torch.Generator().manual_seed(1)
-    cache = LatentCache(num_blocks=12, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype)
+    cache = LatentCache(
+        num_blocks=12, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype
+    )
     table = [2, 3, 4, 9, 10, 0]
     length = 4 * len(table) - 1
     slots = torch.tensor([table[i // 4] * 4 + i % 4 for i in range(length)])
@@ -52,9 +58,13 @@ def test_read_positions_is_the_gather_with_rows_past_each_context_zero(cache_dty
     tables: the gathered rows, zero past each context (stale slots never leak), the cache
     untouched."""
     gen = torch.Generator().manual_seed(2)
-    cache = LatentCache(num_blocks=12, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype)
+    cache = LatentCache(
+        num_blocks=12, block_size=4, kv_rank=16, rope_dim=8, dtype=torch.float32, cache_dtype=cache_dtype
+    )
     slots = torch.arange(48)
-    write(cache, torch.randn(48, 16, generator=gen), torch.randn(48, 8, generator=gen), slots)  # every slot stale-filled
+    write(
+        cache, torch.randn(48, 16, generator=gen), torch.randn(48, 8, generator=gen), slots
+    )  # every slot stale-filled
     tables, lengths = torch.tensor([[3, 7, 1, 5, 0, 0], [2, 9, 11, 4, 8, 6]]), torch.tensor([10, 23])
     before = [t.clone() for t in cache.tensors()]
     rows = read_positions(cache, tables, lengths, start, stop)
@@ -80,7 +90,7 @@ def test_an_8_bit_rope_key_round_trips_within_half_a_step(dtype):
     assert cache.rope.dtype == torch.int8 and cache.scale.shape == (3, 4, 2)
     kv = gather(cache, torch.tensor([[2, 0]]))[0, :6].float()
     step = k_r.to(dtype).float().abs().amax(-1, keepdim=True) / 127
-    rounding = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
+    rounding = 2**-8 if dtype == torch.bfloat16 else 1e-6
     assert ((kv[:, 16:] - k_r.to(dtype).float()).abs() <= step / 2 * (1 + 1e-5) + k_r.abs() * rounding).all()
     assert (kv[:, :16] - c.to(dtype).float()).abs().max() <= c.abs().max() / 127 / 2 + c.abs().max() * rounding
 

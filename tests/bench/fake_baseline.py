@@ -1,4 +1,5 @@
 """Stand-in baselines for bench/isolated.py's tests, built in the spawned process by "fake_baseline:Class"."""
+
 import os
 import signal
 

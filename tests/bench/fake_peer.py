@@ -6,6 +6,7 @@ python fake_peer.py PORT MODE [N]
   ok:     stream max_tokens one-token chunks per completion, with a running-requests gauge on /metrics.
 With FAKE_PEER_BODIES=PATH in its environment, each request's body is appended to PATH (a JSON line).
 """
+
 import json
 import os
 import sys
@@ -36,7 +37,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             self.reply(json.dumps({"data": [{"id": "bench"}]}).encode(), "application/json")
         elif self.path == "/metrics" and MODE == "ok":
-            self.reply(f"vllm:num_requests_running{{model_name=\"bench\"}} {state['running']}.0\n".encode(), "text/plain")
+            self.reply(f'vllm:num_requests_running{{model_name="bench"}} {state["running"]}.0\n'.encode(), "text/plain")
         else:
             self.send_error(404)
 

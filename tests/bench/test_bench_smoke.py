@@ -1,5 +1,6 @@
 """Each bench subcommand runs in --quick mode on a tiny model and writes its JSON and PNG.
 No timing assertions: only that the measurements exist and are sane numbers."""
+
 import argparse
 import json
 import math
@@ -40,8 +41,14 @@ def test_bench_decode(tiny, tmp_path):
     assert [r["context"] for r in data["results"]] == [64, 256]
     for row in data["results"]:
         names = set(row["tok_s"])
-        assert {"latentkv", "latentkv int8 latent", "latentkv w4", "latentkv w4 + int8 latent", "transformers original",
-                 "transformers DeepseekV3 stock"} <= names
+        assert {
+            "latentkv",
+            "latentkv int8 latent",
+            "latentkv w4",
+            "latentkv w4 + int8 latent",
+            "transformers original",
+            "transformers DeepseekV3 stock",
+        } <= names
         assert all(positive(v) for v in row["tok_s"].values())
         assert row["ratio"]["latentkv"] == 1.0
         assert positive(row["floor_fraction"])
@@ -63,8 +70,28 @@ def test_bench_throughput(tiny, tmp_path):
 
 def test_bench_throughput_with_quantized_weights_and_int8_latent(tiny, tmp_path):
     out = tmp_path / "throughput-w4a8"
-    assert main(["bench", "throughput", "--quick", "--model", tiny, "--no-baselines", "--quantization", "w4a8",
-                 "--kv-cache-dtype", "int8", "--concurrency", "1", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "throughput",
+                "--quick",
+                "--model",
+                tiny,
+                "--no-baselines",
+                "--quantization",
+                "w4a8",
+                "--kv-cache-dtype",
+                "int8",
+                "--concurrency",
+                "1",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "throughput.json").read_text())
     assert [r["concurrency"] for r in data["results"]] == [1, 2]
     assert all(positive(r["latentkv"]["tok_s"]) and "transformers" not in r for r in data["results"])
@@ -90,16 +117,44 @@ def test_bench_memory(tiny, tmp_path):
 
 def test_bench_kernel(tmp_path):
     out = tmp_path / "kernel"
-    assert main(["bench", "kernel", "--quick", "--heads", "4", "--rank", "32", "--rope", "16", "--threads", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "kernel",
+                "--quick",
+                "--heads",
+                "4",
+                "--rank",
+                "32",
+                "--rope",
+                "16",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert (out / "kernel.png").stat().st_size > 0
     data = json.loads((out / "kernel.json").read_text())
     assert data["bandwidth_gbs"] > 0 and "avx2" in data["cpu_flags"]
     assert [(r["latent"], r["batch"], r["context"]) for r in data["results"]] == [
-        (data["model_dtype"], 1, 64), (data["model_dtype"], 1, 200), (data["model_dtype"], 3, 64),
-        (data["model_dtype"], 3, 200), ("int8", 1, 64), ("int8", 1, 200), ("int8", 3, 64), ("int8", 3, 200)]
+        (data["model_dtype"], 1, 64),
+        (data["model_dtype"], 1, 200),
+        (data["model_dtype"], 3, 64),
+        (data["model_dtype"], 3, 200),
+        ("int8", 1, 64),
+        ("int8", 1, 200),
+        ("int8", 3, 64),
+        ("int8", 3, 200),
+    ]
     elt = 2 if data["model_dtype"] == "bfloat16" else 4
-    per_token = {data["model_dtype"]: (32 + 16) * elt, "int8": 32 + 4 + 16 * 2}  # rank + rope; codes + scale + bf16 rope
+    per_token = {
+        data["model_dtype"]: (32 + 16) * elt,
+        "int8": 32 + 4 + 16 * 2,
+    }  # rank + rope; codes + scale + bf16 rope
     for row in data["results"]:
         assert row["bytes"] == row["batch"] * row["context"] * per_token[row["latent"]]
         assert positive(row["reference GB/s"]) and positive(row["reference % bw"])
@@ -112,8 +167,25 @@ def test_bench_kernel_moe(tmp_path):
     if not qlinear.available():
         pytest.skip(f"qlinear not built: {qlinear.unavailable_reason()}")
     out = tmp_path / "kernel"
-    assert main(["bench", "kernel", "--quick", "--moe", "64x40x8x3+1", "--moe-weights", "int4", "bf16", "--threads", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "kernel",
+                "--quick",
+                "--moe",
+                "64x40x8x3+1",
+                "--moe-weights",
+                "int4",
+                "bf16",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "kernel-moe.json").read_text())
     assert [(r["weights"], r["batch"]) for r in data["results"]] == [("int4", 1), ("int4", 3), ("bf16", 1), ("bf16", 3)]
     for row in data["results"]:
@@ -129,8 +201,19 @@ def test_bench_serve_latentkv_over_the_openai_api(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    data = run_bench("serve", str(tmp_path / "lm"), tmp_path, "--systems", "latentkv", "--threads", "1",
-                     "--cache-memory", "16MiB", "--port", str(port))
+    data = run_bench(
+        "serve",
+        str(tmp_path / "lm"),
+        tmp_path,
+        "--systems",
+        "latentkv",
+        "--threads",
+        "1",
+        "--cache-memory",
+        "16MiB",
+        "--port",
+        str(port),
+    )
     assert [(r["system"], r["concurrency"]) for r in data["results"]] == [("latentkv serve", 1), ("latentkv serve", 4)]
     for row in data["results"]:
         assert positive(row["tok_s"]) and row["ttft_p50"] <= row["ttft_p99"] and row["itl_p50"] <= row["itl_p99"]
@@ -146,9 +229,9 @@ def test_bench_prefix_store(tiny, tmp_path):
     assert [r["prefix"] for r in data["ttft"]] == [64, 256]
     for row in data["ttft"]:
         assert positive(row["ttft_cold_s"]) and positive(row["ttft_restored_s"]) and positive(row["speedup"])
-        assert row["restored_tokens"] == row["prefix"]   # every full block of the prefix came from disk
+        assert row["restored_tokens"] == row["prefix"]  # every full block of the prefix came from disk
     disk = {r["cache"]: r["bytes/token"] for r in data["bytes_per_token"]}
-    for name in ("auto", "int8"):   # the bench's cache dtype, and int8 beside it
+    for name in ("auto", "int8"):  # the bench's cache dtype, and int8 beside it
         assert disk[f"latentkv store on disk, {name} latent"] >= disk[f"latentkv latent in RAM, {name}"]
     assert disk["latentkv store on disk, int8 latent"] < disk["latentkv store on disk, auto latent"]
     assert positive(data["throughput"]["tok_s_store_on"]) and positive(data["throughput"]["tok_s_store_off"])
@@ -171,23 +254,54 @@ class Recorder:
 
 def test_bench_decode_prefills_every_prompt_interleaved_and_decodes_the_last():
     log = []
-    prefill, times = measure_context([Recorder("a", log), Recorder("b", log)], [[1] * 4, [2] * 4, [3] * 4],
-                                     argparse.Namespace(tokens=2, repeats=2), {})
+    prefill, times = measure_context(
+        [Recorder("a", log), Recorder("b", log)],
+        [[1] * 4, [2] * 4, [3] * 4],
+        argparse.Namespace(tokens=2, repeats=2),
+        {},
+    )
     assert log == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
     assert set(prefill) == {"a", "b"} and all(positive(v) for v in prefill.values())
     assert times == {"a": [0.03, 0.03], "b": [0.03, 0.03]}
 
 
 def test_bench_decode_prefill_repeats(tiny, tmp_path):
-    data = run_bench("decode", tiny, tmp_path, "--no-baselines", "--weights", "none", "--kv-cache-dtypes", "auto",
-                     "--prefill-repeats", "2")
+    data = run_bench(
+        "decode",
+        tiny,
+        tmp_path,
+        "--no-baselines",
+        "--weights",
+        "none",
+        "--kv-cache-dtypes",
+        "auto",
+        "--prefill-repeats",
+        "2",
+    )
     assert all(r["prefill_prompts"] == 2 and positive(r["prefill_tok_s"]["latentkv"]) for r in data["results"])
 
 
 def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tmp_path):
     out = tmp_path / "decode-ref"
-    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--reference-attention",
-                 "--not-invariant", "--contexts", "64", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--quick",
+                "--model",
+                tiny,
+                "--no-baselines",
+                "--reference-attention",
+                "--not-invariant",
+                "--contexts",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     row = json.loads((out / "decode.json").read_text())["results"][0]
     for name in ("latentkv", "latentkv w4 + int8 latent"):
         assert positive(row["tok_s"][name]) and positive(row["tok_s"][f"{name} (torch attention)"])
@@ -199,8 +313,25 @@ def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tm
 
 def test_bench_decode_runs_only_the_weight_precisions_asked_for(tiny, tmp_path):
     out = tmp_path / "decode-w4"
-    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "int4",
-                 "--contexts", "64", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--quick",
+                "--model",
+                tiny,
+                "--no-baselines",
+                "--weights",
+                "int4",
+                "--contexts",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     row = json.loads((out / "decode.json").read_text())["results"][0]
     assert set(row["tok_s"]) == {"latentkv w4", "latentkv w4 + int8 latent"}
     assert row["ratio"]["latentkv w4"] == 1.0  # the ratios are taken against the first row run
@@ -208,8 +339,28 @@ def test_bench_decode_runs_only_the_weight_precisions_asked_for(tiny, tmp_path):
 
 def test_bench_decode_runs_only_the_latent_dtypes_asked_for(tiny, tmp_path):
     out = tmp_path / "decode-int8"
-    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "none", "int4",
-                 "--kv-cache-dtypes", "int8", "--contexts", "64", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--quick",
+                "--model",
+                tiny,
+                "--no-baselines",
+                "--weights",
+                "none",
+                "int4",
+                "--kv-cache-dtypes",
+                "int8",
+                "--contexts",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     row = json.loads((out / "decode.json").read_text())["results"][0]
     assert set(row["tok_s"]) == {"latentkv int8 latent", "latentkv w4 + int8 latent"}
 
@@ -217,8 +368,28 @@ def test_bench_decode_runs_only_the_latent_dtypes_asked_for(tiny, tmp_path):
 def test_bench_decode_runs_the_unquantized_latent_by_the_model_dtypes_name(tiny, tmp_path):
     name = dtype_name(resolve_dtype("auto", torch.device("cpu")))  # the dtype the bench's model runs in here
     out = tmp_path / "decode-unquantized"
-    assert main(["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "none",
-                 "--kv-cache-dtypes", "int8", name, "--contexts", "64", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--quick",
+                "--model",
+                tiny,
+                "--no-baselines",
+                "--weights",
+                "none",
+                "--kv-cache-dtypes",
+                "int8",
+                name,
+                "--contexts",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     row = json.loads((out / "decode.json").read_text())["results"][0]
     assert set(row["tok_s"]) == {"latentkv int8 latent", f"latentkv {name} latent"}
 
@@ -245,8 +416,21 @@ def test_bench_serve_with_a_response_format(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    data = run_bench("serve", str(tmp_path / "lm"), tmp_path, "--systems", "latentkv", "--threads", "1",
-                     "--cache-memory", "16MiB", "--port", str(port), "--response-format", str(schema))
+    data = run_bench(
+        "serve",
+        str(tmp_path / "lm"),
+        tmp_path,
+        "--systems",
+        "latentkv",
+        "--threads",
+        "1",
+        "--cache-memory",
+        "16MiB",
+        "--port",
+        str(port),
+        "--response-format",
+        str(schema),
+    )
     assert data["response_format"]["json_schema"]["schema"]["minItems"] == 12
     for row in data["results"]:
         asked = make_requests(row["concurrency"], LM_VOCAB, (8, 64), (4, 12), seed=row["concurrency"])

@@ -1,6 +1,7 @@
 """`bench decode` on a model whose engines do not all fit: the rows are loaded one at a time (each freed
 before the next), or the bench refuses before loading anything. The memory available is faked; the
 engines are the tiny model's. No timing assertions."""
+
 import gc
 import json
 import weakref
@@ -44,12 +45,25 @@ def test_a_row_that_does_not_fit_alone_is_refused_with_the_sizes():
 
 def test_the_rows_asked_for_and_their_variants(tiny):
     class Args:
-        weights, kv_cache_dtypes, reference_attention, not_invariant, eager = ["none", "w4a8"], ["auto", "int8"], True, False, False
+        weights, kv_cache_dtypes, reference_attention, not_invariant, eager = (
+            ["none", "w4a8"],
+            ["auto", "int8"],
+            True,
+            False,
+            False,
+        )
 
     rows = plan_rows(Args)
-    assert [r.name for r in rows] == ["latentkv", "latentkv int8 latent", "latentkv w4a8", "latentkv w4a8 + int8 latent",
-                                      *(f"{n} (torch attention)" for n in ("latentkv", "latentkv int8 latent",
-                                                                            "latentkv w4a8", "latentkv w4a8 + int8 latent"))]
+    assert [r.name for r in rows] == [
+        "latentkv",
+        "latentkv int8 latent",
+        "latentkv w4a8",
+        "latentkv w4a8 + int8 latent",
+        *(
+            f"{n} (torch attention)"
+            for n in ("latentkv", "latentkv int8 latent", "latentkv w4a8", "latentkv w4a8 + int8 latent")
+        ),
+    ]
     assert dict(rows[-1].options) == {"attention_backend": "torch"} and rows[-1].quantization == "w4a8"
     # the estimate follows the weights: w4a8 packs them to about a third of the model dtype's bytes
     assert row_bytes(tiny, rows[2], "1MiB") < row_bytes(tiny, rows[0], "1MiB")
@@ -89,8 +103,23 @@ def counted(monkeypatch):
 
 
 def decode_cli(tiny, out) -> list[str]:
-    return ["bench", "decode", "--quick", "--model", tiny, "--no-baselines", "--weights", "none", "int4",
-            "--kv-cache-dtypes", "auto", "--contexts", "64", "--out", str(out)]
+    return [
+        "bench",
+        "decode",
+        "--quick",
+        "--model",
+        tiny,
+        "--no-baselines",
+        "--weights",
+        "none",
+        "int4",
+        "--kv-cache-dtypes",
+        "auto",
+        "--contexts",
+        "64",
+        "--out",
+        str(out),
+    ]
 
 
 def test_decode_holds_one_engine_at_a_time_when_they_do_not_fit_together(tiny, tmp_path, monkeypatch, counted):

@@ -1,5 +1,6 @@
 """`bench frontier`: a quick run on a tiny model end to end, and a llama.cpp row that crashes is
 recorded while the bench goes on."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ from latentkv.config import ModelConfig
 def test_a_quick_frontier_converts_each_budget_and_measures_every_row(tmp_path, few_chat_prompts):
     source = save_tiny_llama(tmp_path / "llama")
     out = tmp_path / "frontier"
-    result = frontier.run_frontier(str(source), out, budgets=[70, 50], quick=True, dtypes=("float32",), log=lambda m: None)
+    result = frontier.run_frontier(
+        str(source), out, budgets=[70, 50], quick=True, dtypes=("float32",), log=lambda m: None
+    )
     assert {p.name for p in out.iterdir()} >= {"frontier.json", "frontier.md", "frontier.png", "kv70", "kv50"}
     assert json.loads((out / "frontier.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     rows = {r["command"]: r for r in result["rows"]}
@@ -42,15 +45,21 @@ def test_a_llama_cpp_row_that_crashes_is_recorded_and_the_others_go_on(monkeypat
 
 
 def test_a_folder_is_measured_in_the_cache_dtype_given_or_its_own():
-    assert frontier.folder_arg("runs/m:int8_rope8") == (frontier.Path("runs/m"), "int8_rope8",
-                                                        "latentkv eval chat runs/m --cache-dtype int8_rope8")
+    assert frontier.folder_arg("runs/m:int8_rope8") == (
+        frontier.Path("runs/m"),
+        "int8_rope8",
+        "latentkv eval chat runs/m --cache-dtype int8_rope8",
+    )
     assert frontier.folder_arg("runs/a:b") == (frontier.Path("runs/a:b"), None, "latentkv eval chat runs/a:b")
 
 
 def test_the_originals_cache_is_measured_in_each_llama_cpp_kv_type_in_the_reference_forward(tmp_path, few_chat_prompts):
-    source = save_tiny_llama(tmp_path / "llama", num_attention_heads=2, num_key_value_heads=2)  # head_dim 32: one ggml block
-    result = frontier.run_frontier(str(source), tmp_path / "f", quick=True, dtypes=("float32",), systems=("reference",),
-                                   log=lambda m: None)
+    source = save_tiny_llama(
+        tmp_path / "llama", num_attention_heads=2, num_key_value_heads=2
+    )  # head_dim 32: one ggml block
+    result = frontier.run_frontier(
+        str(source), tmp_path / "f", quick=True, dtypes=("float32",), systems=("reference",), log=lambda m: None
+    )
     rows = {r["system"]: r for r in result["rows"]}
     assert set(rows) == {f"original, {kind} KV (float32 forward, cache round trip)" for kind in frontier.LLAMA_KV}
     for kind, (_, per_value) in frontier.LLAMA_KV.items():
@@ -85,6 +94,7 @@ def test_ggml_round_trip_is_llama_cpps_block_quantization():
 def test_the_reference_forward_with_a_kv_store_changes_only_through_it(tmp_path):
     from latentkv.sources.readers import read_source
     from latentkv.sources.reference import source_logits
+
     src = read_source(str(save_tiny_llama(tmp_path / "llama")))
     ids = torch.randint(0, 100, (1, 12))
     assert torch.equal(source_logits(src, ids, lambda x: x), source_logits(src, ids))

@@ -1,5 +1,6 @@
 """Baselines run in their own process (bench/isolated.py): a crash or a load error is recorded with
 its reason, and the bench's loop goes on with the other systems (bench decode's measure_context)."""
+
 import argparse
 from pathlib import Path
 
@@ -55,8 +56,11 @@ def test_a_baseline_that_does_not_load_is_recorded_and_left_out():
 
 
 def test_the_decode_loop_goes_on_without_a_crashed_baseline():
-    live = [InProcess(), IsolatedSystem("crashy", "fake_baseline:SegfaultOnDecode"),
-            IsolatedSystem("steady", "fake_baseline:Steady")]
+    live = [
+        InProcess(),
+        IsolatedSystem("crashy", "fake_baseline:SegfaultOnDecode"),
+        IsolatedSystem("steady", "fake_baseline:Steady"),
+    ]
     failed = {}
     try:
         prefill, times = measure_context(live, [[5] * 8], argparse.Namespace(tokens=2, repeats=3), failed)
@@ -74,7 +78,10 @@ def test_a_transformers_baseline_that_would_not_fit_is_skipped_before_loading(ti
     monkeypatch.setattr(systems, "start", lambda *a, **k: pytest.fail("the baseline was started"))
     failed = {}
     assert systems.transformers_baseline("transformers original", folder, failed) == []
-    assert failed["transformers original"].startswith("skipped: ") and "GiB is available" in failed["transformers original"]
+    assert (
+        failed["transformers original"].startswith("skipped: ")
+        and "GiB is available" in failed["transformers original"]
+    )
 
 
 def test_a_gguf_transformers_cannot_read_is_skipped(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
 """The peer-settings rule (bench/peers.py) on fake CPU flags, and the servers `bench serve` builds from it."""
+
 import argparse
 import json
 
@@ -10,8 +11,13 @@ from latentkv.bench.servers import VLLM_MLA_FIX, servers
 AMX = {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
 ZEN4 = {"avx2", "avx512f", "avx512_bf16"}
 AVX2 = {"avx2", "fma"}
-SMOLLM2 = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-           "hidden_size": 576}
+SMOLLM2 = {
+    "model_type": "llama",
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_size": 576,
+}
 V3_MINI = {"model_type": "deepseek_v3", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}
 
 
@@ -50,9 +56,18 @@ def test_cpuinfo_flags_reads_the_flags_line(tmp_path):
 
 
 def bench_args(**kw):
-    base = dict(systems=["latentkv", "vllm-original", "vllm-stock"], cache_memory="64MiB", max_model_len=300,
-                max_num_seqs=4, threads=2, vllm="/venv/bin/python", model="/m", original="/orig", stock576="/s576",
-                dtype="float32")
+    base = dict(
+        systems=["latentkv", "vllm-original", "vllm-stock"],
+        cache_memory="64MiB",
+        max_model_len=300,
+        max_num_seqs=4,
+        threads=2,
+        vllm="/venv/bin/python",
+        model="/m",
+        original="/orig",
+        stock576="/s576",
+        dtype="float32",
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -98,7 +113,10 @@ def folder(path, config: dict) -> str:
 def test_vllm_keeps_its_stats_only_under_pressure_where_its_running_gauge_is_read(tmp_path):
     original = folder(tmp_path / "orig", SMOLLM2)
     assert "--disable-log-stats" in servers(bench_args(), 9000, flags=ZEN4)[1].cmd
-    assert "--disable-log-stats" not in servers(bench_args(scenario="pressure", original=original), 9000, flags=ZEN4)[1].cmd
+    assert (
+        "--disable-log-stats"
+        not in servers(bench_args(scenario="pressure", original=original), 9000, flags=ZEN4)[1].cmd
+    )
 
 
 def test_fp8_kv_where_vllms_cpu_attention_takes_it():

@@ -1,5 +1,6 @@
 """`latentkv bench random-model`: the shapes, seeded bytes, values on the Q4_0 grid, text that is
 not one token, and the folder against transformers."""
+
 from __future__ import annotations
 
 import copy
@@ -36,29 +37,83 @@ def stored(folder) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_shapes_read_as_latentkv_and_transformers_configs(shape):
     raw = SHAPES[shape]
-    ours, theirs = ModelConfig.from_dict(raw), HF_CONFIGS[raw["model_type"]](**copy.deepcopy(raw))  # it edits rope_scaling
-    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "q_lora_rank",
-                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
-                  "n_shared_experts", "moe_intermediate_size", "first_k_dense_replace", "n_group", "topk_group",
-                  "routed_scaling_factor", "norm_topk_prob", "vocab_size", "max_position_embeddings"):
+    ours, theirs = (
+        ModelConfig.from_dict(raw),
+        HF_CONFIGS[raw["model_type"]](**copy.deepcopy(raw)),
+    )  # it edits rope_scaling
+    for field in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "n_shared_experts",
+        "moe_intermediate_size",
+        "first_k_dense_replace",
+        "n_group",
+        "topk_group",
+        "routed_scaling_factor",
+        "norm_topk_prob",
+        "vocab_size",
+        "max_position_embeddings",
+    ):
         assert getattr(ours, field) == getattr(theirs, field), field
     assert ours.rope_scaling.rope_type == theirs.rope_parameters["rope_type"] == "yarn"
     assert ours.rope_scaling.factor == theirs.rope_parameters["factor"] == 40
     if raw["model_type"] == "deepseek_v3":
-        assert (ours.scoring_func, ours.topk_method) == ("sigmoid", "noaux_tc") and ours.q_lora_rank and ours.n_group > 1
+        assert (
+            (ours.scoring_func, ours.topk_method) == ("sigmoid", "noaux_tc") and ours.q_lora_rank and ours.n_group > 1
+        )
 
 
 def test_deepseek_v2_lite_is_the_release():
     """The published config's fields, and its parameter count (15,706,484,224 in the release's shards)."""
     cfg = DEEPSEEK_V2_LITE
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["first_k_dense_replace"]) == (2048, 27, 10944, 1)
-    assert (cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["n_shared_experts"], cfg["moe_intermediate_size"]) == (64, 6, 2, 1408)
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["first_k_dense_replace"]) == (
+        2048,
+        27,
+        10944,
+        1,
+    )
+    assert (
+        cfg["n_routed_experts"],
+        cfg["num_experts_per_tok"],
+        cfg["n_shared_experts"],
+        cfg["moe_intermediate_size"],
+    ) == (64, 6, 2, 1408)
     assert (cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]) == (16, None, 512)
-    assert (cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["vocab_size"]) == (64, 128, 128, 102400)
-    assert (cfg["topk_method"], cfg["scoring_func"], cfg["norm_topk_prob"], cfg["routed_scaling_factor"]) == ("greedy", "softmax", False, 1.0)
-    assert cfg["rope_scaling"] == {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
-                                   "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
-    assert (cfg["max_position_embeddings"], cfg["rope_theta"], cfg["rms_norm_eps"], cfg["torch_dtype"]) == (163840, 10000, 1e-6, "bfloat16")
+    assert (cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["vocab_size"]) == (
+        64,
+        128,
+        128,
+        102400,
+    )
+    assert (cfg["topk_method"], cfg["scoring_func"], cfg["norm_topk_prob"], cfg["routed_scaling_factor"]) == (
+        "greedy",
+        "softmax",
+        False,
+        1.0,
+    )
+    assert cfg["rope_scaling"] == {
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    }
+    assert (cfg["max_position_embeddings"], cfg["rope_theta"], cfg["rms_norm_eps"], cfg["torch_dtype"]) == (
+        163840,
+        10000,
+        1e-6,
+        "bfloat16",
+    )
     assert sum(math.prod(s) for s in random_model.tensor_shapes(cfg).values()) == 15_706_484_224
 
 
@@ -72,7 +127,9 @@ def test_the_small_shapes_have_their_stated_sizes():
 def test_the_same_seed_writes_the_same_bytes(bundled_source, tmp_path):
     one = random_model.write_random_model("tiny", tmp_path / "a", seed=3, source=bundled_source)
     again = random_model.write_random_model("tiny", tmp_path / "b", seed=3, source=bundled_source)
-    sharded = random_model.write_random_model("tiny", tmp_path / "c", seed=3, shard_bytes=1 << 20, source=bundled_source)
+    sharded = random_model.write_random_model(
+        "tiny", tmp_path / "c", seed=3, shard_bytes=1 << 20, source=bundled_source
+    )
     other = random_model.write_random_model("tiny", tmp_path / "d", seed=4, source=bundled_source)
     assert (one / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
     assert len(weight_files(sharded)) > 2
@@ -109,7 +166,7 @@ def greedy(model, prompt: list[int], tokens: int) -> list[int]:
     ids = list(prompt)
     for _ in range(tokens):
         ids.append(int(model.full_logits(torch.tensor([ids]))[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @torch.inference_mode()
@@ -136,7 +193,10 @@ def test_the_folder_matches_transformers(random_checkpoints, shape):
 def test_the_command_writes_a_folder_generate_serves(bundled_source, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(random_model, "read_source", lambda: bundled_source)
     out = tmp_path / "tiny-v3"
-    assert main(["bench", "random-model", "--shape", "tiny-v3", "--out", str(out), "--seed", "1", "--shard-size", "2MiB"]) == 0
+    assert (
+        main(["bench", "random-model", "--shape", "tiny-v3", "--out", str(out), "--seed", "1", "--shard-size", "2MiB"])
+        == 0
+    )
     assert f"wrote {out}" in capsys.readouterr().out
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (bundled_source.bos_token_id, bundled_source.eos_token_id)
@@ -145,8 +205,24 @@ def test_the_command_writes_a_folder_generate_serves(bundled_source, tmp_path, m
     assert "SmolLM2" in card and "not the release's" in card and "--seed 1" in card
     with safe_open(str(weight_files(out)[0]), "pt") as f:
         assert f.metadata() == {"format": "pt"}
-    code = main(["generate", str(out), "--prompt", "Hello there", "--max-tokens", "6", "--dtype", "float32",
-                 "--kv-cache-memory", "4MiB", "--max-model-len", "256", "--quantization", "w4a8"])
+    code = main(
+        [
+            "generate",
+            str(out),
+            "--prompt",
+            "Hello there",
+            "--max-tokens",
+            "6",
+            "--dtype",
+            "float32",
+            "--kv-cache-memory",
+            "4MiB",
+            "--max-model-len",
+            "256",
+            "--quantization",
+            "w4a8",
+        ]
+    )
     assert code == 0 and capsys.readouterr().out.strip()
 
 

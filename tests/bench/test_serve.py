@@ -1,6 +1,7 @@
 """`bench serve` survives its peers: a peer that refuses to start and one that dies under load are
 recorded (row + reason from the log) and the bench goes on to the next concurrency and system.
 Also the parts of the memory-pressure scenario that need no real engine. No timing assertions."""
+
 import argparse
 import json
 import re
@@ -31,8 +32,20 @@ def fake(name: str, port: int, *mode: str, env: dict | None = None) -> Server:
 
 
 def load_args(port: int, **kw) -> argparse.Namespace:
-    base = dict(concurrency=[1, 3], repeats=1, vocab=VOCAB, min_prompt=4, max_prompt=8, min_output=2, max_output=4,
-                num_prompts=None, max_concurrency=None, port=port, threads=1, cache_memory="1MiB")
+    base = dict(
+        concurrency=[1, 3],
+        repeats=1,
+        vocab=VOCAB,
+        min_prompt=4,
+        max_prompt=8,
+        min_output=2,
+        max_output=4,
+        num_prompts=None,
+        max_concurrency=None,
+        port=port,
+        threads=1,
+        cache_memory="1MiB",
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -73,11 +86,14 @@ def test_original_kv_cache_per_token_from_its_config():
     assert kv_bytes_per_token((2, 4, 16), "float32") == 2 * 2 * 4 * 16 * 4
 
 
-@pytest.mark.parametrize("page, running", [
-    ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="m",engine="0"} 7.0\n', 7.0),
-    ("latentkv_num_requests_running 3.0\nlatentkv_num_requests_waiting 9.0\n", 3.0),
-    ("latentkv_num_requests_waiting 9.0\n", None),
-])
+@pytest.mark.parametrize(
+    "page, running",
+    [
+        ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="m",engine="0"} 7.0\n', 7.0),
+        ("latentkv_num_requests_running 3.0\nlatentkv_num_requests_waiting 9.0\n", 3.0),
+        ("latentkv_num_requests_waiting 9.0\n", None),
+    ],
+)
 def test_running_requests_from_a_metrics_page(page, running):
     assert running_requests(page) == running
 
@@ -85,9 +101,20 @@ def test_running_requests_from_a_metrics_page(page, running):
 def test_pressure_scenario_sizes_the_cache_from_the_originals_config(tmp_path):
     save_tiny_lm(tmp_path / "lm")
     config = json.loads((tmp_path / "lm" / "config.json").read_text())
-    args = argparse.Namespace(model=str(tmp_path / "lm"), source=str(tmp_path / "lm"), dtype="float32",
-                              systems=["latentkv"], no_baselines=False, scenario="pressure", concurrency=[1, 4],
-                              cache_memory="1GiB", min_prompt=8, max_prompt=64, min_output=4, max_output=12)
+    args = argparse.Namespace(
+        model=str(tmp_path / "lm"),
+        source=str(tmp_path / "lm"),
+        dtype="float32",
+        systems=["latentkv"],
+        no_baselines=False,
+        scenario="pressure",
+        concurrency=[1, 4],
+        cache_memory="1GiB",
+        min_prompt=8,
+        max_prompt=64,
+        min_output=4,
+        max_output=12,
+    )
     prepare(args)
     assert int(args.cache_memory) == 8192 * kv_bytes_per_token(config_shape(config), "float32")
     assert (args.concurrency, args.max_concurrency, args.num_prompts, args.max_num_seqs) == ([32], 32, 64, 32)
@@ -97,8 +124,9 @@ def test_pressure_scenario_sizes_the_cache_from_the_originals_config(tmp_path):
 
 def test_without_source_the_pressure_cache_comes_from_the_conversions_record(tmp_path):
     save_tiny_lm(tmp_path / "lm")
-    (tmp_path / "lm" / "latentkv-source.json").write_text(json.dumps({"geometry": {"num_layers": 30, "num_kv_heads": 3,
-                                                                                 "head_dim": 64}}))
+    (tmp_path / "lm" / "latentkv-source.json").write_text(
+        json.dumps({"geometry": {"num_layers": 30, "num_kv_heads": 3, "head_dim": 64}})
+    )
     assert original_shape(tmp_path / "lm", None) == (30, 3, 64)
     (tmp_path / "lm" / "latentkv-source.json").unlink()
     with pytest.raises(SystemExit, match="pass --source"):
@@ -108,8 +136,9 @@ def test_without_source_the_pressure_cache_comes_from_the_conversions_record(tmp
 def test_each_sampling_pass_sends_its_settings_and_is_a_row_of_its_own(tmp_path, capsys):
     port, bodies = free_port(), tmp_path / "bodies.jsonl"
     args = load_args(port, concurrency=[2], sampling=["greedy", "chat", "default"])
-    results = run_systems([fake("steady", port, "ok", env={"FAKE_PEER_BODIES": str(bodies)})], args, tmp_path, {},
-                          ready_timeout_s=60)
+    results = run_systems(
+        [fake("steady", port, "ok", env={"FAKE_PEER_BODIES": str(bodies)})], args, tmp_path, {}, ready_timeout_s=60
+    )
     assert [(r["sampling"], r["concurrency"]) for r in results] == [("greedy", 2), ("chat", 2), ("default", 2)]
     assert all("error" not in r for r in results)
     sent = [json.loads(line) for line in bodies.read_text().splitlines()]
@@ -124,12 +153,28 @@ def test_each_sampling_pass_sends_its_settings_and_is_a_row_of_its_own(tmp_path,
 
 def test_the_ratio_is_against_the_best_vllm_row_of_the_same_requests_and_sampling(capsys):
     def row(system, tok_s, baseline=None, sampling="greedy", n=32):
-        return {"system": system, "concurrency": n, "sampling": sampling, "baseline": baseline, "tok_s": tok_s,
-                "ttft_mean": 1.0, "ttft_p50": 1.0, "ttft_p99": 1.0, "itl_p50": 0.1, "itl_p99": 0.1, "max_running": 32}
-    results = [row("latentkv serve", 300.0), row("latentkv serve", 90.0, sampling="chat"),
-               row("vllm serve (original)", 100.0, "vLLM original"), row("vllm serve (original, fp8 KV)", 150.0, "vLLM original"),
-               row("vllm serve (original)", 60.0, "vLLM original", sampling="chat"),
-               {**row("vllm serve (original, fp8 KV)", 0.0, "vLLM original", sampling="chat"), "error": "refused"}]
+        return {
+            "system": system,
+            "concurrency": n,
+            "sampling": sampling,
+            "baseline": baseline,
+            "tok_s": tok_s,
+            "ttft_mean": 1.0,
+            "ttft_p50": 1.0,
+            "ttft_p99": 1.0,
+            "itl_p50": 0.1,
+            "itl_p99": 0.1,
+            "max_running": 32,
+        }
+
+    results = [
+        row("latentkv serve", 300.0),
+        row("latentkv serve", 90.0, sampling="chat"),
+        row("vllm serve (original)", 100.0, "vLLM original"),
+        row("vllm serve (original, fp8 KV)", 150.0, "vLLM original"),
+        row("vllm serve (original)", 60.0, "vLLM original", sampling="chat"),
+        {**row("vllm serve (original, fp8 KV)", 0.0, "vLLM original", sampling="chat"), "error": "refused"},
+    ]
     assert baselines(results) == {("vLLM original", 32, "greedy"): 150.0, ("vLLM original", 32, "chat"): 60.0}
     show(results, argparse.Namespace(max_concurrency=None))
     table = printed_rows(capsys.readouterr().out)
@@ -154,9 +199,23 @@ def printed_rows(text: str) -> list[dict]:
 
 
 def folder_args(model: Path, **kw) -> argparse.Namespace:
-    base = dict(model=str(model), source=None, source_given=False, dtype="float32", systems=None, no_baselines=False,
-                vllm=sys.executable, stock576=None, scenario="load", concurrency=[1, 32], cache_memory="1GiB",
-                min_prompt=8, max_prompt=64, min_output=4, max_output=12)
+    base = dict(
+        model=str(model),
+        source=None,
+        source_given=False,
+        dtype="float32",
+        systems=None,
+        no_baselines=False,
+        vllm=sys.executable,
+        stock576=None,
+        scenario="load",
+        concurrency=[1, 32],
+        cache_memory="1GiB",
+        min_prompt=8,
+        max_prompt=64,
+        min_output=4,
+        max_output=12,
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -166,7 +225,10 @@ def test_a_folder_that_is_no_conversion_is_served_by_vllm_itself_without_a_sourc
     args = folder_args(tmp_path / "lm", source="/bundled/SmolLM2.gguf")
     prepare(args)
     assert args.systems == FOLDER_SYSTEMS and args.source is None
-    assert args.max_num_seqs == 32 and args.vocab <= json.loads((tmp_path / "lm" / "config.json").read_text())["vocab_size"]
+    assert (
+        args.max_num_seqs == 32
+        and args.vocab <= json.loads((tmp_path / "lm" / "config.json").read_text())["vocab_size"]
+    )
     named = folder_args(tmp_path / "lm", source=str(tmp_path / "lm"), source_given=True, systems=["latentkv"])
     prepare(named)
     assert named.source == str(tmp_path / "lm")

@@ -1,5 +1,6 @@
 """scripts/vllm_bench_client.py hands vLLM's benchmark entry point the defaults, then the user's flags
 (later wins). vLLM is not installed here: a stand-in vllm.benchmarks.serve records what it gets."""
+
 import runpy
 import sys
 import types
@@ -39,7 +40,12 @@ def run_client(monkeypatch, argv: list[str]):
 
 def test_defaults_then_the_users_flags_reach_vllms_main(monkeypatch):
     args = run_client(monkeypatch, ["--port", "9000", "--random-input-len", "1024", "--model", "bench"])
-    assert (args.backend, args.endpoint, args.dataset_name, args.ignore_eos) == ("openai", "/v1/completions", "random", True)
+    assert (args.backend, args.endpoint, args.dataset_name, args.ignore_eos) == (
+        "openai",
+        "/v1/completions",
+        "random",
+        True,
+    )
     assert (args.random_input_len, args.random_output_len, args.port, args.model) == (1024, 128, 9000, "bench")
 
 

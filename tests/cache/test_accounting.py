@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from latentkv.cache.accounting import account, gqa_bytes_per_token, latent_bytes_per_token
 from latentkv.cache.latent_cache import allocate_caches
@@ -7,8 +6,16 @@ from latentkv.config import ModelConfig
 from latentkv.facts import CACHE_DTYPES, MODEL_DTYPES
 
 V2_LITE = dict(
-    model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944, num_hidden_layers=27,
-    num_attention_heads=16, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    model_type="deepseek_v2",
+    vocab_size=102400,
+    hidden_size=2048,
+    intermediate_size=10944,
+    num_hidden_layers=27,
+    num_attention_heads=16,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
 )
 
 
@@ -37,8 +44,9 @@ def test_gqa_bytes():
 def test_the_formula_is_what_the_caches_allocate(cache_dtype, model_dtype):
     """Bytes per token by the formula (what `convert --kv-bytes` budgets with) == the bytes the
     engine's caches hold per slot, every cache dtype, per-layer ranks."""
-    cfg = ModelConfig.from_dict({**V2_LITE, "num_hidden_layers": 3, "qk_rope_head_dim": 48,
-                                 "latentkv": {"kv_lora_ranks": [96, 160, 32]}})
+    cfg = ModelConfig.from_dict(
+        {**V2_LITE, "num_hidden_layers": 3, "qk_rope_head_dim": 48, "latentkv": {"kv_lora_ranks": [96, 160, 32]}}
+    )
     caches = allocate_caches(cfg, 2, 16, MODEL_DTYPES[model_dtype], cache_dtype)
     assert sum(c.nbytes() for c in caches) == 2 * 16 * latent_bytes_per_token(cfg, cache_dtype, model_dtype)
 

@@ -10,7 +10,7 @@ def full_hashes(tokens, bs=4):
 def register_all(pool, ids, tokens, bs=4):
     hashes = full_hashes(tokens, bs)
     for i, h in enumerate(hashes):
-        pool.register(ids[i], hashes[i - 1] if i else b"", tokens[i * bs:(i + 1) * bs], h)
+        pool.register(ids[i], hashes[i - 1] if i else b"", tokens[i * bs : (i + 1) * bs], h)
     return hashes
 
 

@@ -1,5 +1,6 @@
 """The q4_0 cache format (latentkv/cache/q4.py): llama.cpp's q4_0 blocks, and the fixed turn of the
 rope key."""
+
 import pytest
 import torch
 
@@ -20,11 +21,11 @@ def test_a_row_round_trips_within_an_eighth_of_its_groups_largest_value(n):
     assert scales.dtype == torch.float16 and scales.shape == (9, q4.groups(n))
     back = q4.dequantize(codes, scales, n, torch.float32)
     for g0 in range(0, n, Q4_GROUP):
-        xs, ys = x[:, g0:g0 + Q4_GROUP], back[:, g0:g0 + Q4_GROUP]
-        bound = xs.abs().amax(-1, keepdim=True) / 8 * (1 + 2 ** -10)
+        xs, ys = x[:, g0 : g0 + Q4_GROUP], back[:, g0 : g0 + Q4_GROUP]
+        bound = xs.abs().amax(-1, keepdim=True) / 8 * (1 + 2**-10)
         assert ((xs - ys).abs() <= bound).all()
         top = xs.abs().argmax(-1, keepdim=True)
-        assert torch.allclose(ys.gather(-1, top), xs.gather(-1, top), rtol=2 ** -10)  # the largest is kept
+        assert torch.allclose(ys.gather(-1, top), xs.gather(-1, top), rtol=2**-10)  # the largest is kept
     assert torch.equal(q4.unpack(codes, n), q4.unpack(q4.pack(q4.unpack(codes, n)), n))
 
 
@@ -44,7 +45,7 @@ def test_the_turn_is_orthogonal_and_its_rows_do_not_depend_on_the_batch(n):
     assert torch.allclose(q4.turn_back(turned), x, atol=1e-5)
     y = torch.randn(50, n, generator=torch.Generator().manual_seed(2))
     assert torch.allclose((q4.turn(x) * q4.turn(y)).sum(-1), (x * y).sum(-1), atol=1e-4)  # scores unchanged
-    assert all(torch.equal(q4.turn(x[i:i + 1])[0], turned[i]) for i in (0, 17, 49))  # bit-identical alone
+    assert all(torch.equal(q4.turn(x[i : i + 1])[0], turned[i]) for i in (0, 17, 49))  # bit-identical alone
 
 
 def test_the_turn_spreads_a_pair_over_every_value():
@@ -69,7 +70,7 @@ def test_the_cache_writes_q4_0_blocks_and_reads_the_rope_key_turned_back(dtype):
     assert rows.dtype == dtype
     # the latent within an eighth of its group's largest value; the rope key the same in the turned basis
     for got, want in ((rows[:, :40].float(), c), (q4.turn(rows[:, 40:].float()), q4.turn(k_r))):
-        bound = (want.abs().amax(-1, keepdim=True) / 8 + 0.02 * want.abs().amax(-1, keepdim=True))
+        bound = want.abs().amax(-1, keepdim=True) / 8 + 0.02 * want.abs().amax(-1, keepdim=True)
         assert ((got - want).abs() <= bound).all()
 
 

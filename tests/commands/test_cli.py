@@ -1,4 +1,5 @@
 """`latentkv generate`, `latentkv chat` and `latentkv serve` from the command line."""
+
 from __future__ import annotations
 
 import io
@@ -45,8 +46,11 @@ def test_chat_keeps_history_and_exits(model_dir, reference, capsys, monkeypatch)
     out = capsys.readouterr().out
     params = SamplingParams(max_tokens=6, temperature=0)
     first = reference.chat([{"role": "user", "content": "hello"}], params, use_tqdm=False)[0].outputs[0].text
-    history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": first},
-               {"role": "user", "content": "and again"}]
+    history = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "and again"},
+    ]
     second = reference.chat(history, params, use_tqdm=False)[0].outputs[0].text
     assert code == 0
     assert f"assistant> {first}\n" in out and f"assistant> {second}\n" in out
@@ -65,12 +69,15 @@ def test_unreadable_api_key_file_is_a_clean_error(tmp_path, capsys):
     assert "no-such-key" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,config,named,allowed", [
-    (["--kv-cache-dtype", "int3"], None, "--kv-cache-dtype = 'int3'", "fp8_e4m3"),   # bad dtype
-    (["--kv-cache-memory", "2 parsecs"], None, "--kv-cache-memory = '2 parsecs'", "GiB"),     # bad unit
-    ([], 'kv_cache_memory = "12 furlongs"\n', "kv_cache_memory = '12 furlongs'", "GiB"),
-    ([], '[precision]\ncompute = "half"\n', "precision.compute = 'half'", "bfloat16"),
-])
+@pytest.mark.parametrize(
+    "argv,config,named,allowed",
+    [
+        (["--kv-cache-dtype", "int3"], None, "--kv-cache-dtype = 'int3'", "fp8_e4m3"),  # bad dtype
+        (["--kv-cache-memory", "2 parsecs"], None, "--kv-cache-memory = '2 parsecs'", "GiB"),  # bad unit
+        ([], 'kv_cache_memory = "12 furlongs"\n', "kv_cache_memory = '12 furlongs'", "GiB"),
+        ([], '[precision]\ncompute = "half"\n', "precision.compute = 'half'", "bfloat16"),
+    ],
+)
 def test_startup_errors_name_the_key_and_allowed_values(tmp_path, capsys, argv, config, named, allowed):
     if config is not None:
         (tmp_path / "c.toml").write_text(config)
@@ -92,12 +99,31 @@ def test_serve_subprocess_answers_over_http(model_dir, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = tmp_path / "serve.toml"
-    config.write_text('[server]\nserved_model_name = "cli-tiny"\n\n[precision]\ncompute = "float32"\n'
-                      '[latent_attention.memory]\npool_size = 64\n')  # the seed's names: 64 blocks
-    proc = subprocess.Popen([sys.executable, "-m", "latentkv.cli", "serve", str(model_dir), "--config", str(config),
-                             "--port", str(port), "--max-model-len", "256", "--max-request-bytes", "2048"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "LATENTKV_API_KEY": "env-key"})
+    config.write_text(
+        '[server]\nserved_model_name = "cli-tiny"\n\n[precision]\ncompute = "float32"\n'
+        "[latent_attention.memory]\npool_size = 64\n"
+    )  # the seed's names: 64 blocks
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "latentkv.cli",
+            "serve",
+            str(model_dir),
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--max-model-len",
+            "256",
+            "--max-request-bytes",
+            "2048",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LATENTKV_API_KEY": "env-key"},
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -108,11 +134,16 @@ def test_serve_subprocess_answers_over_http(model_dir, tmp_path):
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        body = {"model": "cli-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True}
+        body = {
+            "model": "cli-tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "ignore_eos": True,
+        }
         url, key = f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": "Bearer env-key"}
         r = httpx.post(url, timeout=60, json=body, headers=key)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-        assert httpx.post(url, timeout=60, json=body).status_code == 401   # the key came from $LATENTKV_API_KEY
+        assert httpx.post(url, timeout=60, json=body).status_code == 401  # the key came from $LATENTKV_API_KEY
         big = {**body, "messages": [{"role": "user", "content": "x" * 4096}]}
         assert httpx.post(url, timeout=60, json=big, headers=key).status_code == 413
     finally:

@@ -1,5 +1,6 @@
 """`latentkv convert` and `convert-sweep`'s command lines, and `latentkv convert` then `latentkv eval ppl`
 end to end on the bundled model (tiny budget)."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,27 @@ def test_convert_then_eval(tmp_path, capsys):
     heldout = tmp_path / "heldout.txt"
     heldout.write_text("\n\n".join(t for _, t in pydoc_documents()[-6:]))
     out = tmp_path / "mla"
-    code = main(["convert", "--out", str(out), "--rope-dim", "32", "--kv-rank", "96", "--calib", str(text),
-                 "--calib-tokens", "256", "--ctx", "128", "--eval-tokens", "256", "--dtype", "bfloat16"])
+    code = main(
+        [
+            "convert",
+            "--out",
+            str(out),
+            "--rope-dim",
+            "32",
+            "--kv-rank",
+            "96",
+            "--calib",
+            str(text),
+            "--calib-tokens",
+            "256",
+            "--ctx",
+            "128",
+            "--eval-tokens",
+            "256",
+            "--dtype",
+            "bfloat16",
+        ]
+    )
     assert code == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "deepseek_v3" and cfg["qk_rope_head_dim"] == 32
@@ -40,7 +60,9 @@ def test_convert_then_eval(tmp_path, capsys):
         assert float(line.split("|")[2]) == pytest.approx(ppl, rel=1e-5, abs=1e-4), (name, ppl, line)
     results = {}
     for name, model in [("source", []), ("converted", [str(out)])]:
-        assert main(["eval", "ppl", *model, "--text", str(heldout), "--ctx", "64", "--max-tokens", "128", "--json"]) == 0
+        assert (
+            main(["eval", "ppl", *model, "--text", str(heldout), "--ctx", "64", "--max-tokens", "128", "--json"]) == 0
+        )
         results[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for r in results.values():
         assert set(r) == {"ppl", "tokens", "ctx"} and r["tokens"] == 2 * 63 and r["ctx"] == 64

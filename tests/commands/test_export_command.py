@@ -1,5 +1,6 @@
 """`latentkv export --gguf FOLDER OUT.gguf` from the command line: writes the file, or says why not
 (exit status 2)."""
+
 from __future__ import annotations
 
 import gguf
@@ -15,7 +16,9 @@ def test_export_writes_the_gguf(tiny_lm, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     reader = gguf.GGUFReader(str(out))
     assert reader.fields["general.architecture"].contents() == "deepseek2"
-    assert {t.name: t.tensor_type for t in reader.tensors}["blk.1.ffn_down_exps.weight"] == gguf.GGMLQuantizationType.Q8_0
+    assert {t.name: t.tensor_type for t in reader.tensors}[
+        "blk.1.ffn_down_exps.weight"
+    ] == gguf.GGMLQuantizationType.Q8_0
 
 
 def test_export_errors_say_why_with_status_2(tiny_lm, tmp_path, capsys):

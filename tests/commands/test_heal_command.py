@@ -1,4 +1,5 @@
 """`latentkv heal`'s command line: its defaults are HealConfig's (one fact in one place)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,17 @@ def test_the_command_defaults_are_the_configs():
     command.register(parser.add_subparsers())
     args = vars(parser.parse_args(["heal", "folder", "--minutes", "1"]))
     defaults = {f.name: f.default for f in fields(HealConfig)}
-    for name in ("lr", "warmup", "seq_len", "batch", "train", "lm_weight", "save_every", "seed", "chat_share",
-                 "eval_examples", "eval_every"):
+    for name in (
+        "lr",
+        "warmup",
+        "seq_len",
+        "batch",
+        "train",
+        "lm_weight",
+        "save_every",
+        "seed",
+        "chat_share",
+        "eval_examples",
+        "eval_every",
+    ):
         assert args[name] == defaults[name], name

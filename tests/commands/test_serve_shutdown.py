@@ -1,6 +1,7 @@
 """`latentkv serve` in a subprocess, sent SIGTERM in the middle of a stream: the stream completes
 or ends with a well-formed error event, the process exits 0, the KV store holds the prompt's
 blocks, and a restarted server answers the same text from them."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ import pytest
 
 from tiny_lm import save_tiny_lm
 
-PROMPT = list(range(10, 10 + 4 * 24))   # 24 full blocks of 4 tokens
+PROMPT = list(range(10, 10 + 4 * 24))  # 24 full blocks of 4 tokens
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +34,36 @@ def free_port() -> int:
 
 
 def serve(model_dir, store, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "latentkv.cli", "serve", str(model_dir), "--port", str(port),
-                             "--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-memory", "4MiB",
-                             "--max-model-len", "256", "--block-size", "4", "--kv-store", str(store),
-                             "--shutdown-timeout", "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    deadline = time.monotonic() + 300   # a hang guard: a busy 2-core machine starts it slowly
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "latentkv.cli",
+            "serve",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--kv-cache-memory",
+            "4MiB",
+            "--max-model-len",
+            "256",
+            "--block-size",
+            "4",
+            "--kv-store",
+            str(store),
+            "--shutdown-timeout",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    deadline = time.monotonic() + 300  # a hang guard: a busy 2-core machine starts it slowly
     while True:
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline, "the server did not come up"
@@ -67,7 +92,7 @@ def test_sigterm_mid_stream_finishes_cleanly_and_keeps_the_store(model_dir, tmp_
                 if line.startswith("data: "):
                     events.append(line[6:])
                     break
-            proc.send_signal(signal.SIGTERM)   # the answer's first token has come
+            proc.send_signal(signal.SIGTERM)  # the answer's first token has come
             events += [line[6:] for line in lines if line.startswith("data: ")]
         _, err = proc.communicate(timeout=120)
     finally:
@@ -76,7 +101,7 @@ def test_sigterm_mid_stream_finishes_cleanly_and_keeps_the_store(model_dir, tmp_
     assert proc.returncode == 0, err
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
-    if "error" in last:   # ended by the shutdown: OpenAI's error shape
+    if "error" in last:  # ended by the shutdown: OpenAI's error shape
         assert last["error"]["code"] == "server_shutting_down" and last["status"] == 503
     else:
         assert last["choices"][0]["finish_reason"] == "length"
@@ -84,7 +109,7 @@ def test_sigterm_mid_stream_finishes_cleanly_and_keeps_the_store(model_dir, tmp_
     assert "shutting down" in err and "queued block(s) written" in err
     assert stored_blocks(store) >= len(PROMPT) // 4
 
-    proc = serve(model_dir, store, port)   # the restart reads the prompt's blocks back
+    proc = serve(model_dir, store, port)  # the restart reads the prompt's blocks back
     try:
         again = httpx.post(url, json=body, timeout=120)
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
@@ -92,7 +117,9 @@ def test_sigterm_mid_stream_finishes_cleanly_and_keeps_the_store(model_dir, tmp_
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
     assert again.status_code == 200
-    hits = next(float(line.split()[1]) for line in metrics.splitlines() if line.startswith("latentkv_store_hits_total "))
+    hits = next(
+        float(line.split()[1]) for line in metrics.splitlines() if line.startswith("latentkv_store_hits_total ")
+    )
     assert hits >= len(PROMPT) // 4 - 1
     if "error" not in last:
         assert again.json()["choices"][0]["text"] == text

@@ -1,5 +1,6 @@
 """`convert --kv-bytes`: every candidate fits the budget by the engine's formula, the choice is the
 best measured one, and the folder serves that cache with no flags."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -51,16 +52,20 @@ def test_a_tiny_budgeted_conversion_is_served_in_its_chosen_cache(tmp_path, few_
     measured = []
     choose = budget.choose
     monkeypatch.setattr(budget, "choose", lambda *a, **k: measured.append(choose(*a, **k)) or measured[-1])
-    out = convert(str(source), tmp_path / "mla", ConvertOptions(kv_bytes=kv_bytes, calib_tokens=4 * 64, ctx=64,
-                                                                 eval_tokens=0))
+    out = convert(
+        str(source), tmp_path / "mla", ConvertOptions(kv_bytes=kv_bytes, calib_tokens=4 * 64, ctx=64, eval_tokens=0)
+    )
     chosen, found = measured[0]
     cfg = ModelConfig.from_file(out / "config.json")
     assert cfg.cache_dtype == chosen.cache_dtype
     assert (cfg.qk_rope_head_dim, cfg.kv_lora_rank) == (chosen.rope_dim, chosen.kv_rank)
     assert latent_bytes_per_token(cfg, cfg.cache_dtype) <= kv_bytes
     best = max(c.agreement for c in found)
-    assert len(found) > 2 and [c for c in found if c.agreement == best and c.rope_dim == chosen.rope_dim
-                                and c.cache_dtype == chosen.cache_dtype]
+    assert len(found) > 2 and [
+        c
+        for c in found
+        if c.agreement == best and c.rope_dim == chosen.rope_dim and c.cache_dtype == chosen.cache_dtype
+    ]
     engine = LLM(str(out), dtype="float32", kv_cache_memory="1MiB").llm_engine
     assert engine.args.kv_cache_dtype == cfg.cache_dtype  # no flag: the folder's own cache
     assert engine.kv_bytes_per_token == latent_bytes_per_token(cfg, cfg.cache_dtype, "float32")

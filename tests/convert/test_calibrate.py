@@ -1,4 +1,5 @@
 """The vectorized calibration statistics against their definitions, computed naively."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,14 +26,18 @@ def naive_first_layer(src, ids, w=None):
     cos, sin = cos_sin(torch.arange(T), src.inv_freq)
     q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
     k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-    scores = (q @ k.transpose(-1, -2)) * d ** -0.5
+    scores = (q @ k.transpose(-1, -2)) * d**-0.5
     probs = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1).double()
-    dist = torch.stack([torch.stack([(probs[:, h].diagonal(-delta, -2, -1) * w[:, delta:]).sum() for delta in range(T)])
-                        for h in range(H)])
+    dist = torch.stack(
+        [
+            torch.stack([(probs[:, h].diagonal(-delta, -2, -1) * w[:, delta:]).sum() for delta in range(T)])
+            for h in range(H)
+        ]
+    )
     wo = layer["o"].double().view(-1, H, d)
     u = torch.einsum("bhnd,xhd->bhnx", v.double(), wo)  # W_o,h v_n
     o = probs @ u  # W_o,h o_m
-    p2 = probs ** 2
+    p2 = probs**2
     per_query = (p2 * ((u[:, :, None] - o[:, :, :, None]) ** 2).sum(-1)).sum(3)  # [B, H, T]
     wq = w[:, None, :]
     n = w.sum()
@@ -45,7 +50,12 @@ def test_statistics_match_their_definitions(tmp_path):
     ids = torch.randint(0, llama_tiny.VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))
     st = collect_stats(src, ids, batch=2)[0]  # two batches: the running sums add up
     xx, dist, rho, kappa = naive_first_layer(src, ids)
-    for name, got, want in [("xx", st.xx, xx), ("dist", st.dist, dist), ("rho", st.rho, rho), ("kappa", st.kappa, kappa)]:
+    for name, got, want in [
+        ("xx", st.xx, xx),
+        ("dist", st.dist, dist),
+        ("rho", st.rho, rho),
+        ("kappa", st.kappa, kappa),
+    ]:
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-6 * float(want.abs().max())), name
     assert st.tokens == ids.numel()
 
@@ -73,7 +83,12 @@ def test_weighted_statistics_match_their_definitions(tmp_path):
     w = torch.rand(3, 24, generator=g) * 4
     st = collect_stats(src, ids, batch=2, weights=w)[0]
     xx, dist, rho, kappa = naive_first_layer(src, ids, w)
-    for name, got, want in [("xx", st.xx, xx), ("dist", st.dist, dist), ("rho", st.rho, rho), ("kappa", st.kappa, kappa)]:
+    for name, got, want in [
+        ("xx", st.xx, xx),
+        ("dist", st.dist, dist),
+        ("rho", st.rho, rho),
+        ("kappa", st.kappa, kappa),
+    ]:
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-6 * float(want.abs().max())), name
     assert st.tokens == ids.numel()
 

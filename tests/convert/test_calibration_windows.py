@@ -1,5 +1,6 @@
 """Calibration windows (convert/api.py calibration_windows): chat conversations in the source's own
 template, mixed with documents by share, their answers and control tokens weighted."""
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,7 @@ def test_calibration_weights_mark_chat_answers_and_control_tokens(smollm2, smoll
     windows, weights = calibration_windows(smollm2, None, tokens, ctx, 0.25, calib_weight=3.0)
     assert torch.equal(windows, plain) and weights.shape == windows.shape
     assert set(weights.unique().tolist()) == {1.0, 3.0}
-    assert (weights[:6] == 1).all()                                    # documents
+    assert (weights[:6] == 1).all()  # documents
     special = torch.tensor(smollm2_tokenizer.all_special_ids)
     assert (weights[6:][torch.isin(windows[6:], special)] == 3).all()  # control tokens
     # the answers: each conversation's text after its last "assistant\n" header is weighted, its user turn is not

@@ -1,5 +1,6 @@
 """Streaming: a conversion holds about one layer (sources are read a tensor at a time, activations and
 statistics spill to disk)."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,14 @@ def test_conversion_memory_is_about_one_layer(tmp_path):
     vocabulary (the embedding is negligible): holding the source or the converted model (in the
     perplexity check: 480 MiB each) or all layers' statistics (144 MiB) breaks the bound of a few
     layers. Activations and statistics go to disk (spill.BUDGET = 0). Measured: 124 MiB."""
-    shape = dict(num_hidden_layers=32, hidden_size=768, num_attention_heads=12, num_key_value_heads=4,
-                 intermediate_size=1024, tie_word_embeddings=True)
+    shape = dict(
+        num_hidden_layers=32,
+        hidden_size=768,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        intermediate_size=1024,
+        tie_word_embeddings=True,
+    )
     folder = write_random_llama(tmp_path / "rand", vocab_size=256, tokenizer=byte_tokenizer(), **shape)
     calib = tmp_path / "calib.txt"
     calib.write_text(" ".join(f"word{i} and more text number {i * 7}." for i in range(400)))
@@ -58,8 +65,13 @@ def test_conversion_memory_is_about_one_layer(tmp_path):
     # this shape every weight is < 4 MiB; at a real model's the large blocks are mmapped anyway).
     # Measured: 124 MiB grown with it, 256 MiB without.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 << 10)}
-    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(calib), str(tmp_path / "out"), "256"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(calib), str(tmp_path / "out"), "256"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     mem = json.loads(run.stdout.strip().splitlines()[-1])
     D, F, d = 768, 1024, 64

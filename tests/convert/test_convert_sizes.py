@@ -1,4 +1,5 @@
 """`resolve_sizes`: what a conversion with no size option, or a cache ratio alone, becomes."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ def test_no_size_option_is_the_exact_conversion_in_the_default_cache():
 
 
 def test_the_default_is_what_the_measured_frontier_picks_by_the_rule():
-    measured = json.loads(FRONTIER.read_text())   # the bundled SmolLM2's frontier (docs/conversion.md)
+    measured = json.loads(FRONTIER.read_text())  # the bundled SmolLM2's frontier (docs/conversion.md)
     chosen = pick_served_default(measured["rows"], measured["original_ppl"])
     assert chosen is not None
     rope, rank, fmt = re.search(r"\(rope (\d+) \+ rank (\d+), (\w+)\)", chosen["system"]).groups()

@@ -1,4 +1,5 @@
 """`--rope-dim all --kv-rank full` must reproduce the source: the conversion algebra is exact."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The perplexity check run one layer at a time gives the whole models' numbers."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Sanity of the lossy settings on the bundled SmolLM2 (small budget)."""
+
 from __future__ import annotations
 
 from dataclasses import replace

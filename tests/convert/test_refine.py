@@ -1,5 +1,6 @@
 """Local refinement (refine.py): the MLA attention it fits, the objective it lowers, exactness and
 determinism, and the options that switch it on."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -44,8 +45,12 @@ def layer0_weights(cfg, tensors):
     def aug(w):
         return torch.cat([w, torch.zeros(w.shape[0], 1)], 1)
 
-    w = {"q_aug": aug(tensors[p + "q_proj.weight"]), "kv_a_aug": aug(tensors[p + "kv_a_proj_with_mqa.weight"]),
-         "kv_b": tensors[p + "kv_b_proj.weight"], "o": tensors[p + "o_proj.weight"]}
+    w = {
+        "q_aug": aug(tensors[p + "q_proj.weight"]),
+        "kv_a_aug": aug(tensors[p + "kv_a_proj_with_mqa.weight"]),
+        "kv_b": tensors[p + "kv_b_proj.weight"],
+        "o": tensors[p + "o_proj.weight"],
+    }
     return w, torch.tensor(cfg["latentkv"]["rope_inv_freq"][0])
 
 
@@ -77,8 +82,10 @@ def test_refinement_keeps_the_exact_conversion_exact(tiny):
 
 def test_refinement_is_deterministic(tiny):
     src, windows, stats = tiny
-    runs = [build_model(src, stats, replace(LOW, refine_steps=5, refine_inputs=inputs), windows=windows)[1]
-            for inputs in ("converted", "converted", "source")]
+    runs = [
+        build_model(src, stats, replace(LOW, refine_steps=5, refine_inputs=inputs), windows=windows)[1]
+        for inputs in ("converted", "converted", "source")
+    ]
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
     assert not all(torch.equal(runs[0][k], runs[2][k]) for k in runs[0])  # the inputs matter past layer 0
 
@@ -93,9 +100,14 @@ def test_held_out_loss_decides_whether_a_layer_is_kept(tiny):
     assert not fit.kept and fit.after >= fit.before and out is w
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("refine_steps", -1, "refine_steps"), ("refine_lr", 0.0, "refine_lr"), ("refine_inputs", "both", "refine_inputs"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("refine_steps", -1, "refine_steps"),
+        ("refine_lr", 0.0, "refine_lr"),
+        ("refine_inputs", "both", "refine_inputs"),
+    ],
+)
 def test_bad_refine_options_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         ConvertOptions(**{field: value}).check()

@@ -1,5 +1,6 @@
 """RoPE planning's phase window (rope_plan.near, ConvertOptions.rope_window) against its definition,
 and what it is for: short chat prompts scored closer to the original."""
+
 from __future__ import annotations
 
 import cmath
@@ -34,7 +35,9 @@ def test_the_phase_over_a_window_is_the_mean_phase_of_its_distances():
     dist = torch.rand(3, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     freqs = torch.tensor([1.0, 0.3, 0.05, 0.001], dtype=torch.float64)
     for window in (1, 7, 25):
-        assert torch.allclose(rope_plan.phase_means(rope_plan.near(dist, window), freqs), naive_phase(dist, freqs, window), atol=1e-12)
+        assert torch.allclose(
+            rope_plan.phase_means(rope_plan.near(dist, window), freqs), naive_phase(dist, freqs, window), atol=1e-12
+        )
     assert rope_plan.near(dist, None) is dist and rope_plan.near(dist, 40) is dist  # every distance: unchanged
     assert torch.equal(rope_plan.near(dist, 7)[:, :7], dist[:, :7]) and not rope_plan.near(dist, 7)[:, 7:].any()
 

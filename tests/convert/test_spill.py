@@ -1,4 +1,5 @@
 """Calibration with its activations and statistics on disk gives the in-memory numbers."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,9 @@ def test_spilled_calibration_equals_the_in_memory_one(tmp_path):
     old = spill.BUDGET
     try:
         spill.BUDGET = 0  # everything past the budget: on disk
-        spilled = collect_stats(src, ids, batch=2, store=spill.batch_store(scratch, 1),
-                                keep=spill.stats_keeper(scratch, 1))
+        spilled = collect_stats(
+            src, ids, batch=2, store=spill.batch_store(scratch, 1), keep=spill.stats_keeper(scratch, 1)
+        )
     finally:
         spill.BUDGET = old
     assert all(isinstance(st, spill.SpilledStats) for st in spilled)

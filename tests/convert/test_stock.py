@@ -1,4 +1,5 @@
 """The stock export is a plain deepseek_v3 checkpoint: transformers and our loader agree on it."""
+
 from __future__ import annotations
 
 import json

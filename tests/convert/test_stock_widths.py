@@ -1,4 +1,5 @@
 """Stock widths a serving engine takes: snapping, forcing, and exact zero padding."""
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,19 @@ import llama_tiny
 SMOL = SimpleNamespace(num_kv_heads=3, head_dim=64, qkv_bias=False, kv_elements=lambda: 384)
 
 
-@pytest.mark.parametrize("width,target,expected", [
-    (256, "vllm", 320), (400, "vllm", 320), (450, "vllm", 512), (560, "vllm", 576), (1000, "vllm", 576),
-    (256, "vllm-cpu", 576), (320, "flashmla", 576), (256, "any", 256),
-])
+@pytest.mark.parametrize(
+    "width,target,expected",
+    [
+        (256, "vllm", 320),
+        (400, "vllm", 320),
+        (450, "vllm", 512),
+        (560, "vllm", 576),
+        (1000, "vllm", 576),
+        (256, "vllm-cpu", 576),
+        (320, "flashmla", 576),
+        (256, "any", 256),
+    ],
+)
 def test_snap_width_picks_the_nearest_supported(width, target, expected):
     assert snap_width(width, target) == expected
 
@@ -41,8 +51,14 @@ def test_forced_576_is_padded_and_flagged_larger_than_the_source():
     assert (rope, rank) == (64, 512)
     assert any("larger than the original" in n and "1.50x" in n for n in notes)
     rope, rank, notes = stock_size(SMOL, None, "full", "vllm")
-    assert (rope, rank, notes) == (64, 448, [f"the 512-wide stock cache is 1.33x the source's 384 elements per token "
-                                             "per layer: larger than the original (it is the width vllm serves)"])
+    assert (rope, rank, notes) == (
+        64,
+        448,
+        [
+            "the 512-wide stock cache is 1.33x the source's 384 elements per token "
+            "per layer: larger than the original (it is the width vllm serves)"
+        ],
+    )
 
 
 def test_every_target_width_is_reachable_and_bad_shapes_are_refused():

@@ -1,4 +1,5 @@
 """`convert-sweep` with behaviour columns: the table's flags, the default rule, and a tiny run end to end."""
+
 from __future__ import annotations
 
 import json
@@ -14,21 +15,39 @@ BASE = {"docs": 10.0, "prose": 20.0, "code": 5.0}
 
 
 def row(rank, ratio, agreement, degenerate, worst=1.0, fmt="native"):
-    return {"rope_dim": 64, "format": fmt, "kv_rank": rank, "cache_ratio": ratio, "bytes_bf16": int(ratio * 1000),
-            "top1_agreement": agreement, "kl": 0.1, "match_mean": 9.0, "degenerate": degenerate, "examples": 86,
-            "ppl_docs": 10.0 * worst, "ppl_prose": 20.0, "ppl_code": 5.0, "ppl_ratio_max": worst}
+    return {
+        "rope_dim": 64,
+        "format": fmt,
+        "kv_rank": rank,
+        "cache_ratio": ratio,
+        "bytes_bf16": int(ratio * 1000),
+        "top1_agreement": agreement,
+        "kl": 0.1,
+        "match_mean": 9.0,
+        "degenerate": degenerate,
+        "examples": 86,
+        "ppl_docs": 10.0 * worst,
+        "ppl_prose": 20.0,
+        "ppl_code": 5.0,
+        "ppl_ratio_max": worst,
+    }
 
 
 def test_the_default_is_the_smallest_native_cache_meeting_both_bars():
-    rows = [row(320, 1.0, 0.999, 0), row(256, 0.833, 0.96, 0), row(224, 0.75, MIN_AGREEMENT, 0),
-            row(192, 0.667, 0.97, 0, worst=MAX_PPL_RATIO + 0.01), row(128, 0.5, 0.85, 2),
-            row(96, 0.4, 0.99, 0, fmt="stock")]
+    rows = [
+        row(320, 1.0, 0.999, 0),
+        row(256, 0.833, 0.96, 0),
+        row(224, 0.75, MIN_AGREEMENT, 0),
+        row(192, 0.667, 0.97, 0, worst=MAX_PPL_RATIO + 0.01),
+        row(128, 0.5, 0.85, 2),
+        row(96, 0.4, 0.99, 0, fmt="stock"),
+    ]
     assert pick_default(rows)["kv_rank"] == 224
     assert pick_default([r for r in rows if r["top1_agreement"] < 0.95]) is None
     table = markdown_table(rows, BASE, 1000)
     lines = table.splitlines()
     assert "chat top-1" in lines[0] and "ppl prose ×" in lines[0]
-    assert "**2 of 86: degenerate repetition**" in lines[6]       # <= half the cache and degenerate: flagged
+    assert "**2 of 86: degenerate repetition**" in lines[6]  # <= half the cache and degenerate: flagged
     assert "degenerate repetition" not in "\n".join(lines[:6])
     assert lines[4].endswith("| yes |") and lines[5].endswith("| no |")
 
@@ -36,8 +55,18 @@ def test_the_default_is_the_smallest_native_cache_meeting_both_bars():
 def test_a_tiny_sweep_measures_behaviour_and_perplexity_per_domain(tmp_path, few_chat_prompts):
     source = save_tiny_llama(tmp_path / "llama")
     out = tmp_path / "sweep"
-    result = run_sweep(str(source), out, rope_dims=(8,), formats=("native",), ranks=["full", 4], calib_tokens=4 * 64,
-                       eval_tokens=2 * 64, ctx=64, int8_formats=("native",), log=lambda msg: None)
+    result = run_sweep(
+        str(source),
+        out,
+        rope_dims=(8,),
+        formats=("native",),
+        ranks=["full", 4],
+        calib_tokens=4 * 64,
+        eval_tokens=2 * 64,
+        ctx=64,
+        int8_formats=("native",),
+        log=lambda msg: None,
+    )
     assert {p.name for p in out.iterdir()} >= {"sweep.md", "sweep.json", "sweep.png"}
     assert json.loads((out / "sweep.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     full, small = result["rows"]
@@ -46,19 +75,29 @@ def test_a_tiny_sweep_measures_behaviour_and_perplexity_per_domain(tmp_path, few
         assert r["examples"] == heldout and 0 <= r["top1_agreement"] <= 1 and r["degenerate"] <= heldout
         assert set(r) >= {"ppl_docs", "ppl_prose", "ppl_code", "ppl_int8", "kl", "match_mean"}
         assert len(r["answers"]) == heldout and all(isinstance(a, str) for a in r["answers"].values())
-    assert full["kl"] < small["kl"]   # a latent of rank 4 loses more than the full one
+    assert full["kl"] < small["kl"]  # a latent of rank 4 loses more than the full one
     assert result["calib_chat"] == 0.5 and result["chat_examples"] == heldout and result["calib_weight"] == 1.0
 
 
 def test_sizes_give_each_rope_dim_the_rank_that_makes_the_cache():
-    smol = SimpleNamespace(kv_elements=lambda: 384)   # 3 KV heads x 64: 384 elements per token per layer
+    smol = SimpleNamespace(kv_elements=lambda: 384)  # 3 KV heads x 64: 384 elements per token per layer
     assert ranks_at(smol, 64, [1.0, 0.833, 0.5]) == ["full", 256, 128]
-    assert ranks_at(smol, 192, [1.0, 0.833, 0.5]) == ["full", 128]   # rope all at half the cache: no room, left out
+    assert ranks_at(smol, 192, [1.0, 0.833, 0.5]) == ["full", 128]  # rope all at half the cache: no room, left out
 
 
 def sweep_run(folder, rows, **changes):
-    meta = {"source": "model.gguf", "source_ppl": BASE, "source_bytes_bf16": 1000, "ctx": 64, "eval_tokens": {"docs": 63},
-            "chat_examples": 86, "calib_tokens": 256, "calib_chat": 0.5, "protocol": "windows", **changes}
+    meta = {
+        "source": "model.gguf",
+        "source_ppl": BASE,
+        "source_bytes_bf16": 1000,
+        "ctx": 64,
+        "eval_tokens": {"docs": 63},
+        "chat_examples": 86,
+        "calib_tokens": 256,
+        "calib_chat": 0.5,
+        "protocol": "windows",
+        **changes,
+    }
     folder.mkdir()
     sweep.write_outputs(folder, meta, rows)
     return folder
@@ -69,7 +108,7 @@ def test_merged_runs_make_one_table_and_pick_the_default_over_all_rows(tmp_path)
     b = sweep_run(tmp_path / "b", [row(288, 0.917, 0.955, 0), row(320, 1.0, 0.97, 0)])
     assert json.loads((a / "sweep.json").read_text())["default"] is None
     result = sweep.merge_sweeps([a, b], tmp_path / "merged")
-    assert [r["kv_rank"] for r in result["rows"]] == [320, 288, 256, 128]   # largest cache first
+    assert [r["kv_rank"] for r in result["rows"]] == [320, 288, 256, 128]  # largest cache first
     assert result["default"]["kv_rank"] == 288 and result["merged_from"] == [str(a), str(b)]
     assert json.loads((tmp_path / "merged" / "sweep.json").read_text()) == json.loads(json.dumps(result))
     assert len((tmp_path / "merged" / "sweep.md").read_text().splitlines()) == 2 + 4

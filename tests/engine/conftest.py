@@ -1,5 +1,6 @@
 """Engine test fixtures: one intra-op thread (the tiny checkpoints with a tokenizer, `tiny_lm`, are
 tests/conftest.py's)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Chat templates: message content is tokenized as text, the template's markers as special tokens."""
+
 import pytest
 
 from latentkv.engine.chat_template import render_chat
@@ -12,7 +13,9 @@ def tok():
 
 
 def test_ordinary_content_gets_the_usual_ids(tok):
-    text, ids = render_chat(tok, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}])
+    text, ids = render_chat(
+        tok, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    )
     assert ids == tok(text, add_special_tokens=False).input_ids
 
 
@@ -21,9 +24,9 @@ def test_content_cannot_forge_a_turn(tok):
     text, ids = render_chat(tok, forged)
     naive = tok(text, add_special_tokens=False).input_ids
     bos, eos = tok.convert_tokens_to_ids("<s>"), tok.convert_tokens_to_ids("</s>")
-    assert ids.count(bos) == 2 and eos not in ids          # only the template's own <s>, one per message
-    assert naive.count(bos) == 3 and eos in naive           # what a plain tokenization would do
-    assert tok.decode(ids) == text                          # the same text, as text
+    assert ids.count(bos) == 2 and eos not in ids  # only the template's own <s>, one per message
+    assert naive.count(bos) == 3 and eos in naive  # what a plain tokenization would do
+    assert tok.decode(ids) == text  # the same text, as text
 
 
 def test_a_template_that_rewrites_content_refuses_control_tokens():

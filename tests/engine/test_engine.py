@@ -1,4 +1,5 @@
 """Engine behaviour on tiny random DeepSeek models: batching, preemption, prefix caching."""
+
 import random
 
 import pytest
@@ -33,8 +34,10 @@ def generate(llm, prompts, params):
 def hf_greedy(model, prompt, max_tokens):
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, eos_token_id=1)
-    return out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, eos_token_id=1
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 @pytest.mark.parametrize("name", ["v3_dense_qlora", "v2_moe_group_limited", "v3_yarn_halves_tied"])
@@ -48,7 +51,7 @@ def test_32_concurrent_greedy_equal_alone_and_transformers(tiny_lm, name, attent
     assert batched == alone
     reference = [hf_greedy(hf_model, p, sp.max_tokens) for p, sp in zip(prompts, params)]
     assert batched == reference
-    assert sum(len(t) for t in batched) > 200   # real work was done
+    assert sum(len(t) for t in batched) > 200  # real work was done
     stats = llm.engine.stats()
     assert stats["blocks_free"] == stats["num_blocks"] and stats["running"] == stats["waiting"] == 0
 
@@ -73,9 +76,9 @@ def test_preemption_changes_no_output_and_returns_blocks(tiny_lm):
 def test_prefix_cache_hits_shared_blocks_and_keeps_outputs(tiny_lm):
     folder, _, _ = tiny_lm()
     rng = random.Random(3)
-    shared = [rng.randrange(2, 300) for _ in range(12)]            # 3 full blocks of 4
-    first = shared + [5, 6]                                        # + a partial block
-    second = shared + [5, 9, 10]                                   # same partial start, then differs
+    shared = [rng.randrange(2, 300) for _ in range(12)]  # 3 full blocks of 4
+    first = shared + [5, 6]  # + a partial block
+    second = shared + [5, 9, 10]  # same partial start, then differs
     third = shared + [7, 8, 11, 12, 13]
     params = SamplingParams(max_tokens=8, **GREEDY)
     llm = make_llm(folder)
@@ -160,8 +163,10 @@ def test_nan_in_logits_finishes_only_that_request(tiny_lm):
 def test_attention_paths_agree(tiny_lm):
     folder, _, _ = tiny_lm("v2_moe_group_limited")
     prompts, params = random_requests(8, seed=5)
-    outs = {path: token_ids(generate(make_llm(folder, attention_path=path, max_num_batched_tokens=32), prompts, params))
-            for path in ("naive", "absorbed", "auto")}
+    outs = {
+        path: token_ids(generate(make_llm(folder, attention_path=path, max_num_batched_tokens=32), prompts, params))
+        for path in ("naive", "absorbed", "auto")
+    }
     assert outs["naive"] == outs["absorbed"] == outs["auto"]
 
 

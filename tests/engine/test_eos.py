@@ -1,4 +1,5 @@
 """EOS ids come from generation_config.json, else config.json."""
+
 import json
 import shutil
 

@@ -1,6 +1,7 @@
 """The same answer every time: greedy tokens identical (not close) alone, in a batch of 16 mixed
 requests, with chunked prefill, with the prompt prefix-cached, and 16 identical requests at once —
 in bf16 and float32, through both attention backends (batch_invariant is the default)."""
+
 import random
 
 import pytest
@@ -16,8 +17,10 @@ N_TOKENS = 24
 def requests(n=16, seed=3, vocab=120):
     rng = random.Random(seed)
     prompts = [[rng.randrange(2, vocab) for _ in range(rng.randint(5, 60))] for _ in range(n)]
-    params = [SamplingParams(temperature=0, max_tokens=rng.randint(N_TOKENS // 2, N_TOKENS), ignore_eos=True)
-              for _ in range(n)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=rng.randint(N_TOKENS // 2, N_TOKENS), ignore_eos=True)
+        for _ in range(n)
+    ]
     return prompts, params
 
 
@@ -35,20 +38,25 @@ def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dty
     check_identical(folder, dtype, attention_backend)
 
 
-@pytest.mark.parametrize("quantization,dtype", [("int4", "float32"), ("int8", "float32"), ("w4a8", "float32"),
-                                                ("w4a8", "bfloat16")])
-def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, quantization, dtype,
-                                                                               attention_backend):
+@pytest.mark.parametrize(
+    "quantization,dtype", [("int4", "float32"), ("int8", "float32"), ("w4a8", "float32"), ("w4a8", "bfloat16")]
+)
+def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(
+    tiny_lm, quantization, dtype, attention_backend
+):
     """The int4 / int8 linears (kernels/qlinear.py) get no padding from invariant.py: their rows must
     not depend on the batch by themselves (bf16: `dtype="auto"` on a bf16 CPU with --quantization)."""
     folder, _, _ = tiny_lm("v3_dense_qlora")
     check_identical(folder, dtype, attention_backend, quantization=quantization)
 
 
-@pytest.mark.parametrize("cache_dtype,dtype", [("int8_rope8", "bfloat16"), ("int8_rope8", "float32"),
-                                               ("q4_0", "bfloat16"), ("q4_0", "float32")])
-def test_greedy_over_an_8_bit_rope_cache_is_identical_alone_batched_chunked_and_cached(tiny_lm, cache_dtype, dtype,
-                                                                                     attention_backend):
+@pytest.mark.parametrize(
+    "cache_dtype,dtype",
+    [("int8_rope8", "bfloat16"), ("int8_rope8", "float32"), ("q4_0", "bfloat16"), ("q4_0", "float32")],
+)
+def test_greedy_over_an_8_bit_rope_cache_is_identical_alone_batched_chunked_and_cached(
+    tiny_lm, cache_dtype, dtype, attention_backend
+):
     """The rope key in int8 (a scale of its own per token), or latent and rope key in q4_0 blocks
     (the rope key turned; the native kernel reads it with a turned query, the prefill paths turned
     back), read by every path: batch invariance holds."""
@@ -60,8 +68,16 @@ def check_identical(folder, dtype, attention_backend, **engine):
     prompts, params = requests()
 
     def llm(**kw):
-        return LLM(str(folder), dtype=dtype, block_size=4, kv_cache_memory="4MiB", max_num_seqs=16,
-                   attention_backend=attention_backend, **engine, **kw)
+        return LLM(
+            str(folder),
+            dtype=dtype,
+            block_size=4,
+            kv_cache_memory="4MiB",
+            max_num_seqs=16,
+            attention_backend=attention_backend,
+            **engine,
+            **kw,
+        )
 
     plain = llm(enable_prefix_caching=False)
     alone = [greedy(plain, [p], [sp])[0] for p, sp in zip(prompts, params)]
@@ -83,7 +99,6 @@ def test_batch_invariant_can_be_turned_off_and_is_validated(tiny_lm):
         LLM(str(folder), batch_invariant="sometimes")
 
 
-
 def greedy_logprobs(llm, prompts, params):
     """-> per request (tokens, the chosen tokens' logprobs): floats, so a changed bit anywhere shows."""
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -91,7 +106,8 @@ def greedy_logprobs(llm, prompts, params):
 
 
 def test_a_multi_turn_prompt_gets_the_same_answer_from_a_fresh_engine_and_the_one_that_served_turn_1(
-        tiny_lm, attention_backend):
+    tiny_lm, attention_backend
+):
     """Turn 2's prompt holds turn 1's answer, whose latents decode computed; a prompt's own prefill
     computes them another way (attention/prefill.py), so the engine shares only prompt blocks."""
     folder, _, _ = tiny_lm()
@@ -100,8 +116,9 @@ def test_a_multi_turn_prompt_gets_the_same_answer_from_a_fresh_engine_and_the_on
     params = SamplingParams(temperature=0, max_tokens=21, ignore_eos=True, logprobs=0)
 
     def llm():
-        return LLM(str(folder), dtype="bfloat16", block_size=4, kv_cache_memory="4MiB",
-                   attention_backend=attention_backend)
+        return LLM(
+            str(folder), dtype="bfloat16", block_size=4, kv_cache_memory="4MiB", attention_backend=attention_backend
+        )
 
     served = llm()
     answer = greedy_logprobs(served, [turn1], [params])[0][0]
@@ -138,14 +155,24 @@ def test_without_invariance_a_prefill_chunk_takes_the_native_prompt_kernel_too(t
         pytest.skip(f"the native prefill kernel does not take {dtype}")
     calls = []
     kernel = attention_kernels.mla_prefill
-    monkeypatch.setattr(native_backend, "mla_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k))  # what NativeBackend calls
+    monkeypatch.setattr(
+        native_backend, "mla_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k)
+    )  # what NativeBackend calls
     folder, _, _ = tiny_lm()
     prompts = [list(range(2, 90)), list(range(5, 40))]
     params = SamplingParams(temperature=0, max_tokens=1, logprobs=0, ignore_eos=True)
 
     def first(backend):
-        llm = LLM(str(folder), dtype=dtype, block_size=4, kv_cache_memory="4MiB", batch_invariant=False,
-                  max_num_batched_tokens=32, max_num_seqs=4, attention_backend=backend)
+        llm = LLM(
+            str(folder),
+            dtype=dtype,
+            block_size=4,
+            kv_cache_memory="4MiB",
+            batch_invariant=False,
+            max_num_batched_tokens=32,
+            max_num_seqs=4,
+            attention_backend=backend,
+        )
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [o.outputs[0].cumulative_logprob for o in outs]
 

@@ -1,4 +1,5 @@
 """A failure inside a step fails only its own request: the others finish as if alone."""
+
 import pytest
 
 from latentkv import SamplingParams
@@ -15,6 +16,7 @@ def poison(llm, token: int, message: str = "injected failure"):
         if any(token in s.seq.token_ids for s in out.scheduled):
             raise RuntimeError(message)
         return real_run(out)
+
     llm.engine.runner.run = run
 
 
@@ -44,6 +46,7 @@ def test_a_failure_in_one_sequences_bookkeeping_fails_only_it(tiny_lm):
         if 250 in seq.token_ids and seq.num_output_tokens == 2:
             raise KeyError("bookkeeping bug")
         return real_append(seq, *args)
+
     llm.engine.append_token = append
     outs = generate(llm, PROMPTS, params)
     assert outs[1].outputs[0].finish_reason == "error" and "bookkeeping bug" in outs[1].error
@@ -58,12 +61,13 @@ def test_a_seeded_request_retried_alone_draws_what_it_would_have(tiny_lm):
     llm = make_llm(folder)
     real_run, calls = llm.engine.runner.run, []
 
-    def flaky(out):   # every batched run of more than one sequence fails once it sampled
+    def flaky(out):  # every batched run of more than one sequence fails once it sampled
         result = real_run(out)
         calls.append(len(out.scheduled))
         if len(out.scheduled) > 1:
             raise RuntimeError("batch-only failure")
         return result
+
     llm.engine.runner.run = flaky
     outs = generate(llm, [PROMPTS[0], PROMPTS[2]], [seeded, SamplingParams(max_tokens=8, **GREEDY)])
     assert any(n > 1 for n in calls)
@@ -79,8 +83,10 @@ def test_top_k_past_the_vocabulary_means_all(tiny_lm, top_k):
     assert token_ids(huge) == token_ids(generate(llm, PROMPTS, SamplingParams(top_k=0, **base)))
 
 
-@pytest.mark.parametrize("field,value", [("temperature", float("inf")), ("top_p", float("nan")),
-                                         ("repetition_penalty", float("inf")), ("seed", 2**64)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("temperature", float("inf")), ("top_p", float("nan")), ("repetition_penalty", float("inf")), ("seed", 2**64)],
+)
 def test_non_finite_or_out_of_range_sampling_values_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
@@ -88,7 +94,7 @@ def test_non_finite_or_out_of_range_sampling_values_are_refused(field, value):
 
 def test_a_cache_smaller_than_max_model_len_caps_it_and_says_so(tiny_lm, capsys):
     folder, _, _ = tiny_lm()
-    llm = make_llm(folder, max_model_len=256, kv_cache_memory=10 * 4 * 288)   # 10 blocks of 4 = 40 tokens
+    llm = make_llm(folder, max_model_len=256, kv_cache_memory=10 * 4 * 288)  # 10 blocks of 4 = 40 tokens
     assert llm.engine.max_model_len == llm.engine.capacity_tokens == 40
     assert "max_model_len is capped to 40" in capsys.readouterr().err
     out = generate(llm, [list(range(2, 32))], SamplingParams(max_tokens=100, ignore_eos=True, **GREEDY))[0]

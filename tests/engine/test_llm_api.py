@@ -1,5 +1,6 @@
 """The `LLM` facade and sampling behaviour through the whole engine, on a tiny model
 with a byte-level BPE tokenizer."""
+
 import random
 
 import pytest
@@ -23,7 +24,9 @@ def ids_prompt(ids):
 
 
 def test_text_prompts_and_output_shape(llm):
-    outs = llm.generate(["the quick brown fox", "héllo wörld"], SamplingParams(max_tokens=7, ignore_eos=True, **GREEDY), use_tqdm=False)
+    outs = llm.generate(
+        ["the quick brown fox", "héllo wörld"], SamplingParams(max_tokens=7, ignore_eos=True, **GREEDY), use_tqdm=False
+    )
     tok = llm.get_tokenizer()
     for out, text in zip(outs, ["the quick brown fox", "héllo wörld"]):
         assert out.prompt == text and out.prompt_token_ids == tok(text).input_ids
@@ -44,28 +47,38 @@ def test_seed_reproducible_regardless_of_batch(llm):
     other_seed = SamplingParams(temperature=1.0, seed=4321, max_tokens=16, ignore_eos=True)
     assert llm.generate([prompt], other_seed, use_tqdm=False)[0].outputs[0].token_ids != alone
     greedy = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True, **GREEDY), use_tqdm=False)[0]
-    assert greedy.outputs[0].token_ids != alone   # it really sampled
+    assert greedy.outputs[0].token_ids != alone  # it really sampled
 
 
 def test_top_k_1_equals_greedy(llm):
     prompts = [ids_prompt(range(s, s + 12)) for s in (5, 50, 100)]
     greedy = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True, **GREEDY), use_tqdm=False)
-    top1 = llm.generate(prompts, SamplingParams(temperature=1.5, top_k=1, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    top1 = llm.generate(
+        prompts, SamplingParams(temperature=1.5, top_k=1, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )
     assert [o.outputs[0].token_ids for o in greedy] == [o.outputs[0].token_ids for o in top1]
 
 
 def test_n_samples(llm):
-    out = llm.generate([ids_prompt(range(3, 20))], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate(
+        [ids_prompt(range(3, 20))],
+        SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) == 3
-    again = llm.generate([ids_prompt(range(3, 20))], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True), use_tqdm=False)[0]
+    again = llm.generate(
+        [ids_prompt(range(3, 20))],
+        SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [o.token_ids for o in again.outputs] == [o.token_ids for o in out.outputs]
 
 
 def clean_substring(text, length=2):
     """A stop string from the middle of `text`, free of replacement characters."""
     for start in range(len(text) // 3, len(text) - length):
-        piece = text[start:start + length]
+        piece = text[start : start + length]
         if "\ufffd" not in piece and piece.strip():
             return piece
     raise AssertionError(f"no usable substring in {text!r}")
@@ -73,27 +86,37 @@ def clean_substring(text, length=2):
 
 def test_stop_strings_cut_text_and_never_stream(llm):
     prompt = "the lazy dog"
-    full = llm.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True, **GREEDY), use_tqdm=False)[0].outputs[0]
+    full = llm.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True, **GREEDY), use_tqdm=False)[0].outputs[
+        0
+    ]
     stop = clean_substring(full.text)
     engine = llm.engine
-    engine.add_request("stop-test", prompt, SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop, "\x00never"], **GREEDY))
+    engine.add_request(
+        "stop-test", prompt, SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop, "\x00never"], **GREEDY)
+    )
     streamed = []
     while engine.has_unfinished_requests():
         streamed += [o for o in engine.step() if o.request_id == "stop-test"]
     final = streamed[-1].outputs[0]
     assert final.finish_reason == "stop" and final.stop_reason == stop
-    assert final.text == full.text[:full.text.index(stop)]
-    assert full.token_ids[:len(final.token_ids)] == final.token_ids and len(final.token_ids) < 30
+    assert final.text == full.text[: full.text.index(stop)]
+    assert full.token_ids[: len(final.token_ids)] == final.token_ids and len(final.token_ids) < 30
     for o in streamed:
         assert stop not in o.outputs[0].text and final.text.startswith(o.outputs[0].text)
 
 
 def test_stop_token_ids_eos_min_tokens_and_ignore_eos(llm):
     prompt = ids_prompt(range(20, 36))
-    full = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, **GREEDY), use_tqdm=False)[0].outputs[0].token_ids
+    full = (
+        llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, **GREEDY), use_tqdm=False)[0]
+        .outputs[0]
+        .token_ids
+    )
     k = next(i for i in range(2, 12) if full[i] not in full[:i])
-    out = llm.generate([prompt], SamplingParams(max_tokens=12, stop_token_ids=[full[k]], **GREEDY), use_tqdm=False)[0].outputs[0]
-    assert out.token_ids == full[:k + 1] and out.finish_reason == "stop" and out.stop_reason == full[k]
+    out = llm.generate([prompt], SamplingParams(max_tokens=12, stop_token_ids=[full[k]], **GREEDY), use_tqdm=False)[
+        0
+    ].outputs[0]
+    assert out.token_ids == full[: k + 1] and out.finish_reason == "stop" and out.stop_reason == full[k]
     tok = llm.get_tokenizer()
     assert out.text == tok.decode(full[:k], skip_special_tokens=True)
     # the same token as EOS (the engine's EOS list, as read from the checkpoint)
@@ -101,19 +124,26 @@ def test_stop_token_ids_eos_min_tokens_and_ignore_eos(llm):
     llm.engine.eos_token_ids[:] = [full[k]]
     try:
         out = llm.generate([prompt], SamplingParams(max_tokens=12, **GREEDY), use_tqdm=False)[0].outputs[0]
-        assert out.token_ids == full[:k + 1] and out.finish_reason == "stop" and out.stop_reason is None
-        out = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, **GREEDY), use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == full[: k + 1] and out.finish_reason == "stop" and out.stop_reason is None
+        out = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, **GREEDY), use_tqdm=False)[
+            0
+        ].outputs[0]
         assert out.token_ids == full and out.finish_reason == "length"
-        out = llm.generate([prompt], SamplingParams(max_tokens=12, min_tokens=k + 2, **GREEDY), use_tqdm=False)[0].outputs[0]
-        assert out.token_ids[:k] == full[:k] and out.token_ids[k] != full[k]   # EOS masked while too short
+        out = llm.generate([prompt], SamplingParams(max_tokens=12, min_tokens=k + 2, **GREEDY), use_tqdm=False)[
+            0
+        ].outputs[0]
+        assert out.token_ids[:k] == full[:k] and out.token_ids[k] != full[k]  # EOS masked while too short
     finally:
         llm.engine.eos_token_ids[:] = saved
 
 
 def test_logprobs_match_full_forward(llm):
     prompt = list(range(40, 58))
-    out = llm.generate([ids_prompt(prompt)], SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2, **GREEDY),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        [ids_prompt(prompt)],
+        SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2, **GREEDY),
+        use_tqdm=False,
+    )[0]
     gen = out.outputs[0]
     seq = prompt + gen.token_ids
     ref = torch.log_softmax(llm.engine.model.full_logits(torch.tensor([seq]))[0], dim=-1)
@@ -136,7 +166,9 @@ def test_logprobs_match_full_forward(llm):
 
 def test_prompt_logprobs_with_chunked_prefill(tiny_lm):
     folder, _, _ = tiny_lm("v3_dense_qlora")
-    small_steps = LLM(str(folder), dtype="float32", block_size=4, kv_cache_memory="1MiB", max_num_seqs=4, max_num_batched_tokens=5)
+    small_steps = LLM(
+        str(folder), dtype="float32", block_size=4, kv_cache_memory="1MiB", max_num_seqs=4, max_num_batched_tokens=5
+    )
     one_step = LLM(str(folder), dtype="float32", block_size=4, kv_cache_memory="1MiB")
     params = SamplingParams(max_tokens=3, prompt_logprobs=1, **GREEDY)
     a = small_steps.generate([ids_prompt(range(60, 83))], params, use_tqdm=False)[0]
@@ -167,7 +199,9 @@ def test_chat_uses_template(llm):
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text.endswith("assistant:") and out.prompt == text
     assert out.prompt_token_ids == tok(text, add_special_tokens=False).input_ids
-    direct = llm.generate([ids_prompt(out.prompt_token_ids)], SamplingParams(max_tokens=5, ignore_eos=True, **GREEDY), use_tqdm=False)[0]
+    direct = llm.generate(
+        [ids_prompt(out.prompt_token_ids)], SamplingParams(max_tokens=5, ignore_eos=True, **GREEDY), use_tqdm=False
+    )[0]
     assert direct.outputs[0].token_ids == out.outputs[0].token_ids
 
 

@@ -1,4 +1,5 @@
 """The start-up line (engine/route.py) names each part of a step's route, as the code decides it."""
+
 import pytest
 
 from latentkv.engine.args import EngineArgs
@@ -9,9 +10,15 @@ from latentkv.model.loader import load_model
 from latentkv.model.route import decide_route
 
 
-@pytest.mark.parametrize("options", [{}, {"quantization": "w4a8", "kv_cache_dtype": "int8"},
-                                     {"batch_invariant": False, "attention_backend": "torch", "enforce_eager": True}],
-                         ids=["default", "w4a8-int8", "torch-eager"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"quantization": "w4a8", "kv_cache_dtype": "int8"},
+        {"batch_invariant": False, "attention_backend": "torch", "enforce_eager": True},
+    ],
+    ids=["default", "w4a8-int8", "torch-eager"],
+)
 def test_the_route_line_names_dtype_cache_isas_backend_linears_plan_and_invariance(tiny_lm, capfd, options):
     folder, _, _ = tiny_lm()
     LLMEngine.from_args(EngineArgs(model=str(folder), dtype="float32", kv_cache_blocks=64, **options))
@@ -21,8 +28,11 @@ def test_the_route_line_names_dtype_cache_isas_backend_linears_plan_and_invarian
     assert "dtype float32" in line
     assert f"cache {options.get('kv_cache_dtype', 'float32')}" in line
     # an extension the route uses names its ISA (or "unavailable"); one it does not use is "unused"
-    uses = {attention: options.get("attention_backend", "auto") != "torch", decode_ops: True,
-            qlinear: options.get("batch_invariant", True) or "quantization" in options}
+    uses = {
+        attention: options.get("attention_backend", "auto") != "torch",
+        decode_ops: True,
+        qlinear: options.get("batch_invariant", True) or "quantization" in options,
+    }
     for family, used in uses.items():
         isa = (family.EXT.choose() if family.available() else "unavailable") if used else "unused"
         assert f"{family.EXT.family} {isa}" in line

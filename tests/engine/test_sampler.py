@@ -1,4 +1,5 @@
 """The batched sampler (engine/sampler.py): greedy, seeded rows, truncation, penalties, logprobs."""
+
 import math
 
 import pytest
@@ -72,7 +73,10 @@ def test_sampling_matches_distribution():
 def test_truncation_top_k_top_p_min_p():
     probs = torch.tensor([[0.5, 0.25, 0.15, 0.1]])
     logits = probs.log()
-    kept = lambda x: (x > float("-inf")).squeeze(0).tolist()
+
+    def kept(x):
+        return (x > float("-inf")).squeeze(0).tolist()
+
     assert kept(truncate(logits, [2], [1.0], [0.0])) == [True, True, False, False]
     # nucleus 0.7: 0.5 + 0.25 reaches it, so the third is dropped
     assert kept(truncate(logits, [0], [0.7], [0.0])) == [True, True, False, False]
@@ -106,7 +110,7 @@ def test_logprobs_include_chosen_and_top_n():
     s = seq(SamplingParams(temperature=0, logprobs=2, presence_penalty=2.0), prompt=(5,), outputs=(1,))
     out = sample(logits, [s], [])
     lp = torch.log_softmax(logits, -1)[0]
-    assert out.token_ids == [2]   # token 1 penalised 3 -> 1
+    assert out.token_ids == [2]  # token 1 penalised 3 -> 1
     d = out.logprobs[0]
     assert set(d) == {1, 2}
     assert d[1].rank == 1 and d[2].rank == 2
@@ -120,9 +124,13 @@ def mixed_batch(n, vocab, gen):
     """Greedy, seeded and unseeded rows under every kind of truncation."""
     seqs = []
     for i in range(n):
-        params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
-                  SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.8, top_k=40, seed=i),
-                  SamplingParams(temperature=1.2, min_p=0.05, top_p=0.95, top_k=vocab + 3)][i % 5]
+        params = [
+            SamplingParams(temperature=0),
+            SamplingParams(temperature=1.0),
+            SamplingParams(temperature=0.7, top_p=0.9),
+            SamplingParams(temperature=0.8, top_k=40, seed=i),
+            SamplingParams(temperature=1.2, min_p=0.05, top_p=0.95, top_k=vocab + 3),
+        ][i % 5]
         seqs.append(seq(params))
     return seqs
 
@@ -151,6 +159,7 @@ def dense_penalties(logits, seqs):
                 if t < vocab:
                     out[i, t] += 1
         return out
+
     c = counts([s.output_token_ids for s in seqs])
     seen = (c + counts([s.prompt_token_ids for s in seqs])) > 0
     r = torch.tensor([s.params.repetition_penalty for s in seqs])[:, None].expand_as(logits)
@@ -168,11 +177,22 @@ def test_sparse_penalties_equal_the_dense_table(path, monkeypatch):
     gen = torch.Generator().manual_seed(2)
     vocab = 300
     logits = torch.randn(6, vocab, generator=gen) * 2
-    options = [dict(repetition_penalty=1.3), dict(presence_penalty=0.5, frequency_penalty=-0.3),
-               dict(repetition_penalty=0.8, frequency_penalty=1.0), dict(), dict(presence_penalty=-1.5),
-               dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2)]
-    seqs = [seq(SamplingParams(temperature=1.0, **o), prompt=torch.randint(0, vocab, (30,), generator=gen).tolist(),
-                outputs=torch.randint(0, vocab, (i * 7,), generator=gen).tolist()) for i, o in enumerate(options)]
+    options = [
+        dict(repetition_penalty=1.3),
+        dict(presence_penalty=0.5, frequency_penalty=-0.3),
+        dict(repetition_penalty=0.8, frequency_penalty=1.0),
+        dict(),
+        dict(presence_penalty=-1.5),
+        dict(repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.2),
+    ]
+    seqs = [
+        seq(
+            SamplingParams(temperature=1.0, **o),
+            prompt=torch.randint(0, vocab, (30,), generator=gen).tolist(),
+            outputs=torch.randint(0, vocab, (i * 7,), generator=gen).tolist(),
+        )
+        for i, o in enumerate(options)
+    ]
     seqs[0].token_ids[3] = vocab + 4  # an id past the logits (a tokenizer larger than the head) is passed over
     before = logits.clone()
     assert torch.equal(apply_penalties(logits, seqs), dense_penalties(logits, seqs))
@@ -183,7 +203,10 @@ def test_settings_at_the_edges_of_float32_sample():
     """Valid requests whose settings float32 cannot hold (top_p 5e-324, a temperature past 3.4e38)
     still sample: the tiny top_p keeps the top token, the huge temperature draws near-uniformly."""
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    seqs = [seq(SamplingParams(temperature=1.0, top_p=5e-324)), seq(SamplingParams(temperature=1e300)),
-            seq(SamplingParams(temperature=0.5, min_p=1e-50))]
+    seqs = [
+        seq(SamplingParams(temperature=1.0, top_p=5e-324)),
+        seq(SamplingParams(temperature=1e300)),
+        seq(SamplingParams(temperature=0.5, min_p=1e-50)),
+    ]
     out = sample(logits, seqs, [], torch.Generator().manual_seed(1)).token_ids
     assert out[0] == int(logits[0].argmax()) and 0 <= out[1] < 50 and 0 <= out[2] < 50

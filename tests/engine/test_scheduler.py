@@ -1,4 +1,5 @@
 """Scheduler + KV manager without a model: a fake step appends a deterministic token."""
+
 from latentkv.cache.block_pool import BlockPool
 from latentkv.engine.kv_manager import KVManager
 from latentkv.engine.scheduler import Scheduler
@@ -84,18 +85,18 @@ def test_preempts_newest_first():
     out = sched.schedule()
     sched.mark_computed(out)
     assert [s.seq for s in out.scheduled] == [a, b] and pool.num_free == 0
-    a.append_token(9), b.append_token(9)   # both now need a third block... 4 tokens fit in 2
+    a.append_token(9), b.append_token(9)  # both now need a third block... 4 tokens fit in 2
     a.append_token(9), b.append_token(9)
     a.num_computed_tokens += 1
     b.num_computed_tokens += 1
-    out = sched.schedule()   # a needs a new block: b (newest) is preempted
+    out = sched.schedule()  # a needs a new block: b (newest) is preempted
     assert out.preempted == [b] and b.status is Status.WAITING and sched.waiting[0] is b
     assert [s.seq for s in out.scheduled] == [a]
 
 
 def test_chunked_prefill_and_prefix_hits():
     pool, sched = make(32, block_size=4, max_tokens_per_step=5)
-    shared = list(range(100, 112))   # three full blocks
+    shared = list(range(100, 112))  # three full blocks
     first = Sequence("x", shared + [1, 2], SamplingParams())
     run(sched, [first], {"x": 2})
     second = Sequence("y", shared + [3], SamplingParams())
@@ -137,6 +138,7 @@ def check_pool_invariants(pool, sched):
 
 def test_random_arrivals_and_aborts_keep_invariants():
     import random
+
     rng = random.Random(0)
     pool, sched = make(20, block_size=4, max_num_seqs=6, max_tokens_per_step=16)
     shared = [rng.randrange(100) for _ in range(8)]
@@ -145,7 +147,7 @@ def test_random_arrivals_and_aborts_keep_invariants():
         if rng.random() < 0.3:
             prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(100) for _ in range(rng.randint(1, 20))]
             seq = Sequence(str(n), prompt, SamplingParams())
-            targets[seq.request_id] = rng.randint(1, 40 - len(prompt))   # whole sequence fits the 80-token cache
+            targets[seq.request_id] = rng.randint(1, 40 - len(prompt))  # whole sequence fits the 80-token cache
             sched.add(seq)
             live.append(seq)
             n += 1

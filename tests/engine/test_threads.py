@@ -2,6 +2,7 @@
 comes back when the other processes free one, and leaves an explicit thread count alone.
 The run-queue and /proc/stat readings are replaced by fakes, so the decisions are checked
 without a busy machine."""
+
 from __future__ import annotations
 
 import os

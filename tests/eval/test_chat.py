@@ -1,6 +1,7 @@
 """`eval chat` on tiny random models: the identical model agrees everywhere, a perturbed one less;
 the teacher-forced match length equals what greedy generation shares with the answer; the CLI
 prints the table and writes the JSON."""
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,10 @@ def cases(folders):
     ref = ChatModel.load(str(folders[0]))
     prompts = [render_chat(ref.tokenizer, [{"role": "user", "content": p}])[1] for p in PROMPTS]
     answers = ref.greedy(prompts, [ANSWER_TOKENS] * len(prompts))
-    return [ChatCase(f"ex{i}", "a" if i % 2 else "b", tuple(p + a), len(p)) for i, (p, a) in enumerate(zip(prompts, answers))]
+    return [
+        ChatCase(f"ex{i}", "a" if i % 2 else "b", tuple(p + a), len(p))
+        for i, (p, a) in enumerate(zip(prompts, answers))
+    ]
 
 
 def test_identical_model_agrees_everywhere(folders, cases):
@@ -63,8 +67,10 @@ def test_perturbed_model_agrees_less_and_match_length_is_the_greedy_prefix(folde
     assert r["top1_agreement"] < 1.0 and r["kl"] > 1e-3 and r["full_match"] < 1.0
     # the teacher-forced count equals decoding greedily from the prompt and comparing
     for case, p in zip(cases, r["per_example"]):
-        generated = other.greedy([list(case.ids[:case.answer_start])], [len(case.answer)])[0]
-        shared = next((i for i, (a, b) in enumerate(zip(generated, case.answer)) if a != b), min(len(generated), len(case.answer)))
+        generated = other.greedy([list(case.ids[: case.answer_start])], [len(case.answer)])[0]
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(generated, case.answer)) if a != b), min(len(generated), len(case.answer))
+        )
         assert p["match"] == shared, (case.id, generated, case.answer)
         assert p["greedy_tokens"] >= min(len(generated), p["match"] + 1)
     # the agreement counts what the definition says, on one case by hand
@@ -85,7 +91,9 @@ def test_cli_prints_the_table_and_writes_json(folders, cases, tmp_path, capsys, 
     by_id = {c.id: c for c in cases}
     examples = [SimpleNamespace(prompt="", answer="", id=c.id, category=c.category) for c in cases]
     monkeypatch.setattr(chat_eval, "load_chat", lambda source, split: examples if split == "heldout" else [])
-    monkeypatch.setattr(chat_eval, "render_chat_example", lambda tok, ex: (list(by_id[ex.id].ids), by_id[ex.id].answer_start))
+    monkeypatch.setattr(
+        chat_eval, "render_chat_example", lambda tok, ex: (list(by_id[ex.id].ids), by_id[ex.id].answer_start)
+    )
     out = tmp_path / "chat.json"
     assert cli.main(["eval", "chat", str(folders[1]), "--reference", str(folders[0]), "--out", str(out)]) == 0
     text = capsys.readouterr().out

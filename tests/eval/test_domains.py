@@ -1,4 +1,5 @@
 """`eval ppl --domains`: one table, a column per domain, ratios to the first model."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,9 @@ def test_one_row_per_model_and_ratios_to_the_first(two_models):
 
 
 def test_cli_domains_table_and_json(two_models, capsys):
-    assert cli.main(["eval", "ppl", *two_models, "--domains", "prose", "code", "--ctx", "32", "--max-tokens", "64"]) == 0
+    assert (
+        cli.main(["eval", "ppl", *two_models, "--domains", "prose", "code", "--ctx", "32", "--max-tokens", "64"]) == 0
+    )
     out = capsys.readouterr().out
     assert "| model | prose | code | prose × | code × |" in out
     assert cli.main(["eval", "ppl", two_models[0], "--domains", "--ctx", "32", "--max-tokens", "32", "--json"]) == 0

@@ -1,4 +1,5 @@
 """The perplexity protocol: non-overlapping windows, first token of each not predicted."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """`eval/scorer.py`: a model folder scored as `latentkv eval ppl` scores it."""
+
 from __future__ import annotations
 
 import math

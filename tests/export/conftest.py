@@ -1,4 +1,5 @@
 """GGUF export fixtures: DeepSeek folders whose tokenizer is not the tiny one."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 tokenizer, a GGUF file's tensors (dequantized, in PyTorch's [out, in] order) and metadata through
 gguf.GGUFReader, and the llama.cpp layout of a folder's safetensors restated plainly (the export's
 own code is not used to check itself)."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ def expected_tensors(folder: Path) -> dict[str, np.ndarray]:
     safetensors file, per-expert names, as transformers saves the tiny models)."""
     cfg = json.loads((folder / "config.json").read_text())
     sd = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
-    H, dn, dr, dv, r = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                                         "kv_lora_rank"))
+    H, dn, dr, dv, r = (
+        cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
+    )
     pairs = cfg.get("rope_interleave", True) or cfg["model_type"] == "deepseek_v2"
     scale = math.sqrt(cfg.get("rms_norm_eps", 1e-6) / 1e-6)  # llama.cpp's latent norms use rms_norm_eps
     out = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
@@ -68,7 +70,9 @@ def expected_tensors(folder: Path) -> dict[str, np.ndarray]:
         else:
             out[b + "attn_q.weight"] = query(sd[a + "q_proj.weight"])
         kv_a = sd[a + "kv_a_proj_with_mqa.weight"]
-        out[b + "attn_kv_a_mqa.weight"] = torch.cat([kv_a[:r] * scale, kv_a[r:] if pairs else halves_to_pairs(kv_a[r:])])
+        out[b + "attn_kv_a_mqa.weight"] = torch.cat(
+            [kv_a[:r] * scale, kv_a[r:] if pairs else halves_to_pairs(kv_a[r:])]
+        )
         out[b + "attn_kv_a_norm.weight"] = sd[a + "kv_a_layernorm.weight"]
         kv_b = sd[a + "kv_b_proj.weight"].view(H, dn + dv, r)
         out[b + "attn_k_b.weight"] = kv_b[:, :dn].transpose(1, 2)
@@ -83,7 +87,8 @@ def expected_tensors(folder: Path) -> dict[str, np.ndarray]:
             out[b + "exp_probs_b.bias"] = sd[p + "mlp.gate.e_score_correction_bias"]
         for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
             out[f"{b}ffn_{ours}_exps.weight"] = torch.stack(
-                [sd[f"{p}mlp.experts.{e}.{theirs}.weight"] for e in range(cfg["n_routed_experts"])])
+                [sd[f"{p}mlp.experts.{e}.{theirs}.weight"] for e in range(cfg["n_routed_experts"])]
+            )
             out[f"{b}ffn_{ours}_shexp.weight"] = sd[f"{p}mlp.shared_experts.{theirs}.weight"]
     return {name: t.numpy() for name, t in out.items()}
 
@@ -91,8 +96,15 @@ def expected_tensors(folder: Path) -> dict[str, np.ndarray]:
 def save_deepseek(folder, tokenizer, vocab_size: int, seed: int = 0, **overrides):
     """A tiny random DeepSeek-V3 folder (tests/tiny.py's shape) of `vocab_size` rows with `tokenizer`."""
     torch.manual_seed(seed)
-    cfg = DeepseekV3Config(**{**BASE, "first_k_dense_replace": BASE["num_hidden_layers"], "vocab_size": vocab_size,
-                              "initializer_range": 0.1, **overrides})
+    cfg = DeepseekV3Config(
+        **{
+            **BASE,
+            "first_k_dense_replace": BASE["num_hidden_layers"],
+            "vocab_size": vocab_size,
+            "initializer_range": 0.1,
+            **overrides,
+        }
+    )
     DeepseekV3ForCausalLM(cfg).eval().save_pretrained(str(folder))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))

@@ -13,6 +13,7 @@ most ~4e-6 on logits of magnitude ~3 over these 24 positions. TOL = 1e-4 is 25 t
 below what any mapping error in the export gives: without the latent eps scaling 0.09, rope halves
 left as they are 3, YaRN's attention scale left out 2.2 (measured by breaking each on purpose).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,21 +44,30 @@ YARN_VARIANTS = {  # over v2_yarn's rope_parameters
 
 def run_llama_cpp(path, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
     """(greedy tokens after `prompt`, logits [len(prompt) + steps - 1, vocab] of prompt + tokens)."""
-    llm = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, n_threads=1, verbose=False,
-                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    llm = llama_cpp.Llama(
+        str(path),
+        n_ctx=64,
+        n_batch=64,
+        logits_all=True,
+        n_threads=1,
+        verbose=False,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+    )
     llm.eval(prompt)
     tokens = []
     for _ in range(steps):
         tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         if len(tokens) < steps:
             llm.eval(tokens[-1:])
-    return tokens, np.array(llm.scores[:llm.n_tokens])
+    return tokens, np.array(llm.scores[: llm.n_tokens])
 
 
 def latentkv_greedy(folder, prompt: list[int], steps: int) -> list[int]:
     llm = LLM(str(folder), dtype="float32", kv_cache_memory="4MiB", max_model_len=128)
-    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True),
-                       use_tqdm=False)
+    out = llm.generate(
+        [{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True), use_tqdm=False
+    )
     return list(out[0].outputs[0].token_ids)
 
 
@@ -92,8 +102,9 @@ def test_llama_cpp_runs_yarn_scales_deepseek_does_not_use(tiny_lm, tmp_path, var
 
 def test_llama_cpp_runs_a_stock_conversion_of_a_llama(tmp_path):
     src = save_tiny_llama(tmp_path / "llama")
-    options = ConvertOptions(stock=True, target="any", rope_dim=8, kv_rank=24, calib_tokens=256, ctx=32,
-                             eval_tokens=0, calib_chat=0)
+    options = ConvertOptions(
+        stock=True, target="any", rope_dim=8, kv_rank=24, calib_tokens=256, ctx=32, eval_tokens=0, calib_chat=0
+    )
     folder = convert(str(src), str(tmp_path / "stock"), options)
     assert "latentkv" not in json.loads((folder / "config.json").read_text())
     assert_llama_cpp_runs_it_as_latentkv(folder, tmp_path, 320)
@@ -106,12 +117,15 @@ def test_llama_cpp_tokenizes_as_the_folder_does(tiny_lm, padded_vocab, smollm2_t
     text = "héllo wörld, ça va? 日本語 1314151 and 3.33 -- def main(): return 42  😀 I've been 'told"
     folder, _, tiny = tiny_lm("v2_dense")
     with_bos = build_tokenizer()
-    with_bos.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    with_bos.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 0)]
+    )
     bos_folder = save_deepseek(tmp_path / "bos", with_bos, VOCAB)
     assert with_bos.encode(text)[0] == 0
     for model, tok in ((folder, tiny), (bos_folder, with_bos), (padded_vocab, smollm2_tokenizer)):
-        llm = llama_cpp.Llama(str(export_gguf(model, tmp_path / f"{model.name}.gguf", "f32")), n_ctx=32, vocab_only=True,
-                              verbose=False)
+        llm = llama_cpp.Llama(
+            str(export_gguf(model, tmp_path / f"{model.name}.gguf", "f32")), n_ctx=32, vocab_only=True, verbose=False
+        )
         assert llm.n_vocab() == json.loads((model / "config.json").read_text())["vocab_size"]
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text, add_special_tokens=False)
         assert llm.tokenize(text.encode(), add_bos=True, special=False) == tok.encode(text)  # BOS as the folder's

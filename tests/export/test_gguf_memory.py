@@ -1,4 +1,5 @@
 """Streaming: an export holds about one decoder layer, however many layers the folder has."""
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,25 @@ export_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
 print(json.dumps({"before": before, "peak": status("VmHWM:")}))
 """
 # 12 MoE layers of 8 experts 512 x 512 (28 MiB of float32 each, 336 MiB in all)
-CONFIG = dict(model_type="deepseek_v3", vocab_size=VOCAB, hidden_size=512, intermediate_size=512, num_hidden_layers=12,
-              num_attention_heads=4, kv_lora_rank=64, q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=32,
-              v_head_dim=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=512,
-              first_k_dense_replace=0, max_position_embeddings=256)
+CONFIG = dict(
+    model_type="deepseek_v3",
+    vocab_size=VOCAB,
+    hidden_size=512,
+    intermediate_size=512,
+    num_hidden_layers=12,
+    num_attention_heads=4,
+    kv_lora_rank=64,
+    q_lora_rank=None,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=32,
+    v_head_dim=32,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    moe_intermediate_size=512,
+    first_k_dense_replace=0,
+    max_position_embeddings=256,
+)
 
 
 def write_random_deepseek(folder: Path) -> int:
@@ -70,8 +86,13 @@ def test_export_memory_is_about_one_layer(tmp_path):
     # a fixed mmap threshold, as tests/convert/test_convert_memory.py says why: RSS then measures what
     # is held, not glibc's high-water mark of freed blocks
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 << 10)}
-    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path / "rand"), str(tmp_path / "m.gguf"), "q8_0"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path / "rand"), str(tmp_path / "m.gguf"), "q8_0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     mem = json.loads(run.stdout.strip().splitlines()[-1])
     grown = mem["peak"] - mem["before"]

@@ -1,5 +1,6 @@
 """The tokenizer in the GGUF: tokens, types, padding to the model's vocab_size, the pre-tokenizer
 llama.cpp needs (detected, or given), and clear errors for what cannot be written."""
+
 from __future__ import annotations
 
 import gguf
@@ -36,7 +37,8 @@ def test_a_folder_without_tokenizer_is_refused(tmp_path):
 
 def test_an_unknown_pre_tokenizer_asks_for_its_name(tmp_path, tiny_tokenizer):
     tiny_tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     folder = save_deepseek(tmp_path / "m", tiny_tokenizer, VOCAB)
     with pytest.raises(ExportError, match="pass it with --tokenizer-pre NAME"):
         export_gguf(folder, tmp_path / "m.gguf")

@@ -1,6 +1,7 @@
 """`export_gguf` read back through gguf.GGUFReader: every tensor's values against the folder's in
 llama.cpp's deepseek2 layout (gguf_files.expected_tensors), the metadata llama.cpp reads, each
 outtype's storage, and an interrupted export leaving no file."""
+
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from latentkv.export import export_gguf
 from latentkv.export.gguf_check import ExportError
 from latentkv.export.gguf_writer import OUTTYPE_CHOICES
 from latentkv.model.loader import CheckpointError
+
 
 @pytest.mark.parametrize("name", EXPORTABLE)
 def test_float32_round_trip_is_exact(tiny_lm, tmp_path, name):
@@ -40,17 +42,29 @@ def test_metadata_of_a_v3_moe_with_q_lora_and_groups(tiny_lm, tmp_path):
     assert fields["general.architecture"] == "deepseek2"
     assert fields["general.file_type"] == gguf.LlamaFileType.ALL_F32  # auto: the folder's float32
     expected = {
-        "block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings, "embedding_length": 64,
-        "feed_forward_length": c.intermediate_size, "vocab_size": c.vocab_size,
-        "attention.head_count": c.num_attention_heads, "attention.head_count_kv": 1,
-        "attention.q_lora_rank": c.q_lora_rank, "attention.kv_lora_rank": c.kv_lora_rank,
-        "attention.key_length": c.kv_lora_rank + c.qk_rope_head_dim, "attention.value_length": c.kv_lora_rank,
-        "attention.key_length_mla": c.qk_nope_head_dim + c.qk_rope_head_dim, "attention.value_length_mla": c.v_head_dim,
-        "rope.dimension_count": c.qk_rope_head_dim, "leading_dense_block_count": c.first_k_dense_replace,
-        "expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
-        "expert_shared_count": c.n_shared_experts, "expert_feed_forward_length": c.moe_intermediate_size,
-        "expert_weights_norm": True, "expert_gating_func": int(gguf.ExpertGatingFuncType.SIGMOID),
-        "expert_group_count": c.n_group, "expert_group_used_count": c.topk_group,
+        "block_count": c.num_hidden_layers,
+        "context_length": c.max_position_embeddings,
+        "embedding_length": 64,
+        "feed_forward_length": c.intermediate_size,
+        "vocab_size": c.vocab_size,
+        "attention.head_count": c.num_attention_heads,
+        "attention.head_count_kv": 1,
+        "attention.q_lora_rank": c.q_lora_rank,
+        "attention.kv_lora_rank": c.kv_lora_rank,
+        "attention.key_length": c.kv_lora_rank + c.qk_rope_head_dim,
+        "attention.value_length": c.kv_lora_rank,
+        "attention.key_length_mla": c.qk_nope_head_dim + c.qk_rope_head_dim,
+        "attention.value_length_mla": c.v_head_dim,
+        "rope.dimension_count": c.qk_rope_head_dim,
+        "leading_dense_block_count": c.first_k_dense_replace,
+        "expert_count": c.n_routed_experts,
+        "expert_used_count": c.num_experts_per_tok,
+        "expert_shared_count": c.n_shared_experts,
+        "expert_feed_forward_length": c.moe_intermediate_size,
+        "expert_weights_norm": True,
+        "expert_gating_func": int(gguf.ExpertGatingFuncType.SIGMOID),
+        "expert_group_count": c.n_group,
+        "expert_group_used_count": c.topk_group,
     }
     assert {k: fields[arch + k] for k in expected} == expected
     assert fields[arch + "expert_weights_scale"] == pytest.approx(c.routed_scaling_factor)
@@ -86,7 +100,10 @@ def test_tokenizer_metadata(tiny_lm, tmp_path):
     assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] == "gpt-2"
     vocab = tok.get_vocab()
     assert fields["tokenizer.ggml.tokens"] == sorted(vocab, key=vocab.get)
-    assert fields["tokenizer.ggml.bos_token_id"] == tok.bos_token_id and fields["tokenizer.ggml.eos_token_id"] == tok.eos_token_id
+    assert (
+        fields["tokenizer.ggml.bos_token_id"] == tok.bos_token_id
+        and fields["tokenizer.ggml.eos_token_id"] == tok.eos_token_id
+    )
     types = fields["tokenizer.ggml.token_type"]
     assert types[tok.bos_token_id] == types[tok.eos_token_id] == gguf.TokenType.CONTROL
     assert types[300] == gguf.TokenType.NORMAL
@@ -125,8 +142,15 @@ def test_q4_0_of_grid_valued_weights_is_lossless(tiny_lm, tmp_path):
     kinds = {name: kind for name, (kind, _) in tensors.items()}
     assert kinds["blk.1.ffn_gate_exps.weight"] == kinds["token_embd.weight"] == kinds["blk.0.attn_q_a.weight"] == "Q4_0"
     # kept float: norms and the router f32, attn_k_b / attn_v_b and rows of 24 or 48 (not 32-blocks) f16
-    assert kinds["blk.0.attn_norm.weight"] == kinds["blk.1.ffn_gate_inp.weight"] == kinds["blk.1.exp_probs_b.bias"] == "F32"
-    assert kinds["blk.0.attn_k_b.weight"] == kinds["blk.0.attn_q_b.weight"] == kinds["blk.0.attn_output.weight"] == "F16"
+    assert (
+        kinds["blk.0.attn_norm.weight"]
+        == kinds["blk.1.ffn_gate_inp.weight"]
+        == kinds["blk.1.exp_probs_b.bias"]
+        == "F32"
+    )
+    assert (
+        kinds["blk.0.attn_k_b.weight"] == kinds["blk.0.attn_q_b.weight"] == kinds["blk.0.attn_output.weight"] == "F16"
+    )
     for name, values in expected_tensors(folder).items():
         np.testing.assert_array_equal(tensors[name][1], values, err_msg=name)
 
@@ -163,8 +187,11 @@ def test_half_precision_outtypes_are_the_rounded_values(tiny_lm, tmp_path, outty
 def test_auto_keeps_a_bf16_folder_bf16(tiny_lm, tmp_path):
     src, _, _ = tiny_lm("v2_dense")
     folder = Path(shutil.copytree(src, tmp_path / "bf16"))
-    save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(src / "model.safetensors")).items()},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.to(torch.bfloat16) for k, v in load_file(str(src / "model.safetensors")).items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     fields, tensors = read_gguf(export_gguf(folder, tmp_path / "m.gguf"))
     assert fields["general.file_type"] == gguf.LlamaFileType.MOSTLY_BF16
     for name, values in expected_tensors(folder).items():  # bf16 -> bf16: bit for bit
@@ -177,8 +204,11 @@ def test_zero_shared_experts_become_one_zero_expert(tiny_lm, tmp_path):
     folder = Path(shutil.copytree(src, tmp_path / "noshared"))
     cfg = json.loads((src / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "n_shared_experts": 0}))
-    save_file({k: v for k, v in load_file(str(src / "model.safetensors")).items() if "shared_experts" not in k},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in load_file(str(src / "model.safetensors")).items() if "shared_experts" not in k},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     fields, tensors = read_gguf(export_gguf(folder, tmp_path / "m.gguf"))
     assert fields["deepseek2.expert_shared_count"] == 1
     _, up = tensors["blk.1.ffn_up_shexp.weight"]
@@ -218,11 +248,24 @@ def test_latent_scale_matches_the_norm_it_replaces():
 
     x = torch.randn(5, 16, dtype=torch.float64) * 1e-3  # small, so the eps matters
     eps = 1e-2
-    k = latent_scale(ModelConfig(model_type="deepseek_v3", vocab_size=8, hidden_size=8, intermediate_size=8,
-                                 num_hidden_layers=1, num_attention_heads=1, kv_lora_rank=16, qk_nope_head_dim=2,
-                                 qk_rope_head_dim=2, v_head_dim=2, rms_norm_eps=eps))
+    k = latent_scale(
+        ModelConfig(
+            model_type="deepseek_v3",
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            kv_lora_rank=16,
+            qk_nope_head_dim=2,
+            qk_rope_head_dim=2,
+            v_head_dim=2,
+            rms_norm_eps=eps,
+        )
+    )
     assert k == pytest.approx(math.sqrt(eps / LATENT_NORM_EPS))
 
     def norm(v, e):
         return v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + e)
+
     torch.testing.assert_close(norm(k * x, eps), norm(x, LATENT_NORM_EPS))

@@ -1,4 +1,5 @@
 """The tiny Llama teacher and its conversions, shared by the healing tests."""
+
 from dataclasses import replace
 
 import pytest
@@ -15,8 +16,17 @@ def tiny_pair(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("heal")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(cfg).save_pretrained(root / "llama")
     build_tokenizer().save_pretrained(root / "llama")
     text = root / "train.txt"

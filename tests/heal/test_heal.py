@@ -11,8 +11,20 @@ STEPS = 20
 
 def run_heal(tiny_pair, out, **kwargs):
     teacher, native, _, text = tiny_pair
-    cfg = dict(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=3e-3, warmup=2,
-               seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)  # documents only: chat in test_heal_chat.py
+    cfg = dict(
+        converted=str(native),
+        teacher=str(teacher),
+        data=[str(text)],
+        out=str(out),
+        steps=STEPS,
+        lr=3e-3,
+        warmup=2,
+        seq_len=32,
+        batch=4,
+        save_every=10,
+        chat_share=0.0,
+        eval_examples=0,
+    )  # documents only: chat in test_heal_chat.py
     return heal(HealConfig(**{**cfg, **kwargs}))
 
 
@@ -51,8 +63,20 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_pair, tmp_path):
         return loss
 
     teacher, native, _, text = tiny_pair
-    cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(tmp_path / "cut"), steps=STEPS,
-                     lr=3e-3, warmup=2, seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)
+    cfg = HealConfig(
+        converted=str(native),
+        teacher=str(teacher),
+        data=[str(text)],
+        out=str(tmp_path / "cut"),
+        steps=STEPS,
+        lr=3e-3,
+        warmup=2,
+        seq_len=32,
+        batch=4,
+        save_every=10,
+        chat_share=0.0,
+        eval_examples=0,
+    )
     with pytest.raises(KeyboardInterrupt):
         heal(cfg, on_loss=interrupt)
     cfg.resume = True
@@ -78,8 +102,20 @@ def test_too_many_nans_in_a_row_stop_and_keep_the_last_good_checkpoint(tiny_pair
 
 def heal_with_nans(tiny_pair, out, bad_steps):
     teacher, native, _, text = tiny_pair
-    cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(out), steps=STEPS, lr=1e-2,
-                     warmup=2, seq_len=32, batch=4, save_every=10, chat_share=0.0, eval_examples=0)
+    cfg = HealConfig(
+        converted=str(native),
+        teacher=str(teacher),
+        data=[str(text)],
+        out=str(out),
+        steps=STEPS,
+        lr=1e-2,
+        warmup=2,
+        seq_len=32,
+        batch=4,
+        save_every=10,
+        chat_share=0.0,
+        eval_examples=0,
+    )
     return heal(cfg, on_loss=lambda step, loss: loss * float("nan") if step in bad_steps else loss)
 
 

@@ -1,5 +1,6 @@
 """Healing on the chat mix: the calib split's conversations are in the training windows, the
 held-out split's never; eval chat runs before, during and after."""
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,16 @@ from latentkv.heal import windows as heal_windows
 from latentkv.sources.chat_data import ChatExample, load_chat, render_chat_example, split_of
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
-CALIB = [ChatExample(id=f"calib-{i}", category="list", prompt=f"count from {w}", answer=f"{w} {WORDS[(i + 1) % 8]} the fox.")
-         for i, w in enumerate(WORDS)]
+CALIB = [
+    ChatExample(id=f"calib-{i}", category="list", prompt=f"count from {w}", answer=f"{w} {WORDS[(i + 1) % 8]} the fox.")
+    for i, w in enumerate(WORDS)
+]
 # held out: the same kind of conversation with words calibration never saw (healing is expected to
 # carry over to them, as to the real held-out prompts), plus non-ASCII text for the tokenizer paths
-HELDOUT = [ChatExample(id=f"held-{i}", category="list", prompt=f"count from {w} 😀", answer=f"{w} {WORDS[i]} the fox, café.")
-           for i, w in enumerate(["nine", "ten", "naïve"])]
+HELDOUT = [
+    ChatExample(id=f"held-{i}", category="list", prompt=f"count from {w} 😀", answer=f"{w} {WORDS[i]} the fox, café.")
+    for i, w in enumerate(["nine", "ten", "naïve"])
+]
 
 
 @pytest.fixture
@@ -35,28 +40,42 @@ def fake_chat(monkeypatch):
 
 
 def contains(stream: list[int], part: list[int]) -> bool:
-    return any(stream[i:i + len(part)] == part for i in range(len(stream) - len(part) + 1))
+    return any(stream[i : i + len(part)] == part for i in range(len(stream) - len(part) + 1))
 
 
 def test_chat_mix_has_calib_conversations_and_never_heldout(tiny_pair, fake_chat):
     teacher, native, _, text = tiny_pair
     tok = AutoTokenizer.from_pretrained(native)
-    windows = heal_windows.training_windows(tok, [str(text)], 32, 32 * 40, 0, heal_windows.calib_chat(str(teacher)), 0.5)
+    windows = heal_windows.training_windows(
+        tok, [str(text)], 32, 32 * 40, 0, heal_windows.calib_chat(str(teacher)), 0.5
+    )
     assert fake_chat == ["calib"] and windows.shape == (40, 32)
     stream = windows[:20].flatten().tolist()  # the chat half: packed conversations, back to back
     calib = [render_chat_example(tok, ex)[0] for ex in CALIB]
     assert sum(contains(stream, c) for c in calib) >= len(CALIB) - 1  # each whole (one may be cut at the end)
     for ex in HELDOUT:
         ids, start = render_chat_example(tok, ex)
-        assert not contains(windows.flatten().tolist(), ids[start - 4:])
+        assert not contains(windows.flatten().tolist(), ids[start - 4 :])
     docs_only = heal_windows.training_windows(tok, [str(text)], 32, 32 * 40, 0)
     assert docs_only.shape == (40, 32) and not any(contains(docs_only.flatten().tolist(), c) for c in calib)
 
 
 def test_heal_reports_eval_chat_before_during_after(tiny_pair, fake_chat, tmp_path):
     teacher, native, _, text = tiny_pair
-    cfg = HealConfig(converted=str(native), teacher=str(teacher), data=[str(text)], out=str(tmp_path / "healed"), steps=10,
-                     lr=1e-2, warmup=2, seq_len=32, batch=4, save_every=10, eval_examples=2, eval_every=5)
+    cfg = HealConfig(
+        converted=str(native),
+        teacher=str(teacher),
+        data=[str(text)],
+        out=str(tmp_path / "healed"),
+        steps=10,
+        lr=1e-2,
+        warmup=2,
+        seq_len=32,
+        batch=4,
+        save_every=10,
+        eval_examples=2,
+        eval_every=5,
+    )
     result = heal(cfg)
     assert set(fake_chat) == {"calib", "heldout"}
     assert result.chat_before["examples"] == 2 and result.chat_after["examples"] == 2

@@ -1,4 +1,5 @@
 """heal/trainer.py's defaults that depend on the machine."""
+
 from latentkv.heal import trainer
 
 

@@ -14,6 +14,7 @@ they part, and there vLLM's token must be within BF16_TIE nats of latentkv's own
 latentkv's logprobs on the shared prefix (bf16 logits of this model's magnitude, 8-32, are
 spaced 2^-4 to 2^-3 apart: a gap below ~2 of those steps is rounding, not a wrong model).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("vllm_greedy.py")
 TOKENS = 12
 BF16_TIE = 0.25  # nats (module docstring)
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Here is a short list of fruits: apple, banana,",
-           "Water boils at a temperature of"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Here is a short list of fruits: apple, banana,",
+    "Water boils at a temperature of",
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +65,12 @@ def settings_for(width: int) -> VllmSettings:
 def exports(tmp_path_factory):
     """width -> stock export of the bundled SmolLM2 (a short calibration: the test is about serving)."""
     root = tmp_path_factory.mktemp("stock")
-    return {w: convert(None, str(root / f"stock{w}"), ConvertOptions(stock=True, stock_width=w, calib_tokens=2048, eval_tokens=0))
-            for w in (576, 512, 320)}
+    return {
+        w: convert(
+            None, str(root / f"stock{w}"), ConvertOptions(stock=True, stock_width=w, calib_tokens=2048, eval_tokens=0)
+        )
+        for w in (576, 512, 320)
+    }
 
 
 def prompt_ids(folder: Path) -> list[list[int]]:
@@ -71,13 +80,17 @@ def prompt_ids(folder: Path) -> list[list[int]]:
 
 def latentkv_greedy(folder: Path, prompts: list[list[int]], n: int, dtype: str) -> list[list[int]]:
     llm = LLM(model=str(folder), dtype=dtype, enable_prefix_caching=False)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
+        use_tqdm=False,
+    )
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def assert_same_greedy(theirs: list[list[int]], ours: list[list[int]], folder: Path, prompts: list[list[int]],
-                       settings: VllmSettings) -> None:
+def assert_same_greedy(
+    theirs: list[list[int]], ours: list[list[int]], folder: Path, prompts: list[list[int]], settings: VllmSettings
+) -> None:
     """float32: equal. bf16: equal up to where they part, and there a near tie (module docstring)."""
     if settings.dtype != "bfloat16" or theirs == ours:
         assert theirs == ours, f"greedy tokens differ in {settings.dtype} ({settings.note})"
@@ -87,26 +100,43 @@ def assert_same_greedy(theirs: list[list[int]], ours: list[list[int]], folder: P
         d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         if d is None:
             continue
-        out = llm.generate([{"prompt_token_ids": prompt + b[:d]}], SamplingParams(temperature=0, max_tokens=1, logprobs=20),
-                           use_tqdm=False)[0].outputs[0]
+        out = llm.generate(
+            [{"prompt_token_ids": prompt + b[:d]}],
+            SamplingParams(temperature=0, max_tokens=1, logprobs=20),
+            use_tqdm=False,
+        )[0].outputs[0]
         top = {tok: lp.logprob for tok, lp in out.logprobs[0].items()}
         assert out.token_ids[0] == b[d] and a[d] in top, (d, a, b)
         gap = top[b[d]] - top[a[d]]
         assert gap <= BF16_TIE, f"vLLM's token at {d} is {gap:.3f} nats below latentkv's ({settings.note}): {a} vs {b}"
 
 
-def vllm_greedy(python: str, folder: Path, prompts: list[list[int]], n: int, tmp: Path, settings: VllmSettings,
-                prefill_only=False) -> list[list[int]]:
+def vllm_greedy(
+    python: str, folder: Path, prompts: list[list[int]], n: int, tmp: Path, settings: VllmSettings, prefill_only=False
+) -> list[list[int]]:
     (tmp / "prompts.json").write_text(json.dumps(prompts))
-    cmd = [python, str(SCRIPT), str(folder), str(tmp / "prompts.json"), str(tmp / "out.json"), "--max-tokens", str(n),
-           "--dtype", settings.dtype, "--block-size", str(settings.block_size)]
+    cmd = [
+        python,
+        str(SCRIPT),
+        str(folder),
+        str(tmp / "prompts.json"),
+        str(tmp / "out.json"),
+        "--max-tokens",
+        str(n),
+        "--dtype",
+        settings.dtype,
+        "--block-size",
+        str(settings.block_size),
+    ]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "TOKENIZERS_PARALLELISM": "false"}
-    run = subprocess.run(cmd + (["--prefill-only"] if prefill_only else []), capture_output=True, text=True,
-                         timeout=1200, env=env)
+    run = subprocess.run(
+        cmd + (["--prefill-only"] if prefill_only else []), capture_output=True, text=True, timeout=1200, env=env
+    )
     if run.returncode:
         sys.stderr.write(run.stdout[-4000:] + run.stderr[-8000:])
-        pytest.fail(f"vLLM ({settings.note}) exited {run.returncode} on {folder.name}: "
-                    f"{run.stderr.strip().splitlines()[-1:]}")
+        pytest.fail(
+            f"vLLM ({settings.note}) exited {run.returncode} on {folder.name}: {run.stderr.strip().splitlines()[-1:]}"
+        )
     return json.loads((tmp / "out.json").read_text())["tokens"]
 
 

@@ -20,6 +20,7 @@ slice of kv_a_proj's output): it rotates the wrong elements and overwrites part 
 DeepSeek-V2/V3 checkpoint is affected (a random transformers DeepseekV3 differs from transformers
 by ~12% at layer 0). RUNTIME_FIX turns that one op off: vLLM's own forward_native runs instead.
 """
+
 import argparse
 import json
 import os
@@ -47,14 +48,25 @@ def main() -> None:
     if args.prefill_only:
         CPUMLABackend.get_supported_head_sizes = classmethod(lambda cls: MLACommonBackend.get_supported_head_sizes())
     prompts = json.loads(open(args.prompts).read())
-    llm = LLM(model=args.model, dtype=args.dtype, enforce_eager=True, block_size=args.block_size, enable_prefix_caching=False,
-              max_model_len=512, max_num_seqs=len(prompts), kv_cache_memory_bytes=args.kv_cache_bytes, seed=0,
-              compilation_config=RUNTIME_FIX)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        enforce_eager=True,
+        block_size=args.block_size,
+        enable_prefix_caching=False,
+        max_model_len=512,
+        max_num_seqs=len(prompts),
+        kv_cache_memory_bytes=args.kv_cache_bytes,
+        seed=0,
+        compilation_config=RUNTIME_FIX,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=1 if args.prefill_only else args.max_tokens, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     with open(args.out, "w") as f:
-        json.dump({"tokens": tokens, "prefill_only": args.prefill_only, "dtype": args.dtype, "block_size": args.block_size}, f)
+        json.dump(
+            {"tokens": tokens, "prefill_only": args.prefill_only, "dtype": args.dtype, "block_size": args.block_size}, f
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """kernels/attention.py prefill_finish: the bits of torch's (acc[..., :dv] / l).to(dtype), written into a view."""
+
 import pytest
 import torch
 
@@ -18,7 +19,9 @@ def test_prefill_finish_is_torchs_division_and_rounding(dtype):
     out = torch.full((40, 3, 70), -7.0).to(dtype)
     attention.prefill_finish(acc, l, out[2:39])
     expected = (acc[..., :70] / l[..., None]).to(dtype)
-    assert torch.equal(out[2:39].view(torch.int16 if dtype == torch.bfloat16 else torch.int32)[1:],
-                       expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)[1:])
+    assert torch.equal(
+        out[2:39].view(torch.int16 if dtype == torch.bfloat16 else torch.int32)[1:],
+        expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)[1:],
+    )
     torch.testing.assert_close(out[2], expected[0], equal_nan=True, rtol=0, atol=0)
     assert out[:2].eq(-7).all() and out[39:].eq(-7).all()  # nothing outside the view

@@ -1,5 +1,6 @@
 """decode_ops' rope and write_latent: every ISA path this CPU runs stores the scalar path's bits
 (their row loops are not contracted into FMAs), on shapes with vector tails and strided inputs."""
+
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ def isas() -> list[int]:
 @torch.no_grad()
 def test_rope_bits_on_every_isa(dtype, interleaved, d):
     gen = torch.Generator().manual_seed(d)
-    x = (torch.randn(7, 5, d + 9, generator=gen) * 4).to(dtype)[..., 3:3 + d]  # rows strided
+    x = (torch.randn(7, 5, d + 9, generator=gen) * 4).to(dtype)[..., 3 : 3 + d]  # rows strided
     cos, sin = torch.randn(7, d // 2, generator=gen), torch.randn(7, d // 2, generator=gen)
     module = decode_ops.extension()
     none = torch.empty(0, dtype=torch.long)
@@ -43,8 +44,20 @@ def write_all(module, isa, c, k_r, cos, sin, interleaved, slots, cache: dict) ->
     if "kv" in out:
         module.write_latent(c, k_r, cos, sin, interleaved, slots, out["kv"], none, none, none, 0.0, isa)
     else:
-        module.write_latent(c, k_r, cos, sin, interleaved, slots, none, out["latent"], out["scale"], out["rope"],
-                            cache["qmax"].item(), isa)
+        module.write_latent(
+            c,
+            k_r,
+            cos,
+            sin,
+            interleaved,
+            slots,
+            none,
+            out["latent"],
+            out["scale"],
+            out["rope"],
+            cache["qmax"].item(),
+            isa,
+        )
     return [t for name, t in out.items() if name != "qmax"]
 
 
@@ -58,17 +71,19 @@ def test_write_latent_bits_on_every_isa(dtype, layout, rank, dr):
     gen = torch.Generator().manual_seed(rank + dr)
     t, slots_n = 19, 40
     x = (torch.randn(t, rank + dr + 5, generator=gen) * 3).to(dtype)
-    c, k_r = x[:, :rank], x[:, rank + 5:]  # views with a row stride
+    c, k_r = x[:, :rank], x[:, rank + 5 :]  # views with a row stride
     cos, sin = torch.randn(t, dr // 2, generator=gen), torch.randn(t, dr // 2, generator=gen)
     slots = torch.randperm(slots_n, generator=gen)[:t]
     if layout == "plain":
         cache = {"kv": torch.zeros(slots_n, rank + dr, dtype=dtype)}
     else:
         rope_dtype = {"int8_rope8": torch.int8, "rope16": torch.bfloat16}.get(layout, dtype)
-        cache = {"latent": torch.zeros(slots_n, rank, dtype=torch.uint8 if layout == "fp8" else torch.int8),
-                 "scale": torch.zeros(slots_n, 2 if layout == "int8_rope8" else 1),
-                 "rope": torch.zeros(slots_n, dr, dtype=rope_dtype),
-                 "qmax": torch.tensor(448.0 if layout == "fp8" else 127.0)}
+        cache = {
+            "latent": torch.zeros(slots_n, rank, dtype=torch.uint8 if layout == "fp8" else torch.int8),
+            "scale": torch.zeros(slots_n, 2 if layout == "int8_rope8" else 1),
+            "rope": torch.zeros(slots_n, dr, dtype=rope_dtype),
+            "qmax": torch.tensor(448.0 if layout == "fp8" else 127.0),
+        }
     module = decode_ops.extension()
     for interleaved in (True, False):
         ref = write_all(module, 0, c, k_r, cos, sin, interleaved, slots, cache)

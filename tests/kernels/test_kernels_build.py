@@ -1,4 +1,5 @@
 """kernels/build.py: the one build, ISA choice, self-check and fallback of every native extension."""
+
 import warnings
 
 import pytest
@@ -31,8 +32,10 @@ def test_a_wrong_path_is_disabled_with_one_warning_and_the_next_lower_serves(fam
     monkeypatch.delenv("LATENTKV_CPU_ISA", raising=False)
     monkeypatch.setenv("LATENTKV_SELFCHECK_BREAK", f"{family.EXT.family}:{wrong}")
     monkeypatch.setattr(family.EXT, "state", {})  # load again: the self-check runs at load
-    with pytest.warns(RuntimeWarning, match=f"{family.EXT.name}'s {wrong} path disagrees with its scalar path "
-                                            f".*; disabled, {below} serves") as caught:
+    with pytest.warns(
+        RuntimeWarning,
+        match=f"{family.EXT.name}'s {wrong} path disagrees with its scalar path .*; disabled, {below} serves",
+    ) as caught:
         assert family.available()
     assert len([w for w in caught if "disagrees" in str(w.message)]) == 1
     assert wrong not in family.EXT.supported_isas() and family.EXT.isa() == build.ISAS[below]

@@ -1,5 +1,6 @@
 """kernels/sample.py: the native sampler's rows against the PyTorch reference (engine/sampler.py
 `truncate`, a stable sort, and `inverse_cdf`), on every ISA path this CPU runs."""
+
 import math
 
 import pytest
@@ -72,8 +73,7 @@ def chi_square_bound(df: int, z: float = 3.719) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-@pytest.mark.parametrize("t,k,p,m", [(1.0, 0, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.3, 6, 1.0, 0.0),
-                                     (0.8, 7, 0.95, 0.02)])
+@pytest.mark.parametrize("t,k,p,m", [(1.0, 0, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.3, 6, 1.0, 0.0), (0.8, 7, 0.95, 0.02)])
 def test_draws_follow_the_distribution(t, k, p, m):
     """40,000 draws of one row against its truncated softmax (chi-square at ~1e-4), the masked token
     never drawn."""
@@ -103,7 +103,9 @@ def test_a_row_is_the_same_alone_in_a_batch_by_index_and_on_any_threads():
     together = sample.sample_rows(logits, torch.arange(16), t, k, p, m, u)
     for i in range(16):
         one = slice(i, i + 1)
-        assert sample.sample_rows(logits, torch.tensor([i]), t[one], k[one], p[one], m[one], u[one]).item() == together[i]
+        assert (
+            sample.sample_rows(logits, torch.tensor([i]), t[one], k[one], p[one], m[one], u[one]).item() == together[i]
+        )
     reverse = torch.arange(15, -1, -1)
     by_index = sample.sample_rows(wide[:, 0], reverse, t.flip(0), k.flip(0), p.flip(0), m.flip(0), u.flip(0))
     assert by_index.flip(0).tolist() == together.tolist()
@@ -121,16 +123,29 @@ def test_nan_inf_and_fully_masked_rows_answer_as_argmax():
     logits[1] = float("-inf")
     logits[2, 11], logits[2, 30] = math.inf, math.inf
     one = torch.ones(4)
-    got = sample.sample_rows(logits, torch.arange(4), one, torch.zeros(4, dtype=torch.long), one, torch.zeros(4),
-                             torch.full((4,), 0.5, dtype=torch.float64))
+    got = sample.sample_rows(
+        logits,
+        torch.arange(4),
+        one,
+        torch.zeros(4, dtype=torch.long),
+        one,
+        torch.zeros(4),
+        torch.full((4,), 0.5, dtype=torch.float64),
+    )
     assert got[:3].tolist() == [7, 0, 11]
 
 
 @pytest.mark.parametrize("bad", ["temperature", "u", "top_p", "row"])
 def test_bad_arguments_are_refused(bad):
     logits = torch.randn(2, 10)
-    args = dict(rows=torch.arange(2), temperature=torch.ones(2), top_k=torch.zeros(2, dtype=torch.long),
-                top_p=torch.ones(2), min_p=torch.zeros(2), u=torch.full((2,), 0.5, dtype=torch.float64))
+    args = dict(
+        rows=torch.arange(2),
+        temperature=torch.ones(2),
+        top_k=torch.zeros(2, dtype=torch.long),
+        top_p=torch.ones(2),
+        min_p=torch.zeros(2),
+        u=torch.full((2,), 0.5, dtype=torch.float64),
+    )
     if bad == "temperature":
         args["temperature"] = torch.tensor([1.0, 0.0])
     elif bad == "u":

@@ -1,6 +1,7 @@
 """model/route.py: the route is decided once, from the dtype, the weights, batch invariance and what
 the native extensions built (their switches included), and the model is built from it: the linear
 classes, the fused ops, W_UK / W_UV's storage — nothing is swapped in after loading."""
+
 import pytest
 import torch
 from torch import nn
@@ -46,7 +47,9 @@ CASES = [
 
 @pytest.mark.parametrize("dtype,quantization,invariant,switch,cls", CASES)
 @torch.inference_mode()
-def test_the_model_is_built_as_the_route_says(tiny_checkpoints, monkeypatch, dtype, quantization, invariant, switch, cls):
+def test_the_model_is_built_as_the_route_says(
+    tiny_checkpoints, monkeypatch, dtype, quantization, invariant, switch, cls
+):
     needs = {FixedOrderLinear: qlinear, W8A8Linear: qlinear, Int8Linear: None, None: None}[cls]
     if needs is not None and not needs.available():
         pytest.skip(f"{needs.EXT.family} not built: {needs.unavailable_reason()}")
@@ -100,7 +103,10 @@ def test_the_route_asks_only_the_extensions_it_can_use():
     """A float model on the CPU asks the attention and fused-op extensions, not qlinear; float16 or
     another device runs none of the CPU kernels."""
     assert [family for family, _ in decide_route("cpu", torch.float32).isas] == ["attention", "decode_ops"]
-    assert [family for family, _ in decide_route("cpu", torch.float32, "torch", "int8").isas] == ["decode_ops", "qlinear"]
+    assert [family for family, _ in decide_route("cpu", torch.float32, "torch", "int8").isas] == [
+        "decode_ops",
+        "qlinear",
+    ]
     for route in (decide_route("cpu", torch.float16, "torch"), decide_route("cuda", torch.float32, "torch")):
         assert route.isas == () and not route.fused and not route.qlinear and route.weights == "float"
 

@@ -1,12 +1,13 @@
 """The decode plan (model/decode_plan.py) gives the modules' bits: the same kernels, arguments and
 order, without the Python between them."""
+
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from latentkv import LLM, SamplingParams, invariant
+from latentkv import LLM, SamplingParams
 from latentkv.attention.metadata import build_metadata
 from latentkv.cache.latent_cache import allocate_caches
 from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
@@ -31,7 +32,9 @@ def variant(folder, out, latent_norm, bias):
         return folder
     raw = json.loads((folder / "config.json").read_text())
     raw["latentkv"] = {"version": 1, "kv_a_layernorm": latent_norm, "q_bias": bias}
-    tensors = {k: v for k, v in load_file(folder / "model.safetensors").items() if latent_norm or "kv_a_layernorm" not in k}
+    tensors = {
+        k: v for k, v in load_file(folder / "model.safetensors").items() if latent_norm or "kv_a_layernorm" not in k
+    }
     gen = torch.Generator().manual_seed(7)
     width = raw["num_attention_heads"] * (raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"])
     for i in range(raw["num_hidden_layers"] if bias else 0):
@@ -67,30 +70,35 @@ def cache_tensors(caches):
     return [t.clone() for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]
 
 
-@pytest.mark.parametrize("name,dtype,weights,cache_dtype,latent_norm,bias", [
-    ("v2_dense", "float32", "fixed-order", "auto", True, False),
-    ("v2_dense", "float32", "int4", "int8", False, True),
-    ("v3_dense_qlora", "float32", "int8", "auto", True, False),
-    ("v3_dense_qlora", "float32", "int4", "fp8_e4m3", True, False),
-    ("v3_yarn_halves_tied", "float32", "fixed-order", "int8", False, False),
-    ("v2_dense", "float32", "w4a8", "int8", False, True),
-    ("v3_dense_qlora", "float32", "w8a8", "auto", True, False),
-    ("v3_dense_qlora", "bfloat16", "fixed-order", "auto", True, False),  # bf16 records (vdpbf16ps where the CPU has it)
-    ("v2_dense", "bfloat16", "fixed-order", "int8", False, True),
-    ("v2_dense", "bfloat16", "w4a8", "int8", True, False),
-    ("v2_dense", "float32", "int4", "int8_rope8", False, True),  # the rope key in int8 too
-    ("v3_dense_qlora", "bfloat16", "fixed-order", "fp8_e4m3_rope8", True, False),
-    # MoE layers (the first layer dense): the router's ops in C++, the experts in qlinear's native call
-    ("v2_moe_group_limited", "float32", "int4", "auto", True, False),
-    ("v3_moe_sigmoid", "float32", "fixed-order", "int8", True, False),
-    ("v2_lite_moe", "float32", "w4a8", "auto", False, False),
-    ("v3_lite_moe", "bfloat16", "fixed-order", "auto", True, False),
-    ("v3_lite_moe", "float32", "int8", "auto", True, False),
-])
+@pytest.mark.parametrize(
+    "name,dtype,weights,cache_dtype,latent_norm,bias",
+    [
+        ("v2_dense", "float32", "fixed-order", "auto", True, False),
+        ("v2_dense", "float32", "int4", "int8", False, True),
+        ("v3_dense_qlora", "float32", "int8", "auto", True, False),
+        ("v3_dense_qlora", "float32", "int4", "fp8_e4m3", True, False),
+        ("v3_yarn_halves_tied", "float32", "fixed-order", "int8", False, False),
+        ("v2_dense", "float32", "w4a8", "int8", False, True),
+        ("v3_dense_qlora", "float32", "w8a8", "auto", True, False),
+        # bf16 records (vdpbf16ps where the CPU has it)
+        ("v3_dense_qlora", "bfloat16", "fixed-order", "auto", True, False),
+        ("v2_dense", "bfloat16", "fixed-order", "int8", False, True),
+        ("v2_dense", "bfloat16", "w4a8", "int8", True, False),
+        ("v2_dense", "float32", "int4", "int8_rope8", False, True),  # the rope key in int8 too
+        ("v3_dense_qlora", "bfloat16", "fixed-order", "fp8_e4m3_rope8", True, False),
+        # MoE layers (the first layer dense): the router's native pass and the experts' native call (qlinear)
+        ("v2_moe_group_limited", "float32", "int4", "auto", True, False),
+        ("v3_moe_sigmoid", "float32", "fixed-order", "int8", True, False),
+        ("v2_lite_moe", "float32", "w4a8", "auto", False, False),
+        ("v3_lite_moe", "bfloat16", "fixed-order", "auto", True, False),
+        ("v3_lite_moe", "float32", "int8", "auto", True, False),
+    ],
+)
 @pytest.mark.parametrize("invariant_meta", [True, False])
 @torch.no_grad()
-def test_plan_gives_the_modules_bits(tiny_checkpoints, tmp_path, name, dtype, weights, cache_dtype, latent_norm, bias,
-                                     invariant_meta):
+def test_plan_gives_the_modules_bits(
+    tiny_checkpoints, tmp_path, name, dtype, weights, cache_dtype, latent_norm, bias, invariant_meta
+):
     folder, _ = tiny_checkpoints(name)
     model = model_for(folder, dtype, weights, latent_norm, bias, tmp_path)
     assert all(layer.self_attn.kv_a_layernorm is None for layer in model.model.layers) != latent_norm
@@ -114,7 +122,9 @@ def assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta
     before = cache_tensors(caches)
     by_modules = model(ids, positions, meta, caches)
     after_modules = cache_tensors(caches)
-    for saved, cache_t in zip(before, [t for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]):
+    for saved, cache_t in zip(
+        before, [t for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]
+    ):
         cache_t.copy_(saved)
     by_plan = plan(ids, positions, meta)
     assert torch.equal(by_plan, by_modules), rows
@@ -130,7 +140,9 @@ def test_the_plan_checks_the_type_of_each_kernel_it_calls():
     decode_fn = attention_kernels.extension().mla_decode_capsule
     step, norm = decode_ops.extension().DecodePlan, torch.ones(8)
     step([], norm, 1e-6, linear_fn, moe_fn, route_fn, decode_fn, 0, 0, 0)
-    with pytest.raises(RuntimeError, match="the capsule for attention's mla_decode holds latentkv:.* this extension calls"):
+    with pytest.raises(
+        RuntimeError, match="the capsule for attention's mla_decode holds latentkv:.* this extension calls"
+    ):
         step([], norm, 1e-6, linear_fn, moe_fn, route_fn, linear_fn, 0, 0, 0)
     with pytest.raises(RuntimeError, match="the capsule for qlinear's moe holds latentkv:"):
         step([], norm, 1e-6, linear_fn, linear_fn, route_fn, decode_fn, 0, 0, 0)
@@ -165,9 +177,16 @@ def test_build_says_why_not(tiny_checkpoints):
     assert plan is None and "packed kernel" in reason
 
 
-@pytest.mark.parametrize("name,quantization,dtype", [
-    ("v2_dense", None, "float32"), ("v2_dense", "int4", "float32"), ("v2_dense", None, "bfloat16"),
-    ("v2_lite_moe", "int4", "float32"), ("v3_lite_moe", None, "bfloat16")])
+@pytest.mark.parametrize(
+    "name,quantization,dtype",
+    [
+        ("v2_dense", None, "float32"),
+        ("v2_dense", "int4", "float32"),
+        ("v2_dense", None, "bfloat16"),
+        ("v2_lite_moe", "int4", "float32"),
+        ("v3_lite_moe", None, "bfloat16"),
+    ],
+)
 def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints, name, quantization, dtype):
     """End to end: the engine's own model decodes through the plan; with enforce_eager through the
     modules; the same tokens and logprobs, exactly."""
@@ -176,8 +195,15 @@ def test_engine_replays_the_plan_and_enforce_eager_turns_it_off(tiny_checkpoints
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
 
     def run(**kw):
-        llm = LLM(str(folder), dtype=dtype, quantization=quantization, block_size=4, kv_cache_memory="2MiB",
-                  skip_tokenizer_init=True, **kw)
+        llm = LLM(
+            str(folder),
+            dtype=dtype,
+            quantization=quantization,
+            block_size=4,
+            kv_cache_memory="2MiB",
+            skip_tokenizer_init=True,
+            **kw,
+        )
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return llm, [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs]
 

@@ -1,5 +1,6 @@
 """model/deepseek.py's rope tables: layers of one frequency set share one table, with the bits each
 layer's own table would have; layers that rotate differently keep their own."""
+
 import torch
 
 from latentkv.model.deepseek import rope_tables

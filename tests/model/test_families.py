@@ -1,6 +1,7 @@
 """model/families.py: every registered family loads its tiny checkpoints (tests/tiny.py) through its
 own config reader, module class, layer spec and checkpoint names; an unknown model_type is refused
 with a message naming the known ones; the DeepSeek layouts keep V2's and V3's defaults apart."""
+
 import json
 import shutil
 

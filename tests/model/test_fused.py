@@ -4,6 +4,7 @@ Tolerances: float32 1e-5 relative to the output's scale (float32 accumulation in
 bfloat16: the outputs are rounded once where the reference rounds between ops, so within 2 bf16
 ulps (2^-7 relative). Quantized cache writes must store the same codes as the reference writer
 (up to a code of 1 where c / scale lands on a rounding tie)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from latentkv.model.rope import apply_rope, cos_sin, default_inv_freq
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason=f"fused ops not built: {fused.EXT.unavailable_reason()}")
 
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2**-7}
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -40,8 +41,10 @@ def isas():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "amx"])
-@pytest.mark.parametrize("n,heads,k,c,extra", [(1, 9, 64, 256, 64), (7, 3, 40, 33, 0), (70, 2, 16, 130, 8),
-                                               (70, 4, 100, 48, 3), (37, 9, 240, 64, 0)])  # amx: K % 32 tails, 16-row tiles
+@pytest.mark.parametrize(
+    "n,heads,k,c,extra",
+    [(1, 9, 64, 256, 64), (7, 3, 40, 33, 0), (70, 2, 16, 130, 8), (70, 4, 100, 48, 3), (37, 9, 240, 64, 0)],
+)  # amx: K % 32 tails, 16-row tiles
 @torch.no_grad()
 def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     if isa not in isas():
@@ -49,7 +52,7 @@ def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     monkeypatch.setitem(fused.EXT.state, "isa", ISAS[isa])
     gen = torch.Generator().manual_seed(n)
     q = torch.randn(n, heads, k + extra + 5, generator=gen).to(dtype)  # strided views, as project() gives
-    x, e = q[..., :k], (q[..., k:k + extra] if extra else None)
+    x, e = q[..., :k], (q[..., k : k + extra] if extra else None)
     w = torch.randn(heads, k, c, generator=gen).to(dtype)
     out = fused.head_matmul(x, w, 0.3, e, kernel=True)
     exact = torch.bmm(x.transpose(0, 1).double(), w.double()).transpose(0, 1)
@@ -91,8 +94,8 @@ def test_head_matmul_rows_do_not_depend_on_the_batch(dtype, c):
     batched = fused.head_matmul(x, w, 0.125, kernel=True)
     packed = fused.head_pack(w)  # AMX CPUs, bf16, c = 256: the tile path
     for i in (0, 5, 36, 37):
-        assert torch.equal(fused.head_matmul(x[i:i + 1], w, 0.125, kernel=True)[0], batched[i])
-        assert torch.equal(fused.head_matmul(x[i:i + 1], w, 0.125, kernel=True, packed=packed)[0], batched[i])
+        assert torch.equal(fused.head_matmul(x[i : i + 1], w, 0.125, kernel=True)[0], batched[i])
+        assert torch.equal(fused.head_matmul(x[i : i + 1], w, 0.125, kernel=True, packed=packed)[0], batched[i])
     assert torch.equal(fused.head_matmul(x[35:37], w, 0.125, kernel=True), batched[35:37])
 
 
@@ -106,9 +109,14 @@ def test_rope(dtype, interleaved):
     out = fused.rope(x, cos, sin, interleaved, kernel=True)
     close(out, apply_rope(x.float(), cos, sin, interleaved), dtype)
     slots = torch.tensor([3, 3, 0, 15, 7, 1, 2, 9, 4, 4, 5, 6, 8, 10, 11, 12])  # columns of the tables, repeats allowed
-    close(fused.rope(x, cos, sin, interleaved, kernel=True, slots=slots),
-          apply_rope(x.float(), cos[:, slots], sin[:, slots], interleaved), dtype)
-    assert torch.equal(fused.rope(x, cos, sin, interleaved, slots=slots), apply_rope(x, cos[:, slots], sin[:, slots], interleaved))
+    close(
+        fused.rope(x, cos, sin, interleaved, kernel=True, slots=slots),
+        apply_rope(x.float(), cos[:, slots], sin[:, slots], interleaved),
+        dtype,
+    )
+    assert torch.equal(
+        fused.rope(x, cos, sin, interleaved, slots=slots), apply_rope(x, cos[:, slots], sin[:, slots], interleaved)
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -120,7 +128,7 @@ def test_write_latent_matches_the_reference_writer(dtype, cache_dtype, rank, rop
     gen = torch.Generator().manual_seed(rank)
     t, interleaved = 11, rank % 64 == 0
     kv = torch.randn(t, rank + rope + 3, generator=gen).to(dtype) * 3  # c and k_r: strided views
-    c, k_r = kv[:, :rank], kv[:, rank:rank + rope]
+    c, k_r = kv[:, :rank], kv[:, rank : rank + rope]
     cos, sin = cos_sin(torch.arange(t) * 7, default_inv_freq(rope, 10000.0)) if rope else (torch.zeros(t, 0),) * 2
     slots = torch.randperm(4 * 16, generator=gen)[:t]
     ours, ref = (LatentCache(4, 16, rank, rope, dtype, cache_dtype) for _ in range(2))
@@ -131,7 +139,9 @@ def test_write_latent_matches_the_reference_writer(dtype, cache_dtype, rank, rop
         return
     if ours.rope8:  # codes of the rotated key: the native rotation may round one code the other way
         assert torch.equal(ours.scale[..., 0], ref.scale[..., 0])
-        torch.testing.assert_close(ours.scale[..., 1], ref.scale[..., 1], rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=0)
+        torch.testing.assert_close(
+            ours.scale[..., 1], ref.scale[..., 1], rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=0
+        )
         assert (ours.rope.int() - ref.rope.int()).abs().le(1).all()
     else:
         assert torch.equal(ours.scale, ref.scale)
@@ -190,7 +200,9 @@ def test_silu_mul_every_isa_any_width_and_rows_alone(monkeypatch, dtype):
         monkeypatch.setitem(fused.EXT.state, "isa", isa)
         out = fused.silu_mul(gate_up, kernel=True)
         close(out, F.silu(gate) * up, dtype)
-        assert all(torch.equal(fused.silu_mul(gate_up[t:t + 1], kernel=True), out[t:t + 1]) for t in (0, 1, 150, 299)), isa
+        assert all(
+            torch.equal(fused.silu_mul(gate_up[t : t + 1], kernel=True), out[t : t + 1]) for t in (0, 1, 150, 299)
+        ), isa
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -211,5 +223,7 @@ def test_rms_norm_every_isa_with_and_without_residual_rows_alone(monkeypatch, dt
         plain = fused.rms_norm(x, w, 1e-5, kernel=True)
         close(plain, F.rms_norm(x.float(), (93,), w.float(), 1e-5), dtype)
         for t in (0, 33, 69):
-            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5, h[t:t + 1], kernel=True)[1], normed[t:t + 1]), isa
-            assert torch.equal(fused.rms_norm(x[t:t + 1], w, 1e-5, kernel=True), plain[t:t + 1]), isa
+            assert torch.equal(
+                fused.rms_norm(x[t : t + 1], w, 1e-5, h[t : t + 1], kernel=True)[1], normed[t : t + 1]
+            ), isa
+            assert torch.equal(fused.rms_norm(x[t : t + 1], w, 1e-5, kernel=True), plain[t : t + 1]), isa

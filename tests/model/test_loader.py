@@ -1,4 +1,5 @@
 """Loader: shards, dtypes, and errors that name the tensor or file."""
+
 import json
 import os
 import shutil
@@ -13,8 +14,17 @@ from latentkv.config import ConfigError, ModelConfig
 from latentkv.facts import MODEL_DTYPES
 from latentkv.model import loader
 from latentkv.model.footprint import load_bytes, model_bytes
-from latentkv.model.loader import (CheckpointError, checkpoint_slots, checkpoint_tensors, copy_param, empty_model,
-                                   file_tensors, load_model, meta_model, weight_files)
+from latentkv.model.loader import (
+    CheckpointError,
+    checkpoint_slots,
+    checkpoint_tensors,
+    copy_param,
+    empty_model,
+    file_tensors,
+    load_model,
+    meta_model,
+    weight_files,
+)
 from latentkv.model.route import decide_route
 
 
@@ -117,14 +127,22 @@ def test_broken_safetensors_name_the_file(tiny_checkpoints, tmp_path, damage):
     folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
     path = folder / "model.safetensors"
     data = path.read_bytes()
-    path.write_bytes({"truncated": data[:len(data) // 2], "empty": b"", "garbage": b"\x07" * 64}[damage])
+    path.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "garbage": b"\x07" * 64}[damage])
     with pytest.raises(CheckpointError) as err:
         load_model(folder)
     assert str(path) in str(err.value)
 
 
-@pytest.mark.parametrize("field,value", [("kv_lora_rank", "512"), ("num_hidden_layers", 2.5),
-                                         ("vocab_size", True), ("rms_norm_eps", "tiny"), ("tie_word_embeddings", "no")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("kv_lora_rank", "512"),
+        ("num_hidden_layers", 2.5),
+        ("vocab_size", True),
+        ("rms_norm_eps", "tiny"),
+        ("tie_word_embeddings", "no"),
+    ],
+)
 def test_config_field_of_the_wrong_type_names_file_and_field(tiny_checkpoints, tmp_path, field, value):
     folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
     cfg = json.loads((folder / "config.json").read_text())
@@ -223,7 +241,9 @@ def test_a_tensor_stored_twice_is_named(tiny_checkpoints, tmp_path):
     folder = copy_folder(tiny_checkpoints("v2_dense")[0], tmp_path / "m")
     name = "model.layers.0.self_attn.o_proj.weight"
     save_file({name: load_file(folder / "model.safetensors")[name]}, folder / "extra.safetensors")
-    with pytest.raises(CheckpointError, match=rf"tensor {name} is stored twice: in .*extra\.safetensors and in .*model\.safetensors"):
+    with pytest.raises(
+        CheckpointError, match=rf"tensor {name} is stored twice: in .*extra\.safetensors and in .*model\.safetensors"
+    ):
         load_model(folder, quantization="int8")
 
 
@@ -258,8 +278,9 @@ def test_streaming_w4a8_load_peaks_at_the_packed_model_plus_a_shard(random_check
     # it: 149-196 MiB grown on an AVX-512 EPYC, 257 once on an AVX2 one (over the bound); with it
     # 136-138 MiB, run after run.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MALLOC_MMAP_THRESHOLD_": str(64 << 10)}
-    done = subprocess.run([sys.executable, "-c", RSS_PROBE, str(folder)], capture_output=True, text=True, check=False,
-                          env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE, str(folder)], capture_output=True, text=True, check=False, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     shard = max(f.stat().st_size for f in weight_files(folder))

@@ -10,6 +10,7 @@ the shared experts last). So for every record kind, float32 and bf16 activations
 two agree bit for bit (the integer-dot kinds on avx512 and above: the VNNI path where the CPU has
 avx512_vnni, qlinear.dot_path), and a token's row is the same alone, in any batch and on any thread
 count."""
+
 import pytest
 import torch
 
@@ -24,17 +25,40 @@ pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not bu
 
 E, D, INTER, SHARED = 8, 96, 40, 2  # 8 routed experts of width 40 (not whole groups of 32), 2 shared ones
 # (dtype, weights): every record kind (32, 16, 4, 8, 104, 108) and bf16 activations on quantized weights
-WEIGHTS = [("float32", "fixed-order"), ("bfloat16", "fixed-order"), ("float32", "int4"), ("float32", "int8"),
-           ("float32", "w4a8"), ("float32", "w8a8"), ("bfloat16", "int4"), ("bfloat16", "w8a8")]
+WEIGHTS = [
+    ("float32", "fixed-order"),
+    ("bfloat16", "fixed-order"),
+    ("float32", "int4"),
+    ("float32", "int8"),
+    ("float32", "w4a8"),
+    ("float32", "w8a8"),
+    ("bfloat16", "int4"),
+    ("bfloat16", "w8a8"),
+]
 RECORDS = {"int4": 4, "int8": 8, "w4a8": qlinear.ACT8 + 4, "w8a8": qlinear.ACT8 + 8}
 
 
 def config(k: int = 6, **changes) -> ModelConfig:
-    return ModelConfig.from_dict(dict(
-        model_type="deepseek_v2", vocab_size=128, hidden_size=D, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
-        moe_intermediate_size=INTER, n_routed_experts=E, n_shared_experts=SHARED, num_experts_per_tok=k,
-        first_k_dense_replace=1) | changes)
+    return ModelConfig.from_dict(
+        dict(
+            model_type="deepseek_v2",
+            vocab_size=128,
+            hidden_size=D,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            moe_intermediate_size=INTER,
+            n_routed_experts=E,
+            n_shared_experts=SHARED,
+            num_experts_per_tok=k,
+            first_k_dense_replace=1,
+        )
+        | changes
+    )
 
 
 @torch.no_grad()
@@ -63,8 +87,14 @@ def routing(tokens: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     """-> weights [T, k] float32, ids [T, k]: distinct experts per token as topk gives them, expert 0
     in every token (in a random slot), expert E - 1 in none."""
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.cat((torch.zeros(1, dtype=torch.long), torch.randperm(E - 2, generator=gen)[:k - 1] + 1))
-                       [torch.randperm(k, generator=gen)] for _ in range(tokens)])
+    ids = torch.stack(
+        [
+            torch.cat((torch.zeros(1, dtype=torch.long), torch.randperm(E - 2, generator=gen)[: k - 1] + 1))[
+                torch.randperm(k, generator=gen)
+            ]
+            for _ in range(tokens)
+        ]
+    )
     return torch.rand(tokens, k, generator=gen) + 0.05, ids
 
 
@@ -113,7 +143,7 @@ def test_a_token_has_the_same_bits_alone_in_a_batch_and_on_any_threads(dtype, we
     with torch_threads(1):
         assert torch.equal(native(layer, x, w, ids), batch)
         for t in range(33):
-            assert torch.equal(native(layer, x[t:t + 1], w[t:t + 1], ids[t:t + 1]), batch[t:t + 1]), t
+            assert torch.equal(native(layer, x[t : t + 1], w[t : t + 1], ids[t : t + 1]), batch[t : t + 1]), t
     with torch_threads(2):
         assert torch.equal(native(layer, x[7:8], w[7:8], ids[7:8]), batch[7:8])
 
@@ -125,8 +155,10 @@ def test_forward_runs_the_native_call_where_the_route_packs_for_qlinear(monkeypa
     kernels (qlinear not built), the reference runs."""
     layer = moe_layer("float32", "int4")
     stack = layer.native[0]
-    assert all(mlp.gate_up_proj.weight_packed.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
-               for mlp in layer.experts)
+    assert all(
+        mlp.gate_up_proj.weight_packed.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+        for mlp in layer.experts
+    )
     x = torch.randn(9, D, generator=torch.Generator().manual_seed(1))
     weights, ids = layer.gate(x)
     assert torch.equal(layer(x), native(layer, x, weights, ids))
@@ -175,21 +207,34 @@ def test_router_logits_of_a_token_do_not_depend_on_the_batch(experts, hidden):
     on the AMX Xeon even padded to 12 rows, which can flip an expert choice between alone and batched."""
     gate = Gate(config(hidden_size=hidden, n_routed_experts=experts))
     gen = torch.Generator().manual_seed(0)
-    gate.weight.copy_(torch.randn(experts, hidden, generator=gen) * hidden ** -0.5)
+    gate.weight.copy_(torch.randn(experts, hidden, generator=gen) * hidden**-0.5)
     x = torch.randn(40, hidden, generator=gen).to(torch.bfloat16)
     full = gate.logits(x)
     assert gate.packed() is not None
     for m in range(1, 17):
-        assert torch.equal(gate.logits(x[3:3 + m]), full[3:3 + m]), m
+        assert torch.equal(gate.logits(x[3 : 3 + m]), full[3 : 3 + m]), m
     assert torch.allclose(full, x.float() @ gate.weight.T, atol=1e-4)
 
 
 ROUTERS = {  # DeepSeek-V2 (softmax, greedy or group-limited greedy) and V3 (sigmoid, noaux_tc, groups, normalized)
     "v2": dict(scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False),
-    "v2-groups": dict(scoring_func="softmax", topk_method="group_limited_greedy", n_group=4, topk_group=2,
-                      norm_topk_prob=False, routed_scaling_factor=16.0),
-    "v3": dict(model_type="deepseek_v3", scoring_func="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2,
-               norm_topk_prob=True, routed_scaling_factor=2.5),
+    "v2-groups": dict(
+        scoring_func="softmax",
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=False,
+        routed_scaling_factor=16.0,
+    ),
+    "v3": dict(
+        model_type="deepseek_v3",
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    ),
 }
 
 
@@ -206,16 +251,28 @@ def test_native_route_picks_what_the_torch_route_picks(router):
             gate.e_score_correction_bias.copy_(torch.randn(16, generator=gen) * 0.1)
     logits = torch.randn(200, 16, generator=gen) * 2
     bias = gate.e_score_correction_bias
-    native = lambda rows: qlinear.moe_route(rows, bias, gate.softmax, cfg.n_group, cfg.topk_group, gate.noaux,
-                                            gate.group_limited, cfg.num_experts_per_tok, gate.normalized,
-                                            float(cfg.routed_scaling_factor))
+
+    def native(rows):
+        return qlinear.moe_route(
+            rows,
+            bias,
+            gate.softmax,
+            cfg.n_group,
+            cfg.topk_group,
+            gate.noaux,
+            gate.group_limited,
+            cfg.num_experts_per_tok,
+            gate.normalized,
+            float(cfg.routed_scaling_factor),
+        )
+
     with torch.no_grad():
         weights, ids = native(logits)
         want_w, want_ids = gate.route(logits)
     assert torch.equal(ids, want_ids)
     assert torch.allclose(weights, want_w, rtol=1e-5, atol=1e-7)
     for t in (0, 57, 199):
-        w1, i1 = native(logits[t:t + 1])
+        w1, i1 = native(logits[t : t + 1])
         assert torch.equal(i1[0], ids[t]) and torch.equal(w1[0], weights[t])
 
 

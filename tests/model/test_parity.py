@@ -1,4 +1,5 @@
 """Our MLA model against transformers' DeepSeek-V2/V3 on tiny random checkpoints."""
+
 import pytest
 import torch
 
@@ -73,8 +74,9 @@ def test_mixed_batch_matches_separate_sequences(tiny_checkpoints, attention_back
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("name", ["v2_moe_group_limited", "v3_moe_sigmoid", "v3_yarn_halves_tied", "v2_lite_moe",
-                                  "v3_lite_moe"])
+@pytest.mark.parametrize(
+    "name", ["v2_moe_group_limited", "v3_moe_sigmoid", "v3_yarn_halves_tied", "v2_lite_moe", "v3_lite_moe"]
+)
 @pytest.mark.parametrize("invariant", [False, True])  # True: fixed-order linears, each MoE layer one native call
 def test_greedy_continuation_matches_transformers_generate(tiny_checkpoints, name, invariant, attention_backend):
     """Greedy tokens identical to transformers' generate, each step's logprobs within LOGPROB_TOL of its logits."""
@@ -83,8 +85,9 @@ def test_greedy_continuation_matches_transformers_generate(tiny_checkpoints, nam
     moe = [layer.mlp for layer in ours.model.layers if layer.spec.moe]
     assert all((layer.native is not None) == invariant for layer in moe)
     prompt = torch.randint(2, hf.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
-    ref = hf.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, output_logits=True,
-                      return_dict_in_generate=True)
+    ref = hf.generate(
+        prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
 
     ids = prompt[0].tolist()
     caches = allocate_caches(ours.config, 8, BLOCK, torch.float32)

@@ -4,6 +4,7 @@ the dequantized weights, on every instruction set this CPU runs.
 Tolerance: float32 accumulation in another order than float64, so |error| <= 1e-5 times the sum of
 |x| * (|w| + the row's largest |w|) over K (int4 sums q * scale and min * sum(x) apart, each term
 bounded by that); bf16 outputs are rounded once more (2^-8 relative)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,7 +53,7 @@ def test_matches_the_dequantized_weights(bits, isa, n, k, dtype, monkeypatch):
         pytest.skip(f"this CPU does not run {isa}")
     packed, w = quantized(bits, n, k)
     for m in (1, 2, 3, 5, 8, 13):  # the direct (M < 4) and the tile passes
-        x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1:k + 1].to(dtype)  # strided rows
+        x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1 : k + 1].to(dtype)  # strided rows
         y = run(x, packed, bits, n, isa, monkeypatch)
         assert y.shape == (m, n) and y.dtype == dtype
         assert_near(y, x, w, m)
@@ -64,7 +65,7 @@ def assert_near(y, x, w, what):
     ref = xd @ w.T
     bound = 1e-5 * (xd.abs() @ (w.abs() + w.abs().amax(1, keepdim=True)).T)
     if x.dtype == torch.bfloat16:
-        bound = bound + 2 ** -8 * ref.abs()
+        bound = bound + 2**-8 * ref.abs()
     assert ((y.double() - ref).abs() <= bound).all(), (what, (y.double() - ref).abs().max().item())
 
 
@@ -73,8 +74,13 @@ def test_every_isa_gives_the_same_bits(bits, monkeypatch):
     """Rows sit in the lanes and every lane runs the scalar loop's operations (fma included)."""
     packed, _ = quantized(bits, 100, 160, seed=1)
     x = torch.randn(9, 160, generator=torch.Generator().manual_seed(2))
-    outs = {isa: torch.cat([run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3)] + [run(x, packed, bits, 100, isa, monkeypatch)])
-            for isa in isas()}
+    outs = {
+        isa: torch.cat(
+            [run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3)]
+            + [run(x, packed, bits, 100, isa, monkeypatch)]
+        )
+        for isa in isas()
+    }
     for isa, out in outs.items():
         assert torch.equal(out, outs["scalar"]), isa
 
@@ -92,8 +98,8 @@ def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
     with torch_threads(2):
         assert torch.equal(run(x[3:36], packed, bits, 200, isa, monkeypatch), full)
         for m in range(1, 34):
-            assert torch.equal(run(x[3:3 + m], packed, bits, 200, isa, monkeypatch), full[:m]), m
-            assert torch.equal(run(x[3 + m - 1:3 + m], packed, bits, 200, isa, monkeypatch), full[m - 1:m]), m
+            assert torch.equal(run(x[3 : 3 + m], packed, bits, 200, isa, monkeypatch), full[:m]), m
+            assert torch.equal(run(x[3 + m - 1 : 3 + m], packed, bits, 200, isa, monkeypatch), full[m - 1 : m]), m
 
 
 @pytest.mark.parametrize("bits", KINDS)
@@ -111,9 +117,12 @@ def test_rows_keep_their_bits_in_prefill_sized_batches(bits, monkeypatch):
         assert torch.equal(run(x, packed, bits, 200, isa, monkeypatch), full)
     assert_near(full, x, w, "2100 rows")
     for start, m in ((0, 5), (0, 300), (7, 300), (1500, 600)):
-        assert torch.equal(run(x[start:start + m], packed, bits, 200, isa, monkeypatch), full[start:start + m]), (start, m)
+        assert torch.equal(run(x[start : start + m], packed, bits, 200, isa, monkeypatch), full[start : start + m]), (
+            start,
+            m,
+        )
     for r in (0, 4, 299, 1000, 2099):
-        assert torch.equal(run(x[r:r + 1], packed, bits, 200, isa, monkeypatch), full[r:r + 1]), r
+        assert torch.equal(run(x[r : r + 1], packed, bits, 200, isa, monkeypatch), full[r : r + 1]), r
     assert torch.equal(run(x[:300], packed, bits, 200, "scalar", monkeypatch), full[:300])
 
 
@@ -137,7 +146,7 @@ def test_linears_run_the_kernel_for_any_shape(cls, dtype):
     ref = x.float() @ w.T + linear.bias.float()
     y = q(x)
     assert y.shape == (2, 3, 53) and y.dtype == dtype
-    assert (y.float() - ref).abs().max() <= (1e-5 if dtype == torch.float32 else 2 ** -7) * ref.abs().max()
+    assert (y.float() - ref).abs().max() <= (1e-5 if dtype == torch.float32 else 2**-7) * ref.abs().max()
 
 
 @torch.no_grad()
@@ -174,7 +183,7 @@ def test_bf16_weights_times_bf16_rows_on_every_path(isa, monkeypatch):
         for m in list(range(1, 34)) + [300]:
             assert torch.equal(run(x[:m], packed, 16, 200, isa, monkeypatch), full[:m]), m
         for r in (0, 5, 299, 2099):
-            assert torch.equal(run(x[r:r + 1], packed, 16, 200, isa, monkeypatch), full[r:r + 1]), r
+            assert torch.equal(run(x[r : r + 1], packed, 16, 200, isa, monkeypatch), full[r : r + 1]), r
 
 
 def test_fused_swiglu_has_the_bits_of_the_product_then_silu_mul():
@@ -184,6 +193,7 @@ def test_fused_swiglu_has_the_bits_of_the_product_then_silu_mul():
     if "amx" not in isas():
         pytest.skip("this CPU has no AMX: the fused SwiGLU does not run")
     from latentkv.model import fused
+
     for k, inter in ((600, 96), (50, 16)):
         packed, _ = quantized(16, 2 * inter, k, seed=3)
         x = (torch.randn(2100, k, generator=torch.Generator().manual_seed(4)) * 4).bfloat16()
@@ -201,6 +211,7 @@ def test_the_mlp_takes_the_fused_swiglu_where_it_runs_and_answers_the_same(monke
     """A bf16 fixed-order MLP: its output is the same bits with the fused SwiGLU (AMX) and without
     it (the product, then silu_mul), and FixedOrderLinear.swiglu says None where it does not run."""
     from latentkv.model.deepseek import MLP
+
     torch.manual_seed(5)
     route = decide_route("cpu", torch.bfloat16, batch_invariant=True)
     mlp = MLP(64, 96, route).bfloat16()
@@ -223,7 +234,7 @@ def test_fixed_order_linear_is_the_float32_linear():
     linear = nn.Linear(70, 53, bias=True)
     fixed = FixedOrderLinear.from_linear(linear)
     x = torch.randn(2, 3, 70)
-    ref = (x.double() @ linear.weight.double().T + linear.bias.double())
+    ref = x.double() @ linear.weight.double().T + linear.bias.double()
     y = fixed(x)
     assert y.shape == (2, 3, 53) and y.dtype == torch.float32
     assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
@@ -232,11 +243,14 @@ def test_fixed_order_linear_is_the_float32_linear():
 def test_a_failed_build_warns_once_and_names_the_fallback(monkeypatch):
     """A machine where the kernel cannot be built (here: the compiler "fails") gets one warning
     saying ATen's kernels run instead; `available()` is False and the reason is kept."""
+
     def fail(*args, **kwargs):
         raise OSError("no compiler\ng++: not found")
 
     monkeypatch.setattr(qlinear.EXT, "state", {})
     monkeypatch.setattr(build, "compile_extension", fail)
-    with pytest.warns(RuntimeWarning, match="native int4/int8 linears are unavailable .*g\\+\\+: not found.*ATen's kernels"):
+    with pytest.warns(
+        RuntimeWarning, match="native int4/int8 linears are unavailable .*g\\+\\+: not found.*ATen's kernels"
+    ):
         assert not qlinear.available()
     assert qlinear.unavailable_reason() == "OSError: g++: not found"

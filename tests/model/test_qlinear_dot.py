@@ -8,6 +8,7 @@ output: each group's integer dot product is exact and the kernel adds G groups' 
 float(isum) * fl(d_w * d_x) (+ m_w * s_x) into one float32 total with fmas, so it may differ from the
 float64 sum of the same terms by at most 2 G rounding errors of 2^-24 of the terms' absolute sum:
 |error| <= G * 2^-23 * sum |terms|. bf16 outputs are rounded once more (2^-8 relative)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,7 @@ from torch import nn
 
 from latentkv import cpu
 from latentkv.kernels.build import ISAS
-from latentkv.kernels import build, qlinear
+from latentkv.kernels import qlinear
 from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8
 from latentkv.model.route import decide_route
 from threads import torch_threads
@@ -60,11 +61,17 @@ def reference(x, codes, d_w, m_w):
     groups = codes.shape[1] // 32
     q, d, s, _ = reference_activations(x, groups)
     isum = torch.einsum("mgj,ngj->mng", q.double().view(len(x), groups, 32), codes.view(len(codes), groups, 32))
-    terms = isum * (d_w.T[None] * d[:, None, :]).double()            # fl(d_w * d_x) as the kernel rounds it
+    terms = isum * (d_w.T[None] * d[:, None, :]).double()  # fl(d_w * d_x) as the kernel rounds it
     if m_w is not None:
         terms = terms + m_w.T[None].double() * s[:, None, :].double()
-    bound = groups * 2 ** -23 * (isum.abs() * (d_w.T[None] * d[:, None, :]).double()
-                                 + (0 if m_w is None else (m_w.T[None].double() * s[:, None, :].double()).abs())).sum(-1)
+    bound = (
+        groups
+        * 2**-23
+        * (
+            isum.abs() * (d_w.T[None] * d[:, None, :]).double()
+            + (0 if m_w is None else (m_w.T[None].double() * s[:, None, :].double()).abs())
+        ).sum(-1)
+    )
     return terms.sum(-1), bound
 
 
@@ -81,7 +88,7 @@ def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
     monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
     x = torch.randn(6, 203, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 6)[:, None]
     x[2, 33:65] = 0  # an all-zero group (the second, after the shift below): d_x = 0, codes 0
-    x[3, 5] = 1e4    # one outlier: the rest of its group rounds to few levels
+    x[3, 5] = 1e4  # one outlier: the rest of its group rounds to few levels
     x = x.to(dtype)
     got, want = qlinear.quantize_activations(x[:, 1:], 7), reference_activations(x[:, 1:], 7)  # strided, K = 202
     assert len(got) == len(want) == 4
@@ -92,19 +99,21 @@ def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("isa", ALL)
-@pytest.mark.parametrize("n,k", [(16, 32), (53, 96), (130, 50), (70, 200), (1, 7)])  # N, K off the 16/64 blocks and 32 groups
+@pytest.mark.parametrize(
+    "n,k", [(16, 32), (53, 96), (130, 50), (70, 200), (1, 7)]
+)  # N, K off the 16/64 blocks and 32 groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_the_reference(bits, isa, n, k, dtype, monkeypatch):
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
     packed, codes, d_w, m_w = weights(bits, n, k)
     for m in (1, 2, 3, 5, 8, 13):  # passes of 4 rows and the rests
-        x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1:k + 1].to(dtype)  # strided rows
+        x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1 : k + 1].to(dtype)  # strided rows
         y = run(x, packed, bits, n, isa, monkeypatch)
         assert y.shape == (m, n) and y.dtype == dtype
         ref, bound = reference(x, codes, d_w, m_w)
         if dtype == torch.bfloat16:
-            bound = bound + 2 ** -8 * ref.abs()
+            bound = bound + 2**-8 * ref.abs()
         assert ((y.double() - ref).abs() <= bound).all(), (m, (y.double() - ref).abs().max().item())
 
 
@@ -112,8 +121,13 @@ def test_matches_the_reference(bits, isa, n, k, dtype, monkeypatch):
 def test_every_isa_gives_the_same_bits(bits, monkeypatch):
     packed, *_ = weights(bits, 100, 160, seed=1)
     x = torch.randn(41, 160, generator=torch.Generator().manual_seed(2))  # 41: w4a8's AMX tiles on amx (16 rows and up)
-    outs = {isa: torch.cat([run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3, 9, 16)]
-                           + [run(x, packed, bits, 100, isa, monkeypatch)]) for isa in isas()}
+    outs = {
+        isa: torch.cat(
+            [run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3, 9, 16)]
+            + [run(x, packed, bits, 100, isa, monkeypatch)]
+        )
+        for isa in isas()
+    }
     for isa, out in outs.items():
         assert torch.equal(out, outs["scalar"]), isa
 
@@ -135,7 +149,7 @@ def test_extreme_codes_are_exact_on_every_isa(bits, monkeypatch):
     n, k = 64, 256
     gen = torch.Generator().manual_seed(7)
     x = torch.where(torch.rand(21, k, generator=gen) < 0.5, -127.0, 127.0)  # 21 rows: AMX's tiles too
-    x[1] = 127.0   # all codes 127: the largest positive sums
+    x[1] = 127.0  # all codes 127: the largest positive sums
     x[2] = -127.0  # all -127
     hi = torch.randint(0, 2, (n, k), generator=gen)
     if bits == 4:
@@ -165,10 +179,10 @@ def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
     with torch_threads(2):
         assert torch.equal(run(x, packed, bits, 150, isa, monkeypatch), full)
         for m in (1, 7, 64, 300):
-            assert torch.equal(run(x[300 - m:], packed, bits, 150, isa, monkeypatch), full[300 - m:]), m
+            assert torch.equal(run(x[300 - m :], packed, bits, 150, isa, monkeypatch), full[300 - m :]), m
             for row in (0, m // 2, m - 1):
                 i = 300 - m + row
-                assert torch.equal(run(x[i:i + 1], packed, bits, 150, isa, monkeypatch), full[i:i + 1]), (m, row)
+                assert torch.equal(run(x[i : i + 1], packed, bits, 150, isa, monkeypatch), full[i : i + 1]), (m, row)
 
 
 @pytest.mark.parametrize("cls,base", [(W4A8Linear, Int4Linear), (W8A8Linear, Int8Linear)])

@@ -1,5 +1,6 @@
 """Weight-only int8 linears: the kernel and its fallback agree with dequantized weights,
 and a quantized model stays close to the float one."""
+
 import pytest
 import torch
 from torch import nn
@@ -36,7 +37,6 @@ def test_quantized_model_stays_close(tiny_checkpoints):
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) > 0
     rel = ((model.full_logits(ids, path="absorbed") - ref).norm() / ref.norm()).item()
     assert rel < 0.03, f"relative logit error {rel:.4f}"
-
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -85,10 +85,14 @@ def test_int4_model_stays_close_and_keeps_unsupported_shapes(tiny_checkpoints, k
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     ref = load_model(folder).full_logits(ids)
     model = load_model(folder, quantization="int4")
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, Int4Linear)) and not n.endswith("kv_b_proj")}
+    linears = {
+        n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, Int4Linear)) and not n.endswith("kv_b_proj")
+    }
     int4 = {n for n, m in linears.items() if isinstance(m, Int4Linear)}
     assert int4 == {n for n, m in linears.items() if kernel == "qlinear" or m.in_features % 32 == 0}
-    assert 0 < len(int4) and (len(int4) < len(linears)) == (kernel == "aten")  # the tiny model's v_head_dim 12: o_proj K = 48
+    assert 0 < len(int4) and (len(int4) < len(linears)) == (
+        kernel == "aten"
+    )  # the tiny model's v_head_dim 12: o_proj K = 48
     assert all(m.uses_qlinear == (kernel == "qlinear") for n, m in linears.items() if n in int4)
     rel = ((model.full_logits(ids, path="absorbed") - ref).norm() / ref.norm()).item()
     assert rel < 0.15, f"relative logit error {rel:.4f}"
@@ -101,8 +105,18 @@ def test_unknown_quantization_is_refused(tiny_checkpoints):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind,uses_qlinear", [("fixed-order", True), ("int8", True), ("int8", False), ("int4", True),
-                                               ("int4", False), ("w4a8", True), ("w8a8", True)])
+@pytest.mark.parametrize(
+    "kind,uses_qlinear",
+    [
+        ("fixed-order", True),
+        ("int8", True),
+        ("int8", False),
+        ("int4", True),
+        ("int4", False),
+        ("w4a8", True),
+        ("w8a8", True),
+    ],
+)
 def test_packing_in_row_blocks_gives_the_whole_matrix_bits(kind, uses_qlinear, dtype, monkeypatch):
     """pack_weights packs PACK_ELEMENTS weights at a time: 200 rows (not a multiple of the kernels' 64)
     in blocks of 64 rows give the buffers packing them at once gives, bit for bit."""

@@ -5,6 +5,7 @@ the decode plan its bits. A converted model's prefill with them, without its zer
 (MLAttention.scores_nope) and with one kv row per group (MLAttention.kv_groups) matches the one
 with the shared key, the nope part and per-head rows (float32) and stays batch-invariant (chunked
 = whole, bf16 and float32)."""
+
 import pytest
 import torch
 
@@ -79,17 +80,23 @@ def test_a_folded_projection_gives_the_unmixed_query_and_mixes_back_to_the_share
     heads, dr, k = rows.shape[0], rows.shape[1], rows.shape[2] - 1
     gen = torch.Generator().manual_seed(5)
     nope, rest = 3, 7  # a nope part per head and rows after the query's (the packed projection's [c ; k_r])
-    both = torch.cat((torch.cat((torch.randn(heads, nope, k + 1, generator=gen), rows), dim=1).flatten(0, 1),
-                      torch.randn(rest, k + 1, generator=gen)))
+    both = torch.cat(
+        (
+            torch.cat((torch.randn(heads, nope, k + 1, generator=gen), rows), dim=1).flatten(0, 1),
+            torch.randn(rest, k + 1, generator=gen),
+        )
+    )
     weight, bias = both[:, :k], both[:, k]
     folded, folded_bias = groups.fold(weight, bias, nope)
     width = 2 * len(inv_freq.unique())
     assert folded.shape == (heads * (nope + width) + rest, k) and folded_bias.shape == (folded.shape[0],)
     x = torch.randn(20, k, generator=gen)
-    full = (x @ weight.T + bias)[:, :heads * (nope + dr)].view(20, heads, nope + dr)
-    short = (x @ folded.T + folded_bias)
-    assert torch.equal(short[:, heads * (nope + width):], (x @ weight.T + bias)[:, heads * (nope + dr):])  # the rest as it was
-    short = short[:, :heads * (nope + width)].view(20, heads, nope + width)
+    full = (x @ weight.T + bias)[:, : heads * (nope + dr)].view(20, heads, nope + dr)
+    short = x @ folded.T + folded_bias
+    assert torch.equal(
+        short[:, heads * (nope + width) :], (x @ weight.T + bias)[:, heads * (nope + dr) :]
+    )  # the rest as it was
+    short = short[:, : heads * (nope + width)].view(20, heads, nope + width)
     assert torch.allclose(short[..., :nope], full[..., :nope], atol=1e-5)
     cos, sin = cos_sin(torch.arange(20) + 11, inv_freq)
     rotated = apply_rope(full[..., nope:].contiguous(), cos, sin, interleaved)
@@ -156,14 +163,21 @@ def test_packed_query_projections_are_folded_before_they_quantize(converted_gqa,
             # the projection packs the folded query rows (a head's rope part 2F wide, not dr)
             assert layer.self_attn.folded
             spec = layer.spec
-            assert layer.self_attn.q_linear().out_features == spec.n_heads * (spec.dn + spec.dr // 2) + spec.kv_rank + spec.dr
+            assert (
+                layer.self_attn.q_linear().out_features
+                == spec.n_heads * (spec.dn + spec.dr // 2) + spec.kv_rank + spec.dr
+            )
 
 
 @native
-@pytest.mark.parametrize("dtype,cache_dtype,quantization", [("float32", "auto", None), ("bfloat16", "int8_rope8", None),
-                                                          ("bfloat16", "int8_rope8", "w4a8")])
+@pytest.mark.parametrize(
+    "dtype,cache_dtype,quantization",
+    [("float32", "auto", None), ("bfloat16", "int8_rope8", None), ("bfloat16", "int8_rope8", "w4a8")],
+)
 @torch.no_grad()
-def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(converted_gqa, dtype, cache_dtype, quantization):
+def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(
+    converted_gqa, dtype, cache_dtype, quantization
+):
     from test_decode_plan import assert_plan_gives_the_modules_bits, random_caches
     from latentkv.model import decode_plan
 
@@ -179,8 +193,12 @@ def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(convert
 @torch.inference_mode()
 def test_deepseek_checkpoints_keep_their_nope_part_and_shared_key(tiny_checkpoints):
     model = load_model(tiny_checkpoints("v3_dense_qlora")[0])
-    assert all(layer.self_attn.scores_nope() and layer.self_attn.rope_groups() is None
-               and layer.self_attn.kv_groups() == (1, None) for layer in model.model.layers)
+    assert all(
+        layer.self_attn.scores_nope()
+        and layer.self_attn.rope_groups() is None
+        and layer.self_attn.kv_groups() == (1, None)
+        for layer in model.model.layers
+    )
 
 
 @native
@@ -190,10 +208,18 @@ def test_prefill_with_groups_matches_the_shared_key_and_is_chunk_invariant(conve
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=1)
 
     def run(dtype, chunk=None):
-        llm = LLM(model=str(out), dtype=dtype, skip_tokenizer_init=True, kv_cache_dtype="auto",
-                  max_num_batched_tokens=chunk, kv_cache_memory="64MiB")
+        llm = LLM(
+            model=str(out),
+            dtype=dtype,
+            skip_tokenizer_init=True,
+            kv_cache_dtype="auto",
+            max_num_batched_tokens=chunk,
+            kv_cache_memory="64MiB",
+        )
         result = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
-        return list(result.outputs[0].token_ids), [max(x.logprob for x in p.values()) if p else None for p in result.prompt_logprobs]
+        return list(result.outputs[0].token_ids), [
+            max(x.logprob for x in p.values()) if p else None for p in result.prompt_logprobs
+        ]
 
     for dtype in ("float32", "bfloat16"):
         assert run(dtype) == run(dtype, chunk=64)  # chunks of 64 after cached context: the same bits

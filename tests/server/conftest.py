@@ -1,5 +1,6 @@
 """A real latentkv server on a tiny random DeepSeek model with a byte-level BPE tokenizer
 and a chat template (the engine tests' tiny model and tokenizer)."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,4 +27,5 @@ def server(tiny_model_dir):
 @pytest.fixture(scope="session")
 def client(server):
     from openai import OpenAI
+
     return OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)

@@ -1,4 +1,5 @@
 """Start a real latentkv server (uvicorn in a thread, free loopback port) for tests."""
+
 from __future__ import annotations
 
 import signal
@@ -44,13 +45,20 @@ class RunningServer:
         self.server.handle_exit(signal.SIGTERM, None)
 
 
-def start_server(folder, api_key: str | None = None, max_waiting_requests: int = 256,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics_public: bool = False,
-                 shutdown_timeout: float = 30.0, **engine_kwargs) -> RunningServer:
+def start_server(
+    folder,
+    api_key: str | None = None,
+    max_waiting_requests: int = 256,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    metrics_public: bool = False,
+    shutdown_timeout: float = 30.0,
+    **engine_kwargs,
+) -> RunningServer:
     args = EngineArgs(**{"model": str(folder), "dtype": "float32", "nan_check": True, **engine_kwargs})
     engine = LLMEngine.from_args(args)
-    state = build_state(engine, MODEL_NAME, max_waiting_requests, api_key, max_request_bytes, metrics_public,
-                        shutdown_timeout)
+    state = build_state(
+        engine, MODEL_NAME, max_waiting_requests, api_key, max_request_bytes, metrics_public, shutdown_timeout
+    )
     port = free_port()
     config = uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning")
     server = DrainingServer(config, state.drain, state.engine)

@@ -1,5 +1,6 @@
 """OpenAI's published response schemas (data/openai_schemas.json, vendored from
 openai/openai-openapi) and small HTTP helpers for the conformance tests."""
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,6 @@ def events(server, path: str, body: dict) -> list[dict]:
     """The JSON events of a streamed answer (after checking it ends with [DONE])."""
     with httpx.stream("POST", server.base_url + path, json={**body, "stream": True}, timeout=120) as r:
         assert r.status_code == 200
-        data = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        data = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     assert data[-1] == "[DONE]"
     return [json.loads(d) for d in data[:-1]]

@@ -1,5 +1,6 @@
 """The OpenAI API through the official `openai` client against a real server; every
 answer is checked against the offline `LLM` on the same checkpoint."""
+
 from __future__ import annotations
 
 import pytest
@@ -56,13 +57,15 @@ def test_completion_stream_equals_non_stream(client):
 def test_chat_matches_offline_and_streams_the_same(client, reference):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
     expected = offline_chat(reference, messages, max_tokens=9, temperature=0, ignore_eos=True)
-    r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_completion_tokens=9, temperature=0,
-                                       extra_body=FIXED)
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_completion_tokens=9, temperature=0, extra_body=FIXED
+    )
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == expected.outputs[0].text
     assert r.usage.prompt_tokens == len(expected.prompt_token_ids) and r.usage.completion_tokens == 9
-    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=9, temperature=0,
-                                            stream=True, extra_body=FIXED)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=9, temperature=0, stream=True, extra_body=FIXED
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.outputs[0].text
@@ -71,8 +74,9 @@ def test_chat_matches_offline_and_streams_the_same(client, reference):
 
 def test_n_samples_follow_the_seed(client, reference):
     prompt = "héllo wörld"
-    r = client.completions.create(model=MODEL_NAME, prompt=prompt, n=3, max_tokens=6, temperature=1.0, seed=11,
-                                  extra_body=FIXED)
+    r = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, n=3, max_tokens=6, temperature=1.0, seed=11, extra_body=FIXED
+    )
     expected = offline(reference, prompt, n=3, max_tokens=6, temperature=1.0, seed=11, ignore_eos=True)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [o.text for o in expected.outputs]
@@ -80,8 +84,15 @@ def test_n_samples_follow_the_seed(client, reference):
 
 
 def test_seed_reproduces_sampling(client):
-    kwargs = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "tell me"}], max_tokens=12,
-                  temperature=1.0, top_p=0.9, seed=1234, extra_body=FIXED)
+    kwargs = dict(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "tell me"}],
+        max_tokens=12,
+        temperature=1.0,
+        top_p=0.9,
+        seed=1234,
+        extra_body=FIXED,
+    )
     first = client.chat.completions.create(**kwargs).choices[0].message.content
     second = client.chat.completions.create(**kwargs).choices[0].message.content
     other = client.chat.completions.create(**{**kwargs, "seed": 4321}).choices[0].message.content
@@ -91,23 +102,32 @@ def test_seed_reproduces_sampling(client):
 
 def test_stop_string_ends_the_text_before_it(client):
     prompt = "the lazy dog"
-    greedy = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0,
-                                       extra_body=FIXED).choices[0].text
+    greedy = (
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0, extra_body=FIXED)
+        .choices[0]
+        .text
+    )
     stop = greedy[8:10]
     assert stop.strip(), f"pick another slice of {greedy!r}"
-    cut = greedy[:greedy.find(stop)]
-    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
-                                  extra_body=FIXED)
+    cut = greedy[: greedy.find(stop)]
+    r = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0, stop=[stop], extra_body=FIXED
+    )
     assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0, stop=stop, stream=True, extra_body=FIXED))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0, stop=stop, stream=True, extra_body=FIXED
+        )
+    )
     assert streamed == cut
 
 
 def test_token_id_prompts_and_prompt_lists(client, reference):
     ids = reference.get_tokenizer()("one two three").input_ids
-    r = client.completions.create(model=MODEL_NAME, prompt=[ids, "five six"], max_tokens=5, temperature=0, n=2,
-                                  extra_body=FIXED)
+    r = client.completions.create(
+        model=MODEL_NAME, prompt=[ids, "five six"], max_tokens=5, temperature=0, n=2, extra_body=FIXED
+    )
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     expected_ids = offline(reference, ids, max_tokens=5, temperature=0, ignore_eos=True).outputs[0].text
     expected_text = offline(reference, "five six", max_tokens=5, temperature=0, ignore_eos=True).outputs[0].text
@@ -116,18 +136,27 @@ def test_token_id_prompts_and_prompt_lists(client, reference):
 
 
 def test_logprobs_and_echo(client):
-    r = client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0, logprobs=2,
-                                  extra_body=FIXED)
+    r = client.completions.create(
+        model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0, logprobs=2, extra_body=FIXED
+    )
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     assert "".join(lp.tokens) == r.choices[0].text
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert len(top) == 2 and chosen == pytest.approx(max(top.values()))  # greedy picks the top token
-    echoed = client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0, echo=True,
-                                       extra_body=FIXED)
+    echoed = client.completions.create(
+        model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0, echo=True, extra_body=FIXED
+    )
     assert echoed.choices[0].text == "one two" + r.choices[0].text
-    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                          temperature=0, logprobs=True, top_logprobs=3, extra_body=FIXED)
+    chat = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body=FIXED,
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 3 and all(len(t.top_logprobs) == 3 for t in content)
     assert "".join(t.token for t in content) == chat.choices[0].message.content
@@ -135,10 +164,20 @@ def test_logprobs_and_echo(client):
 
 def test_health_and_metrics(server):
     import httpx
+
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     text = httpx.get(server.url + "/metrics").text
-    for name in ("latentkv_requests_total", "latentkv_prompt_tokens_total", "latentkv_generation_tokens_total",
-                 "latentkv_num_requests_running", "latentkv_num_requests_waiting", "latentkv_cache_blocks_used",
-                 "latentkv_cache_blocks_free", "latentkv_prefix_cache_hit_rate", "latentkv_num_preemptions_total",
-                 "latentkv_time_to_first_token_seconds_bucket", "latentkv_inter_token_latency_seconds_bucket"):
+    for name in (
+        "latentkv_requests_total",
+        "latentkv_prompt_tokens_total",
+        "latentkv_generation_tokens_total",
+        "latentkv_num_requests_running",
+        "latentkv_num_requests_waiting",
+        "latentkv_cache_blocks_used",
+        "latentkv_cache_blocks_free",
+        "latentkv_prefix_cache_hit_rate",
+        "latentkv_num_preemptions_total",
+        "latentkv_time_to_first_token_seconds_bucket",
+        "latentkv_inter_token_latency_seconds_bucket",
+    ):
         assert name in text, name

@@ -1,5 +1,6 @@
 """server/async_engine.py's delivery: a step's outputs reach their streams in order, each event loop
 woken once a step, a finished request released and reported."""
+
 import asyncio
 
 from latentkv.engine.outputs import CompletionOutput, RequestOutput

@@ -1,6 +1,7 @@
 """Responses of the tiny model's server validate against OpenAI's published response
 schemas (tests/server/data/openai_schemas.json, vendored from openai/openai-openapi), plain
 and streamed, with and without logprobs; and prompt scoring (echo + logprobs, max_tokens 0)."""
+
 from __future__ import annotations
 
 import json
@@ -47,26 +48,39 @@ def test_completions_plain_and_streamed(server, logprobs):
     if logprobs is not None:
         lp = whole["choices"][0]["logprobs"]
         for token, chosen, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
-            assert top[token] == chosen   # the sampled token is always there, as with OpenAI
+            assert top[token] == chosen  # the sampled token is always there, as with OpenAI
             # greedy: it is also the top one; two tokens that decode alike ("\ufffd") share a key
             assert len(top) == 1 if logprobs == 0 else 1 <= len(top) <= logprobs
 
 
 def test_sampled_token_is_in_top_logprobs_when_not_among_the_top(server):
-    body = {"model": MODEL_NAME, "prompt": "one two", "max_tokens": 12, "logprobs": 1, "temperature": 2.0,
-            "seed": 5, "ignore_eos": True}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "one two",
+        "max_tokens": 12,
+        "logprobs": 1,
+        "temperature": 2.0,
+        "seed": 5,
+        "ignore_eos": True,
+    }
     lp = post(server, "/completions", body).json()["choices"][0]["logprobs"]
     outside = 0
     for token, chosen, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
         assert top[token] == chosen and len(top) in (1, 2)
         outside += len(top) == 2
-    assert outside   # at temperature 2 some sampled token was not the most likely one
+    assert outside  # at temperature 2 some sampled token was not the most likely one
 
 
 @pytest.mark.parametrize("logprobs", [False, True])
 def test_chat_plain_and_streamed(server, logprobs):
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5,
-            "logprobs": logprobs, "top_logprobs": 2 if logprobs else None, **FIXED}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 5,
+        "logprobs": logprobs,
+        "top_logprobs": 2 if logprobs else None,
+        **FIXED,
+    }
     whole = post(server, "/chat/completions", body).json()
     check(whole, "CreateChatCompletionResponse")
     assert whole["choices"][0]["message"]["refusal"] is None
@@ -98,14 +112,20 @@ def test_prompt_scoring_with_echo_and_max_tokens_0(server):
     check(scored, "CreateCompletionResponse")
     # the same numbers as the prompt part of an echoed generation, and as token-id prompts
     generated = post(server, "/completions", {**body, "max_tokens": 2}).json()["choices"][0]["logprobs"]
-    assert generated["token_logprobs"][:len(lp["tokens"])] == lp["token_logprobs"]
+    assert generated["token_logprobs"][: len(lp["tokens"])] == lp["token_logprobs"]
     streamed = events(server, "/completions", body)
     assert streamed[0]["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"]
 
 
 def test_prompt_scoring_of_token_ids_batch(server):
-    body = {"model": MODEL_NAME, "prompt": [[5, 6, 7, 8], [9, 10, 11]], "max_tokens": 0, "echo": True,
-            "logprobs": 0, "temperature": 0}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": [[5, 6, 7, 8], [9, 10, 11]],
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 0,
+        "temperature": 0,
+    }
     r = post(server, "/completions", body).json()
     assert [len(c["logprobs"]["token_logprobs"]) for c in r["choices"]] == [4, 3]
     assert all(c["logprobs"]["token_logprobs"][0] is None for c in r["choices"])

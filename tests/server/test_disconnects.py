@@ -1,6 +1,7 @@
 """Clients that go away: under load (32 streams on 16 running slots), half the streams are cut at
 random points, from before the first event to mid-answer. Every cut stream's sequence is
 aborted, the others finish whole, and afterwards no block is held and nothing waits."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ from latentkv.server.serving import EngineStream
 from server_helpers import MODEL_NAME
 from test_streaming import PROMPTS, metric, wait_until_idle
 
-MAX_TOKENS = 200   # far more than a cut stream reads: it cannot finish before its abort lands
+MAX_TOKENS = 200  # far more than a cut stream reads: it cannot finish before its abort lands
 
 
 async def stream_one(client: httpx.AsyncClient, i: int, cut_after: int | None) -> str:
@@ -33,7 +34,7 @@ async def stream_one(client: httpx.AsyncClient, i: int, cut_after: int | None) -
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if cut_after is not None and events >= cut_after:
-                return "cut"   # leaving the block closes the connection mid-answer
+                return "cut"  # leaving the block closes the connection mid-answer
             if not line.startswith("data: "):
                 continue
             events += 1
@@ -48,12 +49,21 @@ async def stream_one(client: httpx.AsyncClient, i: int, cut_after: int | None) -
 
 def cut_before_the_answer(server, i: int) -> None:
     """Send a streamed request and close the socket before the response can have started."""
-    body = json.dumps({"model": MODEL_NAME, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": MAX_TOKENS,
-                       "ignore_eos": True, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
 
 def test_half_of_32_streams_cut_at_random_points_free_everything(server):
@@ -74,7 +84,7 @@ def test_half_of_32_streams_cut_at_random_points_free_everything(server):
 
     outcomes = asyncio.run(run_all())
     assert sorted(outcomes).count("cut") == len(cut) - len(raw_cuts)
-    assert [o for o in outcomes if o != "cut"] == ["length"] * 16   # the others finished whole
+    assert [o for o in outcomes if o != "cut"] == ["length"] * 16  # the others finished whole
     wait_until_idle(server)
     assert metric(server, "latentkv_num_requests_running") == 0
     assert metric(server, "latentkv_num_requests_waiting") == 0
@@ -90,7 +100,7 @@ def test_a_stream_whose_client_left_at_its_start_is_aborted_by_the_response():
     aborted = []
 
     class Engine:
-        streams = {"cmpl-1-0": object()}   # (the engine thread's dict of requests it runs)
+        streams = {"cmpl-1-0": object()}  # (the engine thread's dict of requests it runs)
 
         def abort(self, request_id):
             aborted.append(request_id)

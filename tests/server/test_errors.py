@@ -1,4 +1,5 @@
 """Every error case answers OpenAI's error JSON with the right status."""
+
 from __future__ import annotations
 
 import httpx
@@ -24,40 +25,79 @@ def error_of(response: httpx.Response, status: int) -> dict:
 
 
 def test_malformed_json_is_400(server):
-    err = error_of(post(server, "/chat/completions", content=b'{"model": "tiny-mla", "messages": [',
-                        headers={"content-type": "application/json"}), 400)
+    err = error_of(
+        post(
+            server,
+            "/chat/completions",
+            content=b'{"model": "tiny-mla", "messages": [',
+            headers={"content-type": "application/json"},
+        ),
+        400,
+    )
     assert "JSON" in err["message"] and err["type"] == "invalid_request_error"
     err = error_of(post(server, "/completions", content=b"[1, 2]", headers={"content-type": "application/json"}), 400)
 
 
-@pytest.mark.parametrize("field,value", [("temperature", "hot"), ("max_tokens", "5"), ("n", 1.5), ("stop", 3),
-                                         ("stream", "yes"), ("seed", "1")])
+@pytest.mark.parametrize(
+    "field,value",
+    [("temperature", "hot"), ("max_tokens", "5"), ("n", 1.5), ("stop", 3), ("stream", "yes"), ("seed", "1")],
+)
 def test_wrong_types_are_400_naming_the_field(server, field, value):
     err = error_of(post(server, "/completions", {**COMPLETION, field: value}), 400)
     assert err["param"] == field and field in err["message"]
 
 
-@pytest.mark.parametrize("field,value", [("temperature", 2.5), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5),
-                                         ("n", 0), ("n", 100), ("max_tokens", -1), ("presence_penalty", 3.0),
-                                         ("frequency_penalty", -2.5), ("top_k", -2), ("min_p", 1.5), ("logprobs", 50),
-                                         ("seed", 2**70)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", 2.5),
+        ("temperature", -0.1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("n", 0),
+        ("n", 100),
+        ("max_tokens", -1),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -2.5),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("logprobs", 50),
+        ("seed", 2**70),
+    ],
+)
 def test_out_of_range_values_are_400(server, field, value):
     err = error_of(post(server, "/completions", {**COMPLETION, field: value}), 400)
     assert err["param"] == field
 
 
 def test_chat_ranges_and_missing_fields_are_400(server):
-    assert error_of(post(server, "/chat/completions", {**CHAT, "top_logprobs": 21, "logprobs": True}), 400)["param"] == "top_logprobs"
-    assert error_of(post(server, "/chat/completions", {**CHAT, "max_completion_tokens": 0}), 400)["param"] == "max_completion_tokens"
+    assert (
+        error_of(post(server, "/chat/completions", {**CHAT, "top_logprobs": 21, "logprobs": True}), 400)["param"]
+        == "top_logprobs"
+    )
+    assert (
+        error_of(post(server, "/chat/completions", {**CHAT, "max_completion_tokens": 0}), 400)["param"]
+        == "max_completion_tokens"
+    )
     assert error_of(post(server, "/chat/completions", {"model": MODEL_NAME}), 400)["param"] == "messages"
-    assert "role" in error_of(post(server, "/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}), 400)["message"]
+    assert (
+        "role"
+        in error_of(post(server, "/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}), 400)[
+            "message"
+        ]
+    )
 
 
 def test_empty_prompts_are_400(server):
     assert "empty" in error_of(post(server, "/completions", {**COMPLETION, "prompt": ""}), 400)["message"]
     assert "empty" in error_of(post(server, "/completions", {**COMPLETION, "prompt": []}), 400)["message"]
     assert error_of(post(server, "/chat/completions", {**CHAT, "messages": []}), 400)["param"] == "messages"
-    assert "empty" in error_of(post(server, "/chat/completions", {**CHAT, "messages": [{"role": "user", "content": ""}]}), 400)["message"]
+    assert (
+        "empty"
+        in error_of(post(server, "/chat/completions", {**CHAT, "messages": [{"role": "user", "content": ""}]}), 400)[
+            "message"
+        ]
+    )
 
 
 def test_prompt_longer_than_max_model_len_is_400(server, client):
@@ -86,8 +126,14 @@ def test_unknown_fields_are_ignored(server):
 @pytest.fixture(scope="module")
 def tight_server(tiny_model_dir):
     """One running slot, no waiting room, an API key."""
-    running = start_server(tiny_model_dir, api_key="sekret", max_waiting_requests=0, max_num_seqs=1,
-                           max_model_len=256, kv_cache_memory="4MiB")
+    running = start_server(
+        tiny_model_dir,
+        api_key="sekret",
+        max_waiting_requests=0,
+        max_num_seqs=1,
+        max_model_len=256,
+        kv_cache_memory="4MiB",
+    )
     yield running
     running.stop()
 
@@ -105,8 +151,14 @@ def test_api_key_is_required_when_set(tight_server):
 
 def test_full_waiting_queue_is_503_with_retry_after(tight_server):
     client = openai.OpenAI(base_url=tight_server.base_url, api_key="sekret", max_retries=0, timeout=120)
-    long_run = client.completions.create(model=MODEL_NAME, prompt="the quick", max_tokens=240, temperature=0,
-                                         stream=True, extra_body={"ignore_eos": True})
+    long_run = client.completions.create(
+        model=MODEL_NAME,
+        prompt="the quick",
+        max_tokens=240,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     try:
         next(iter(long_run))  # it runs now, holding the only slot
         response = post(tight_server, "/completions", COMPLETION, headers={"Authorization": "Bearer sekret"})

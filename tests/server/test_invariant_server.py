@@ -2,6 +2,7 @@
 text it returns unstreamed, the second time (prompt from the prefix cache) too, 16 identical
 requests at once all get it, and it is the text `LLM` gives for the same request (completion and
 chat)."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,14 @@ def test_streamed_returned_cached_and_concurrent_greedy_text_is_one_text(bf16_cl
     assert streamed(bf16_client) == text  # the prompt now comes from the prefix cache
     assert bf16_client.completions.create(**GREEDY).choices[0].text == text
     with ThreadPoolExecutor(16) as pool:
-        texts = list(pool.map(lambda i: (streamed if i % 2 else lambda c: c.completions.create(**GREEDY).choices[0].text)(bf16_client), range(16)))
+        texts = list(
+            pool.map(
+                lambda i: (streamed if i % 2 else lambda c: c.completions.create(**GREEDY).choices[0].text)(
+                    bf16_client
+                ),
+                range(16),
+            )
+        )
     assert texts == [text] * 16
 
 
@@ -44,8 +52,10 @@ def test_the_server_and_llm_give_one_text(bf16_client, tiny_model_dir):
     (the server's engine has served other requests before: its prefix cache is warm)."""
     llm = LLM(str(tiny_model_dir), nan_check=True, **ENGINE)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    assert bf16_client.completions.create(**GREEDY).choices[0].text == \
-        llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].text
+    assert (
+        bf16_client.completions.create(**GREEDY).choices[0].text
+        == llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].text
+    )
     messages = [{"role": "user", "content": PROMPT}]
     expected = llm.chat(messages, params, use_tqdm=False)[0].outputs[0].text
     chat = dict(model=MODEL_NAME, messages=messages, max_tokens=32, temperature=0, extra_body={"ignore_eos": True})

@@ -1,6 +1,7 @@
 """A small soak (tests/server/soak.py): mixed valid, streamed, abandoned, cancelled and
 hostile requests at once on a cache small enough to preempt. No 5xx anywhere, every
 block back afterwards, the server healthy."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,9 @@ from soak import soak
 
 @pytest.fixture(scope="module")
 def small_cache_server(tiny_model_dir):
-    running = start_server(tiny_model_dir, max_num_seqs=8, max_model_len=128, kv_cache_memory="96KiB",
-                           max_request_bytes=65536)
+    running = start_server(
+        tiny_model_dir, max_num_seqs=8, max_model_len=128, kv_cache_memory="96KiB", max_request_bytes=65536
+    )
     yield running
     running.stop()
 

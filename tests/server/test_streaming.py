@@ -1,4 +1,5 @@
 """Many streams at once, clients that leave early, and a NaN in the model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,29 @@ import torch
 
 from server_helpers import MODEL_NAME
 
-PROMPTS = [f"{word} {i}" for i, word in enumerate(
-    ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "one", "two", "three", "four", "héllo", "wörld",
-     "café", "code"])]
+PROMPTS = [
+    f"{word} {i}"
+    for i, word in enumerate(
+        [
+            "the",
+            "quick",
+            "brown",
+            "fox",
+            "jumps",
+            "over",
+            "lazy",
+            "dog",
+            "one",
+            "two",
+            "three",
+            "four",
+            "héllo",
+            "wörld",
+            "café",
+            "code",
+        ]
+    )
+]
 
 
 def metric(server, name: str, labels: str = "") -> float:
@@ -30,18 +51,28 @@ def wait_until_idle(server, deadline_s: float = 60.0) -> None:
     """Poll /metrics until nothing runs or waits (the engine loop applies aborts async)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if metric(server, "latentkv_num_requests_running") == 0 and metric(server, "latentkv_num_requests_waiting") == 0:
+        if (
+            metric(server, "latentkv_num_requests_running") == 0
+            and metric(server, "latentkv_num_requests_waiting") == 0
+        ):
             return
         time.sleep(0.05)
 
 
 def test_16_concurrent_streams_equal_their_non_streamed_greedy_text(server, client):
-    expected = [client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=12, temperature=0,
-                                          extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+    expected = [
+        client.completions.create(
+            model=MODEL_NAME, prompt=p, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+        for p in PROMPTS
+    ]
 
     async def one(aclient, prompt: str) -> str:
-        stream = await aclient.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0,
-                                                  stream=True, extra_body={"ignore_eos": True})
+        stream = await aclient.completions.create(
+            model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
         return "".join([c.choices[0].text async for c in stream if c.choices])
 
     async def all_of_them():
@@ -55,8 +86,14 @@ def test_16_concurrent_streams_equal_their_non_streamed_greedy_text(server, clie
 def test_closing_a_stream_early_aborts_and_frees_its_blocks(server, client):
     wait_until_idle(server)
     aborted_before = metric(server, "latentkv_request_finish_total", '{reason="abort"}')
-    stream = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "talk " * 10}],
-                                            max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "talk " * 10}],
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     chunks = iter(stream)
     next(chunks), next(chunks), next(chunks)
     assert metric(server, "latentkv_cache_blocks_used") > 0  # it holds blocks while it runs
@@ -106,11 +143,17 @@ def test_a_step_that_raises_once_is_retried_per_sequence_and_nothing_fails(serve
         return real_run(out)
 
     monkeypatch.setattr(server.engine.runner, "run", run_once_broken)
-    expected = client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0,
-                                         extra_body={"ignore_eos": True}).choices[0].text
+    expected = (
+        client.completions.create(
+            model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
     calls.clear()
-    again = client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0,
-                                      extra_body={"ignore_eos": True})
+    again = client.completions.create(
+        model=MODEL_NAME, prompt="one two", max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert len(calls) > 1 and again.choices[0].text == expected and again.choices[0].finish_reason == "length"
     wait_until_idle(server)
     assert metric(server, "latentkv_cache_blocks_used") == 0
@@ -127,14 +170,15 @@ def test_a_request_that_always_fails_in_the_engine_fails_alone_during_a_stream(s
             raise RuntimeError("injected per-request failure")
         return real_run(out)
 
-    params = dict(model=MODEL_NAME, prompt="the quick brown fox", max_tokens=40, temperature=0,
-                  extra_body={"ignore_eos": True})
+    params = dict(
+        model=MODEL_NAME, prompt="the quick brown fox", max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+    )
     expected = client.completions.create(**params).choices[0].text
     monkeypatch.setattr(server.engine.runner, "run", run_poisoned)
     errors_before = metric(server, "latentkv_requests_total", '{status="500"}')
     stream = client.completions.create(**params, stream=True)
     chunks = iter(stream)
-    text = next(chunks).choices[0].text   # the stream runs
+    text = next(chunks).choices[0].text  # the stream runs
     with pytest.raises(openai.InternalServerError) as info:
         client.completions.create(model=MODEL_NAME, prompt=[5, 311, 7], max_tokens=4)
     assert "injected per-request failure" in str(info.value)
@@ -168,8 +212,10 @@ def test_a_client_leaving_a_non_streamed_request_aborts_it(server, paused_engine
     body = json.dumps({"model": MODEL_NAME, "prompt": "one two three", "max_tokens": 50, "ignore_eos": True}).encode()
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         assert entered.wait(timeout=60)  # the request is in the engine
     deadline = time.monotonic() + 60
     while server.state.engine.commands.empty() and time.monotonic() < deadline:

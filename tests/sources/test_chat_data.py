@@ -1,6 +1,7 @@
 """The chat prompts, the stored answers of the bundled model, rendering, and (re)generating
 answers for another source (tiny models: transformers for a Llama folder, latentkv's engine for
 an MLA folder)."""
+
 from __future__ import annotations
 
 import re
@@ -51,28 +52,30 @@ def test_bundled_answers_belong_to_the_bundled_model():
     assert {e.id for e in heldout} == {r["id"] for r in load_prompts("heldout")}
     assert not {e.id for e in heldout} & {e.id for e in calib}
     assert all(e.finished or len(e.answer_ids) == chat_data.MAX_NEW_TOKENS for e in heldout)
-    assert len({e.answer_ids[-1] for e in heldout if e.finished}) == 1   # the end-of-turn token
+    assert len({e.answer_ids[-1] for e in heldout if e.finished}) == 1  # the end-of-turn token
     france = next(e for e in heldout if e.prompt == readme_question())
     assert "Paris" in france.answer
 
 
-CHATML = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-          "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
 
 
 def test_render_puts_the_answer_after_the_templated_prompt():
     tok = build_tokenizer()
     example = ChatExample(id="x", category="fact", prompt="one two three", answer="four five")
     prompt = render_chat(tok, [{"role": "user", "content": "one two three"}])[1]
-    ids, start = render_chat_example(tok, example)   # tiny_lm's template: the turn differs from the prompt
+    ids, start = render_chat_example(tok, example)  # tiny_lm's template: the turn differs from the prompt
     assert ids[:start] == prompt and tok.decode(ids[start:]) == "four five"
-    tok.chat_template = CHATML                       # ChatML: the template's own end-of-turn follows
+    tok.chat_template = CHATML  # ChatML: the template's own end-of-turn follows
     ids, start = render_chat_example(tok, example)
     assert ids[:start] == render_chat(tok, [{"role": "user", "content": "one two three"}])[1]
     assert tok.decode(ids[start:]) == "four five</s>\n"
     stored = ChatExample(id="x", category="fact", prompt="one two three", answer="four five", answer_ids=(5, 6, 1))
     ids, start = render_chat_example(tok, stored)
-    assert ids[start:] == [5, 6, 1]   # the source's own tokens, end-of-turn included
+    assert ids[start:] == [5, 6, 1]  # the source's own tokens, end-of-turn included
 
 
 def test_a_new_source_gets_its_own_answers_generated_once(tmp_path, few_chat_prompts, monkeypatch):
@@ -87,8 +90,8 @@ def test_a_new_source_gets_its_own_answers_generated_once(tmp_path, few_chat_pro
     for r in rows:
         ids = render_chat(tok, [{"role": "user", "content": r["prompt"]}])[1]
         alone = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=1, pad_token_id=1)
-        want = alone[0, len(ids):].tolist()
-        assert r["answer_ids"] == (want[:want.index(1) + 1] if 1 in want else want)
+        want = alone[0, len(ids) :].tolist()
+        assert r["answer_ids"] == (want[: want.index(1) + 1] if 1 in want else want)
         assert r["finished"] == (1 in want)
     # the second call finds the file; changed weights are another model: answered again
     calls = []
@@ -98,8 +101,9 @@ def test_a_new_source_gets_its_own_answers_generated_once(tmp_path, few_chat_pro
     other = save_tiny_llama(tmp_path / "llama", seed=1)
     again = chat_data.answers_file(other, max_new_tokens=6)
     assert len(calls) == 1 and again != path and chat_data.read_answers(again)[0]["fingerprint"] == content_hash(other)
-    assert [e.id for e in load_chat(other, "heldout", max_new_tokens=6)] == \
-        [r["id"] for r in few_chat_prompts if r["split"] == "heldout"]
+    assert [e.id for e in load_chat(other, "heldout", max_new_tokens=6)] == [
+        r["id"] for r in few_chat_prompts if r["split"] == "heldout"
+    ]
 
 
 def test_an_mla_folder_answers_through_latentkv_and_the_cli_writes_the_file(tmp_path, few_chat_prompts, capsys):

@@ -1,4 +1,5 @@
 """The GGUF reader on a tiny Llama written with the gguf package the way llama.cpp lays it out."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,7 @@ from latentkv.sources.reference import source_logits
 
 import llama_tiny
 from llama_tiny import write_gguf
+
 
 def test_tiny_gguf_matches_transformers(tmp_path):
     model = llama_tiny.build("llama_gqa")

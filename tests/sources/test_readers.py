@@ -1,4 +1,5 @@
 """Bad sources fail with messages that name the file and what is wrong."""
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,15 @@ def test_missing_tensor_is_named(tmp_path):
         read_source(tmp_path / "src")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}, "QK-norm"),
-    ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64}, "sliding-window"),
-    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "GPT2LMHeadModel is not supported"),
-    ({"mlp_bias": True}, "MLP biases"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}, "QK-norm"),
+        ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64}, "sliding-window"),
+        ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "GPT2LMHeadModel is not supported"),
+        ({"mlp_bias": True}, "MLP biases"),
+    ],
+)
 def test_unsupported_architectures_are_refused(tmp_path, change, message):
     llama_tiny.save("llama_gqa", tmp_path / "src")
     cfg_path = tmp_path / "src" / "config.json"

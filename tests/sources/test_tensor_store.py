@@ -1,5 +1,6 @@
 """Streaming: sources are read a tensor at a time (tests/convert/test_convert_memory.py: a conversion holds
 about one layer)."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,14 @@ def test_random_llama_round_trips_through_the_hf_reader(tmp_path):
     folder = write_random_llama(tmp_path / "rand", tokenizer=False, **SMALL)
     cfg = json.loads((folder / "config.json").read_text())
     src = read_source(folder)
-    assert (src.num_layers, src.hidden_size, src.num_heads, src.num_kv_heads, src.intermediate_size, src.vocab_size) == (
-        4, 256, 8, 2, 512, 128)
+    assert (
+        src.num_layers,
+        src.hidden_size,
+        src.num_heads,
+        src.num_kv_heads,
+        src.intermediate_size,
+        src.vocab_size,
+    ) == (4, 256, 8, 2, 512, 128)
     assert src.head_dim == 32 and src.rope_theta == cfg["rope_theta"] and not src.tie_word_embeddings
     expected = whole_file(folder)
     assert sorted(src.tensors) == sorted(expected) and len(list(folder.glob("*.safetensors"))) == 5

@@ -1,4 +1,5 @@
 """Store test fixtures: tiny checkpoints with a tokenizer (tests/tiny_lm.py), built once."""
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ or drops what its timeout leaves (counted), and `LLM` as a context manager flush
 The tests run as root, whom chmod does not stop, and mounting a read-only file system needs
 privileges: `read_only` makes every write under a directory fail with EROFS instead, at the
 calls the store writes through (open for writing, mkdir, rename, unlink, utime)."""
+
 from __future__ import annotations
 
 import builtins
@@ -27,6 +28,7 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 @pytest.fixture
 def read_only(monkeypatch):
     """-> make(root): from then on every write under `root` fails as on a read-only mount."""
+
     def make(root):
         root = os.path.realpath(root)
 
@@ -41,14 +43,18 @@ def read_only(monkeypatch):
                 if writes(args, kwargs) and inside(path):
                     refuse(path)
                 return real(path, *args, **kwargs)
+
             return guarded
 
-        opens_for_writing = guard(builtins.open, lambda a, k: any(c in (a[0] if a else k.get("mode", "r")) for c in "wax+"))
+        opens_for_writing = guard(
+            builtins.open, lambda a, k: any(c in (a[0] if a else k.get("mode", "r")) for c in "wax+")
+        )
         monkeypatch.setattr(builtins, "open", opens_for_writing)
-        monkeypatch.setattr(io, "open", opens_for_writing)   # pathlib's open
+        monkeypatch.setattr(io, "open", opens_for_writing)  # pathlib's open
         monkeypatch.setattr(os, "open", guard(os.open, lambda a, k: bool((a[0] if a else k["flags"]) & WRITE_FLAGS)))
         for name in ("mkdir", "replace", "rename", "unlink", "utime", "rmdir"):
             monkeypatch.setattr(os, name, guard(getattr(os, name), lambda a, k: True))
+
     return make
 
 
@@ -63,8 +69,8 @@ def test_a_read_only_store_serves_what_it_holds(lm_folder, tmp_path, read_only, 
     out = run(llm, SECOND)
     llm.close()
     assert out.outputs[0].token_ids == cold.outputs[0].token_ids
-    assert out.num_cached_tokens >= 8 * 4   # the 8 shared blocks came from the store
-    assert block_paths(store) == files   # nothing written, nothing removed
+    assert out.num_cached_tokens >= 8 * 4  # the 8 shared blocks came from the store
+    assert block_paths(store) == files  # nothing written, nothing removed
     err = capsys.readouterr().err
     assert err.count("cannot be written") == 1 and "not usable" not in err
 
@@ -84,7 +90,7 @@ def test_a_full_disk_stops_writing_with_one_warning_and_serving_goes_on(lm_folde
     llm = make_llm(lm_folder(), kv_store=str(store))
     cold = make_llm(lm_folder())
 
-    def disk_full(path, *args, **kwargs):   # the block file's own write (files.write_atomic)
+    def disk_full(path, *args, **kwargs):  # the block file's own write (files.write_atomic)
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(store_files, "open", disk_full, raising=False)
@@ -92,7 +98,7 @@ def test_a_full_disk_stops_writing_with_one_warning_and_serving_goes_on(lm_folde
     report = llm.close()
     assert [o.outputs[0].token_ids for o in outs] == [run(cold, p).outputs[0].token_ids for p in (FIRST, SECOND, FIRST)]
     assert report.written == 0 and block_paths(store) == []
-    assert not list((store).glob("*/tmp/*.tmp"))   # no half-written temp file left
+    assert not list((store).glob("*/tmp/*.tmp"))  # no half-written temp file left
     assert capsys.readouterr().err.count("cannot write to the KV store") == 1
 
 
@@ -141,8 +147,8 @@ def test_llm_as_a_context_manager_writes_the_queue_on_exit(lm_folder, tmp_path):
         run(llm, FIRST)
     assert llm.engine.store is None and not tier.writer.thread.is_alive()
     assert len(block_paths(store)) >= 8 and tier.counters.write_drops == 0
-    assert llm.close() is None   # a second close has nothing to do
-    assert run(llm, FIRST).outputs[0].token_ids   # and the LLM still generates, without the store
+    assert llm.close() is None  # a second close has nothing to do
+    assert run(llm, FIRST).outputs[0].token_ids  # and the LLM still generates, without the store
 
 
 def test_an_unwritable_directory_without_blocks_is_not_used(tmp_path, read_only):

@@ -1,5 +1,6 @@
 """LatentStore and block files without an engine: round trip, verification, LRU bound,
 a writer killed with SIGKILL mid-write, the fingerprint."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ def make_block(i: int, parent: bytes = NO_HASH, ranks=(16, 16, 16), quantized: b
     tokens = tuple(range(i * BS, (i + 1) * BS))
     g = torch.Generator().manual_seed(i)
     if quantized:
-        tensors = [[torch.randint(-127, 128, (BS, r), dtype=torch.int8, generator=g), torch.rand(BS, generator=g),
-                    torch.randn(BS, 8, generator=g).bfloat16()] for r in ranks]
+        tensors = [
+            [
+                torch.randint(-127, 128, (BS, r), dtype=torch.int8, generator=g),
+                torch.rand(BS, generator=g),
+                torch.randn(BS, 8, generator=g).bfloat16(),
+            ]
+            for r in ranks
+        ]
     else:
         tensors = [[torch.randn(BS, r + 8, generator=g).bfloat16()] for r in ranks]
     return StoredBlock(hash_block(parent, tokens), parent, tokens, tensors)
@@ -39,7 +46,7 @@ def open_store(root, max_size=2**30, fingerprint="f" * 32) -> LatentStore:
     return LatentStore(root, fingerprint, max_size, {"model": "test"})
 
 
-@pytest.mark.parametrize("ranks", [(16, 16, 16), (16, 24, 8)])   # per-layer ranks: stored per layer
+@pytest.mark.parametrize("ranks", [(16, 16, 16), (16, 24, 8)])  # per-layer ranks: stored per layer
 @pytest.mark.parametrize("quantized", [True, False])
 def test_round_trip_keeps_every_tensor_bit_exact(ranks, quantized):
     block = make_block(3, parent=b"p" * 16, ranks=ranks, quantized=quantized)
@@ -71,7 +78,7 @@ def test_read_file_places_every_tensor_where_asked_bit_exact(tmp_path, ranks):
     assert size == path.stat().st_size and got.tensors == []
     assert (got.block_hash, got.parent_hash, got.token_ids) == (block.block_hash, block.parent_hash, block.token_ids)
     assert all(torch.equal(a, b) for ta, tb in zip(targets, block.tensors) for a, b in zip(ta, tb))
-    assert "token_ids" not in asked   # the tokens are the reader's, never placed
+    assert "token_ids" not in asked  # the tokens are the reader's, never placed
     with pytest.raises(Unplaceable):
         read_file(path, lambda name, dtype, shape: None)
 
@@ -88,7 +95,7 @@ def test_read_chain_serves_in_order_up_to_the_first_gap(tmp_path):
     store = open_store(tmp_path)
     blocks = chain(9)
     for i, block in enumerate(blocks):
-        if i != 6:   # a gap: block 6 was never written
+        if i != 6:  # a gap: block 6 was never written
             store.write(block)
     wanted = [(b.block_hash, b.parent_hash, b.token_ids) for b in blocks]
     got = store.read_chain(wanted)
@@ -113,7 +120,7 @@ def test_read_verifies_tokens_and_parent(tmp_path):
     assert store.read(block.block_hash, NO_HASH, (9, 9, 9, 9)) is None
     assert store.read(block.block_hash, b"x" * 16, block.token_ids) is None
     assert (store.counters.hits, store.counters.misses) == (1, 2)
-    assert store.contains(block.block_hash)   # a collision does not delete the good block
+    assert store.contains(block.block_hash)  # a collision does not delete the good block
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "renamed"])
@@ -142,8 +149,8 @@ def test_lru_eviction_keeps_the_size_bound(tmp_path):
     blocks = [make_block(i) for i in range(20)]
     for i, block in enumerate(blocks):
         store.write(block)
-        if i >= 1:   # keep block 0 recently used: it must survive
-            time.sleep(0.01)   # distinct mtimes, so LRU order is defined
+        if i >= 1:  # keep block 0 recently used: it must survive
+            time.sleep(0.01)  # distinct mtimes, so LRU order is defined
             assert store.read(blocks[0].block_hash, NO_HASH, blocks[0].token_ids) is not None
         on_disk = sum(p.stat().st_size for p in tmp_path.glob(f"*/blocks/*/*{SUFFIX}"))
         assert on_disk <= 5 * one and store.size == on_disk
@@ -205,12 +212,12 @@ def test_writer_killed_mid_write_leaves_nothing_served(tmp_path, mode):
     finally:
         child.kill()
         child.wait()
-    store = open_store(root)   # a new process's view: dead writers' temp files are removed
+    store = open_store(root)  # a new process's view: dead writers' temp files are removed
     assert list(store.tmp_dir.iterdir()) == []
     files = list(root.glob(f"*/blocks/*/*{SUFFIX}"))
     if mode == "before-rename":
         assert files == [] and store.read(make_block(0).block_hash, NO_HASH, make_block(0).token_ids) is None
-    for path in files:   # every block that is there is whole and served correctly
+    for path in files:  # every block that is there is whole and served correctly
         block = decode(path.read_bytes())
         assert store.read(block.block_hash, block.parent_hash, block.token_ids) is not None
     assert store.counters.corrupt_blocks == 0
@@ -232,11 +239,13 @@ def test_fingerprint_follows_weights_config_and_cache_settings(tmp_path):
     save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
     base = model_fingerprint(folder, "float32", "auto", 16, None)
     assert model_fingerprint(folder, "float32", "auto", 16, None) == base
-    others = {model_fingerprint(folder, "bfloat16", "auto", 16, None),
-              model_fingerprint(folder, "float32", "int8", 16, None),
-              model_fingerprint(folder, "float32", "auto", 32, None),
-              model_fingerprint(folder, "float32", "auto", 16, "int8")}
-    save_file({"w": torch.ones(4)}, str(folder / "model.safetensors"))   # same size, new weights
+    others = {
+        model_fingerprint(folder, "bfloat16", "auto", 16, None),
+        model_fingerprint(folder, "float32", "int8", 16, None),
+        model_fingerprint(folder, "float32", "auto", 32, None),
+        model_fingerprint(folder, "float32", "auto", 16, "int8"),
+    }
+    save_file({"w": torch.ones(4)}, str(folder / "model.safetensors"))  # same size, new weights
     later(folder / "model.safetensors")
     others.add(model_fingerprint(folder, "float32", "auto", 16, None))
     (folder / "config.json").write_text(json.dumps({"hidden_size": 9}))

@@ -1,5 +1,6 @@
 """The store behind the HTTP server: a restarted server reuses the first one's blocks, and
 /metrics shows the store counters."""
+
 from __future__ import annotations
 
 import re

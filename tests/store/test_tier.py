@@ -1,6 +1,7 @@
 """The store as the engine's second tier: restart reuse, fingerprints, collisions, corrupt
 files, two engines on one directory, an unusable store. Tiny models, greedy outputs
 compared with a cold run (no store)."""
+
 from __future__ import annotations
 
 import random
@@ -28,9 +29,9 @@ def ids(seed, n, vocab=300):
     return [rng.randrange(2, vocab) for _ in range(n)]
 
 
-PREFIX = ids(0, 8 * BS)                  # 8 full blocks
-FIRST = PREFIX + ids(1, 5)               # served before the restart
-SECOND = PREFIX + ids(2, 7)              # after it: shares the 8 blocks
+PREFIX = ids(0, 8 * BS)  # 8 full blocks
+FIRST = PREFIX + ids(1, 5)  # served before the restart
+SECOND = PREFIX + ids(2, 7)  # after it: shares the 8 blocks
 
 
 def run(llm, prompt):
@@ -40,7 +41,7 @@ def run(llm, prompt):
 def serve_and_stop(folder, store, prompt=FIRST, **kw):
     llm = make_llm(folder, kv_store=str(store), **kw)
     run(llm, prompt)
-    llm.engine.close()   # flushes the write-behind queue
+    llm.engine.close()  # flushes the write-behind queue
 
 
 def block_paths(store):
@@ -65,11 +66,13 @@ def test_restart_reuses_blocks_and_outputs_match_cold(lm_folder, tmp_path, cache
 def test_another_model_or_cache_dtype_misses(lm_folder, tmp_path):
     store = tmp_path / "store"
     serve_and_stop(lm_folder(), store)
-    for other in (make_llm(lm_folder("v2_dense"), kv_store=str(store)),
-                  make_llm(lm_folder(), kv_store=str(store), kv_cache_dtype="int8")):
+    for other in (
+        make_llm(lm_folder("v2_dense"), kv_store=str(store)),
+        make_llm(lm_folder(), kv_store=str(store), kv_cache_dtype="int8"),
+    ):
         out = run(other, SECOND)
         assert other.engine.stats()["store_hits"] == 0 and out.num_cached_tokens == 0
-    assert len([d for d in store.iterdir() if d.is_dir()]) == 3   # one subdirectory per fingerprint
+    assert len([d for d in store.iterdir() if d.is_dir()]) == 3  # one subdirectory per fingerprint
 
 
 def test_forced_hash_collision_is_a_miss(lm_folder, tmp_path, monkeypatch):
@@ -78,8 +81,9 @@ def test_forced_hash_collision_is_a_miss(lm_folder, tmp_path, monkeypatch):
     folder = lm_folder()
     other = ids(7, len(FIRST))
     cold = run(make_llm(folder), other)
-    monkeypatch.setattr(block_pool, "hash_block",
-                        lambda parent, tokens: (parent + bytes([len(tokens)]) * 16)[:16].ljust(16, b"\0"))
+    monkeypatch.setattr(
+        block_pool, "hash_block", lambda parent, tokens: (parent + bytes([len(tokens)]) * 16)[:16].ljust(16, b"\0")
+    )
     serve_and_stop(folder, tmp_path / "store")
     llm = make_llm(folder, kv_store=str(tmp_path / "store"))
     out = run(llm, other)
@@ -98,15 +102,15 @@ def test_damaged_first_block_is_skipped_counted_removed(lm_folder, tmp_path, dam
     (path,) = [p for p in block_paths(store) if p.name.startswith(first_hash)]
     data = bytearray(path.read_bytes())
     if damage == "truncate":
-        data = data[:len(data) // 2]
+        data = data[: len(data) // 2]
     else:
-        data[-3] ^= 0x10   # inside the last tensor's bytes
+        data[-3] ^= 0x10  # inside the last tensor's bytes
     path.write_bytes(bytes(data))
     llm = make_llm(folder, kv_store=str(store))
     out = run(llm, SECOND)
     stats = llm.engine.stats()
     assert stats["store_corrupt_blocks"] == 1 and stats["store_hits"] == 0 and stats["store_misses"] == 1
-    llm.engine.close()   # the recomputed block was written again, whole, in its place
+    llm.engine.close()  # the recomputed block was written again, whole, in its place
     assert decode(path.read_bytes()).token_ids == tuple(PREFIX[:BS])
     assert out.outputs[0].token_ids == cold.outputs[0].token_ids
 
@@ -120,7 +124,7 @@ def test_a_chain_with_a_missing_block_serves_up_to_it(lm_folder, tmp_path):
     serve_and_stop(folder, store)
     parent = block_pool.NO_HASH
     for i in range(5):
-        parent = block_pool.hash_block(parent, PREFIX[i * BS:(i + 1) * BS])
+        parent = block_pool.hash_block(parent, PREFIX[i * BS : (i + 1) * BS])
     (path,) = [p for p in block_paths(store) if p.name.startswith(parent.hex())]
     path.unlink()
     llm = make_llm(folder, kv_store=str(store))
@@ -178,8 +182,10 @@ def test_cache_slots_place_a_block_in_its_rows_and_refuse_another_shape(tmp_path
     tensors (the other blocks untouched); a file of another cache shape is refused whole."""
     caches = [LatentCache(4, BS, 16, 8, torch.bfloat16, "int8") for _ in range(3)]
     before = [[t.clone() for t in c.tensors()] for c in caches]
-    rows = [[torch.randint(-127, 128, (BS, 16), dtype=torch.int8), torch.rand(BS), torch.randn(BS, 8).bfloat16()]
-            for _ in range(3)]
+    rows = [
+        [torch.randint(-127, 128, (BS, 16), dtype=torch.int8), torch.rand(BS), torch.randn(BS, 8).bfloat16()]
+        for _ in range(3)
+    ]
     path = tmp_path / "b.safetensors"
     path.write_bytes(encode(StoredBlock(b"h" * 16, b"p" * 16, tuple(range(BS)), rows)))
     slots = CacheSlots(block_rows(caches), 2)

@@ -1,4 +1,5 @@
 """Templates (`warm=`) and the `latentkv store` / settings plumbing, on a tiny model."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,11 @@ CONVERSATION = [{"role": "system", "content": SYSTEM}, {"role": "user", "content
 
 
 def write_templates(path):
-    lines = [json.dumps(SYSTEM + "def main(): return 42"), json.dumps({"messages": CONVERSATION}),
-             json.dumps({"prompt_token_ids": list(range(2, 2 + 5 * BS))})]
+    lines = [
+        json.dumps(SYSTEM + "def main(): return 42"),
+        json.dumps({"messages": CONVERSATION}),
+        json.dumps({"prompt_token_ids": list(range(2, 2 + 5 * BS))}),
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -24,8 +28,9 @@ def write_templates(path):
 def test_warm_pins_templates_within_fraction_and_writes_them(lm_folder, tmp_path):
     folder = lm_folder()
     templates = write_templates(tmp_path / "t.jsonl")
-    llm = make_llm(folder, kv_cache_memory=200 * BS * 288, kv_store=str(tmp_path / "store"), warm=str(templates),
-                   warm_fraction=0.1)
+    llm = make_llm(
+        folder, kv_cache_memory=200 * BS * 288, kv_store=str(tmp_path / "store"), warm=str(templates), warm_fraction=0.1
+    )
     engine = llm.engine
     assert 0 < len(engine.pinned_blocks) <= 0.1 * engine.pool.num_blocks
     assert all(engine.pool.blocks[b].ref_count >= 1 for b in engine.pinned_blocks)
@@ -53,11 +58,12 @@ def test_bad_template_line_is_named(lm_folder, tmp_path):
 
 def test_store_settings_from_toml_and_flags(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text('[latent_attention.store]\npath = "/tmp/s"\nmax_size = "3GiB"\nwarm = "t.jsonl"\n'
-                      'warm_fraction = 0.1\n')
+    config.write_text(
+        '[latent_attention.store]\npath = "/tmp/s"\nmax_size = "3GiB"\nwarm = "t.jsonl"\nwarm_fraction = 0.1\n'
+    )
     s = build_settings(config, {"kv_store": "/tmp/other"})
     assert (s.kv_store, s.kv_store_max_size, s.warm, s.warm_fraction) == ("/tmp/other", 3 * 2**30, "t.jsonl", 0.1)
-    config.write_text('[latent_attention.store]\nwarm_fraction = 2\n')
+    config.write_text("[latent_attention.store]\nwarm_fraction = 2\n")
     with pytest.raises(SettingsError, match="warm_fraction"):
         build_settings(config)
     config.write_text('[latent_attention.store]\nmax_size = "lots"\n')
@@ -68,8 +74,24 @@ def test_store_settings_from_toml_and_flags(tmp_path):
 def test_store_cli_warm_ls_clear(lm_folder, tmp_path, capsys):
     store = tmp_path / "store"
     templates = write_templates(tmp_path / "t.jsonl")
-    assert main(["store", "warm", str(store), str(templates), str(lm_folder()), "--dtype", "float32",
-                 "--block-size", str(BS), "--kv-cache-memory", "2MiB"]) == 0
+    assert (
+        main(
+            [
+                "store",
+                "warm",
+                str(store),
+                str(templates),
+                str(lm_folder()),
+                "--dtype",
+                "float32",
+                "--block-size",
+                str(BS),
+                "--kv-cache-memory",
+                "2MiB",
+            ]
+        )
+        == 0
+    )
     assert "written to" in capsys.readouterr().out
     files = list(store.glob(f"*/blocks/*/*{SUFFIX}"))
     assert len(files) >= 5
