@@ -1,6 +1,6 @@
 """How latentkv's native CPU kernels are built, which instruction set serves, and what runs without them.
 
-Each kernel family (attention.py, decode_ops.py, qlinear.py beside this module) is one `Extension`:
+Each kernel family (attention.py, decode_ops.py, qlinear.py, sample.py beside this module) is one `Extension`:
 - **Build:** on first use, by torch.utils.cpp_extension (ninja, the system's g++), from
   csrc/<family>/ with csrc/common/ on the include path, into
   `build_dir()/<family>` (rebuilt when a source changes). A first build takes FIRST_BUILD per
