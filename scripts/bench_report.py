@@ -18,6 +18,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from latentkv.cache.accounting import gqa_bytes_per_token, latent_bytes
+from latentkv.facts import CACHE_DTYPES
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
@@ -275,8 +278,6 @@ SHAPES = [
 
 
 def memory_section() -> str:
-    from latentkv.cache.accounting import gqa_bytes_per_token, latent_bytes
-    from latentkv.facts import CACHE_DTYPES
 
     def row(model: str, cache: str, nbytes: int) -> str:
         return (

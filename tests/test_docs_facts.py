@@ -7,9 +7,11 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from latentkv import llm
+from latentkv.attention import BACKENDS
 from latentkv.attention.prefill import SPAN as PREFILL_SPAN
 from latentkv.engine.args import EngineArgs
-from latentkv.facts import ATTENTION_BACKEND_DEFAULT, ATTENTION_BACKENDS
+from latentkv.facts import ATTENTION_BACKEND_DEFAULT, ATTENTION_BACKENDS, CACHE_DTYPES, ENGINE_CACHE_DTYPES
 from latentkv.kernels import attention, build
 from latentkv.model.loader import load_model
 from latentkv.settings import Settings
@@ -87,13 +89,10 @@ def quoted_choices(text: str) -> list[str]:
 
 
 def test_the_cache_dtypes_in_the_docstrings_and_readme_are_facts_tuples():
-    from latentkv import llm
-    from latentkv.engine import args
-    from latentkv.facts import CACHE_DTYPES, ENGINE_CACHE_DTYPES
 
     docstring = re.search(r'kv_cache_dtype=((?:"\w+"\|?)+)', flat(llm.LLM.__doc__)).group(1)
     assert quoted_choices(docstring) == list(ENGINE_CACHE_DTYPES)
-    source = inspect.getsource(args.EngineArgs)
+    source = inspect.getsource(EngineArgs)
     comment = re.search(r'kv_cache_dtype: str = "auto" +#(.*\n(?: +#.*\n)*)', source).group(1)
     assert quoted_choices(re.sub(r"\(.*?\)", "", comment)) == list(ENGINE_CACHE_DTYPES)
     readme = (ROOT / "README.md").read_text()
@@ -120,7 +119,6 @@ def test_the_decode_plan_variant_count_is_the_tests():
 
 
 def test_the_backends_named_in_the_docs_are_the_codes():
-    from latentkv.attention import BACKENDS
 
     written = re.search(r"BACKENDS = \{(.*?)\}", DESIGN).group(1)
     assert set(re.findall(r'"(\w+)"', written)) == set(BACKENDS)

@@ -192,9 +192,8 @@ int64_t sample_row(const float* l, int64_t V, const RowParams& p, RowScratch& s,
 // after one vector pass, so a row costs ~three passes over V whatever n.
 void logprob_row(const float* __restrict l, int64_t V, int64_t chosen, int64_t n, float* top_vals, int64_t* top_ids,
                  float* chosen_logprob, int64_t* rank) {
-  float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < V; ++i) m = l[i] > m ? l[i] : m;
+  float m;
+  row_max(l, V, &m);  // a NaN logit makes log_z NaN below, as log_softmax does
   float sum = 0.0f;
   int64_t above = 0;
   const float lc = l[chosen];
