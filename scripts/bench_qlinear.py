@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from latentkv.kernels import qlinear
-from latentkv.kernels.build import ISAS, choose_isa
+from latentkv.kernels.build import NONE, Capabilities, allowed_caps, best_path
 from latentkv.model.quant import quantize_int4, quantize_int8
 
 # SmolLM2-135M converted to MLA (hidden 576, intermediate 1536): (name, N, K)
@@ -43,9 +43,14 @@ def load_so(path: str) -> None:
     spec = importlib.util.spec_from_file_location("latentkv_qlinear", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    runs = list(module.supported_isas())  # the checkout's build never loads: no self-check here
+    # the checkout's build never loads: no self-check here (a build from before named capabilities,
+    # which took an ISA code, cannot be loaded this way)
+    cpu = Capabilities.of_mask(module.cpu_capabilities())
+    paths = {"scalar": NONE, **{path: Capabilities.of_mask(mask) for path, mask in module.paths()}}
+    caps = allowed_caps(cpu)
+    runs = [path for path, needs in paths.items() if needs <= cpu]
     qlinear.EXT.state.update(
-        module=module, reason=None, runs=runs, isas=runs, disabled={}, isa=ISAS[choose_isa(runs, runs)]
+        module=module, reason=None, cpu=cpu, paths=paths, runs=runs, disabled={}, caps=caps, path=best_path(paths, caps)
     )
 
 
@@ -100,7 +105,7 @@ def main() -> None:
         load_so(args.so)
     if args.prefill:
         return prefill(args.prefill, args.repeats, args.quantization)
-    print(f"threads {torch.get_num_threads()}, isa {qlinear.EXT.state['isa'] if qlinear.available() else None}")
+    print(f"threads {torch.get_num_threads()}, path {qlinear.EXT.choose() if qlinear.available() else None}")
     names = args.shapes.split(",")
     for name, n, k in SHAPES:
         if name not in names:

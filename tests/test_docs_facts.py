@@ -40,17 +40,18 @@ def test_the_attention_backend_default_is_the_codes():
     ) | {"auto"} == set(ATTENTION_BACKENDS)
 
 
-def test_the_isa_list_is_the_codes():
+def test_the_isa_names_are_the_codes():
     forced = re.search(r"LATENTKV_CPU_ISA=([a-z0-9_|]+)", INTERNALS).group(1).split("|")
-    assert sorted(forced) == sorted(build.ISAS)
-    assert all(f"`{name}`" in INTERNALS or name in INTERNALS for name in build.ISAS)
+    assert sorted(forced) == sorted(build.PROFILES)
+    assert all(f"`{name}`" in INTERNALS for name in build.CAPS)
     modules = [p for p in KERNELS_CSRC.rglob("*.cpp") if "PYBIND11_MODULE" in p.read_text()]  # one per extension
     families = [p for p in KERNELS_CSRC.parent.glob("*.py") if "= Extension(" in p.read_text()]
     assert len(modules) == len(families) >= 4
-    for cpp in modules:  # each pybind docstring lists the codes it returns
-        doc = re.search(r'"instruction sets this CPU runs: ([^"]+)"', cpp.read_text()).group(1)
-        highest = int(re.search(r"isas_up_to\((\d)\)", cpp.read_text()).group(1))
-        assert [int(c) for c in re.findall(r"(?:^|, )(\d) ", doc)] == list(range(highest + 1)), cpp.name
+    for cpp in modules:  # each module tells build.py its paths the one way (common/isa_paths.h)
+        assert "def_isa_paths(m, PATHS);" in cpp.read_text(), cpp.name
+    header = (KERNELS_CSRC / "common" / "cpu_isa.h").read_text()
+    names = re.search(r"CAP_NAMES\[\] = \{(.*?)\};", header, re.S).group(1)
+    assert re.findall(r'\{"(\w+)"', names) == list(build.CAPS)
 
 
 def test_the_span_limits_are_the_codes():

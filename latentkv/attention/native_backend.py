@@ -6,14 +6,12 @@ PyTorch reference (kernels/build.py says why, once).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..cache import q4
 from ..kernels.attention import (
     available,
-    chosen_isa,
+    kernel_path,
     mla_decode,
     mla_prefill,
     prefill_finish,
@@ -39,8 +37,7 @@ class NativeBackend(TorchBackend):
     def __init__(self):
         if not available():
             raise RuntimeError(f"the native attention backend is not available here ({unavailable_reason()})")
-        self.isa = chosen_isa()
-        self.prefill_kernel = functools.partial(mla_prefill, isa=self.isa)
+        self.prefill_kernel = mla_prefill
 
     @staticmethod
     def runs_prefill_kernel(dtype: torch.dtype, device: str) -> bool:
@@ -52,23 +49,16 @@ class NativeBackend(TorchBackend):
         """Whether absorbed rows of this dtype take the native decode kernel (else the reference's)."""
         return device == "cpu" and dtype in (torch.float32, torch.bfloat16)
 
-    def kernel_isa(self, dtype: torch.dtype) -> str:
-        """The loops that run for this dtype under the chosen ISA: bf16 dot products and AMX tiles
-        serve bf16 rows only (float32 ones run the avx512 loops)."""
-        if dtype != torch.bfloat16 and self.isa in ("avx512_bf16", "amx"):
-            return "avx512"
-        return self.isa
-
     def prefill_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
         if not self.runs_prefill_kernel(dtype, device):
             return super().prefill_route(dtype, device, invariant)
-        spans = f"native spans ({self.kernel_isa(dtype)})"
+        spans = f"native spans ({kernel_path(dtype)})"
         return spans if invariant else f"{spans} for one sequence's chunks, else naive or absorbed by cost"
 
     def decode_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
         if not self.runs_decode_kernel(dtype, device):
             return super().decode_route(dtype, device, invariant)
-        return f"native kernel ({self.kernel_isa(dtype)})"
+        return f"native kernel ({kernel_path(dtype)})"
 
     def prompt_attention(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         if self.runs_prefill_kernel(q_nope.dtype, q_nope.device.type):
@@ -113,7 +103,7 @@ class NativeBackend(TorchBackend):
         if cache.q4:  # its rope key is stored turned (cache/q4.py): turning the query's rope part keeps the scores
             query = torch.cat((query[..., : cache.kv_rank], q4.turn(query[..., cache.kv_rank :])), dim=-1)
         if meta.max_query_len == 1:
-            return mla_decode(query, cache, meta.block_tables, meta.context_lens, None, heads, self.isa)
+            return mla_decode(query, cache, meta.block_tables, meta.context_lens, None, heads)
         # Batch-invariant: every row through the kernel (its spans sit at fixed positions), in
         # QUERY_CHUNK-token slices so its per-span buffers stay bounded; rows are independent.
         parts = [
@@ -124,7 +114,6 @@ class NativeBackend(TorchBackend):
                 meta.context_lens,
                 meta.query_pos[:, first : first + QUERY_CHUNK].contiguous(),
                 heads,
-                self.isa,
             )
             for first in range(0, meta.max_query_len, QUERY_CHUNK)
         ]

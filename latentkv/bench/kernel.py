@@ -107,7 +107,7 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
             for isa in isas:  # the same kernel on a lower instruction set: an A/B in the same minutes
                 runs[f"native {isa}"].append(
                     lambda cache=cache, meta=meta, isa=isa: attention_kernels.mla_decode(
-                        query, cache, meta.block_tables, meta.context_lens, heads=args.heads, isa=isa, threads=threads
+                        query, cache, meta.block_tables, meta.context_lens, heads=args.heads, path=isa, threads=threads
                     )
                 )
     runs = {name: fns for name, fns in runs.items() if fns}

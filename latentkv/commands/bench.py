@@ -280,7 +280,7 @@ def register(subparsers) -> None:
         nargs="+",
         choices=["avx512", "avx2", "scalar"],
         default=[],
-        help="also time the native kernel forced to these instruction sets, interleaved (an A/B)",
+        help="also time the native kernel on these paths (their capabilities alone), interleaved (an A/B)",
     )
     p.add_argument(
         "--moe",

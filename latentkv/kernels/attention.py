@@ -2,16 +2,18 @@
 batch-invariant prefill span. attention/native_backend.py's NativeBackend decides when they run.
 
 - `mla_decode`: absorbed queries [B, M, r+dr] over one layer's paged latent -> o_lat [B, M, r].
-  Paths: amx (bf16 queries: scores and value sums on AMX tiles, csrc/attention/mla_decode_amx.h),
-  avx512_bf16 (bf16 queries: vdpbf16ps, mla_decode_bf16.h; an int8 latent of a rank that is a
-  multiple of 64: vpdpbusd, mla_decode_vnni.h, on AMX CPUs too), avx512 and scalar (float32 FMAs,
-mla_decode_impl.h), avx2
-  (intrinsics, mla_decode_avx2.h). A sequence's keys are cut into work items of DECODE_SPAN tokens
-  at fixed positions for contexts up to DECODE_SPAN x DECODE_MAX_SPANS tokens (longer ones: at most
-  DECODE_MAX_SPANS items), merged in order: the same bits alone, batched, on any thread count.
+  Paths: amx_int8 (bf16 queries over an int8 latent and rope key in whole tile steps: int8 tiles,
+  csrc/attention/mla_decode_amx_i8.h), amx_bf16 (bf16 queries: scores and value sums on AMX tiles,
+  mla_decode_amx.h), avx512_bf16 (bf16 queries: vdpbf16ps, mla_decode_bf16.h; an int8 latent of a
+  rank that is a multiple of 64: vpdpbusd, mla_decode_vnni.h, on AMX CPUs too), avx512 and scalar
+  (float32 FMAs, mla_decode_impl.h), avx2 (intrinsics, mla_decode_avx2.h). A sequence's keys are cut
+  into work items of DECODE_SPAN tokens at fixed positions for contexts up to DECODE_SPAN x
+  DECODE_MAX_SPANS tokens (longer ones: at most DECODE_MAX_SPANS items), merged in order: the same bits
+  alone, batched, on any thread count.
 - `mla_prefill`: one span of attention/prefill.py's span_prefill, for PREFILL_DTYPES on every ISA:
   float32 FMAs at the ISA's width (mla_prefill_f32.h; bf16 tensors widened), bf16 dot products for
-  bf16 on avx512_bf16 (mla_prefill_bf16.h), AMX tiles on amx (mla_prefill_amx.h).
+  bf16 on avx512_bf16 (mla_prefill_bf16.h), AMX tiles on amx_bf16 (mla_prefill_amx.h).
+Every entry takes the capabilities that serve (EXT.caps, kernels/build.py), or a named path's (`path`).
 LATENTKV_NATIVE=0 switches the extension off (the PyTorch reference backend then serves).
 """
 
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 import torch
 
-from .build import ISAS, Extension
+from .build import Extension
 
 PREFILL_DTYPES = (torch.float32, torch.bfloat16)
 DECODE_SPAN, DECODE_MAX_SPANS = 256, 64  # csrc/attention/mla_job.h SPAN, MAX_SPANS (tests/test_docs_facts.py)
+FLOAT_PATHS = ("scalar", "avx2", "avx512")  # the paths with float32 loops of their own (the others run avx512's)
 
 
-def probe(module, isa: int) -> list:
+def probe(module, caps: int) -> list:
     """The self-check's inputs (kernels/build.py): decode over float32, bf16, int8 (an int8 rope key
     too, and both 64 wide) and q4_0 caches with float32 and bf16 queries (one and two query tokens), a latent
     rank that ends mid-chunk, and a
@@ -58,7 +61,7 @@ def probe(module, isa: int) -> list:
                 ("int8 rope8", (empty, latent, scale2, rope8)),
                 ("q4_0", (empty, q4_latent, q4_scale, q4_rope)),
             ):
-                got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, isa, 1)
+                got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, caps, 1)
                 out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
     # a latent that ends mid-chunk (rank % 32 == 16, as the default conversion's 240): bf16 queries
     # over a bf16 and an int8 cache take the chunk in two halves (mla_decode_bf16.h)
@@ -68,12 +71,12 @@ def probe(module, isa: int) -> list:
     rope16 = torch.randn(6, bs, dr16, generator=gen).bfloat16()
     q16 = torch.randn(2, heads, rank16 + dr16, generator=gen).bfloat16()
     for name, caches in (("kv", (kv16.bfloat16(), empty, empty, empty)), ("int8", (empty, latent16, scale, rope16))):
-        got = module.mla_decode(q16, *caches, tables, lens, empty.long(), heads, rank16, bs, isa, 1)
+        got = module.mla_decode(q16, *caches, tables, lens, empty.long(), heads, rank16, bs, caps, 1)
         out.append((f"mla_decode rank {rank16} {name}", got, 3e-2))
     # an int8 latent and rope in whole int8 tile steps (64 wide): on AMX, int8 tile products (mla_decode_amx_i8.h)
     rope64 = torch.randint(-127, 128, (6, bs, 64), generator=gen, dtype=torch.int8)
     q64 = torch.randn(2, heads, rank + 64, generator=gen).bfloat16()
-    got = module.mla_decode(q64, empty, latent, scale2, rope64, tables, lens, empty.long(), heads, rank, bs, isa, 1)
+    got = module.mla_decode(q64, empty, latent, scale2, rope64, tables, lens, empty.long(), heads, rank, bs, caps, 1)
     out.append(("mla_decode int8 rope8 64 + 64", got, 3e-2))
     n, dv, span = 5, 16, 64
     # dn 16 + dr 16: the AMX kernel packs the keys; dn 16 + dr 32: it reads them in place (its
@@ -97,7 +100,7 @@ def probe(module, isa: int) -> list:
                 else torch.randn(span, groups, dr_p, generator=gen).to(dt)
             )
             m, l, acc = torch.full((n, heads), float("-inf")), torch.zeros(n, heads), torch.zeros(n, heads, 16)
-            module.mla_prefill(q, keys, k_r, dn, 50, 0, m, l, acc, 0.2, isa, 1)
+            module.mla_prefill(q, keys, k_r, dn, 50, 0, m, l, acc, 0.2, caps, 1)
             out.append(
                 (f"mla_prefill {dt} dn {dn} dr {dr_p} rope keys {groups} kv heads {kv_heads}", acc / l[..., None], tol)
             )
@@ -133,8 +136,20 @@ def supported_isas() -> list[str]:
 
 
 def chosen_isa() -> str:
-    """The instruction set the kernels run: LATENTKV_CPU_ISA if set (must be one this CPU runs), else the best."""
+    """The best path the capabilities that serve allow (kernels/build.py: chosen when the library loaded)."""
     return EXT.choose()
+
+
+def kernel_path(dtype: torch.dtype) -> str:
+    """The path whose loops run rows of this dtype: bf16 dot products and AMX tiles serve bf16 rows only
+    (float32 ones run the avx512 loops there)."""
+    path = EXT.choose()
+    return "avx512" if dtype != torch.bfloat16 and path not in FLOAT_PATHS else path
+
+
+def caps_mask(path: str | None) -> int:
+    """The mask an entry is handed: the capabilities that serve, or those `path` needs."""
+    return (EXT.caps if path is None else EXT.path_caps(path)).mask
 
 
 def prefill_supported(dtype: torch.dtype) -> bool:
@@ -149,13 +164,13 @@ def mla_decode(
     context_lens,
     query_pos=None,
     heads: int = 1,
-    isa: str | None = None,
+    path: str | None = None,
     threads: int | None = None,
 ) -> torch.Tensor:
     """query [B, M, r+dr] (M = Q*heads rows, absorbed and scaled) over one layer's LatentCache ->
     o_lat [B, M, r] in the query dtype. Rows of query token q see keys j <= query_pos[b, q]
     (None: the whole context). A q4_0 cache's rope key is stored turned: the query's must be too
-    (attention/native_backend.py)."""
+    (attention/native_backend.py). `path`: a named path to run instead of the one that serves."""
     empty = query.new_empty(0)
     if cache.quantized:
         kv, latent, scale, rope = empty, cache.latent, cache.scale, cache.rope
@@ -174,7 +189,7 @@ def mla_decode(
         heads,
         cache.kv_rank,
         cache.block_size,
-        ISAS[isa or chosen_isa()],
+        caps_mask(path),
         threads or torch.get_num_threads(),
     )
 
@@ -186,9 +201,9 @@ def prefill_finish(acc, l, out) -> None:
 
 
 def mla_prefill(
-    q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float, isa: str | None = None
+    q, kv, k_r, dn: int, first: int, key_start: int, m, l, acc, scale: float, path: str | None = None
 ) -> None:
     """One span of the invariant prefill (attention/prefill.py span_prefill has the contract)."""
     extension().mla_prefill(
-        q, kv, k_r, dn, first, key_start, m, l, acc, scale, ISAS[isa or chosen_isa()], torch.get_num_threads()
+        q, kv, k_r, dn, first, key_start, m, l, acc, scale, caps_mask(path), torch.get_num_threads()
     )

@@ -5,14 +5,18 @@ Each kernel family (attention.py, decode_ops.py, qlinear.py, sample.py beside th
   csrc/<family>/ with csrc/common/ on the include path, into
   `build_dir()/<family>` (rebuilt when a source changes). A first build takes FIRST_BUILD per
   extension; `build_in_background` overlaps them with other work (a first start's conversion).
-- **Instruction set:** an extension compiles its loops for several ISAs (ISAS) in one library and
-  reports which this CPU runs. Each of those is checked when the library is loaded (the self-check
-  below); the best that passes serves, or LATENTKV_CPU_ISA's choice (an extension without that
-  path runs its best one below it).
-- **Self-check:** every ISA path this CPU runs is compared with the scalar path on a few small
-  random inputs (the family's `probe`, milliseconds); a path that differs by more than the probe's
-  stated tolerance is disabled with one warning naming it, and the next lower path serves.
-  LATENTKV_SELFCHECK_BREAK=<family>:<isa> perturbs that path's results (the tests' way to see a
+- **Instruction sets:** named capabilities (CAPS: avx2, avx512, avx512_vnni, ...; no order among
+  them), each a bit of the mask every kernel entry takes (csrc/common/cpu_isa.h). A family compiles
+  its paths (one unit per ISA), each named by the capability it adds and needing a set of them, and
+  reports them with the capabilities this CPU has. The set that serves is chosen once, when the
+  library loads: this CPU's, less what LATENTKV_CPU_ISA leaves out (a PROFILES name, or capability
+  names joined by ","), less the paths the self-check disables; every entry of the family is handed
+  it (`Extension.caps`) and runs the best of its paths that set allows.
+- **Self-check:** every path this CPU runs is compared with the scalar path on a few small random
+  inputs (the family's `probe`, milliseconds, under the capabilities the path needs); a path that
+  differs by more than the probe's stated tolerance is disabled (its capability leaves the family's
+  set) with one warning naming it, and the best path left serves.
+  LATENTKV_SELFCHECK_BREAK=<family>:<path> perturbs that path's results (the tests' way to see a
   wrong path caught).
 - **Fallback:** no compiler, no ninja, a failed build, or the family's switch set to 0: `module()` is
   None, `unavailable_reason()` says why, and (unless switched off on purpose) one RuntimeWarning
@@ -27,6 +31,7 @@ import shutil
 import sys
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,14 +40,60 @@ import torch
 from ..user_cache import cache_root
 
 CSRC = Path(__file__).parent / "csrc"
-# avx512_bf16: with avx512_vnni, bf16 and int8 dot products; amx: with AMX bf16 tiles (qlinear's bf16 linears)
-ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3, "amx": 4}
+# The capability names, bit i of a kernel's mask the i-th (csrc/common/cpu_isa.h CAP_NAMES: checked at load)
+CAPS = ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+# LATENTKV_CPU_ISA's profiles: (the capabilities each needs of the CPU, those it allows where the CPU has them)
+PROFILES = {
+    "scalar": ((), ()),
+    "avx2": (("avx2",), ()),
+    "avx512": (("avx2", "avx512"), ("avx512_vnni",)),
+    "avx512_bf16": (("avx2", "avx512", "avx512_bf16"), ("avx512_vnni",)),
+    "amx": (("avx2", "avx512", "avx512_bf16", "amx_bf16"), ("avx512_vnni", "amx_int8")),
+}
 FIRST_BUILD = "30-70 s"  # g++ time of one extension's first build on a 2-core machine (qlinear the longest)
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
 
-# probe(module, isa code) -> [(label, output, tolerance)]: the same inputs on every path; a path
+# probe(module, caps mask) -> [(label, output, tolerance)]: the same inputs on every path; a path
 # passes where max|out - scalar out| <= tolerance * max(1, max|scalar out|) for every output.
 Probe = Callable[[object, int], list]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A set of capability names (CAPS) and the mask the kernels take for it (bit i: CAPS[i])."""
+
+    names: frozenset[str]
+    mask: int
+
+    @classmethod
+    def of(cls, names) -> "Capabilities":
+        names = frozenset(names)
+        unknown = sorted(names - set(CAPS))
+        if unknown:
+            raise ValueError(f"unknown capabilities {unknown}: expected names of {list(CAPS)}")
+        return cls(names, sum(1 << CAPS.index(name) for name in names))
+
+    @classmethod
+    def of_mask(cls, mask: int) -> "Capabilities":
+        return cls.of(name for i, name in enumerate(CAPS) if mask >> i & 1)
+
+    def __le__(self, other: "Capabilities") -> bool:
+        return self.names <= other.names
+
+    def __and__(self, other: "Capabilities") -> "Capabilities":
+        return Capabilities.of(self.names & other.names)
+
+    def __or__(self, other: "Capabilities") -> "Capabilities":
+        return Capabilities.of(self.names | other.names)
+
+    def __sub__(self, other: "Capabilities") -> "Capabilities":
+        return Capabilities.of(self.names - other.names)
+
+    def __str__(self) -> str:
+        return ",".join(name for name in CAPS if name in self.names) or "scalar"
+
+
+NONE = Capabilities.of(())
 
 
 def build_root() -> Path:
@@ -60,25 +111,33 @@ def build_dir() -> Path:
     )
 
 
-def isa_name(code: int) -> str:
-    return next(name for name, c in ISAS.items() if c == code)
-
-
-def forced_isa() -> int | None:
-    """LATENTKV_CPU_ISA as a code (None when unset); an unknown name is an error."""
+def allowed_caps(cpu: Capabilities) -> Capabilities:
+    """The capabilities LATENTKV_CPU_ISA allows of this CPU's: all where it is unset; a PROFILES name's, or
+    the capability names it joins by ",". An unknown name, or one that needs a capability this CPU lacks,
+    is an error."""
     forced = os.environ.get("LATENTKV_CPU_ISA")
     if not forced:
-        return None
-    if forced not in ISAS:
-        raise ValueError(f"LATENTKV_CPU_ISA={forced!r}: expected one of {list(ISAS)}")
-    return ISAS[forced]
+        return cpu
+    if forced in PROFILES:
+        needs, optional = (Capabilities.of(names) for names in PROFILES[forced])
+    else:
+        try:
+            needs, optional = Capabilities.of(forced.split(",")), NONE
+        except ValueError:
+            raise ValueError(
+                f"LATENTKV_CPU_ISA={forced!r}: expected one of {list(PROFILES)}, or names of {list(CAPS)} joined by ','"
+            ) from None
+    if not needs <= cpu:
+        raise ValueError(f"LATENTKV_CPU_ISA={forced!r} needs {needs - cpu}, which this CPU lacks (it has {cpu})")
+    return needs | (optional & cpu)
 
 
 class Extension:
-    """One kernel family's library: built once per process, its ISA paths self-checked, one fallback.
+    """One kernel family's library: built once per process, its paths self-checked, one fallback.
     `state` (published in one update, so the hot path reads it without the lock): module, reason,
-    runs (the CPU's ISA codes), isas (those that passed the self-check), disabled ({code: why}), isa
-    (the code that serves)."""
+    cpu (this CPU's Capabilities), paths ({path: the Capabilities it needs}, scalar first), runs (the
+    paths this CPU runs), disabled ({path: why}), caps (the Capabilities that serve: every entry of
+    the family is handed `caps.mask`), path (the best path they allow)."""
 
     def __init__(self, family: str, name: str, source: str, switch: str, what: str, fallback: str, probe: Probe):
         self.family, self.name, self.source, self.switch = family, name, CSRC / family / source, switch
@@ -105,19 +164,36 @@ class Extension:
         self.module()
         return self.state["reason"]
 
-    def supported_isas(self) -> list[str]:
-        """The ISA paths that serve here: this CPU runs them and they passed the self-check."""
-        return [isa_name(code) for code in self.state["isas"]] if self.available() else []
+    @property
+    def caps(self) -> Capabilities:
+        """The capabilities that serve (the extension must be available): the one way a kernel gets them."""
+        try:
+            return self.state["caps"]
+        except KeyError:  # not loaded yet (a failed load has no caps: KeyError again)
+            self.module()
+            return self.state["caps"]
 
-    def isa(self) -> int:
-        """The code of the path that serves (the extension must be available)."""
+    def path_caps(self, path: str) -> Capabilities:
+        """The capabilities one of this family's paths needs (scalar: none)."""
         self.module()
-        return self.state["isa"]
+        return self.state["paths"][path]
+
+    def serves(self, path: str) -> bool:
+        """Whether the capabilities that serve allow `path` (available, and that path passed the self-check)."""
+        return self.available() and self.state["paths"][path] <= self.caps
+
+    def supported_isas(self) -> list[str]:
+        """The paths that serve here, scalar first: this CPU runs them and they (and the paths they
+        build on) passed the self-check."""
+        if not self.available():
+            return []
+        passed = self.state["cpu"] - Capabilities.of(self.state["disabled"])
+        return [path for path in self.state["runs"] if self.state["paths"][path] <= passed]
 
     def choose(self) -> str:
-        """The path that serves under LATENTKV_CPU_ISA as it is now (see choose_isa)."""
+        """The best path the capabilities that serve allow (chosen when the library loaded)."""
         self.module()
-        return choose_isa(self.state["runs"], self.state["isas"])
+        return self.state["path"]
 
     def _build(self, state: dict) -> None:
         state["module"], state["reason"] = None, None
@@ -132,11 +208,19 @@ class Extension:
                     flush=True,
                 )
             module = compile_extension(self.name, self.source, directory)
-            state["runs"] = list(module.supported_isas())
-            state["disabled"] = self_check(self, module, state["runs"])
-            state["isas"] = [code for code in state["runs"] if code not in state["disabled"]]
+            unknown = [path for path, _ in module.paths() if path not in CAPS]
+            if unknown:  # a path is named by the capability it adds: the self-check disables that one
+                raise RuntimeError(f"paths {unknown} are named by no capability of {list(CAPS)}")
+            bits = dict(module.capabilities())
+            if bits != {name: 1 << i for i, name in enumerate(CAPS)}:
+                raise RuntimeError(f"the library's capabilities {bits} are not build.CAPS (build from one checkout)")
+            state["cpu"] = Capabilities.of_mask(module.cpu_capabilities())
+            state["paths"] = {"scalar": NONE, **{path: Capabilities.of_mask(m) for path, m in module.paths()}}
+            state["runs"] = [path for path, needs in state["paths"].items() if needs <= state["cpu"]]
+            state["disabled"] = self_check(self, module, state["paths"], state["runs"])
+            state["caps"] = allowed_caps(state["cpu"]) - Capabilities.of(state["disabled"])
+            state["path"] = best_path(state["paths"], state["caps"])
             state["module"] = module
-            state["isa"] = ISAS[choose_isa(state["runs"], state["isas"])]
         except Exception as err:  # no compiler, no ninja, a failed build: the fallback takes over
             state["module"] = None
             state["reason"] = failure_reason(err)
@@ -147,46 +231,38 @@ class Extension:
                     stacklevel=4,
                 )
             return
-        for code, why in state["disabled"].items():  # once the module is in place (an error filter cannot undo it)
-            below = max(c for c in state["isas"] if c < code)
+        for path, why in state["disabled"].items():  # once the module is in place (an error filter cannot undo it)
             warnings.warn(
-                f"latentkv: {self.name}'s {isa_name(code)} path disagrees with its scalar path ({why}); "
-                f"disabled, {isa_name(below)} serves",
+                f"latentkv: {self.name}'s {path} path disagrees with its scalar path ({why}); "
+                f"disabled, {state['path']} serves",
                 RuntimeWarning,
                 stacklevel=4,
             )
 
 
-def choose_isa(runs: list[int], isas: list[int]) -> str:
-    """LATENTKV_CPU_ISA's path (or the best below it, where an extension lacks it or the self-check
-    disabled it), else the best of `isas` (the paths that passed). Forcing a path this CPU does not
-    run is an error."""
-    forced = forced_isa()
-    if forced is None:
-        return isa_name(isas[-1])
-    if forced <= max(runs) and forced not in runs:
-        raise ValueError(f"LATENTKV_CPU_ISA={isa_name(forced)!r}: this CPU runs only {[isa_name(c) for c in runs]}")
-    return isa_name(max(code for code in isas if code <= forced))
+def best_path(paths: dict[str, Capabilities], caps: Capabilities) -> str:
+    """The last of `paths` (in the family's order: each after those it improves on) that `caps` allow."""
+    return [path for path, needs in paths.items() if needs <= caps][-1]
 
 
-def self_check(ext: Extension, module, runs: list[int]) -> dict[int, str]:
-    """{code: why} for each of `runs`' paths above scalar whose probe outputs differ from the scalar
-    path's beyond tolerance."""
+def self_check(ext: Extension, module, paths: dict[str, Capabilities], runs: list[str]) -> dict[str, str]:
+    """{path: why} for each of `runs` but scalar whose probe outputs, under the capabilities the path
+    needs, differ from the scalar path's beyond tolerance."""
     broken = os.environ.get("LATENTKV_SELFCHECK_BREAK", "")
-    disabled: dict[int, str] = {}
+    disabled: dict[str, str] = {}
     with torch.no_grad(), torch.device("cpu"):  # the first load may happen while a model is built on "meta"
         reference = ext.probe(module, 0)
-        for code in runs:
-            if code == 0:
+        for path in runs:
+            if path == "scalar":
                 continue
-            outputs = ext.probe(module, code)
-            if broken == f"{ext.family}:{isa_name(code)}":
+            outputs = ext.probe(module, paths[path].mask)
+            if broken == f"{ext.family}:{path}":
                 outputs = [(label, out + 1.0, tol) for label, out, tol in outputs]
             for (label, ref, tol), (_, out, _) in zip(reference, outputs):
                 ref, out = ref.double(), out.double()
                 error = (out - ref).abs().max().item() if ref.numel() else 0.0
                 if not error <= tol * max(1.0, ref.abs().max().item()):  # NaN fails too
-                    disabled[code] = f"{label}: error {error:.3g} beyond {tol:g}"
+                    disabled[path] = f"{label}: error {error:.3g} beyond {tol:g}"
                     break
     return disabled
 

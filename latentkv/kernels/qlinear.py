@@ -9,9 +9,9 @@ same bits): batch-invariant by construction. M < 4 reads codes straight from the
 (decode); larger M (prefill) runs a GEMM-like blocked loop: rows in L2-sized blocks, K in blocks of
 8 groups whose dequantized float tile stays in L1 across the rows (float32 weights: read as packed).
 
-Built, ISA-chosen and self-checked by kernels/build.py; `LATENTKV_QLINEAR=0` switches it off
-(ATen's kernels, on purpose: model/quant.py), and a machine where it cannot be built falls back to
-them with one warning.
+Built, its paths (qlinear_paths.h) self-checked and the capabilities that serve chosen by
+kernels/build.py; `LATENTKV_QLINEAR=0` switches it off (ATen's kernels, on purpose: model/quant.py),
+and a machine where it cannot be built falls back to them with one warning.
 
 The integer-dot linears (`dot_linear`, csrc/qlinear/qlinear_dot_impl.h) quantize the activations too: int8
 per row and group of 32 (scale max|x| / 127), times int4 (w4a8) or int8 (w8a8) weights with u8 x s8
@@ -52,7 +52,7 @@ def probe_weight(kind: int, n: int, k: int, gen: torch.Generator) -> torch.Tenso
 KINDS = (4, 8, 16, 32, ACT8 + 4, ACT8 + 8)  # every record kind the kernel runs
 
 
-def probe_moe(module, isa: int, gen: torch.Generator) -> list:
+def probe_moe(module, caps: int, gen: torch.Generator) -> list:
     """The MoE op (csrc/qlinear/moe.h) for every record kind at one and five tokens: 3 experts of width
     40 and shared experts of width 24, two slots per token."""
     e, d, inter, shared = 3, 96, 40, 24
@@ -66,37 +66,39 @@ def probe_moe(module, isa: int, gen: torch.Generator) -> list:
             weights = torch.rand(rows, 2, generator=gen)
             for dtype in (torch.float32, torch.bfloat16) if kind == 16 else (torch.float32,):
                 x = torch.randn(rows, d, generator=gen).to(dtype)
-                y = module.moe(x, weights, ids, gate_up, down, *shared_w, kind, inter, shared, isa)
+                y = module.moe(x, weights, ids, gate_up, down, *shared_w, kind, inter, shared, caps)
                 out.append((f"moe kind {kind} {dtype} rows={rows}", y, 1e-4 if dtype == torch.float32 else 3e-2))
     return out
 
 
-def probe(module, isa: int) -> list:
-    """The self-check's inputs (kernels/build.py): every record kind at one and five rows (the
-    decode and the blocked paths), the fused SwiGLU (AMX), and the MoE op over them. The FMA paths are documented
-    bit-identical, vdpbf16ps (bf16 records times bf16 rows on avx512_bf16) reduces in its own order,
-    e^x (the MoE op's SwiGLU) rounds by ISA; the check allows float rounding."""
+def probe(module, caps: int) -> list:
+    """The self-check's inputs (kernels/build.py): every record kind at one, five and 16 rows (the
+    decode and the blocked paths; w4a8 on AMX int8 tiles), the fused SwiGLU (AMX), and the MoE op over
+    them. The FMA paths are documented bit-identical, vdpbf16ps (bf16 records times bf16 rows on
+    avx512_bf16) reduces in its own order, e^x (the MoE op's SwiGLU) rounds by ISA; the check allows
+    float rounding."""
     gen = torch.Generator().manual_seed(0)
     n, k = 40, 96
     packed = {kind: probe_weight(kind, n, k, gen) for kind in KINDS}
     out = []
-    for rows in (1, 5):
+    for rows in (1, 5, 16):
         x = torch.randn(rows, k, generator=gen)
         for kind, weights in packed.items():
-            out.append((f"linear kind {kind} rows={rows}", module.linear(x, weights, kind, n, isa), 1e-4))
-        out.append((f"linear bf16 rows={rows}", module.linear(x.bfloat16(), packed[8], 8, n, isa), 3e-2))
+            out.append((f"linear kind {kind} rows={rows}", module.linear(x, weights, kind, n, caps), 1e-4))
+        out.append((f"linear bf16 rows={rows}", module.linear(x.bfloat16(), packed[8], 8, n, caps), 3e-2))
         # bf16 weights times bf16 rows: vdpbf16ps on avx512_bf16, its own order (bf16 output rounding)
-        out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), packed[16], 16, n, isa), 3e-2))
+        out.append((f"linear kind 16 bf16 rows={rows}", module.linear(x.bfloat16(), packed[16], 16, n, caps), 3e-2))
+    amx = dict(module.paths())["amx_bf16"]
     gate_up = probe_weight(16, 64, k, gen)  # I = 32: two units of 16
     for rows in (5, 40):  # the fused SwiGLU where it runs (AMX), the product then SwiGLU on other paths
         x = torch.randn(rows, k, generator=gen).bfloat16()
-        if isa >= 4:
-            y = module.swiglu_linear(x, gate_up, 32, isa)
+        if caps & amx == amx:
+            y = module.swiglu_linear(x, gate_up, 32, caps)
         else:
-            gate, up = module.linear(x, gate_up, 16, 64, isa).float().chunk(2, dim=-1)
+            gate, up = module.linear(x, gate_up, 16, 64, caps).float().chunk(2, dim=-1)
             y = (F.silu(gate).bfloat16().float() * up).bfloat16()
         out.append((f"swiglu kind 16 bf16 rows={rows}", y, 3e-2))
-    return out + probe_moe(module, isa, gen)
+    return out + probe_moe(module, caps, gen)
 
 
 EXT = Extension(
@@ -234,19 +236,19 @@ def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """x [M, K] float32 / bf16, quantized to int8 per row and group of 32 inside, times a packed
     weight (bits 4: pack_w4a8, 8: pack_w8a8) -> [M, out_features] in x's dtype."""
-    return extension().linear(x, packed, ACT8 + bits, out_features, EXT.state["isa"])
+    return extension().linear(x, packed, ACT8 + bits, out_features, EXT.caps.mask)
 
 
 def dot_path() -> str:
-    """Which path runs dot_linear on the ISA that serves: "avx512_vnni" (vpdpbusd; AVX-512 CPUs with
-    avx512_vnni, csrc/qlinear/qlinear_dot_vnni.h), "avx2" (maddubs) or "scalar"."""
-    return extension().dot_path(EXT.state["isa"])
+    """Which path runs dot_linear under the capabilities that serve: "avx512_vnni" (vpdpbusd; AVX-512 CPUs
+    with avx512_vnni, csrc/qlinear/qlinear_dot_vnni.h), "avx2" (maddubs) or "scalar"."""
+    return extension().dot_path(EXT.caps.mask)
 
 
 def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
     """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups] float32,
     the codes' sums [M, groups] int32."""
-    return tuple(extension().quantize_activations(x, groups, EXT.state["isa"]))
+    return tuple(extension().quantize_activations(x, groups, EXT.caps.mask))
 
 
 def moe(
@@ -280,19 +282,19 @@ def moe(
         kind,
         inter,
         shared_inter,
-        EXT.state["isa"],
+        EXT.caps.mask,
     )
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """x [M, K] float32 / bf16 times a packed weight (bits 4, 8, 16: bf16, or 32: float32) -> [M, out_features]
     in x's dtype."""
-    return extension().linear(x, packed, bits, out_features, EXT.state["isa"])
+    return extension().linear(x, packed, bits, out_features, EXT.caps.mask)
 
 
 def runs_amx() -> bool:
-    """The kernel runs bf16 products on AMX tiles here (built, isa 4 passed the self-check)."""
-    return available() and EXT.state["isa"] >= 4
+    """The kernel runs bf16 products on AMX tiles here (built, and the amx_bf16 path serves)."""
+    return EXT.serves("amx_bf16")
 
 
 def moe_route(
@@ -327,11 +329,11 @@ def moe_route(
 
 def fused_swiglu(packed_bits: int, inter: int) -> bool:
     """Whether swiglu_linear runs here for a [gate; up] weight of `packed_bits` (16: bf16) and I = inter:
-    bf16 on AMX (isa 4), I a multiple of 16."""
+    bf16 on AMX (amx_bf16), I a multiple of 16."""
     return runs_amx() and packed_bits == 16 and inter % 16 == 0
 
 
 def swiglu_linear(x: torch.Tensor, packed: torch.Tensor, inter: int) -> torch.Tensor:
     """bf16 x [M, K] times a packed bf16 [gate; up] weight of 2 * inter rows -> silu(gate) * up [M, inter]
     (the bits of linear then silu_mul; where fused_swiglu says it runs)."""
-    return extension().swiglu_linear(x, packed, inter, EXT.state["isa"])
+    return extension().swiglu_linear(x, packed, inter, EXT.caps.mask)

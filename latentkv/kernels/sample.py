@@ -6,7 +6,8 @@ and the penalties on each row's seen tokens (no [N, V] count table).
 engine/sampler.py holds the PyTorch reference (`truncate` + the same inverse CDF) and decides when
 this runs.
 
-ISA paths: avx512, avx2, scalar (the same loops auto-vectorized per target). LATENTKV_SAMPLE_KERNEL=0
+Paths: avx512, avx2, scalar (the same loops auto-vectorized per target), under the capabilities that
+serve (EXT.caps, kernels/build.py) or those a named `path` needs. LATENTKV_SAMPLE_KERNEL=0
 switches the extension off.
 """
 
@@ -17,7 +18,7 @@ import torch
 from .build import Extension
 
 
-def probe(module, isa: int) -> list:
+def probe(module, caps: int) -> list:
     """The self-check's inputs (kernels/build.py): the tokens of rows under every kind of truncation,
     exactly the scalar path's (random logits put no cut or draw within rounding of a boundary)."""
     gen = torch.Generator().manual_seed(0)
@@ -31,7 +32,7 @@ def probe(module, isa: int) -> list:
     top_p = torch.tensor([1.0, 0.9, 0.5, 1.0, 0.95, 0.3, 1.0, 0.8] * 3)
     min_p = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.2, 0.0] * 4)
     u = torch.rand(n, generator=gen, dtype=torch.float64)
-    tokens = module.sample_rows(logits, rows, temperature, top_k, top_p, min_p, u, torch.empty(0), isa)
+    tokens = module.sample_rows(logits, rows, temperature, top_k, top_p, min_p, u, torch.empty(0), caps)
     return [("sample_rows", tokens.double(), 0.0)]
 
 
@@ -50,6 +51,11 @@ def available() -> bool:
     return EXT.available()
 
 
+def caps_mask(path: str | None) -> int:
+    """The mask an entry is handed: the capabilities that serve, or those `path` needs."""
+    return (EXT.caps if path is None else EXT.path_caps(path)).mask
+
+
 def unavailable_reason() -> str | None:
     return EXT.unavailable_reason()
 
@@ -62,12 +68,12 @@ def sample_rows(
     top_p: torch.Tensor,
     min_p: torch.Tensor,
     u: torch.Tensor,
-    isa: int | None = None,
+    path: str | None = None,
     kept: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """logits [R, V] float32 (rows contiguous), rows [N] int64 (which logit rows), temperature [N] float32 > 0,
     top_k [N] int64 (0: off), top_p [N] float32 in (0, 1], min_p [N] float32 in [0, 1], u [N] float64 in
-    [0, 1) -> tokens [N] int64. `isa`: the path (default: the one that serves); `kept` [N, V] float32, if
+    [0, 1) -> tokens [N] int64. `path`: a named path (default: the one that serves); `kept` [N, V] float32, if
     given, gets each row's weights after truncation (e^((l - max) / T), 0 where dropped)."""
     return EXT.module().sample_rows(
         logits,
@@ -78,15 +84,15 @@ def sample_rows(
         min_p,
         u,
         torch.empty(0) if kept is None else kept,
-        EXT.isa() if isa is None else isa,
+        caps_mask(path),
     )
 
 
-def logprob_rows(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, n: int, isa: int | None = None):
+def logprob_rows(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, n: int, path: str | None = None):
     """logits [R, V] float32 (rows contiguous), rows [N] int64, chosen [N] int64 token ids, n >= 0 ->
     (chosen logprob [N] float32, rank [N] int64, top values [N, n] float32, top ids [N, n] int64) of the
     raw distribution (log_softmax of each row; the top n by value, ties by the lower index)."""
-    return EXT.module().logprob_rows(logits, rows, chosen, n, EXT.isa() if isa is None else isa)
+    return EXT.module().logprob_rows(logits, rows, chosen, n, caps_mask(path))
 
 
 def penalize_rows(

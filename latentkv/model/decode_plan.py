@@ -79,9 +79,9 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
         qlinear.extension().moe_capsule,
         qlinear.extension().route_capsule,
         attention_kernels.extension().mla_decode_capsule,
-        decode_ops.EXT.isa(),
-        qlinear.EXT.isa(),
-        attention_kernels.EXT.isa(),
+        decode_ops.EXT.caps.mask,
+        qlinear.EXT.caps.mask,
+        attention_kernels.EXT.caps.mask,
     )
     return DecodePlan(model, step), None
 

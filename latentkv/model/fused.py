@@ -44,7 +44,7 @@ def head_pack(w: torch.Tensor) -> torch.Tensor:
     tensor where that path does not apply (no native ops, not AMX, not bf16, other shapes)."""
     if not EXT.available():
         return w.new_empty(0)
-    return EXT.state["module"].head_pack(w.detach(), EXT.state["isa"])
+    return EXT.state["module"].head_pack(w.detach(), EXT.caps.mask)
 
 
 def head_matmul(
@@ -65,7 +65,7 @@ def head_matmul(
             w,
             scale,
             x.new_empty(0) if extra is None else extra,
-            EXT.state["isa"],
+            EXT.caps.mask,
             x.new_empty(0) if packed is None else packed,
         )
     out = torch.bmm(x.transpose(0, 1), w.to(x.dtype)).transpose(0, 1)
@@ -87,7 +87,7 @@ def rope(
     by column slots[i] of cos/sin [N, F] (the native op reads them in place: no gathered copy)."""
     if runs(kernel):
         return EXT.state["module"].rope(
-            x, cos, sin, interleaved, EXT.state["isa"], x.new_empty(0, dtype=torch.long) if slots is None else slots
+            x, cos, sin, interleaved, EXT.caps.mask, x.new_empty(0, dtype=torch.long) if slots is None else slots
         )
     if slots is not None:
         cos, sin = cos[:, slots], sin[:, slots]
@@ -122,11 +122,11 @@ def write_latent(
                 cache.scale,
                 cache.rope,
                 cache.qmax,
-                EXT.state["isa"],
+                EXT.caps.mask,
             )
         else:
             EXT.state["module"].write_latent(
-                c, k_r, cos, sin, interleaved, slot_mapping, cache.kv, empty, empty, empty, 0.0, EXT.state["isa"]
+                c, k_r, cos, sin, interleaved, slot_mapping, cache.kv, empty, empty, empty, 0.0, EXT.caps.mask
             )
         return
     write(cache, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0], slot_mapping)
@@ -140,7 +140,7 @@ def rms_norm(
     flat batch (2-D: a whole-sequence [B, S, d] runs the reference)."""
     if runs(kernel) and x.dim() == 2:
         total, out = EXT.state["module"].rms_norm(
-            x, weight, eps, x.new_empty(0) if residual is None else residual, EXT.state["isa"]
+            x, weight, eps, x.new_empty(0) if residual is None else residual, EXT.caps.mask
         )
         return out if residual is None else (total, out)
     if residual is None:
@@ -152,6 +152,6 @@ def rms_norm(
 def silu_mul(gate_up: torch.Tensor, *, kernel: bool = False) -> torch.Tensor:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
     if runs(kernel) and gate_up.dim() == 2:
-        return EXT.state["module"].silu_mul(gate_up, EXT.state["isa"])
+        return EXT.state["module"].silu_mul(gate_up, EXT.caps.mask)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -87,7 +87,7 @@ def prefill(layer, cache, table, q_nope, q_rope, start, end, impl="tiles"):
     meta, _ = build_metadata([end - start], [end], [table], BLOCK, invariant=True, prompt_lens=[len(q_nope)])
     assert meta.prompt_rows == [end - start]
     if impl.startswith("native:"):
-        kernel = functools.partial(attention_kernels.mla_prefill, isa=impl.removeprefix("native:"))
+        kernel = functools.partial(attention_kernels.mla_prefill, path=impl.removeprefix("native:"))
         return span_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta, kernel)
     return invariant_prefill(layer, q_nope[start:end], q_rope[start:end], cache, meta)
 
@@ -225,7 +225,7 @@ def test_many_sequences_in_one_pass_are_each_alone(monkeypatch, impl, dtype, cac
     total = sum(n for n, _ in seqs)
     q_nope = torch.randn(total, layer.n_heads, layer.dn, generator=gen).to(dtype)
     q_rope = torch.randn(total, layer.n_heads, layer.dr, generator=gen).to(dtype)
-    kernel = functools.partial(attention_kernels.mla_prefill, isa=impl.removeprefix("native:"))
+    kernel = functools.partial(attention_kernels.mla_prefill, path=impl.removeprefix("native:"))
     items, alone, at = [], [], 0
     for (n, p), table in zip(seqs, tables):
         meta, _ = build_metadata([n], [n + p], [table], block, invariant=True, prompt_lens=[n + p])

@@ -117,7 +117,7 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
     query = (torch.randn(len(lengths), q_max * heads, rank + rope, generator=gen) * (rank + rope) ** -0.5 * 2).to(dtype)
     pos = None if q_max == 1 else meta.query_pos
     turned = kernel_query(query, cache)
-    got = attention_kernels.mla_decode(turned, cache, meta.block_tables, meta.context_lens, pos, heads, isa=isa)
+    got = attention_kernels.mla_decode(turned, cache, meta.block_tables, meta.context_lens, pos, heads, path=isa)
     reference = TorchBackend().latent_attention(query, cache, meta)  # reads the rope key turned back
     exact = exact_attention(turned, rows, query_lens, lengths, heads)[..., :rank]
     valid = meta.query_valid.repeat_interleave(heads, dim=1)  # padded query rows are dropped by the caller
@@ -209,7 +209,7 @@ def assert_batch_invariant(isa, dtype, cache_dtype, rank, rope, heads=8):
     meta, _ = build_metadata([1] * len(lengths), lengths, tables, 16)
     batched = {
         t: attention_kernels.mla_decode(
-            query, cache, meta.block_tables, meta.context_lens, heads=heads, isa=isa, threads=t
+            query, cache, meta.block_tables, meta.context_lens, heads=heads, path=isa, threads=t
         )
         for t in (1, 2)
     }
@@ -218,7 +218,7 @@ def assert_batch_invariant(isa, dtype, cache_dtype, rank, rope, heads=8):
         alone, _ = build_metadata([1], lengths[b : b + 1], tables[b : b + 1], 16)
         for t in (1, 2):
             one = attention_kernels.mla_decode(
-                query[b : b + 1], cache, alone.block_tables, alone.context_lens, heads=heads, isa=isa, threads=t
+                query[b : b + 1], cache, alone.block_tables, alone.context_lens, heads=heads, path=isa, threads=t
             )
             assert torch.equal(one[0], batched[2][b]), (b, t)
 
@@ -255,20 +255,15 @@ def test_int8_latent_and_rope_in_whole_int8_steps(isa, heads, rank, rope, block_
     assert_batch_invariant(isa, torch.bfloat16, "int8_rope8", rank, rope, heads=heads)
 
 
-def test_forcing_an_isa_the_cpu_lacks_or_does_not_know_is_refused(monkeypatch):
-    monkeypatch.setenv("LATENTKV_CPU_ISA", "neon")
-    with pytest.raises(ValueError, match="LATENTKV_CPU_ISA='neon': expected one of"):
-        attention_kernels.chosen_isa()
-    for isa in attention_kernels.supported_isas():
-        monkeypatch.setenv("LATENTKV_CPU_ISA", isa)
-        assert attention_kernels.chosen_isa() == isa
-
-
 def test_a_build_started_in_the_background_is_waited_for_not_skipped(monkeypatch):
     """extension() called while build_in_background's thread is still compiling must wait for
     that build (and not compile twice, nor report the backend unavailable meanwhile)."""
     calls = []
-    module = types.SimpleNamespace(supported_isas=lambda: [0])
+    module = types.SimpleNamespace(
+        capabilities=lambda: [(name, 1 << i) for i, name in enumerate(build.CAPS)],
+        cpu_capabilities=lambda: 0,
+        paths=lambda: [],
+    )
 
     def slow_compile(name, source, directory):
         calls.append(name)
@@ -277,7 +272,7 @@ def test_a_build_started_in_the_background_is_waited_for_not_skipped(monkeypatch
 
     monkeypatch.setattr(attention_kernels.EXT, "state", {})
     monkeypatch.setattr(build, "compile_extension", slow_compile)
-    monkeypatch.setattr(build, "self_check", lambda ext, module, runs: {})
+    monkeypatch.setattr(build, "self_check", lambda ext, module, paths, runs: {})
     threads = build.build_in_background(attention_kernels.EXT)
     time.sleep(0.05)  # the thread holds the build now
     assert attention_kernels.extension() is module and attention_kernels.available()

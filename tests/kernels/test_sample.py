@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not sample.available(), reason="the native sampl
 
 
 def paths():
-    return [code for code in sample.EXT.state["isas"]]
+    return sample.EXT.supported_isas()
 
 
 def settings(n, gen, vocab):
@@ -41,7 +41,7 @@ def test_tokens_equal_the_reference_on_every_path(vocab):
     want, _ = reference(logits, t, k, p, m, u)
     for isa in paths():
         got = sample.sample_rows(logits, torch.arange(n), t, k, p, m, u, isa)
-        assert got.tolist() == want.tolist(), f"isa {isa}"
+        assert got.tolist() == want.tolist(), f"path {isa}"
 
 
 def test_kept_set_equals_the_sorted_reference_at_ties_and_edge_values():
@@ -64,7 +64,7 @@ def test_kept_set_equals_the_sorted_reference_at_ties_and_edge_values():
     for isa in paths():
         kept = torch.full((n, vocab), -1.0)
         sample.sample_rows(logits, torch.arange(n), t, k, p, m, u, isa, kept=kept)
-        assert torch.equal(kept > 0, want > 0), f"isa {isa}"
+        assert torch.equal(kept > 0, want > 0), f"path {isa}"
         assert torch.allclose(kept / kept.sum(-1, keepdim=True), want, rtol=1e-5, atol=1e-7)
 
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from latentkv.kernels.build import ISAS
 from latentkv.attention.paged import write
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.model import fused
@@ -40,7 +39,7 @@ def isas():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "amx"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "amx_bf16"])
 @pytest.mark.parametrize(
     "n,heads,k,c,extra",
     [(1, 9, 64, 256, 64), (7, 3, 40, 33, 0), (70, 2, 16, 130, 8), (70, 4, 100, 48, 3), (37, 9, 240, 64, 0)],
@@ -49,7 +48,7 @@ def isas():
 def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
-    monkeypatch.setitem(fused.EXT.state, "isa", ISAS[isa])
+    monkeypatch.setitem(fused.EXT.state, "caps", fused.EXT.path_caps(isa))
     gen = torch.Generator().manual_seed(n)
     q = torch.randn(n, heads, k + extra + 5, generator=gen).to(dtype)  # strided views, as project() gives
     x, e = q[..., :k], (q[..., k : k + extra] if extra else None)
@@ -61,7 +60,7 @@ def test_head_matmul(dtype, isa, n, heads, k, c, extra, monkeypatch):
     close(out, exact * 0.3, dtype)
     close(reference(fused.head_matmul, x, w, 0.3, e), exact * 0.3, dtype)
     packed = fused.head_pack(w)  # the AMX layout where that path applies (bf16, C % 16 == 0, K >= 32), else empty
-    assert (packed.numel() > 0) == (isa == "amx" and dtype == torch.bfloat16 and c % 16 == 0 and k >= 32)
+    assert (packed.numel() > 0) == (isa == "amx_bf16" and dtype == torch.bfloat16 and c % 16 == 0 and k >= 32)
     assert torch.equal(fused.head_matmul(x, w, 0.3, e, kernel=True, packed=packed), out)
 
 
@@ -72,7 +71,7 @@ def test_head_matmul_takes_bf16_weights_under_float32_rows(isa, monkeypatch):
     kernel, exactly the float32 product with the same values."""
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
-    monkeypatch.setitem(fused.EXT.state, "isa", ISAS[isa])
+    monkeypatch.setitem(fused.EXT.state, "caps", fused.EXT.path_caps(isa))
     gen = torch.Generator().manual_seed(2)
     x, e = torch.randn(5, 9, 50, generator=gen), torch.randn(5, 9, 96, generator=gen)
     w = torch.randn(9, 50, 248, generator=gen).to(torch.bfloat16)
@@ -196,8 +195,8 @@ def test_silu_mul_every_isa_any_width_and_rows_alone(monkeypatch, dtype):
     gate_up[0, :8] = torch.tensor([-200.0, -88.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 90.0])
     gate_up = gate_up.to(dtype)
     gate, up = gate_up.float().chunk(2, dim=-1)
-    for isa in (ISAS[name] for name in fused.EXT.supported_isas()):
-        monkeypatch.setitem(fused.EXT.state, "isa", isa)
+    for isa in fused.EXT.supported_isas():
+        monkeypatch.setitem(fused.EXT.state, "caps", fused.EXT.path_caps(isa))
         out = fused.silu_mul(gate_up, kernel=True)
         close(out, F.silu(gate) * up, dtype)
         assert all(
@@ -215,8 +214,8 @@ def test_rms_norm_every_isa_with_and_without_residual_rows_alone(monkeypatch, dt
     gen = torch.Generator().manual_seed(6)
     x, h = (torch.randn(70, 93, generator=gen).to(dtype) * 3 for _ in range(2))
     w = torch.randn(93, generator=gen).to(dtype)
-    for isa in (ISAS[name] for name in fused.EXT.supported_isas()):
-        monkeypatch.setitem(fused.EXT.state, "isa", isa)
+    for isa in fused.EXT.supported_isas():
+        monkeypatch.setitem(fused.EXT.state, "caps", fused.EXT.path_caps(isa))
         total, normed = fused.rms_norm(x, w, 1e-5, h, kernel=True)
         assert torch.equal(total, x + h)
         close(normed, F.rms_norm((x + h).float(), (93,), w.float(), 1e-5), dtype)

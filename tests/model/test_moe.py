@@ -16,7 +16,6 @@ import torch
 
 from latentkv.config import ModelConfig
 from latentkv.kernels import decode_ops, qlinear
-from latentkv.kernels.build import ISAS
 from latentkv.model.deepseek import Gate, MoE, moe_reference
 from latentkv.model.route import decide_route
 from threads import torch_threads
@@ -103,9 +102,10 @@ def native(layer: MoE, x, weights, ids) -> torch.Tensor:
 
 
 def use_isa(name: str, monkeypatch) -> None:
-    """qlinear on `name`, decode_ops (the reference's SwiGLU) on the path the op's SwiGLU takes for it."""
-    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[name])
-    monkeypatch.setitem(decode_ops.EXT.state, "isa", min(ISAS[name], ISAS["avx512"]))
+    """qlinear on path `name`, decode_ops (the reference's SwiGLU) under the same capabilities (its silu_mul
+    takes the rows the op's SwiGLU takes)."""
+    monkeypatch.setitem(qlinear.EXT.state, "caps", qlinear.EXT.path_caps(name))
+    monkeypatch.setitem(decode_ops.EXT.state, "caps", qlinear.EXT.path_caps(name))
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentkv.kernels.build import ISAS
 from latentkv.kernels import build, qlinear
 from latentkv.model.quant import FixedOrderLinear, Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
 from latentkv.model.route import decide_route
@@ -40,12 +39,12 @@ def quantized(bits: int, n: int, k: int, seed: int = 0):
 
 
 def run(x, packed, bits, n, isa, monkeypatch):
-    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
+    monkeypatch.setitem(qlinear.EXT.state, "caps", qlinear.EXT.path_caps(isa))
     return qlinear.linear(x, packed, bits, n)
 
 
 @pytest.mark.parametrize("bits", KINDS)
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512_bf16", "amx"])
+@pytest.mark.parametrize("isa", ["scalar", *build.CAPS])
 @pytest.mark.parametrize("n,k", [(16, 32), (53, 96), (130, 50), (70, 200)])  # N, K off the 16/64 blocks and 32 groups
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_the_dequantized_weights(bits, isa, n, k, dtype, monkeypatch):
@@ -164,7 +163,7 @@ def test_without_the_extension_the_aten_kernels_run(monkeypatch):
         assert (q(x) - ref).abs().max() <= 0.1 * ref.abs().max()
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512_bf16", "amx"])
+@pytest.mark.parametrize("isa", ["scalar", *build.CAPS])
 def test_bf16_weights_times_bf16_rows_on_every_path(isa, monkeypatch):
     """The bf16 record with bf16 activations, as a bf16 model's FixedOrderLinear runs it: avx512_bf16
     takes vdpbf16ps (pairs of inputs, its own fixed order), amx the tile unit (one TDPBF16PS per
@@ -190,7 +189,7 @@ def test_fused_swiglu_has_the_bits_of_the_product_then_silu_mul():
     """On AMX, swiglu_linear (SwiGLU in the product's last step, units of a gate block and its up
     block) gives exactly linear's bf16 output through decode_ops' silu_mul: alone, in 1..33 rows,
     in 300 and 2,100 rows (M blocks), with a K that is not whole groups, on 1 and 2 threads."""
-    if "amx" not in isas():
+    if "amx_bf16" not in isas():
         pytest.skip("this CPU has no AMX: the fused SwiGLU does not run")
     from latentkv.model import fused
 
@@ -219,7 +218,7 @@ def test_the_mlp_takes_the_fused_swiglu_where_it_runs_and_answers_the_same(monke
         module.weight.data.normal_(0, 0.1)
         module.pack_weights()
     x = torch.randn(37, 64).bfloat16()
-    assert (mlp.gate_up_proj.swiglu(x) is not None) == ("amx" in isas())
+    assert (mlp.gate_up_proj.swiglu(x) is not None) == ("amx_bf16" in isas())
     fused_out = mlp(x)
     monkeypatch.setattr(qlinear, "fused_swiglu", lambda bits, inter: False)
     assert mlp.gate_up_proj.swiglu(x) is None

@@ -2,8 +2,8 @@
 a PyTorch reference of the same quantization math, on every instruction set this CPU runs.
 
 The activation codes, d_x, s_x and the codes' sums must equal the reference exactly (one IEEE
-operation each). On AVX-512 CPUs with avx512_vnni the avx512 and higher ISAs run the vpdpbusd path
-(qlinear_dot_vnni.h), elsewhere the AVX2 path (test_each_isa_runs_its_dot_path). The
+operation each). Paths that need avx512_vnni run the vpdpbusd path (qlinear_dot_vnni.h), the others
+with avx2 the AVX2 path (test_each_isa_runs_its_dot_path). The
 output: each group's integer dot product is exact and the kernel adds G groups' terms
 float(isum) * fl(d_w * d_x) (+ m_w * s_x) into one float32 total with fmas, so it may differ from the
 float64 sum of the same terms by at most 2 G rounding errors of 2^-24 of the terms' absolute sum:
@@ -14,9 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentkv import cpu
-from latentkv.kernels.build import ISAS
-from latentkv.kernels import qlinear
+from latentkv.kernels import build, qlinear
 from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear, quantize_int4, quantize_int8
 from latentkv.model.route import decide_route
 from threads import torch_threads
@@ -24,7 +22,7 @@ from threads import torch_threads
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
 
 
-ALL = ["scalar", "avx2", "avx512", "avx512_bf16", "amx"]  # every ISA name (those this CPU lacks skip)
+ALL = ["scalar", *build.CAPS]  # every path name (those this CPU lacks skip)
 
 
 def isas():
@@ -76,7 +74,7 @@ def reference(x, codes, d_w, m_w):
 
 
 def run(x, packed, bits, n, isa, monkeypatch):
-    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
+    monkeypatch.setitem(qlinear.EXT.state, "caps", qlinear.EXT.path_caps(isa))
     return qlinear.dot_linear(x, packed, bits, n)
 
 
@@ -85,7 +83,7 @@ def run(x, packed, bits, n, isa, monkeypatch):
 def test_activations_quantize_exactly_as_the_reference(isa, dtype, monkeypatch):
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
-    monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
+    monkeypatch.setitem(qlinear.EXT.state, "caps", qlinear.EXT.path_caps(isa))
     x = torch.randn(6, 203, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 6)[:, None]
     x[2, 33:65] = 0  # an all-zero group (the second, after the shift below): d_x = 0, codes 0
     x[3, 5] = 1e4  # one outlier: the rest of its group rounds to few levels
@@ -133,11 +131,17 @@ def test_every_isa_gives_the_same_bits(bits, monkeypatch):
 
 
 def test_each_isa_runs_its_dot_path(monkeypatch):
-    """avx512 and above: vpdpbusd where the CPU has avx512_vnni, else AVX2's maddubs; avx2: maddubs."""
+    """A path that needs avx512_vnni: vpdpbusd; else one that needs avx2: AVX2's maddubs; scalar: scalar."""
     for isa in isas():
-        monkeypatch.setitem(qlinear.EXT.state, "isa", ISAS[isa])
-        vnni = ISAS[isa] >= ISAS["avx512"] and cpu.features()["avx512_vnni"]
-        assert qlinear.dot_path() == ("avx512_vnni" if vnni else "scalar" if isa == "scalar" else "avx2"), isa
+        needs = qlinear.EXT.path_caps(isa).names
+        monkeypatch.setitem(qlinear.EXT.state, "caps", qlinear.EXT.path_caps(isa))
+        want = "avx512_vnni" if "avx512_vnni" in needs else "avx2" if "avx2" in needs else "scalar"
+        assert qlinear.dot_path() == want, isa
+    assert "avx512_vnni" not in qlinear.EXT.supported_isas() or qlinear.EXT.path_caps("avx512_vnni").names == {
+        "avx2",
+        "avx512",
+        "avx512_vnni",
+    }
 
 
 @pytest.mark.parametrize("bits", [4, 8])

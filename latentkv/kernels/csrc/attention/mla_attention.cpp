@@ -15,7 +15,7 @@
 #include <omp.h>
 
 #include "bf16.h"
-#include "cpu_isa.h"
+#include "isa_paths.h"
 #include "mla_job.h"
 
 #include <algorithm>
@@ -45,7 +45,7 @@ namespace isa_avx2 {  // float32 queries: intrinsics, three heads per pass (mla_
 #pragma GCC pop_options
 
 #pragma GCC push_options
-// amx-tile / amx-bf16: for mla_prefill_amx.h alone, whose functions run only on isa 4 (the
+// amx-tile / amx-bf16: for mla_prefill_amx.h alone, whose functions run only on the amx paths (the
 // compiler never emits tile instructions of its own)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,amx-tile,amx-bf16,amx-int8,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd (AMX prefill)
@@ -66,37 +66,46 @@ namespace isa_scalar {  // the baseline x86-64 (or any other CPU's) code
 #include "mla_prefill_f32.h"
 }
 
+// The paths beside scalar, each the capabilities its code's target needs: float32 FMAs at avx2's and
+// avx512's widths; bf16 and int8 dot products (avx512_bf16: vdpbf16ps, vpdpbusd); bf16 tiles for the
+// prefill and the bf16 decode (amx_bf16); int8 tiles for an int8 latent and rope key (amx_int8).
+constexpr int64_t NEEDS_AVX2 = CAP_AVX2, NEEDS_AVX512 = CAP_AVX2 | CAP_AVX512,
+                  NEEDS_AVX512_BF16 = NEEDS_AVX512 | CAP_AVX512_VNNI | CAP_AVX512_BF16,
+                  NEEDS_AMX_BF16 = NEEDS_AVX512_BF16 | CAP_AMX_BF16, NEEDS_AMX_INT8 = NEEDS_AMX_BF16 | CAP_AMX_INT8;
+constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2},
+                             {"avx512", NEEDS_AVX512},
+                             {"avx512_bf16", NEEDS_AVX512_BF16},
+                             {"amx_bf16", NEEDS_AMX_BF16},
+                             {"amx_int8", NEEDS_AMX_INT8}};
+
 namespace {
 
 using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, const int64_t*, float*, float*, float*,
                         float*, float*);
 
-// 0 scalar, 1 avx2+fma, 2 avx512 (f, bw, vl, dq), 3 avx512 + avx512_bf16 + avx512_vnni
-SpanFn span_fn(int64_t isa) {
-  if (isa >= 3) return isa_avx512bf16::attend_span;
-  if (isa == 2) return isa_avx512::attend_span;
-  if (isa == 1) return isa_avx2::attend_span_fast;
+SpanFn span_fn(int64_t caps) {
+  if (has(caps, NEEDS_AVX512_BF16)) return isa_avx512bf16::attend_span;
+  if (has(caps, NEEDS_AVX512)) return isa_avx512::attend_span;
+  if (has(caps, NEEDS_AVX2)) return isa_avx2::attend_span_fast;
   return isa_scalar::attend_span;
 }
 
 using MergeFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int, float*, float*, uint16_t*);
 
-MergeFn merge_fn(int64_t isa) {
-  if (isa >= 3) return isa_avx512bf16::merge_row;
-  if (isa == 2) return isa_avx512::merge_row;
-  if (isa == 1) return isa_avx2::merge_row;
+MergeFn merge_fn(int64_t caps) {
+  if (has(caps, NEEDS_AVX512_BF16)) return isa_avx512bf16::merge_row;
+  if (has(caps, NEEDS_AVX512)) return isa_avx512::merge_row;
+  if (has(caps, NEEDS_AVX2)) return isa_avx2::merge_row;
   return isa_scalar::merge_row;
 }
 
 }  // namespace
 
-std::vector<int64_t> supported_isas() { return isas_up_to(4); }
-
 at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Tensor scale,
                          at::Tensor rope, at::Tensor block_tables, at::Tensor context_lens,
-                         at::Tensor query_pos, int64_t heads, int64_t kv_rank, int64_t block_size, int64_t isa,
+                         at::Tensor query_pos, int64_t heads, int64_t kv_rank, int64_t block_size, int64_t caps,
                          int64_t threads) {
-  TORCH_CHECK(isa_supported(isa), "mla_decode: this CPU does not support instruction set ", isa);
+  check_caps(caps, "mla_decode");
   TORCH_CHECK(query.dim() == 3, "mla_decode: query must be [B, M, D]");
   TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
               "mla_decode: query must be float32 or bfloat16");
@@ -189,7 +198,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   // the query rows of each sequence widened once to float32.
   // (r % 32 == 16, the default conversion's 240: the latent ends mid-chunk, in a full chunk)
   // (q4_0 rows are widened to float32 by load_row on every ISA: the bf16 loops widen their own kinds)
-  const bool dp_bf16 = isa >= 3 && job.kind != KIND_Q4 && query.scalar_type() == at::kBFloat16 && (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
+  const bool dp_bf16 = has(caps, NEEDS_AVX512_BF16) && job.kind != KIND_Q4 && query.scalar_type() == at::kBFloat16 && (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
   std::vector<float> qf(dp_bf16 ? 0 : B * M * D);
   if (dp_bf16) {
   } else if (query.scalar_type() == at::kFloat) {
@@ -206,11 +215,12 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   std::vector<int32_t> qsum(dp_i8 ? B * M * 2 : 0);
   if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
 
-  // AMX (isa 4): the bf16 path's scores and value sums on tiles (mla_decode_amx.h); the int8 VNNI path stays.
-  // An int8 latent and rope whose widths are whole int8 tile steps: integer tile products (mla_decode_amx_i8.h).
-  const bool dp_amx_i8 = isa >= 4 && dp_bf16 && !dp_i8 && job.kind == KIND_I8 && job.rope_i8 && r % 64 == 0 &&
-                         (D - r) % 64 == 0 && D - r > 0 && has_amx_int8();
-  const bool dp_amx = isa >= 4 && dp_bf16 && !dp_i8 && !dp_amx_i8 && D % 2 == 0 && D >= 32;
+  // AMX (amx_bf16): the bf16 path's scores and value sums on tiles (mla_decode_amx.h); the int8 VNNI path stays.
+  // An int8 latent and rope whose widths are whole int8 tile steps (amx_int8): integer tile products
+  // (mla_decode_amx_i8.h).
+  const bool dp_amx_i8 = has(caps, NEEDS_AMX_INT8) && dp_bf16 && !dp_i8 && job.kind == KIND_I8 && job.rope_i8 &&
+                         r % 64 == 0 && (D - r) % 64 == 0 && D - r > 0;
+  const bool dp_amx = has(caps, NEEDS_AMX_BF16) && dp_bf16 && !dp_i8 && !dp_amx_i8 && D % 2 == 0 && D >= 32;
   const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;
   const int64_t qblocks = dp_amx_i8 ? (M + 15) / 16 * isa_avx512bf16::amx_i8_query_block((int)D)
                                     : (M + 15) / 16 * (split ? 2 : 1) * isa_avx512bf16::amx_query_block((int)D);
@@ -220,7 +230,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   const int pack_threads = (int)std::min<int64_t>(threads, B);
   if (dp_amx) isa_avx512bf16::pack_queries(q16, B, (int)M, (int)D, (int)r, split, qpack.get(), pack_threads);
   if (dp_amx_i8) isa_avx512bf16::pack_queries_i8(q16, B, (int)M, (int)D, (int)r, qpack.get(), qscale.data(), pack_threads);
-  SpanFn attend = span_fn(isa);
+  SpanFn attend = span_fn(caps);
   // No more threads than work: an idle member of a team still costs a fork and a join per region
   // (two regions per layer and step), and the merge of a short batch is a few thousand FMAs.
   const int nthreads = (int)std::max<int64_t>(1, std::min<int64_t>(threads, items));
@@ -269,7 +279,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   const bool bf16 = query.scalar_type() == at::kBFloat16;
   float* out32 = bf16 ? nullptr : out.data_ptr<float>();
   uint16_t* out16 = bf16 ? (uint16_t*)out.data_ptr() : nullptr;
-  MergeFn merge = merge_fn(isa);
+  MergeFn merge = merge_fn(caps);
 #pragma omp parallel num_threads(merge_threads)
   {
     std::vector<float> row(r);
@@ -303,13 +313,13 @@ void prefill_f32(Job job, const at::Tensor& q, const at::Tensor& kv, const at::T
 }
 
 template <typename T>
-void prefill_f32_isa(int64_t isa, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& k_r, int64_t dn,
+void prefill_f32_isa(int64_t caps, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& k_r, int64_t dn,
                      int64_t first, int64_t key_start, at::Tensor& m, at::Tensor& l, at::Tensor& acc, double scale,
                      int nthreads) {
-  if (isa >= 2)
+  if (has(caps, NEEDS_AVX512))
     prefill_f32<isa_avx512::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
                                                      isa_avx512::f32_prefill_run<16, T>);
-  else if (isa == 1)
+  else if (has(caps, NEEDS_AVX2))
     prefill_f32<isa_avx2::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
                                                   isa_avx2::f32_prefill_run<8, T>);
   else
@@ -318,11 +328,11 @@ void prefill_f32_isa(int64_t isa, const at::Tensor& q, const at::Tensor& kv, con
 }
 
 // One prefill span (mla_prefill_bf16.h / mla_prefill_f32.h have the shapes); updates m, l, acc in
-// place. bf16 tensors on avx512_bf16 (dr even): vdpbf16ps, on AMX (isa 4): tiles; everything else: the float32 kernel at
-// the ISA's width (bf16 tensors widened when packed).
+// place. bf16 tensors on avx512_bf16 (dr even): vdpbf16ps, on amx_bf16: tiles; everything else: the float32 kernel at
+// the path's width (bf16 tensors widened when packed).
 void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_t first, int64_t key_start,
-                 at::Tensor m, at::Tensor l, at::Tensor acc, double scale, int64_t isa, int64_t threads) {
-  TORCH_CHECK(isa_supported(isa), "mla_prefill: this CPU does not support instruction set ", isa);
+                 at::Tensor m, at::Tensor l, at::Tensor acc, double scale, int64_t caps, int64_t threads) {
+  check_caps(caps, "mla_prefill");
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "mla_prefill: q must be float32 or bf16");
   for (const at::Tensor* t : {&q, &kv, &k_r})
@@ -340,24 +350,25 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
               "mla_prefill: the span and key_start must be multiples of the key block (64), acc's width dv padded "
               "to a multiple of 16");
   const int nthreads = threads > 0 ? (int)threads : 1;
-  const bool bf16_job = dtype == at::kBFloat16 && isa >= 3 && dr % 2 == 0;  // else the float32 kernel
+  const bool bf16_job = dtype == at::kBFloat16 && has(caps, NEEDS_AVX512_BF16) && dr % 2 == 0;  // else the float32 kernel
+  const bool amx = bf16_job && has(caps, NEEDS_AMX_BF16);
   // The first span (keys from 0) starts every row's state afresh: m, l, acc are not read (the
   // caller need not fill them); the AMX path sets it as it loads a row, the others are filled here.
-  if (key_start == 0 && !(bf16_job && isa >= 4)) {
+  if (key_start == 0 && !amx) {
     m.fill_(-std::numeric_limits<float>::infinity());
     l.zero_();
     acc.zero_();
   }
   if (dtype == at::kFloat)
-    return prefill_f32_isa<float>(isa, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
+    return prefill_f32_isa<float>(caps, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
   if (!bf16_job)
-    return prefill_f32_isa<uint16_t>(isa, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
+    return prefill_f32_isa<uint16_t>(caps, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
   isa_avx512bf16::PrefillJob job;
   job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
   job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
   job.krs = (int)(groups * dr), job.hpg = (int)(H / groups);
   job.kvh = (int)kv.size(1), job.hpk = (int)(H / kv.size(1));
-  if (isa >= 4) isa_avx512bf16::amx_layout(job);  // whole tiles of pairs: keys read in place or packed
+  if (amx) isa_avx512bf16::amx_layout(job);  // whole tiles of pairs: keys read in place or packed
   job.first = first, job.key_start = key_start, job.scale = (float)scale;
   job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();
   // kept between calls (every span of every layer): fresh ones were zero-filled and page-faulted
@@ -367,7 +378,7 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
   if (vp.size() < (size_t)H * S * dvp) vp.resize((size_t)H * S * dvp);
   job.kp = kp.data(), job.vp = vp.data();
   job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
-  if (isa >= 4) isa_avx512bf16::prefill_run_amx(job, nthreads);
+  if (amx) isa_avx512bf16::prefill_run_amx(job, nthreads);
   else isa_avx512bf16::prefill_run(job, nthreads);
 }
 
@@ -409,5 +420,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 avx512 + avx512_bf16 + avx512_vnni, 4 amx (bf16 prefill and decode on AMX tiles)");
+  def_isa_paths(m, PATHS);
 }

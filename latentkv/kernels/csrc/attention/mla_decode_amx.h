@@ -1,7 +1,7 @@
 // Paged MLA decode with its scores and value sums on AMX tiles (TDPBF16PS), for bf16 queries on CPUs with
-// amx_bf16 (cpu_isa.h's code 4). Included by mla_attention.cpp inside `namespace isa_avx512bf16`
+// amx_bf16 (cpu_isa.h). Included by mla_attention.cpp inside `namespace isa_avx512bf16`
 // after mla_decode_bf16.h (tile_rows, pair_rows, unpermute, prefetch_rows) and
-// amx_tiles.h; its functions run only on isa 4.
+// amx_tiles.h; its functions run only on the amx_bf16 path (mla_attention.cpp).
 //
 // Same work items and merge as mla_decode_bf16.h; within an item, chunks of AMX_CHUNK tokens in
 // two passes (value sums stored, reloaded and rescaled every 32 tokens and one dependent chain of

@@ -1,18 +1,19 @@
 // latentkv fused decode-step ops (CPU): the small per-layer operations between the weight matmuls,
 // each one call instead of a chain of eager PyTorch ops. Python side: latentkv/kernels/decode_ops.py
 // (build, switch: kernels/build.py), latentkv/model/fused.py (the PyTorch reference of each op). Shapes (float32 or bfloat16 activations):
-//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty, isa, packed) -> [N, H, C + E]
+//   head_matmul(x [N, H, K], w [H, K, C], scale, extra [N, H, E] or empty, caps, packed) -> [N, H, C + E]
 //       in x's dtype (w in x's dtype, or bf16 under float32 x):
 //       per head x·w (the absorbed query W_UKᵀ q_nope and the value W_UV o_lat), times scale,
-//       with `extra` (the rotated q_rope) times scale beside it. On isa 4 with bf16 x and w, on AMX
-//       tiles (head_amx.h) from `packed` = head_pack(w, isa) (empty: packed for the call).
-//   rope(x [N, G, d], cos [N, d/2], sin, interleaved, isa, slots) -> rotated [N, G, d]; with slots
+//       with `extra` (the rotated q_rope) times scale beside it. Where caps has amx_bf16, with bf16 x and w,
+//       on AMX tiles (head_amx.h) from `packed` = head_pack(w, caps) (empty: packed for the call).
+//   rope(x [N, G, d], cos [N, d/2], sin, interleaved, caps, slots) -> rotated [N, G, d]; with slots
 //       (int64 [d/2], else empty) pair i turns by column slots[i] of cos / sin [N, F].
 //   write_latent(c [T, r], k_r [T, dr], cos [T, dr/2], sin, interleaved, slots [T], kv | latent,
-//       scale, rope, qmax, isa): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
+//       scale, rope, qmax, caps): rotate k_r, quantize c (int8 / fp8 e4m3, scale per token) and store both
 //       at their flat cache slots, in one pass.
-//   silu_mul(gate_up [T, 2I], isa) -> silu(gate) * up [T, I].
-//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, isa) -> (x + residual, its RMSNorm).
+//   silu_mul(gate_up [T, 2I], caps) -> silu(gate) * up [T, I].
+//   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, caps) -> (x + residual, its RMSNorm).
+// caps: the capabilities that serve (cpu_isa.h); each op runs the best of its paths (PATHS) they include.
 // Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
 #include "decode_ops.h"
 #include "torch_lite.h"
@@ -20,7 +21,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 
-#include "cpu_isa.h"
+#include "isa_paths.h"
 
 #include <algorithm>
 #include <cmath>
@@ -86,15 +87,20 @@ bool is_float(const at::Tensor& t) {
 
 }  // namespace
 
-std::vector<int64_t> supported_isas() { return isas_up_to(4); }  // 3: the avx512 paths; 4: head_matmul on AMX tiles
+// The paths beside scalar, each the capabilities its code's target needs: the vector rows of every op
+// (avx2, avx512) and head_matmul's AMX tiles (amx_bf16).
+constexpr int64_t NEEDS_AVX2 = CAP_AVX2, NEEDS_AVX512 = CAP_AVX2 | CAP_AVX512,
+                  NEEDS_AMX_BF16 = NEEDS_AVX512 | CAP_AVX512_BF16 | CAP_AMX_BF16;
+constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2}, {"avx512", NEEDS_AVX512}, {"amx_bf16", NEEDS_AMX_BF16}};
 
-// The AMX path's weight layout (head_amx.h head_pack) for w [H, K, C] bf16, where that path applies on
-// this isa; else an empty tensor (head_matmul then takes its vector tiles).
-at::Tensor head_pack(at::Tensor w, int64_t isa) {
+// The AMX path's weight layout (head_amx.h head_pack) for w [H, K, C] bf16, where that path applies
+// under caps; else an empty tensor (head_matmul then takes its vector tiles).
+at::Tensor head_pack(at::Tensor w, int64_t caps) {
   check_cpu(w, "head_pack: w");
   TORCH_CHECK(w.dim() == 3, "head_pack: w must be [H, K, C]");
   const int64_t H = w.size(0), K = w.size(1), C = w.size(2);
-  if (isa < 4 || !isa_supported(isa) || w.scalar_type() != at::kBFloat16 || !isa_amx::head_applies(K, C))
+  check_caps(caps, "head_pack");
+  if (!has(caps, NEEDS_AMX_BF16) || w.scalar_type() != at::kBFloat16 || !isa_amx::head_applies(K, C))
     return at::empty({0}, w.options());
   w = w.contiguous();
   auto out = at::empty({H, isa_amx::amx_steps((int)K), 16, C, 2}, w.options());
@@ -102,9 +108,9 @@ at::Tensor head_pack(at::Tensor w, int64_t isa) {
   return out;
 }
 
-at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa, at::Tensor packed) {
+at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t caps, at::Tensor packed) {
   check_cpu(x, "head_matmul: x");
-  TORCH_CHECK(isa_supported(isa), "head_matmul: this CPU does not support instruction set ", isa);
+  check_caps(caps, "head_matmul");
   TORCH_CHECK(x.dim() == 3 && w.dim() == 3 && x.size(1) == w.size(0) && x.size(2) == w.size(1),
               "head_matmul: x must be [N, H, K] and w [H, K, C]");
   TORCH_CHECK(is_float(x) && is_float(w) && (w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kBFloat16),
@@ -117,8 +123,9 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
                 "head_matmul: extra must be [N, H, E] in x's dtype");
   auto out = at::empty({N, H, C + E}, x.options());
   if (N == 0) return out;
-  if (isa >= 4 && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && isa_amx::head_applies(K, C)) {
-    if (packed.numel() == 0) packed = head_pack(w, isa);
+  if (has(caps, NEEDS_AMX_BF16) && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
+      isa_amx::head_applies(K, C)) {
+    if (packed.numel() == 0) packed = head_pack(w, caps);
     TORCH_CHECK(packed.dim() == 5 && packed.size(0) == H && packed.size(1) == isa_amx::amx_steps((int)K) &&
                 packed.size(3) == C, "head_matmul: packed must be head_pack(w)");
     isa_amx::head_matmul_amx(x, packed, (float)scale, extra, out);
@@ -127,9 +134,10 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   constexpr int64_t CHUNK = 64;  // rows per work item
   const int64_t chunks = (N + CHUNK - 1) / CHUNK;
   const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
-  RowsF32 rows_f32 = isa >= 2 ? isa_avx512::head_rows_f32 : isa == 1 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
-  RowsBF16 rows_bf16 = isa >= 2 ? isa_avx512::head_rows_bf16 : isa == 1 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
-  OutBF16 out_bf16 = isa >= 2 ? isa_avx512::head_out_bf16 : isa == 1 ? isa_avx2::head_out_bf16 : isa_scalar::head_out_bf16;
+  const bool avx512 = has(caps, NEEDS_AVX512), avx2 = has(caps, NEEDS_AVX2);
+  RowsF32 rows_f32 = avx512 ? isa_avx512::head_rows_f32 : avx2 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
+  RowsBF16 rows_bf16 = avx512 ? isa_avx512::head_rows_bf16 : avx2 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
+  OutBF16 out_bf16 = avx512 ? isa_avx512::head_out_bf16 : avx2 ? isa_avx2::head_out_bf16 : isa_scalar::head_out_bf16;
   const float s = (float)scale;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "head_matmul", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -169,7 +177,7 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
 
 namespace {
 
-// The row loops rope and write_latent take from one ISA (decode_ops_impl.h); isa 0 is the reference.
+// The row loops rope and write_latent take from one path (decode_ops_impl.h); scalar is the reference.
 struct RowOps {
   void (*rotate_f32)(const float*, int64_t, const float*, const float*, bool, float*);
   void (*rotate_bf16)(const uint16_t*, int64_t, const float*, const float*, bool, float*);
@@ -193,9 +201,10 @@ struct RowOps {
 #define LATENTKV_ROW_OPS(ns) \
   RowOps { ns::rotate_vals_f32, ns::rotate_vals_bf16, ns::round_vals_bf16, ns::absmax_f32, ns::absmax_bf16, ns::quantize_f32, ns::quantize_bf16 }
 
-RowOps row_ops(int64_t isa) {
-  TORCH_CHECK(isa_supported(isa), "this CPU does not support instruction set ", isa);
-  return isa >= 2 ? LATENTKV_ROW_OPS(isa_avx512) : isa == 1 ? LATENTKV_ROW_OPS(isa_avx2) : LATENTKV_ROW_OPS(isa_scalar);
+RowOps row_ops(int64_t caps) {
+  check_caps(caps, "decode_ops");
+  return has(caps, NEEDS_AVX512) ? LATENTKV_ROW_OPS(isa_avx512)
+         : has(caps, NEEDS_AVX2) ? LATENTKV_ROW_OPS(isa_avx2) : LATENTKV_ROW_OPS(isa_scalar);
 }
 
 // A float tensor's storage as the row loops read it: float, or bf16 bits.
@@ -207,7 +216,7 @@ at::Tensor unit_last(const at::Tensor& t) { return t.size(-1) > 1 && t.stride(-1
 
 }  // namespace
 
-at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t isa, at::Tensor slots) {
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t caps, at::Tensor slots) {
   check_cpu(x, "rope: x");
   TORCH_CHECK(x.dim() == 3 && is_float(x), "rope: x must be [N, G, d] float32 or bfloat16");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rope: cos/sin must be float32");
@@ -222,7 +231,7 @@ at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, 
       TORCH_CHECK(slots.data_ptr<int64_t>()[i] >= 0 && slots.data_ptr<int64_t>()[i] < F, "rope: a slot outside cos/sin");
   }
   const int64_t* sl = pick ? slots.data_ptr<int64_t>() : nullptr;
-  const RowOps ops = row_ops(isa);
+  const RowOps ops = row_ops(caps);
   auto out = at::empty({N, G, d}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rope", [&] {
     using B = bits_t<scalar_t>;
@@ -253,7 +262,7 @@ at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, 
 
 void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
                   at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,
-                  double qmax, int64_t isa) {
+                  double qmax, int64_t caps) {
   check_cpu(c, "write_latent: c");
   TORCH_CHECK(c.dim() == 2 && k_r.dim() == 2 && c.size(0) == k_r.size(0) && is_float(c) && k_r.scalar_type() == c.scalar_type(),
               "write_latent: c [T, r] and k_r [T, dr] must share a float dtype");
@@ -287,7 +296,7 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   const bool rope8 = quantized && rope_cache.scalar_type() == at::kChar;  // scale: [slot][latent's, rope's]
   const int64_t stride = rope8 ? 2 : 1;
   const float q = (float)qmax;
-  const RowOps ops = row_ops(isa);
+  const RowOps ops = row_ops(caps);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, c.scalar_type(), "write_latent", [&] {
     using B = bits_t<scalar_t>;
     const B *cp = (const B*)c.data_ptr(), *kp = (const B*)k_r.data_ptr();
@@ -330,7 +339,7 @@ void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, 
   });
 }
 
-std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t isa) {
+std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t caps) {
   check_cpu(x, "rms_norm: x");
   TORCH_CHECK(x.dim() == 2 && is_float(x) && weight.dim() == 1 && weight.size(0) == x.size(1),
               "rms_norm: x must be [T, d] float32 or bfloat16, weight [d]");
@@ -343,13 +352,14 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
   auto out = at::empty_like(x);
   auto sum = add ? at::empty_like(x) : x;
   const auto st = x.scalar_type();
-  if (weight.scalar_type() == st && (st == at::kBFloat16 || st == at::kFloat) && isa_supported(isa)) {
+  if (weight.scalar_type() == st && (st == at::kBFloat16 || st == at::kFloat) && cpu_runs(caps)) {
     // the vectorized rows (decode_ops_impl.h), one instruction set
     const float e = (float)eps;
     if (st == at::kBFloat16) {
       using Rows = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const uint16_t*, float, uint16_t*, int64_t, int64_t,
                             int64_t, float*);
-      Rows rows = isa >= 2 ? isa_avx512::rms_norm_rows_bf16 : isa == 1 ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
+      Rows rows = has(caps, NEEDS_AVX512) ? isa_avx512::rms_norm_rows_bf16
+                  : has(caps, NEEDS_AVX2) ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
       const uint16_t *xp = (const uint16_t*)x.data_ptr(), *rp = add ? (const uint16_t*)residual.data_ptr() : nullptr,
                      *wp = (const uint16_t*)weight.data_ptr();
       uint16_t *sp = add ? (uint16_t*)sum.data_ptr() : nullptr, *op = (uint16_t*)out.data_ptr();
@@ -359,7 +369,8 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
       });
     } else {
       using Rows = void (*)(const float*, const float*, float*, const float*, float, float*, int64_t, int64_t, int64_t, float*);
-      Rows rows = isa >= 2 ? isa_avx512::rms_norm_rows_f32 : isa == 1 ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
+      Rows rows = has(caps, NEEDS_AVX512) ? isa_avx512::rms_norm_rows_f32
+                  : has(caps, NEEDS_AVX2) ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
       const float *xp = x.data_ptr<float>(), *rp = add ? residual.data_ptr<float>() : nullptr, *wp = weight.data_ptr<float>();
       float *sp = add ? sum.data_ptr<float>() : nullptr, *op = out.data_ptr<float>();
       at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
@@ -414,5 +425,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_latent", &write_latent, py::call_guard<py::gil_scoped_release>(), "rope on k_r + quantization + write into the paged cache");
   m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512, 3 (its avx512 paths), 4 amx (head_matmul)");
+  def_isa_paths(m, PATHS);
 }

@@ -1,16 +1,16 @@
 // The fused decode-step ops of decode_ops.cpp (shapes and meaning there), declared for
-// decode_step.h, which calls them between the weight linears. isa: 0 scalar, 1 avx2+fma, 2 avx512 (3 the same), 4 head_matmul on AMX.
+// decode_step.h, which calls them between the weight linears. caps: the capabilities that serve (cpu_isa.h).
 #pragma once
 #include "torch_lite.h"
 
 #include <cstdint>
 #include <vector>
 
-at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t isa, at::Tensor packed);
-at::Tensor head_pack(at::Tensor w, int64_t isa);
-at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t isa, at::Tensor slots);
+at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extra, int64_t caps, at::Tensor packed);
+at::Tensor head_pack(at::Tensor w, int64_t caps);
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool interleaved, int64_t caps, at::Tensor slots);
 void write_latent(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, bool interleaved,
                   at::Tensor slots, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope_cache,
-                  double qmax, int64_t isa);
-std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t isa);
-at::Tensor silu_mul(at::Tensor gate_up, int64_t isa);
+                  double qmax, int64_t caps);
+std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at::Tensor residual, int64_t caps);
+at::Tensor silu_mul(at::Tensor gate_up, int64_t caps);

@@ -158,7 +158,7 @@ static void rms_norm_rows_bf16(const uint16_t* x, const uint16_t* res, uint16_t*
 
 // rope's and write_latent's rows, contiguous values. Not contracted into FMAs (optimize attribute):
 // each product and sum rounds once, as on the scalar path (built without FMA) and in model/rope.py,
-// so every ISA stores the same bits (tests/kernels/test_decode_ops.py checks them against isa 0).
+// so every ISA stores the same bits (tests/kernels/test_decode_ops.py checks them against the scalar path).
 template <typename T>
 __attribute__((optimize("fp-contract=off"))) static void rotate_vals(const T* __restrict x, int64_t d,
                                                                      const float* __restrict cs,

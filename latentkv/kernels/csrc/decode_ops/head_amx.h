@@ -1,4 +1,4 @@
-// head_matmul's AMX path (cpu_isa.h code 4): bf16 rows x [R, K] times one head's bf16 weight
+// head_matmul's AMX path (the amx_bf16 path: cpu_isa.h): bf16 rows x [R, K] times one head's bf16 weight
 // w [K, C] on tiles (TDPBF16PS), for the absorbed MLA's per-head products (W_UK^T q_nope, W_UV o_lat)
 // of a decode step. Included by decode_ops.cpp inside `namespace isa_amx` after amx_tiles.h (and torch).
 //

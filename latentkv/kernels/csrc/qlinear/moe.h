@@ -2,7 +2,7 @@
 // MoE runs it where its experts' linears run this extension's packed kernel). At file scope in qlinear.cpp,
 // after qlinear_kernel.h (the kernels as work units) and common/swiglu.h (silu_mul):
 //   moe(x [T, D], weights [T, k] float32, ids [T, k] int64, gate_up [E, NB, G, REC], down [E, NB', G', REC],
-//       shared_gate_up [NB, G, REC], shared_down (both empty: no shared experts), kind, inter, shared_inter, isa)
+//       shared_gate_up [NB, G, REC], shared_down (both empty: no shared experts), kind, inter, shared_inter, caps)
 //   -> [T, D] in x's dtype.
 // gate_up[e], down[e]: routed expert e's packed gate_up (2 inter outputs, gate then up) and down (D outputs),
 // records of `kind` (4, 8, 16, 32, 104, 108: qlinear_kernel.h). Per token t it computes
@@ -134,8 +134,8 @@ void check_experts(const at::Tensor& t, int64_t dim, const char* what) {
 
 at::Tensor moe(at::Tensor x, at::Tensor weights, at::Tensor ids, at::Tensor gate_up, at::Tensor down,
                at::Tensor shared_gate_up, at::Tensor shared_down, int64_t kind, int64_t inter, int64_t shared_inter,
-               int64_t isa) {
-  TORCH_CHECK(isa_supported(isa), "qlinear moe: this CPU does not support instruction set ", isa);
+               int64_t caps) {
+  check_caps(caps, "qlinear moe");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "qlinear moe: x must be a [T, D] float32 or bfloat16 CPU tensor");
   const int64_t T = x.size(0), D = x.size(1);
@@ -146,7 +146,7 @@ at::Tensor moe(at::Tensor x, at::Tensor weights, at::Tensor ids, at::Tensor gate
   check_experts(gate_up, 4, "gate_up"), check_experts(down, 4, "down");
   const int64_t E = gate_up.size(0), k = ids.size(1);
   TORCH_CHECK(down.size(0) == E, "qlinear moe: gate_up holds ", E, " experts, down ", down.size(0));
-  const Kernel kernel(kind, isa, x.scalar_type() == at::kBFloat16);
+  const Kernel kernel(kind, caps, x.scalar_type() == at::kBFloat16);
   check_fit(gate_up.size(1), gate_up.size(2), gate_up.size(3), kernel.rec(), D, 2 * inter, "moe gate_up");
   check_fit(down.size(1), down.size(2), down.size(3), kernel.rec(), inter, D, "moe down");
   const bool shared = shared_gate_up.numel() > 0;
@@ -197,8 +197,8 @@ at::Tensor moe(at::Tensor x, at::Tensor weights, at::Tensor ids, at::Tensor gate
   run_jobs(kernel, jobs);
   // SwiGLU of each linear's output in x's dtype (as the MLP module's linear returns it), then the down
   // projection's activations; down of every group
-  const Act ag = kernel.prepare(silu_mul(h.to(dtype), isa), down.size(2), false);
-  const Act as = shared ? kernel.prepare(silu_mul(hs.to(dtype), isa), shared_down.size(1), false) : Act();
+  const Act ag = kernel.prepare(silu_mul(h.to(dtype), caps), down.size(2), false);
+  const Act as = shared ? kernel.prepare(silu_mul(hs.to(dtype), caps), shared_down.size(1), false) : Act();
   at::Tensor y = new_rows(R, D), ys;
   jobs.clear();
   if (shared) {

@@ -4,12 +4,14 @@
 // qlinear_impl.h). Activations float32 or bfloat16 (widened to float32 once), float32 accumulation
 // in a fixed order per output element: batch-invariant. Threads (at::parallel_for, torch's) split
 // the output rows, never K.
-//   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|16|32, N, isa) -> y [M, N] in x's dtype.
+//   linear(x [M, K], packed int32 [NB, G, REC], kind 4|8|16|32, N, caps) -> y [M, N] in x's dtype
+//   (caps: the capabilities that serve, cpu_isa.h; the best of qlinear_paths.h's paths they allow runs).
 // And the integer-dot linears (qlinear_dot_impl.h): activations quantized to int8 per row and
 // group of 32, int4 (w4a8: kind 104) or int8 (w8a8: kind 108) weights, AVX-512 VNNI vpdpbusd /
 // AVX2 maddubs / scalar, through the same entry (so the decode plan's capsule runs them too).
 // And a MoE layer's experts in one call (moe.h), over the same kernels as work units (qlinear_kernel.h).
 // This file holds the entries; each ISA's kernels are their own unit (qlinear_paths.h).
+#include "isa_paths.h"
 #include "kernel_fns.h"
 #include "torch_lite.h"
 #include "qlinear_common.h"
@@ -43,16 +45,17 @@ namespace isa_scalar {
 
 #include "qlinear_kernel.h"  // the kernels of each kind as work units, the activations they read
 
-void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t isa) {
+void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t caps) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "qlinear: CPU tensors only");
-  TORCH_CHECK(isa_supported(isa), "qlinear: this CPU does not support instruction set ", isa);
+  check_caps(caps, "qlinear");
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "qlinear: x must be [M, K] float32 or bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous(),
               "qlinear: packed must be contiguous int32 [NB, G, REC]");
 }
 
-std::vector<int64_t> supported_isas() { return isas_up_to(4); }
+constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2},           {"avx512", NEEDS_AVX512},     {"avx512_vnni", NEEDS_AVX512_VNNI},
+                             {"avx512_bf16", NEEDS_AVX512_BF16}, {"amx_bf16", NEEDS_AMX_BF16}, {"amx_int8", NEEDS_AMX_INT8}};
 
 // A packed weight [NB, G, rec] (packed.py pads its rows to a multiple of 64 and K to whole groups)
 // fits K inputs and N outputs: the shape rule of every entry. `what` names the weight.
@@ -64,9 +67,9 @@ static void check_fit(int64_t NB, int64_t G, int64_t rec_found, int64_t rec, int
 }
 
 // y [M, N] = x [M, K] · Wᵀ in x's dtype (kinds: qlinear_kernel.h), one linear's work units over the threads.
-at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t isa) {
-  check_x(x, packed, isa);
-  const Kernel kernel(kind, isa, x.scalar_type() == at::kBFloat16);
+at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int64_t caps) {
+  check_x(x, packed, caps);
+  const Kernel kernel(kind, caps, x.scalar_type() == at::kBFloat16);
   const int64_t M = x.size(0), G = packed.size(1);
   check_fit(packed.size(0), G, packed.size(2), kernel.rec(), x.size(1), N, "packed weight");
   auto out = at::empty({M, N}, x.options().dtype(kernel.out_type()));
@@ -83,11 +86,11 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
 // silu(x · W_gateᵀ) * (x · W_upᵀ) [M, I] bf16 for bf16 rows x [M, K] and a bf16 [gate; up] weight of 2I
 // rows on AMX (I a multiple of 16): the SwiGLU in the product's last step, where `linear` then
 // silu_mul wrote [M, 2I] and read it back. The same bits as those two (swiglu_rows_out).
-at::Tensor swiglu_linear(at::Tensor x, at::Tensor packed, int64_t I, int64_t isa) {
-  check_x(x, packed, isa);
-  const Kernel kernel(16, isa, x.scalar_type() == at::kBFloat16);
+at::Tensor swiglu_linear(at::Tensor x, at::Tensor packed, int64_t I, int64_t caps) {
+  check_x(x, packed, caps);
+  const Kernel kernel(16, caps, x.scalar_type() == at::kBFloat16);
   TORCH_CHECK(kernel.amx() && I > 0 && I % 16 == 0,
-              "qlinear: the fused SwiGLU runs bf16 rows on AMX (isa 4) with I a multiple of 16, got I = ", I);
+              "qlinear: the fused SwiGLU runs bf16 rows on AMX (amx_bf16) with I a multiple of 16, got I = ", I);
   const int64_t M = x.size(0), G = packed.size(1);
   check_fit(packed.size(0), G, packed.size(2), kernel.rec(), x.size(1), 2 * I, "packed gate_up weight");
   auto out = at::empty({M, I}, x.options());
@@ -103,17 +106,17 @@ at::Tensor swiglu_linear(at::Tensor x, at::Tensor packed, int64_t I, int64_t isa
 
 // x [M, K] -> int8 codes [M, Kp], d_x [M, G], s_x [M, G] and the codes' sums [M, G] int32 as the
 // integer-dot linears quantize it (qlinear_dot_impl.h; exposed for the tests' reference).
-std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t isa) {
-  check_x(x, at::empty({1, 1, 1}, at::kInt), isa);
+std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t caps) {
+  check_x(x, at::empty({1, 1, 1}, at::kInt), caps);
   TORCH_CHECK(x.size(1) <= G * 32, "qlinear: x has more than G * 32 inputs");
-  const Act a = Kernel(108, isa, false).prepare(x, G, false);
+  const Act a = Kernel(108, caps, false).prepare(x, G, false);
   return {a.rows, a.sums, a.sx, a.qsum};
 }
 
-// Which path runs the integer-dot linears on `isa` here: avx512_vnni, avx2 or scalar.
-std::string dot_path(int64_t isa) {
-  TORCH_CHECK(isa_supported(isa), "qlinear: this CPU does not support instruction set ", isa);
-  return Kernel(104, isa, false).dot_path();
+// Which path runs the integer-dot linears under `caps` here: avx512_vnni, avx2 or scalar.
+std::string dot_path(int64_t caps) {
+  check_caps(caps, "qlinear");
+  return Kernel(104, caps, false).dot_path();
 }
 
 #include "swiglu.h"  // common/: silu_mul (decode_ops' too), for the MoE op
@@ -127,8 +130,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe", &moe, py::call_guard<py::gil_scoped_release>(), "a MoE layer's routed and shared experts (see moe.h)");
   m.def("moe_route", &moe_route, py::call_guard<py::gil_scoped_release>(), "a MoE layer's router after its logits: the k experts of each token and their weights (see moe_route.h)");
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x, s_x and the codes' sums");
-  m.def("dot_path", &dot_path, "the integer-dot linears' path on an instruction set: avx512_vnni, avx2 or scalar");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512 (integer-dot linears by VNNI where the CPU has avx512_vnni), 3 avx512 + bf16 (bf16 linears by vdpbf16ps), 4 amx (bf16 linears on AMX tiles)");
+  m.def("dot_path", &dot_path, "the integer-dot linears' path under a set of capabilities: avx512_vnni, avx2 or scalar");
+  def_isa_paths(m, PATHS);
   // for the decode plan (decode_ops/decode_step.h), which calls `linear` and `moe` without Python between
   m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the types kernel_fns.h declares
   m.attr("moe_capsule") = export_fn<MoeFn>(&moe);

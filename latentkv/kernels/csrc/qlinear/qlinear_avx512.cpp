@@ -47,8 +47,8 @@ namespace isa_avx2 {
 #pragma GCC pop_options
 
 // The integer-dot linears on AVX-512 VNNI (qlinear_dot_vnni.h): isa_avx512's 16 lanes, vpdpbusd for
-// the integer sums. Served from code 2 where the CPU has avx512_vnni (cpu_isa.h has_avx512_vnni:
-// Cascade Lake and Ice Lake lack avx512_bf16, code 3); the activations quantized as on AVX2.
+// the integer sums. The avx512_vnni path (qlinear_paths.h): on any CPU with avx512 and avx512_vnni,
+// with or without avx512_bf16 (Cascade Lake and Ice Lake lack it); the activations quantized as on AVX2.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace isa_avx512vnni {

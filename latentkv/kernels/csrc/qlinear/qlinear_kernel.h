@@ -65,39 +65,44 @@ struct Act {
 };
 
 // The kernel of record kind 4, 8, 16, 32 (qlinear_impl.h) or 104, 108 (int8 activations times int4 /
-// int8 weights: qlinear_dot_impl.h) on `isa` for x in bf16 (bf16_x) or float32.
+// int8 weights: qlinear_dot_impl.h) on the best path `caps` allows (qlinear_paths.h) for x in bf16 (bf16_x)
+// or float32.
 struct Kernel {
-  int64_t kind, isa;
+  int64_t kind, caps;
   bool bf16_x;
   Units units_fn = nullptr;
   DotUnits dot_fn = nullptr;
   Count count = nullptr;
   Quantize quantize = nullptr;
 
-  Kernel(int64_t kind_, int64_t isa_, bool bf16_x_) : kind(kind_), isa(isa_), bf16_x(bf16_x_) {
+  Kernel(int64_t kind_, int64_t caps_, bool bf16_x_) : kind(kind_), caps(caps_), bf16_x(bf16_x_) {
     TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32 || dot(),
                 "qlinear: kind must be 4, 8, 16, 32, 104 or 108, got ", kind);
     if (dot()) {  // AVX-512 without VNNI (Skylake) runs the AVX2 path
-      const DotPath path = vnni() ? isa_avx512vnni::dot_path() : isa >= 1 ? isa_avx2::dot_path() : isa_scalar::dot_path();
+      const DotPath path = vnni()                        ? isa_avx512vnni::dot_path()
+                           : has(caps, NEEDS_AVX2) ? isa_avx2::dot_path()
+                                                   : isa_scalar::dot_path();
       dot_fn = kind == 104 ? path.w4 : path.w8, count = path.count, quantize = path.quantize;
     } else if (amx()) {
       count = [](int64_t, int64_t N) { return isa_amx::unit_count(N); };
     } else {  // pairs(): bf16 rows times bf16 weights by vdpbf16ps
-      const LinearPath path = pairs() ? isa_avx512bf16::linear_path() : isa >= 2 ? isa_avx512::linear_path()
-                              : isa == 1 ? isa_avx2::linear_path() : isa_scalar::linear_path();
+      const LinearPath path = pairs()                       ? isa_avx512bf16::linear_path()
+                              : has(caps, NEEDS_AVX512) ? isa_avx512::linear_path()
+                              : has(caps, NEEDS_AVX2)   ? isa_avx2::linear_path()
+                                                        : isa_scalar::linear_path();
       units_fn = kind == 4 ? path.int4 : kind == 8 ? path.int8 : kind == 16 ? path.bf16 : path.f32;
       count = path.count;
     }
   }
 
   bool dot() const { return kind == 104 || kind == 108; }
-  bool vnni() const { return dot() && isa >= 2 && has_avx512_vnni(); }  // the integer sums by vpdpbusd
+  bool vnni() const { return dot() && has(caps, NEEDS_AVX512_VNNI); }  // the integer sums by vpdpbusd
   // the integer-dot kinds' path (the constructor's choice, by name)
-  const char* dot_path() const { return vnni() ? "avx512_vnni" : isa >= 1 ? "avx2" : "scalar"; }
-  bool amx() const { return isa >= 4 && kind == 16 && bf16_x; }  // AMX tiles (qlinear_amx.cpp)
+  const char* dot_path() const { return vnni() ? "avx512_vnni" : has(caps, NEEDS_AVX2) ? "avx2" : "scalar"; }
+  bool amx() const { return has(caps, NEEDS_AMX_BF16) && kind == 16 && bf16_x; }  // AMX tiles (qlinear_amx.cpp)
   // w4a8 products of many rows on AMX int8 tiles (qlinear_amx_int8.cpp: the VNNI path's bits)
-  bool amx_dot(int64_t M) const { return kind == 104 && isa >= 4 && has_amx_int8() && M >= isa_amx::AMX_DOT_ROWS; }
-  bool pairs() const { return isa >= 3 && kind == 16 && bf16_x; }  // x as words of two bf16
+  bool amx_dot(int64_t M) const { return kind == 104 && has(caps, NEEDS_AMX_INT8) && M >= isa_amx::AMX_DOT_ROWS; }
+  bool pairs() const { return has(caps, NEEDS_AVX512_BF16) && kind == 16 && bf16_x; }  // x as words of two bf16
   // words per record of the packed weight
   int64_t rec() const {
     return kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC : kind == 16 ? isa_scalar::BF16::REC

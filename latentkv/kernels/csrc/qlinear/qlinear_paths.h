@@ -5,6 +5,18 @@
 #pragma once
 #include <cstdint>
 
+#include "cpu_isa.h"
+
+// The paths beside scalar, each the capabilities its unit's target needs (a name per path: the one it
+// adds, which the self-check disables where the path disagrees with scalar). qlinear_kernel.h's Kernel
+// picks among them by the caps an entry is handed.
+constexpr int64_t NEEDS_AVX2 = CAP_AVX2;
+constexpr int64_t NEEDS_AVX512 = CAP_AVX2 | CAP_AVX512;
+constexpr int64_t NEEDS_AVX512_VNNI = NEEDS_AVX512 | CAP_AVX512_VNNI;  // the integer-dot linears by vpdpbusd
+constexpr int64_t NEEDS_AVX512_BF16 = NEEDS_AVX512 | CAP_AVX512_BF16;  // bf16 rows x bf16 weights by vdpbf16ps
+constexpr int64_t NEEDS_AMX_BF16 = NEEDS_AVX512_BF16 | CAP_AMX_BF16;   // bf16 linears on tiles (qlinear_amx.cpp)
+constexpr int64_t NEEDS_AMX_INT8 = NEEDS_AVX512_VNNI | CAP_AMX_INT8;   // w4a8 of many rows on tiles (qlinear_amx_int8.cpp)
+
 // Weight-only kernels (qlinear_impl.h linear_units): units u0..u1 of y [M, N] (stride ldy) = x [M, ldx
 // floats] times a packed weight of G groups a row (xsum: int4's per-group sums of x).
 using Units = void (*)(const int32_t* packed, int64_t G, const float* x, int64_t M, int64_t ldx, const float* xsum,

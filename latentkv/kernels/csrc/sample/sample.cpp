@@ -3,31 +3,33 @@
 // method). Rows run in parallel (at::parallel_for, torch's threads), each alone: its token never
 // depends on the batch. Each ISA's rows are their own unit (sample_<isa>.cpp; sample_common.h).
 //   sample_rows(logits [*, V] float32, rows [N] int64, temperature [N] float32, top_k [N] int64,
-//               top_p [N] float32, min_p [N] float32, u [N] float64, kept, isa) -> tokens [N] int64
+//               top_p [N] float32, min_p [N] float32, u [N] float64, kept, caps) -> tokens [N] int64
 // kept: empty, or [N, V] float32 that gets each row's weights after truncation (the tests' view of
 // the kept set and its probabilities; a row that returns early, NaN or all -inf, leaves its row as is).
-#include "cpu_isa.h"
+#include "isa_paths.h"
 #include "sample_common.h"
 #include "torch_lite.h"
 
-std::vector<int64_t> supported_isas() { return isas_up_to(2); }
+// The paths beside scalar (sample_<isa>.cpp), each the capabilities its unit's target needs.
+constexpr int64_t NEEDS_AVX2 = CAP_AVX2, NEEDS_AVX512 = CAP_AVX2 | CAP_AVX512;
+constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2}, {"avx512", NEEDS_AVX512}};
 
-static SampleRow row_fn(int64_t isa) {
-  if (isa >= 2) return isa_avx512::sample_row;
-  if (isa == 1) return isa_avx2::sample_row;
+static SampleRow row_fn(int64_t caps) {
+  if (has(caps, NEEDS_AVX512)) return isa_avx512::sample_row;
+  if (has(caps, NEEDS_AVX2)) return isa_avx2::sample_row;
   return isa_scalar::sample_row;
 }
 
-static LogprobRow logprob_fn(int64_t isa) {
-  if (isa >= 2) return isa_avx512::logprob_row;
-  if (isa == 1) return isa_avx2::logprob_row;
+static LogprobRow logprob_fn(int64_t caps) {
+  if (has(caps, NEEDS_AVX512)) return isa_avx512::logprob_row;
+  if (has(caps, NEEDS_AVX2)) return isa_avx2::logprob_row;
   return isa_scalar::logprob_row;
 }
 
 at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& rows, const at::Tensor& temperature,
                        const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& u,
-                       const at::Tensor& kept, int64_t isa) {
-  TORCH_CHECK(isa_supported(isa), "sample: this CPU does not support instruction set ", isa);
+                       const at::Tensor& kept, int64_t caps) {
+  check_caps(caps, "sample");
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
               "sample: logits must be CPU float32 [*, V] with contiguous rows");
   const int64_t N = rows.numel(), V = logits.size(1), R = logits.size(0);
@@ -61,7 +63,7 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& rows, const a
   int64_t* tok = out.data_ptr<int64_t>();
   const float* base = logits.data_ptr<float>();
   const int64_t stride = logits.stride(0);
-  const SampleRow fn = row_fn(isa);
+  const SampleRow fn = row_fn(caps);
   at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
     RowScratch s;
     for (int64_t r = begin; r < end; ++r) tok[r] = fn(base + row[r] * stride, V, {T[r], K[r], P[r], M[r], U[r]}, s, keep ? kept_rows + r * V : nullptr);
@@ -113,8 +115,8 @@ at::Tensor penalize_rows(const at::Tensor& logits, const at::Tensor& ids, const 
 // -> (chosen logprob [N] float32, rank [N] int64, top values [N, n] float32, top ids [N, n] int64): the
 // raw distribution's log-probabilities (log_softmax of the row), the top n by value, ties by index.
 std::vector<at::Tensor> logprob_rows(const at::Tensor& logits, const at::Tensor& rows, const at::Tensor& chosen,
-                                     int64_t n, int64_t isa) {
-  TORCH_CHECK(isa_supported(isa), "sample: this CPU does not support instruction set ", isa);
+                                     int64_t n, int64_t caps) {
+  check_caps(caps, "sample");
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
               "sample: logits must be CPU float32 [*, V] with contiguous rows");
   const int64_t N = rows.numel(), V = logits.size(1), R = logits.size(0);
@@ -128,7 +130,7 @@ std::vector<at::Tensor> logprob_rows(const at::Tensor& logits, const at::Tensor&
     TORCH_CHECK(row[r] >= 0 && row[r] < R && tok[r] >= 0 && tok[r] < V, "sample: row ", r, " or its token out of range");
   at::Tensor lp = at::empty({N}, logits.options()), rank = at::empty({N}, rows.options());
   at::Tensor vals = at::empty({N, n}, logits.options()), ids = at::empty({N, n}, rows.options());
-  const LogprobRow fn = logprob_fn(isa);
+  const LogprobRow fn = logprob_fn(caps);
   const float* base = logits.data_ptr<float>();
   float *lpp = lp.data_ptr<float>(), *vp = vals.data_ptr<float>();
   int64_t *rp = rank.data_ptr<int64_t>(), *ip = ids.data_ptr<int64_t>();
@@ -147,5 +149,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the logits with each row's repetition, presence and frequency penalties on its seen tokens");
   m.def("logprob_rows", &logprob_rows, py::call_guard<py::gil_scoped_release>(),
         "the chosen tokens' log-probabilities and ranks, and each row's top n, of raw float32 logits");
-  m.def("supported_isas", &supported_isas, "instruction sets this CPU runs: 0 scalar, 1 avx2+fma, 2 avx512");
+  def_isa_paths(m, PATHS);
 }
