@@ -1,4 +1,4 @@
-"""`latentkv bench {memory,decode,throughput,prefix,serve,kernel,contention}`: each runs its baselines in the same
+"""`latentkv bench {memory,decode,step,throughput,prefix,serve,kernel,contention}`: each runs its baselines in the same
 run, prints a table with ratios, and writes JSON + PNG under --out. `latentkv bench random-model` writes
 a random-weight checkpoint of a real shape to bench with."""
 
@@ -21,6 +21,7 @@ from latentkv.bench import (
     random_model,
     serve,
     servers,
+    step,
     store_restart,
     throughput,
 )
@@ -144,6 +145,18 @@ def register(subparsers) -> None:
         "fit in memory together load one at a time, and one that does not fit alone is refused)",
     )
     p.set_defaults(func=lambda a: run("decode", a))
+
+    p = sub.add_parser("step", help="the decode step at N sequences vs the bandwidth floor of what it reads")
+    p.add_argument("--model", help="MLA folder (default: the bundled SmolLM2, converted and cached)")
+    p.add_argument("--weights", default="none", choices=["none", "int4", "w4a8"], help="weight precision")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(ENGINE_CACHE_DTYPES))
+    p.add_argument("--kv-cache-memory", help="latent cache size, e.g. 2GiB (default: the engine's)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="sequences per step")
+    p.add_argument("--context", type=int, default=512, help="prompt tokens of each sequence (default 512)")
+    p.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size (default 16)")
+    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
+    add_threads_arg(p)
+    p.set_defaults(func=run_step)
 
     p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")
     add_model_args(p)
@@ -364,6 +377,13 @@ def register(subparsers) -> None:
     )
     p.set_defaults(func=run_random_model)
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
+
+
+def run_step(args) -> int:
+    set_threads(args)
+    args.model = args.model or default_models(need_stock=False)[0]
+    step.run(args)
+    return 0
 
 
 def run_frontier(args) -> int:

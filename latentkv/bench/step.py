@@ -1,0 +1,174 @@
+"""`latentkv bench step`: the decode step at N sequences against the time its reads need.
+
+For each batch size N: N prompts of `--context` tokens are prefilled, then the engine's decode
+steps (all N sequences, one token each, greedy) are timed one by one. A step must read the weights
+its tokens use and each sequence's cache: the dense weights, and of each MoE layer's routed experts
+only those the step's tokens route to (counted on a step of this run: 8 tokens of DeepSeek-V2-Lite
+touch ~35 of 64 a layer, so batch 8 cannot be 8x batch 1). floor = those bytes / the measured
+bandwidth; `step / floor` says how far a step is from the memory's limit, `x batch 1` how the step
+scales, and `ceiling x batch 1` what the floor allows.
+
+One engine serves every batch size (the weights are loaded once); the peak resident memory of the
+process is reported with it (the cache as asked, or the engine's default)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from latentkv.llm import LLM
+from latentkv.sampling_params import SamplingParams
+
+from ..cache.accounting import latent_bytes_per_token
+from ..facts import dtype_name
+from ..plots import new_figure, save_figure
+from ..sizes import peak_rss
+from .bandwidth import measure_bandwidth, step_weight_bytes
+from .report import median, print_table, write_json
+
+WARM_STEPS = 2  # decode steps before timing (the first may build the plan's buffers)
+
+
+def run(args) -> dict:
+    out = Path(args.out)
+    longest = args.context + WARM_STEPS + args.steps + 8
+    llm = LLM(
+        model=args.model,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=None if args.weights == "none" else args.weights,
+        kv_cache_memory=args.kv_cache_memory,
+        max_model_len=longest + 16,
+        max_num_seqs=max(args.batches),
+        max_num_batched_tokens=max(2048, args.context),
+        enable_prefix_caching=False,
+        skip_tokenizer_init=True,
+    )
+    engine = llm.engine
+    model = engine.runner.model
+    cfg = engine.cfg
+    per_token = latent_bytes_per_token(cfg, engine.args.kv_cache_dtype, dtype_name(engine.runner.dtype))
+    bandwidth = measure_bandwidth()
+    results = []
+    for n in args.batches:
+        times, touched = measure_batch(engine, n, args)
+        context = args.context + WARM_STEPS + args.steps / 2  # the mean context of a timed step
+        weights = step_weight_bytes(model, touched)
+        floor = (weights + n * context * per_token) / bandwidth
+        step = median(times)
+        results.append(
+            {
+                "batch": n,
+                "step_ms": 1e3 * step,
+                "tok_s": n / step,
+                "experts_touched": touched,
+                "weight_bytes": weights,
+                "floor_ms": 1e3 * floor,
+                "step_over_floor": step / floor,
+            }
+        )
+        print(f"batch {n}: step {1e3 * step:.1f} ms, floor {1e3 * floor:.1f} ms", flush=True)
+    base = results[0]
+    for r in results:  # against the first batch size (batch 1 by default)
+        r["x_first"] = r["tok_s"] / base["tok_s"]
+        r["ceiling_x_first"] = (r["batch"] / r["floor_ms"]) / (base["batch"] / base["floor_ms"])
+    payload = {
+        "model": str(args.model),
+        "weights": args.weights,
+        "kv_cache_dtype": engine.args.kv_cache_dtype,
+        "model_dtype": dtype_name(engine.runner.dtype),
+        "context": args.context,
+        "steps": args.steps,
+        "bandwidth_gbs": bandwidth / 1e9,
+        "threads": torch.get_num_threads(),
+        "peak_rss_gib": peak_rss() / 2**30,
+        "results": results,
+    }
+    show(payload)
+    plot(payload, out)
+    write_json(out, "step", payload)
+    return payload
+
+
+def measure_batch(engine, n: int, args) -> tuple[list[float], list[int]]:
+    """N sequences prefilled, then `args.steps` all-decode steps timed -> (seconds per step, routed
+    experts a decode step of them touches per MoE layer)."""
+    vocab = engine.cfg.vocab_size
+    gen = torch.Generator().manual_seed(args.context + 7919 * n)
+    params = SamplingParams(temperature=0, max_tokens=WARM_STEPS + args.steps + 8, ignore_eos=True)
+    ids = [f"step-{n}-{i}" for i in range(n)]
+    for rid in ids:
+        engine.add_request(rid, torch.randint(3, vocab, (args.context,), generator=gen).tolist(), params)
+    seqs = [seq for rid in ids for seq in engine.requests[rid]]
+    while not all(seq.num_output_tokens >= 1 for seq in seqs):  # the prompts, in chunks
+        engine.step()
+    for _ in range(WARM_STEPS):
+        engine.step()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    touched = count_experts(engine)
+    for rid in ids:
+        engine.abort_request(rid)
+    return times, touched
+
+
+def count_experts(engine) -> list[int]:
+    """Distinct routed experts of each MoE layer over one decode step (run through the modules, whose
+    router the decode plan shares); [] for a dense model."""
+    gates = [m.gate for m in engine.runner.model.modules() if hasattr(m, "gate") and hasattr(m, "experts")]
+    if not gates:
+        return []
+    seen: dict[int, int] = {}
+
+    def record(module, _inputs, output):
+        seen[id(module)] = int(output[1].unique().numel())
+
+    hooks = [g.register_forward_hook(record) for g in gates]
+    plan, engine.runner.plan = engine.runner.plan, None
+    try:
+        engine.step()
+    finally:
+        engine.runner.plan = plan
+        for h in hooks:
+            h.remove()
+    return [seen[id(g)] for g in gates]
+
+
+def show(payload: dict) -> None:
+    print(
+        f"{payload['model']}: weights {payload['weights']}, cache {payload['kv_cache_dtype']}, model dtype "
+        f"{payload['model_dtype']}; context {payload['context']}; memory bandwidth {payload['bandwidth_gbs']:.1f} "
+        f"GB/s ({payload['threads']} threads); peak RSS {payload['peak_rss_gib']:.2f} GiB"
+    )
+    rows = [
+        {
+            "batch": r["batch"],
+            "step ms": r["step_ms"],
+            "tok/s": r["tok_s"],
+            "x first": r["x_first"],
+            "experts/layer": sum(r["experts_touched"]) / len(r["experts_touched"]) if r["experts_touched"] else None,
+            "weights MiB": r["weight_bytes"] / 2**20,
+            "floor ms": r["floor_ms"],
+            "step / floor": r["step_over_floor"],
+            "ceiling x first": r["ceiling_x_first"],
+        }
+        for r in payload["results"]
+    ]
+    print_table(
+        "Decode step by batch (median of the timed steps); floor: the bytes the step reads / bandwidth",
+        list(rows[0]),
+        rows,
+    )
+
+
+def plot(payload: dict, out: Path) -> None:
+    results = payload["results"]
+    fig, ax = new_figure("Decode tokens/s by batch, and the bandwidth ceiling", "sequences in the batch", "tokens/s")
+    batches = [r["batch"] for r in results]
+    ax.plot(batches, [r["tok_s"] for r in results], marker="o", label="latentkv")
+    ax.plot(batches, [1e3 * r["batch"] / r["floor_ms"] for r in results], linestyle="--", label="bandwidth ceiling")
+    save_figure(fig, out, "step")
