@@ -118,10 +118,11 @@ def test_matches_the_reference(bits, isa, n, k, dtype, monkeypatch):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_every_isa_gives_the_same_bits(bits, monkeypatch):
     packed, *_ = weights(bits, 100, 160, seed=1)
-    x = torch.randn(41, 160, generator=torch.Generator().manual_seed(2))  # 41: w4a8's AMX tiles on amx (16 rows and up)
+    # 16 rows and up: w4a8's AMX tiles on amx, four row tiles a round (83: two rounds, the second of two tiles)
+    x = torch.randn(83, 160, generator=torch.Generator().manual_seed(2))
     outs = {
         isa: torch.cat(
-            [run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3, 9, 16)]
+            [run(x[:m], packed, bits, 100, isa, monkeypatch) for m in (1, 2, 3, 9, 16, 41, 64, 65)]
             + [run(x, packed, bits, 100, isa, monkeypatch)]
         )
         for isa in isas()
