@@ -23,6 +23,9 @@ from threads import torch_threads
 pytestmark = pytest.mark.skipif(not qlinear.available(), reason=f"qlinear not built: {qlinear.unavailable_reason()}")
 
 E, D, INTER, SHARED = 8, 96, 40, 2  # 8 routed experts of width 40 (not whole groups of 32), 2 shared ones
+# widths: 40 (groups padded; SwiGLU after gate_up) and 64 (whole groups: on AMX the SwiGLU in gate_up's
+# last step and down reading its output in place)
+INTERS = [INTER, 64]
 # (dtype, weights): every record kind (32, 16, 4, 8, 104, 108) and bf16 activations on quantized weights
 WEIGHTS = [
     ("float32", "fixed-order"),
@@ -37,7 +40,7 @@ WEIGHTS = [
 RECORDS = {"int4": 4, "int8": 8, "w4a8": qlinear.ACT8 + 4, "w8a8": qlinear.ACT8 + 8}
 
 
-def config(k: int = 6, **changes) -> ModelConfig:
+def config(k: int = 6, inter: int = INTER, **changes) -> ModelConfig:
     return ModelConfig.from_dict(
         dict(
             model_type="deepseek_v2",
@@ -50,7 +53,7 @@ def config(k: int = 6, **changes) -> ModelConfig:
             qk_nope_head_dim=8,
             qk_rope_head_dim=8,
             v_head_dim=12,
-            moe_intermediate_size=INTER,
+            moe_intermediate_size=inter,
             n_routed_experts=E,
             n_shared_experts=SHARED,
             num_experts_per_tok=k,
@@ -61,11 +64,11 @@ def config(k: int = 6, **changes) -> ModelConfig:
 
 
 @torch.no_grad()
-def moe_layer(dtype: str, weights: str, k: int = 6, seed: int = 0) -> MoE:
+def moe_layer(dtype: str, weights: str, k: int = 6, seed: int = 0, inter: int = INTER) -> MoE:
     """A MoE layer built as the route builds it, random weights, packed as the loader leaves it."""
     quantization = None if weights == "fixed-order" else weights
     route = decide_route("cpu", getattr(torch, dtype), "torch", quantization, batch_invariant=quantization is None)
-    layer = MoE(config(k), route).to(getattr(torch, dtype))
+    layer = MoE(config(k, inter), route).to(getattr(torch, dtype))
     gen = torch.Generator().manual_seed(seed)
     for p in layer.parameters():
         p.copy_((torch.randn(p.shape, generator=gen) * 0.1).to(p.dtype))
@@ -76,10 +79,10 @@ def moe_layer(dtype: str, weights: str, k: int = 6, seed: int = 0) -> MoE:
 _LAYERS: dict = {}
 
 
-def cached_layer(dtype: str, weights: str) -> MoE:
-    if (dtype, weights) not in _LAYERS:
-        _LAYERS[dtype, weights] = moe_layer(dtype, weights)
-    return _LAYERS[dtype, weights]
+def cached_layer(dtype: str, weights: str, inter: int = INTER) -> MoE:
+    if (dtype, weights, inter) not in _LAYERS:
+        _LAYERS[dtype, weights, inter] = moe_layer(dtype, weights, inter=inter)
+    return _LAYERS[dtype, weights, inter]
 
 
 def routing(tokens: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,9 +120,10 @@ def need_fused_ops():
 @pytest.mark.parametrize("dtype,weights", WEIGHTS)
 @pytest.mark.parametrize("tokens", [1, 3, 32, 67])  # direct (M < 4) and tile passes inside the groups
 @pytest.mark.parametrize("k", [1, 6])
+@pytest.mark.parametrize("inter", INTERS)
 @torch.no_grad()
-def test_native_call_gives_the_reference_bits(dtype, weights, tokens, k, monkeypatch):
-    layer = cached_layer(dtype, weights)
+def test_native_call_gives_the_reference_bits(dtype, weights, tokens, k, inter, monkeypatch):
+    layer = cached_layer(dtype, weights, inter)
     assert layer.native is not None and layer.native[4] == RECORDS.get(weights, 16 if dtype == "bfloat16" else 32)
     x = torch.randn(tokens, D, generator=torch.Generator().manual_seed(tokens)).to(getattr(torch, dtype))
     w, ids = routing(tokens, k, seed=tokens + k)
@@ -131,11 +135,12 @@ def test_native_call_gives_the_reference_bits(dtype, weights, tokens, k, monkeyp
 
 
 @pytest.mark.parametrize("dtype,weights", WEIGHTS)
+@pytest.mark.parametrize("inter", INTERS)
 @torch.no_grad()
-def test_a_token_has_the_same_bits_alone_in_a_batch_and_on_any_threads(dtype, weights):
+def test_a_token_has_the_same_bits_alone_in_a_batch_and_on_any_threads(dtype, weights, inter):
     """33 tokens (each in 6 of the experts): every token's row computed alone on 1 thread equals its
     row in the batch on 2 threads (and the batch on 1 thread), on the ISA that serves."""
-    layer = cached_layer(dtype, weights)
+    layer = cached_layer(dtype, weights, inter)
     x = torch.randn(33, D, generator=torch.Generator().manual_seed(5)).to(getattr(torch, dtype))
     w, ids = routing(33, 6, seed=6)
     with torch_threads(2):

@@ -15,8 +15,9 @@
 // shared experts are one more group, of every token); x prepared once per token for the kernel (for the
 // integer-dot kinds: quantized) and its rows gathered into the groups; the gate_up of every group in one
 // parallel region whose items are (group, work units), each taken by the next free thread (batch 1: six
-// experts' units spread over all threads; batch 32: the groups); SwiGLU and the down projection's
-// activations over all rows at once; down like gate_up; then each token's sum. An expert without tokens
+// experts' units spread over all threads; batch 32: the groups), on AMX with the SwiGLU in its last step
+// (elsewhere SwiGLU and the down projection's activations over all rows at once); down like gate_up; then
+// each token's sum. An expert without tokens
 // costs nothing. Every output element reduces in a fixed order whatever the batch, the groups or the
 // threads: batch-invariant.
 #pragma once
@@ -41,6 +42,7 @@ struct Job {
   int64_t m0, M;
   void* out;
   int64_t units;
+  bool swiglu = false;  // a [gate; up] weight of 2N rows: out [M, N] bf16 = silu(gate) * up (AMX)
 };
 
 // Every job's work units as the items of one parallel region, each item taken by the next free thread
@@ -62,7 +64,8 @@ void run_jobs(const Kernel& kernel, const std::vector<Job>& jobs) {
       const size_t j = std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1;
       const Job& job = jobs[j];
       const int64_t u0 = (i - first[j]) * per[j], u1 = std::min(job.units, u0 + per[j]);
-      kernel.run(job.packed, job.G, *job.act, job.m0, job.M, job.out, job.N, job.N, u0, u1);
+      if (job.swiglu) kernel.run_swiglu(job.packed, job.G, *job.act, job.m0, job.M, static_cast<uint16_t*>(job.out), job.N, u0, u1);
+      else kernel.run(job.packed, job.G, *job.act, job.m0, job.M, job.out, job.N, job.N, u0, u1);
     }
   });
 }
@@ -177,32 +180,42 @@ at::Tensor moe(at::Tensor x, at::Tensor weights, at::Tensor ids, at::Tensor gate
   const at::ScalarType out_type = kernel.out_type(), dtype = x.scalar_type();
   const int64_t esize = out_type == at::kFloat ? 4 : 2;
   const auto at_row = [&](const at::Tensor& t, int64_t r) { return static_cast<char*>(t.data_ptr()) + r * t.size(1) * esize; };
-  const auto new_rows = [&](int64_t rows, int64_t cols) {  // AMX never writes its padding rows: zeros there
-    return kernel.amx() ? at::zeros({rows, cols}, x.options().dtype(out_type)) : at::empty({rows, cols}, x.options().dtype(out_type));
+  // AMX writes no padding row: zeros there, so that what its tiles read and write there is defined
+  const auto new_rows = [&](int64_t cols) {
+    at::Tensor t = at::empty({R, cols}, x.options().dtype(out_type));
+    for (int64_t e = 0; e < E; ++e)
+      if (count[e] % align) std::memset(at_row(t, start[e] + count[e]), 0, (align - count[e] % align) * cols * esize);
+    return t;
   };
   std::vector<Job> jobs;
   // gate_up: x prepared once per token, its rows gathered into the groups (the shared group reads them as they are)
   const Act xt = kernel.prepare(x, gate_up.size(2), false);
   const Act xg = gather(xt, src);
-  at::Tensor h = new_rows(R, 2 * inter), hs;
+  // On AMX the SwiGLU runs in gate_up's last step (swiglu_linear's bits: the linear's bf16 output, then
+  // silu_mul) and down reads its output in place; elsewhere gate_up's output, then silu_mul, then down's
+  // activations from it. Either way: each linear's output in x's dtype, SwiGLU as decode_ops' silu_mul.
+  const bool fused = kernel.amx() && inter % 16 == 0 && (!shared || shared_inter % 16 == 0);
+  at::Tensor h = new_rows(fused ? inter : 2 * inter), hs;
   if (shared) {
-    hs = new_rows(T, 2 * shared_inter);
-    jobs.push_back({shared_gate_up.data_ptr<int32_t>(), shared_gate_up.size(1), 2 * shared_inter, &xt, 0, T, hs.data_ptr(),
-                    kernel.units(T, 2 * shared_inter)});
+    hs = at::empty({T, fused ? shared_inter : 2 * shared_inter}, x.options().dtype(out_type));
+    jobs.push_back({shared_gate_up.data_ptr<int32_t>(), shared_gate_up.size(1), fused ? shared_inter : 2 * shared_inter, &xt,
+                    0, T, hs.data_ptr(), fused ? isa_amx::unit_count(shared_inter, true) : kernel.units(T, 2 * shared_inter),
+                    fused});
   }
   for (int64_t e = 0; e < E; ++e)
     if (count[e])
-      jobs.push_back({gate_up.data_ptr<int32_t>() + e * gate_up.stride(0), gate_up.size(2), 2 * inter, &xg, start[e], count[e],
-                      at_row(h, start[e]), kernel.units(count[e], 2 * inter)});
+      jobs.push_back({gate_up.data_ptr<int32_t>() + e * gate_up.stride(0), gate_up.size(2), fused ? inter : 2 * inter, &xg,
+                      start[e], count[e], at_row(h, start[e]),
+                      fused ? isa_amx::unit_count(inter, true) : kernel.units(count[e], 2 * inter), fused});
   run_jobs(kernel, jobs);
-  // SwiGLU of each linear's output in x's dtype (as the MLP module's linear returns it), then the down
-  // projection's activations; down of every group
-  const Act ag = kernel.prepare(silu_mul(h.to(dtype), caps), down.size(2), false);
-  const Act as = shared ? kernel.prepare(silu_mul(hs.to(dtype), caps), shared_down.size(1), false) : Act();
-  at::Tensor y = new_rows(R, D), ys;
+  const Act ag = fused ? kernel.prepare(h, down.size(2), true) : kernel.prepare(silu_mul(h.to(dtype), caps), down.size(2), false);
+  const Act as = !shared ? Act()
+                 : fused ? kernel.prepare(hs, shared_down.size(1), true)
+                         : kernel.prepare(silu_mul(hs.to(dtype), caps), shared_down.size(1), false);
+  at::Tensor y = new_rows(D), ys;
   jobs.clear();
   if (shared) {
-    ys = new_rows(T, D);
+    ys = at::empty({T, D}, x.options().dtype(out_type));
     jobs.push_back({shared_down.data_ptr<int32_t>(), shared_down.size(1), D, &as, 0, T, ys.data_ptr(), kernel.units(T, D)});
   }
   for (int64_t e = 0; e < E; ++e)

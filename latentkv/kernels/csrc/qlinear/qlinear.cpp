@@ -99,7 +99,7 @@ at::Tensor swiglu_linear(at::Tensor x, at::Tensor packed, int64_t I, int64_t cap
     const int32_t* w = packed.data_ptr<int32_t>();
     uint16_t* y = static_cast<uint16_t*>(out.data_ptr());
     at::parallel_for(0, isa_amx::unit_count(I, true), 1,
-                     [&](int64_t begin, int64_t end) { kernel.run_swiglu(w, G, a, M, y, I, begin, end); });
+                     [&](int64_t begin, int64_t end) { kernel.run_swiglu(w, G, a, 0, M, y, I, begin, end); });
   }
   return out;
 }

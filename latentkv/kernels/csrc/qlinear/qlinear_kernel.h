@@ -160,12 +160,25 @@ struct Kernel {
     return a;
   }
 
-  // SwiGLU units u0..u1 (amx_unit_count(N, true)) of out [M, N] bf16 = silu(gate) * up of a's rows times
-  // a [gate; up] weight of 2N rows (amx() only; N a multiple of 16).
-  void run_swiglu(const int32_t* packed, int64_t G, const Act& a, int64_t M, uint16_t* out, int64_t N, int64_t u0,
-                  int64_t u1) const {
-    isa_amx::units(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>(), a.rows.stride(0), out, N, N, u0, u1,
-                   true);
+  // a's rows from m0 on as isa_amx::units reads them: those read in place (head, below M16: whole 16-row
+  // tiles) and the copied ones (tail). A start below M16 must be a whole tile's.
+  struct AmxRows {
+    const int32_t* head;
+    int64_t M16;
+    const int32_t* tail;
+  };
+  AmxRows amx_rows(const Act& a, int64_t m0) const {
+    TORCH_CHECK(m0 >= a.M16 || m0 % 16 == 0, "qlinear: AMX rows read in place start at a whole tile, got row ", m0);
+    return {a.head + m0 * a.ldh, std::max<int64_t>(0, a.M16 - m0),
+            a.rows.data_ptr<int32_t>() + std::max<int64_t>(0, m0 - a.M16) * a.rows.stride(0)};
+  }
+
+  // SwiGLU units u0..u1 (amx_unit_count(N, true)) of out [M, N] bf16 = silu(gate) * up of rows m0 .. m0 + M
+  // of a times a [gate; up] weight of 2N rows (amx() only; N a multiple of 16).
+  void run_swiglu(const int32_t* packed, int64_t G, const Act& a, int64_t m0, int64_t M, uint16_t* out, int64_t N,
+                  int64_t u0, int64_t u1) const {
+    const AmxRows r = amx_rows(a, m0);
+    isa_amx::units(packed, G, r.head, M, a.ldh, r.M16, r.tail, a.rows.stride(0), out, N, N, u0, u1, true);
   }
 
   // Units u0..u1 of out [M, N] (stride ldo, of out_type()) = rows m0 .. m0 + M of a times the packed
@@ -179,9 +192,8 @@ struct Kernel {
              a.sums.data_ptr<float>() + m0 * G, a.sx.data_ptr<float>() + m0 * G, a.qsum.data_ptr<int32_t>() + m0 * G,
              static_cast<float*>(out), ldo, N, u0, u1);
     } else if (amx()) {
-      TORCH_CHECK(m0 == 0 || a.M16 == 0, "qlinear: AMX rows read in place start at row 0");
-      isa_amx::units(packed, G, a.head, M, a.ldh, a.M16, a.rows.data_ptr<int32_t>() + m0 * ld, ld,
-                     static_cast<uint16_t*>(out), ldo, N, u0, u1, false);
+      const AmxRows r = amx_rows(a, m0);
+      isa_amx::units(packed, G, r.head, M, a.ldh, r.M16, r.tail, ld, static_cast<uint16_t*>(out), ldo, N, u0, u1, false);
     } else {
       static const float none = 0.0f;  // xsum of the kinds without a min term: never read
       const float* x = pairs() ? reinterpret_cast<const float*>(a.rows.data_ptr<int32_t>()) : a.rows.data_ptr<float>();
