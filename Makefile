@@ -26,7 +26,7 @@ $(STAMP): $(SERVE_STAMP)
 
 install: $(STAMP)
 
-# `make test` leaves out the tests marked slow (they convert the real bundled SmolLM2, minutes each);
+# `make test` leaves out the tests marked slow (minutes each: the real bundled SmolLM2 converted, a server killed 50 times, a soak);
 # `make test-slow` runs just those.
 # the linter first (seconds): pyflakes and pycodestyle at 120 columns, and the code as ruff formats it
 lint: $(STAMP)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -249,3 +250,21 @@ def running_requests(metrics_text: str) -> float | None:
         if name in RUNNING_GAUGES:
             total = (total or 0.0) + float(line.rsplit(None, 1)[-1])
     return total
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A latentkv server's /metrics page as {name{labels}: value} (its latentkv_* series)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(latentkv_[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+
+
+def free_port() -> int:
+    """A loopback port free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(model: str, port: int, flags: list[str]) -> list[str]:
+    """`latentkv serve MODEL` on loopback `port`, run by this interpreter (this checkout's package)."""
+    return [sys.executable, "-m", "latentkv.cli", "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]

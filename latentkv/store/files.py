@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,6 +29,7 @@ import xxhash
 from safetensors.torch import save as save_bytes
 
 TOKENS = "token_ids"
+STALE_TEMP = 3600.0  # seconds after which any temp file is a leftover (remove_dead_temps)
 MAX_HEADER = 1 << 20  # a block's header is a few KB; a larger length field is damage
 DTYPES = {
     "BF16": torch.bfloat16,
@@ -225,12 +227,19 @@ def write_atomic(path: Path, data: bytes, tmp_dir: Path) -> None:
         raise
 
 
-def remove_dead_temps(tmp_dir: Path) -> int:
-    """Delete temp files whose writer process is gone (killed mid-write); -> how many."""
+def remove_dead_temps(tmp_dir: Path, stale_after: float = STALE_TEMP) -> int:
+    """Delete temp files whose writer process is gone (killed mid-write), or older than
+    `stale_after` seconds whoever wrote them (a block's write takes milliseconds: an old one is a
+    dead writer's whose pid was reused, or was another pid namespace's); -> how many."""
     removed = 0
+    now = time.time()
     for tmp in tmp_dir.glob("*.tmp"):
         pid = tmp.name.split("-", 1)[0]
-        if pid.isdigit() and pid_alive(int(pid)):
+        try:
+            fresh = now - tmp.stat().st_mtime < stale_after
+        except FileNotFoundError:
+            continue  # renamed into place meanwhile
+        if fresh and pid.isdigit() and pid_alive(int(pid)):
             continue
         tmp.unlink(missing_ok=True)
         removed += 1

@@ -191,25 +191,33 @@ class LatentStore:
             self.touch(path)
             return 0
         data = encode(block)
-        try:
-            write_atomic(path, data, self.tmp_dir)
-        except FileNotFoundError:  # `latentkv store clear` ran meanwhile: start the folders again
-            self.tmp_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, data, self.tmp_dir)
-        self.counters.bytes_written += len(data)
+        # counted before the rename: a process killed between the two leaves the ledger too high
+        # (eviction's rescan heals it), never too low, so crashes cannot take the directory past max_size
         self.add_size(len(data))
+        try:
+            try:
+                write_atomic(path, data, self.tmp_dir)
+            except FileNotFoundError:  # `latentkv store clear` ran meanwhile: start the folders again
+                self.tmp_dir.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, data, self.tmp_dir)
+        except OSError:
+            self.add_size(-len(data))
+            raise
+        self.counters.bytes_written += len(data)
         return len(data)
 
     def add_size(self, nbytes: int) -> None:
-        """Add `nbytes` to the directory's size ledger (read by a scan if missing or
-        unreadable) and evict if that passes max_size; all under the ledger's lock."""
+        """Add `nbytes` (a file about to be written; negative: one that was not) to the directory's
+        size ledger (a scan of the files there when it is missing or unreadable) and evict if that
+        passes max_size, keeping room for them; all under the ledger's lock."""
         fd = os.open(self.root / ".size", os.O_RDWR | os.O_CREAT, 0o644)
         with open(fd, "r+") as ledger:
             fcntl.flock(ledger, fcntl.LOCK_EX)  # released when the file closes
             text = ledger.read().strip()
-            total = int(text) + nbytes if text.isdigit() else sum(size for _, size, _ in block_files(self.root))
+            on_disk = int(text) if text.isdigit() else sum(size for _, size, _ in block_files(self.root))
+            total = max(0, on_disk + nbytes)
             if total > self.max_size:
-                total = self.evict()
+                total = self.evict(max(nbytes, 0))
             ledger.seek(0)
             ledger.truncate()
             ledger.write(str(total))
@@ -223,11 +231,12 @@ class LatentStore:
             text = ""
         return int(text) if text.isdigit() else sum(size for _, size, _ in block_files(self.root))
 
-    def evict(self) -> int:
-        """Delete least recently used block files (any model's) until the whole directory is
-        under LOW_WATER * max_size; -> bytes left. Called with the ledger locked."""
+    def evict(self, reserve: int = 0) -> int:
+        """Delete least recently used block files (any model's) until the whole directory and
+        `reserve` bytes about to be written are under LOW_WATER * max_size; -> bytes left plus
+        `reserve`. Called with the ledger locked."""
         files = sorted(block_files(self.root))
-        total = sum(size for _, size, _ in files)
+        total = sum(size for _, size, _ in files) + reserve
         target = int(self.max_size * LOW_WATER)
         for _, size, path in files:
             if total <= target:

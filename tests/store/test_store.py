@@ -180,8 +180,11 @@ sys.path.insert(0, {tests!r})
 from store.test_store import make_block
 
 store = LatentStore({root!r}, "f" * 32, 2**30, None)
-if {mode!r} == "before-rename":
+if {mode!r} in ("before-rename", "after-rename"):
+    real_replace = files.os.replace
     def hang(src, dst):
+        if {mode!r} == "after-rename":
+            real_replace(src, dst)
         open({marker!r}, "w").close()
         time.sleep(60)
     files.os.replace = hang
@@ -196,8 +199,12 @@ else:  # write blocks as fast as possible until killed
 """
 
 
-@pytest.mark.parametrize("mode", ["before-rename", "busy"])
+@pytest.mark.parametrize("mode", ["before-rename", "after-rename", "busy"])
 def test_writer_killed_mid_write_leaves_nothing_served(tmp_path, mode):
+    """Killed before its rename, after it (before anything else) or anywhere while writing: only
+    whole blocks are there, temp files go when the store opens again, and the size ledger counts
+    at least the bytes on disk (a block is counted before its rename), so crashes cannot take the
+    directory past its bound."""
     root, marker = tmp_path / "store", tmp_path / "ready"
     tests = str(Path(__file__).resolve().parents[1])
     code = CHILD.format(tests=tests, root=str(root), marker=str(marker), mode=mode)
@@ -217,10 +224,25 @@ def test_writer_killed_mid_write_leaves_nothing_served(tmp_path, mode):
     files = list(root.glob(f"*/blocks/*/*{SUFFIX}"))
     if mode == "before-rename":
         assert files == [] and store.read(make_block(0).block_hash, NO_HASH, make_block(0).token_ids) is None
+    if mode == "after-rename":
+        assert len(files) == 1
+    assert store.size >= sum(p.stat().st_size for p in files)
     for path in files:  # every block that is there is whole and served correctly
         block = decode(path.read_bytes())
         assert store.read(block.block_hash, block.parent_hash, block.token_ids) is not None
     assert store.counters.corrupt_blocks == 0
+
+
+def test_stale_temp_files_go_whoever_wrote_them(tmp_path):
+    """A temp file of a live pid stays while it is fresh (a write in flight); once it is an hour old it
+    is a leftover (a reused pid, another pid namespace's writer) and opening the store removes it."""
+    store = open_store(tmp_path)
+    fresh, stale = (store.tmp_dir / f"{os.getpid()}-1-{name}.safetensors.tmp" for name in ("a", "b"))
+    for path in (fresh, stale):
+        path.write_bytes(b"partial")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    open_store(tmp_path)
+    assert fresh.exists() and not stale.exists()
 
 
 def later(path: Path) -> None:
