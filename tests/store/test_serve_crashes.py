@@ -19,25 +19,18 @@ import pytest
 from latentkv.bench.servers import Running, Server, free_port, scrape, serve_command
 from latentkv.store.files import decode, pid_alive
 from latentkv.store.store import SUFFIX
-from tiny_lm import save_tiny_lm
 
 BS = 4
 REFERENCE = [list(range(10, 10 + 12 * BS)), list(range(200, 200 + 9 * BS)) + [7, 8, 9]]
 BOUND_BLOCKS = 120  # the store's bound, in block files: the load evicts across the kills
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("serve_crash_model") / "tiny"
-    save_tiny_lm(folder)
-    return folder
-
-
-def start(model_dir: Path, store: Path, max_size: int, log: Path) -> Running:
+def start(model_dir: Path, store: Path, max_size: int, log: Path, *more: str) -> Running:
+    """`latentkv serve` of the tiny model on `store`, up and ready (`more` flags win: the last counts)."""
     port = free_port()
     flags = ["--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-memory", "4MiB"]
     flags += ["--max-model-len", "256", "--block-size", str(BS), "--kv-store", str(store)]
-    flags += ["--kv-store-max-size", str(max_size)]
+    flags += ["--kv-store-max-size", str(max_size), *more]
     # all cores may run it (threads=2); the engine itself on the one thread the suite gives it (conftest)
     return Running(Server("latentkv serve", serve_command(str(model_dir), port, flags)), port, log, threads=2)
 
@@ -119,10 +112,10 @@ def crash_and_restart(model_dir: Path, tmp_path: Path, kills: int, seed: int) ->
     print(f"{kills} kills: {left_temps} left a temp file (killed mid-write); {hits:.0f} store hits; {files} blocks")
 
 
-def test_kill_9_while_writing_then_restart(model_dir, tmp_path):
-    crash_and_restart(model_dir, tmp_path, kills=3, seed=0)
+def test_kill_9_while_writing_then_restart(lm_folder, tmp_path):
+    crash_and_restart(lm_folder(), tmp_path, kills=3, seed=0)
 
 
 @pytest.mark.slow
-def test_kill_9_fifty_times(model_dir, tmp_path):
-    crash_and_restart(model_dir, tmp_path, kills=50, seed=1)
+def test_kill_9_fifty_times(lm_folder, tmp_path):
+    crash_and_restart(lm_folder(), tmp_path, kills=50, seed=1)
