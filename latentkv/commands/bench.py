@@ -1,6 +1,7 @@
 """`latentkv bench {memory,decode,step,throughput,prefix,serve,kernel,contention}`: each runs its baselines in the same
 run, prints a table with ratios, and writes JSON + PNG under --out. `latentkv bench random-model` writes
-a random-weight checkpoint of a real shape to bench with."""
+a random-weight checkpoint of a real shape to bench with; `latentkv bench soak` (commands/bench_soak.py) loads
+started servers for minutes."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from latentkv.bench import (
 )
 from latentkv.bench.models import default_models
 from latentkv.bench.shapes import SHAPES
+from latentkv.commands import bench_soak
 from latentkv.facts import ENGINE_CACHE_DTYPES, MODEL_DTYPES
 from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sizes import parse_memory
@@ -376,6 +378,7 @@ def register(subparsers) -> None:
         help="also write the folder as a Q4_0 GGUF holding the same values (default path: <out>-Q4_0.gguf)",
     )
     p.set_defaults(func=run_random_model)
+    bench_soak.register(sub)
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
 
 
