@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import sys
 
+from latentkv.commands.interrupt import Interrupted, close, exit_status, sigterm_unwinds
 from latentkv.commands.startup import start_engine
 from latentkv.engine.chat_template import render_chat
 from latentkv.sampling_params import SamplingParams
@@ -44,14 +45,16 @@ def sampling_params(args) -> SamplingParams:
 
 
 def load(args, what: str):
-    """Settings and a started engine, or an exit code after printing why not."""
+    """-> (a started engine, the sampling params, the shutdown timeout), or (None, None, 0) after
+    printing why not."""
     try:
         params = sampling_params(args)
-        engine, _ = start_engine(settings_from_args(args))
+        settings = settings_from_args(args)
+        engine, _ = start_engine(settings)
     except ValueError as err:  # a bad setting, no such model, a bad checkpoint, a cache that holds nothing, ...
         print(f"latentkv {what}: {err}", file=sys.stderr)
-        return None, None
-    return engine, params
+        return None, None, 0.0
+    return engine, params, settings.shutdown_timeout
 
 
 _ids = itertools.count()
@@ -92,9 +95,22 @@ def write_stream(chunks) -> object:
 
 
 def run_generate(args) -> int:
-    engine, params = load(args, "generate")
-    if engine is None:
-        return 2
+    """Generate, then close the engine (the KV store's queue written), also when SIGTERM or Ctrl-C
+    stops it (exit 128 + the signal)."""
+    engine = None
+    timeout = 0.0
+    with sigterm_unwinds():
+        try:
+            engine, params, timeout = load(args, "generate")
+            return generate(engine, params, args) if engine is not None else 2
+        except KeyboardInterrupt as err:
+            sys.stdout.write("\n")
+            return exit_status(err)
+        finally:
+            close(engine, timeout)
+
+
+def generate(engine, params, args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         if args.chat:
@@ -125,9 +141,22 @@ def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[str, list
 
 
 def run_chat(args) -> int:
-    engine, params = load(args, "chat")
-    if engine is None:
-        return 2
+    """Chat until /exit, Ctrl-D or Ctrl-C at the prompt (Ctrl-C during a reply ends the reply), or
+    SIGTERM (exit 143); then close the engine (the KV store's queue written)."""
+    engine = None
+    timeout = 0.0
+    with sigterm_unwinds():
+        try:
+            engine, params, timeout = load(args, "chat")
+            return chat(engine, params, args) if engine is not None else 2
+        except Interrupted as err:
+            print()
+            return exit_status(err)
+        finally:
+            close(engine, timeout)
+
+
+def chat(engine, params, args) -> int:
     if engine.tokenizer is None or not getattr(engine.tokenizer, "chat_template", None):
         print("latentkv chat: this model has no chat template", file=sys.stderr)
         return 2
@@ -136,6 +165,8 @@ def run_chat(args) -> int:
     while True:
         try:
             line = input("you> ").strip()
+        except Interrupted:
+            raise
         except (EOFError, KeyboardInterrupt):
             print()
             return 0
@@ -160,6 +191,8 @@ def chat_turn(engine, history: list[dict], params) -> str | None:
         text, ids = fit_history(engine, history, params.max_tokens or 256)
         sys.stdout.write("assistant> ")
         final = write_stream(stream_text(engine, text, ids, params))
+    except Interrupted:
+        raise
     except KeyboardInterrupt:
         print("\n(interrupted)")
         return None

@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from latentkv.commands.interrupt import close, exit_status, sigterm_unwinds
 from latentkv.commands.startup import start_engine
+from latentkv.engine.warm import warm_up
 from latentkv.settings import SettingsError, add_engine_arguments, settings_from_args
 from latentkv.store.store import count_blocks, model_dirs
 
@@ -57,24 +59,40 @@ def run_ls(args) -> int:
 
 
 def run_warm(args) -> int:
+    """Prefill the templates, then close the engine (its queue written); stopped by SIGTERM or Ctrl-C,
+    it still writes what the finished templates queued and exits 128 + the signal."""
+    with sigterm_unwinds():
+        return warm(args)
+
+
+def warm(args) -> int:
+    engine = tier = None
+    status, timeout = 0, 0.0
     try:
         settings = settings_from_args(args)
-        settings.kv_store, settings.warm = args.dir, args.file
+        settings.kv_store, timeout = args.dir, settings.shutdown_timeout
         engine, _ = start_engine(settings)
+        tier = engine.store
+        if tier is None:
+            print(f"latentkv store warm: the store {args.dir} is not usable (see the warning above)", file=sys.stderr)
+            return 1
+        warm_up(engine, args.file, settings.warm_fraction)
     except (SettingsError, ValueError) as err:
         print(f"latentkv store warm: {err}", file=sys.stderr)
         return 2
-    if engine.store is None:
-        print(f"latentkv store warm: the store {args.dir} is not usable (see the warning above)", file=sys.stderr)
-        return 1
-    tier = engine.store
-    engine.close()  # writes every queued block
+    except KeyboardInterrupt as err:
+        status = exit_status(err)
+    finally:
+        close(engine, timeout)  # writes every queued block
+    if tier is None:  # stopped before the store was open
+        return status
     c = tier.counters
     print(
         f"latentkv store warm: {c.bytes_written / 2**20:.1f} MiB written to {args.dir} "
         f"({tier.store.num_blocks()} blocks for this model; {c.write_drops} dropped)"
+        + (" (interrupted)" if status else "")
     )
-    return 0 if c.write_drops == 0 else 1
+    return status or (0 if c.write_drops == 0 else 1)
 
 
 def run_clear(args) -> int:
