@@ -3,14 +3,18 @@ again on the same directory, many times: every block file there is whole and ver
 comes up without an error, answers the reference prompts with the text the first (cold) server gave,
 and the directory stays under its size bound (the killed writers' temp files are removed on open).
 
-A few kills in the suite; `pytest -m slow tests/store/test_serve_crashes.py` runs the 50."""
+Each block write is held 5 ms before its rename, and every other kill waits for a block's temp file
+to appear, so that many kills land inside a write. A few kills in the suite;
+`pytest -m slow tests/store/test_serve_crashes.py` runs 50."""
 
 from __future__ import annotations
 
 import os
 import random
 import signal
+import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -25,14 +29,28 @@ REFERENCE = [list(range(10, 10 + 12 * BS)), list(range(200, 200 + 9 * BS)) + [7,
 BOUND_BLOCKS = 120  # the store's bound, in block files: the load evicts across the kills
 
 
-def start(model_dir: Path, store: Path, max_size: int, log: Path, *more: str) -> Running:
+# `latentkv serve` whose block writes wait 5 ms between their bytes and their rename: a write's window
+# widened, so that a kill lands inside it often (the tiny model's blocks are written in microseconds)
+SLOW_RENAME = """
+import os, sys, time
+replace = os.replace
+os.replace = lambda src, dst: time.sleep(0.005) or replace(src, dst)
+from latentkv.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start(model_dir: Path, store: Path, max_size: int, log: Path, *more: str, slow_rename: bool = False) -> Running:
     """`latentkv serve` of the tiny model on `store`, up and ready (`more` flags win: the last counts)."""
     port = free_port()
     flags = ["--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-memory", "4MiB"]
     flags += ["--max-model-len", "256", "--block-size", str(BS), "--kv-store", str(store)]
     flags += ["--kv-store-max-size", str(max_size), *more]
+    cmd = serve_command(str(model_dir), port, flags)
+    if slow_rename:
+        cmd = [sys.executable, "-c", SLOW_RENAME, *cmd[cmd.index("serve") :]]
     # all cores may run it (threads=2); the engine itself on the one thread the suite gives it (conftest)
-    return Running(Server("latentkv serve", serve_command(str(model_dir), port, flags)), port, log, threads=2)
+    return Running(Server("latentkv serve", cmd), port, log, threads=2)
 
 
 def complete(url: str, prompt: list[int], max_tokens: int = 6) -> str:
@@ -81,7 +99,7 @@ def crash_and_restart(model_dir: Path, tmp_path: Path, kills: int, seed: int) ->
     hits = left_temps = 0
     for kill in range(kills + 1):
         log = tmp_path / f"server{kill + 1}.log"
-        server = start(model_dir, store, max_size, log)
+        server = start(model_dir, store, max_size, log, slow_rename=True)
         try:
             # the killed writers' temp files are gone: removed when the store opened
             assert not [t for t in store.glob("*/tmp/*.tmp") if not pid_alive(int(t.name.split("-")[0]))]
@@ -96,6 +114,10 @@ def crash_and_restart(model_dir: Path, tmp_path: Path, kills: int, seed: int) ->
             for c in clients:
                 c.start()
             stop.wait(rng.uniform(0.2, 2.0))  # a random point of the writing
+            if kill % 2:  # or the moment a block's temp file is seen: most likely inside its write
+                seen_by = time.monotonic() + 5
+                while not any(store.glob("*/tmp/*.safetensors.tmp")) and time.monotonic() < seen_by:
+                    pass
             os.killpg(server.proc.pid, signal.SIGKILL)
             server.proc.wait()
             stop.set()
@@ -110,6 +132,7 @@ def crash_and_restart(model_dir: Path, tmp_path: Path, kills: int, seed: int) ->
     files, temps = check_store(store, max_size)
     assert hits > 0 and files > 0 and temps == 0
     print(f"{kills} kills: {left_temps} left a temp file (killed mid-write); {hits:.0f} store hits; {files} blocks")
+    assert left_temps > 0 or kills < 10  # some kills landed inside a write
 
 
 def test_kill_9_while_writing_then_restart(lm_folder, tmp_path):
