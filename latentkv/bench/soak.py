@@ -59,9 +59,11 @@ def words(rng: random.Random, n: int) -> str:
 
 @dataclass
 class Load:
-    """What the requests draw from: the greedy pool (prompt, max_tokens) and the shared prefixes."""
+    """What the requests draw from: the greedy pools of (prompt, max_tokens), short prompts and prompts
+    on the shared prefixes, and the prefixes."""
 
     greedy: list[tuple[str, int]]
+    on_prefixes: list[tuple[str, int]]
     prefixes: list[str]
     answers: dict = field(default_factory=dict)  # greedy prompt -> the first text answered
 
@@ -70,8 +72,10 @@ class Load:
         rng = random.Random(seed)
         prefixes = [words(rng, prefix_words) for _ in range(4)]
         greedy = [(words(rng, rng.randint(3, 40)), rng.randint(4, 24)) for _ in range(48)]
-        greedy += [(p + " " + words(rng, rng.randint(1, 8)), rng.randint(4, 16)) for p in prefixes for _ in range(4)]
-        return cls(greedy, prefixes)
+        on_prefixes = [
+            (p + " " + words(rng, rng.randint(1, 8)), rng.randint(4, 16)) for p in prefixes for _ in range(4)
+        ]
+        return cls(greedy, on_prefixes, prefixes)
 
 
 def greedy_check(load: Load, key, text: str) -> str:
@@ -103,7 +107,7 @@ async def stream_events(client: httpx.AsyncClient, path: str, body: dict, keep: 
 async def one(client: httpx.AsyncClient, kind: str, rng: random.Random, load: Load) -> str:
     """Send one request of `kind`; -> its outcome ("ok", "cut", "4xx", or what went wrong)."""
     if kind in ("greedy", "prefix"):
-        prompt, olen = rng.choice(load.greedy[48:] if kind == "prefix" else load.greedy[:48])
+        prompt, olen = rng.choice(load.on_prefixes if kind == "prefix" else load.greedy)
         body = {"model": MODEL, "prompt": prompt, "max_tokens": olen, "temperature": 0}
         r = await client.post("/v1/completions", json=body)
         return (
@@ -230,6 +234,7 @@ def wait_idle(url: str, timeout_s: float = 120.0) -> dict[str, float]:
 
 
 def start(args, store: Path, out: Path) -> list[Running]:
+    """args.servers `latentkv serve` processes of args.model on one store, each on a free port, ready."""
     flags = [
         "--served-model-name",
         MODEL,
@@ -246,8 +251,8 @@ def start(args, store: Path, out: Path) -> list[Running]:
     running: list[Running] = []
     try:
         for i in range(args.servers):
-            server = Server(f"latentkv serve [{i}]", serve_command(args.model, free_port(), flags))
-            port = int(server.cmd[server.cmd.index("--port") + 1])
+            port = free_port()
+            server = Server(f"latentkv serve [{i}]", serve_command(args.model, port, flags))
             running.append(Running(server, port, out / f"soak-server{i}.log", args.threads))
     except PeerFailed:
         for r in running:
@@ -257,6 +262,7 @@ def start(args, store: Path, out: Path) -> list[Running]:
 
 
 def summarize(outcomes: Counter, samples: list[dict], ends: list[dict], exits: list[int | None], n: int) -> dict:
+    """The run's figures (soak.json): `ends` are each server's metrics once idle, `exits` their exit statuses."""
     after = [s for s in samples if s["t"] >= WARM_UP * samples[-1]["t"]] or samples
     growth = {i: (samples[-1][f"rss_mib.{i}"] - after[0][f"rss_mib.{i}"]) / after[0][f"rss_mib.{i}"] for i in range(n)}
     client_5xx = sum(c for (_, o), c in outcomes.items() if o.startswith("5") or "error event" in o)
