@@ -5,8 +5,9 @@ when the native one runs; model/decode_plan.py builds the plan.
 
 Paths: avx512, avx2, scalar for `head_matmul`, `rms_norm`, `silu_mul` (GCC vector tiles), and
 amx_bf16 for `head_matmul` over bf16 (csrc/decode_ops/head_amx.h: the weight packed once by `head_pack`);
-`rope` and `write_latent`'s row loops for avx512, avx2, scalar (the same bits on each). Every op takes
-the capabilities that serve (EXT.caps.mask, kernels/build.py) as its `caps`.
+`rope` and `write_latent`'s row loops for avx512, avx2, scalar (the same bits on each); each path's
+loops are a unit of their own (csrc/decode_ops/decode_ops_<isa>.cpp). Every op takes the capabilities
+that serve (EXT.caps.mask, kernels/build.py) as its `caps`.
 LATENTKV_FUSED=0 switches the extension off.
 """
 

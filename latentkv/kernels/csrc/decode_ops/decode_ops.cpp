@@ -14,8 +14,10 @@
 //   silu_mul(gate_up [T, 2I], caps) -> silu(gate) * up [T, I].
 //   rms_norm(x [T, d], weight [d], eps, residual [T, d] or empty, caps) -> (x + residual, its RMSNorm).
 // caps: the capabilities that serve (cpu_isa.h); each op runs the best of its paths (PATHS) they include.
-// Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads).
+// Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads). Each path's
+// loops are their own unit (decode_ops_<isa>.cpp), reached through decode_ops_paths.h.
 #include "decode_ops.h"
+#include "decode_ops_paths.h"
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
@@ -30,46 +32,13 @@
 #include <type_traits>
 #include <vector>
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
-namespace isa_avx512 {
-constexpr int HEAD_W = 16, HEAD_NV4 = 4, HEAD_NV1 = 8;  // 16 of 32 registers hold a 4-row tile's accumulators
-#include "exp_poly.h"  // common/: one e^x for every kernel
-#include "swiglu_rows.h"  // common/: SwiGLU's rows, the MoE op's too
-#include "decode_ops_impl.h"
-}
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace isa_avx2 {
-constexpr int HEAD_W = 8, HEAD_NV4 = 2, HEAD_NV1 = 8;  // 8 of 16 registers: more would spill
-#include "exp_poly.h"  // common/: one e^x for every kernel
-#include "swiglu_rows.h"  // common/: SwiGLU's rows, the MoE op's too
-#include "decode_ops_impl.h"
-}
-#pragma GCC pop_options
-
-namespace isa_scalar {
-constexpr int HEAD_W = 4, HEAD_NV4 = 2, HEAD_NV1 = 4;  // SSE2-wide vectors (GCC lowers them on any target)
-#include "exp_poly.h"  // common/: one e^x for every kernel
-#include "swiglu_rows.h"  // common/: SwiGLU's rows, the MoE op's too
-#include "decode_ops_impl.h"
-}
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
-namespace isa_amx {
-#include "amx_tiles.h"  // common/: the tile configuration
-#include "head_amx.h"   // head_matmul's tile path
-}
-#pragma GCC pop_options
-
 namespace {
 
-using RowsF32 = void (*)(const float*, int, int, const float*, int, float*);
-using RowsBF16 = void (*)(const float*, int, int, const uint16_t*, int, float*);
-using OutBF16 = void (*)(const float*, int64_t, const uint16_t*, int64_t, float, uint16_t*);
+// The row loops of the best vector path caps allows (decode_ops_paths.h), scalar's where none.
+RowPath row_path(int64_t caps) {
+  return has(caps, NEEDS_AVX512) ? isa_avx512::row_path()
+         : has(caps, NEEDS_AVX2) ? isa_avx2::row_path() : isa_scalar::row_path();
+}
 
 template <typename T>
 inline float load(const T* p, int64_t i) { return (float)p[i]; }
@@ -87,10 +56,7 @@ bool is_float(const at::Tensor& t) {
 
 }  // namespace
 
-// The paths beside scalar, each the capabilities its code's target needs: the vector rows of every op
-// (avx2, avx512) and head_matmul's AMX tiles (amx_bf16).
-constexpr int64_t NEEDS_AVX2 = CAP_AVX2, NEEDS_AVX512 = CAP_AVX2 | CAP_AVX512,
-                  NEEDS_AMX_BF16 = NEEDS_AVX512 | CAP_AVX512_BF16 | CAP_AMX_BF16;
+// The paths beside scalar (decode_ops_paths.h has what each needs).
 constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2}, {"avx512", NEEDS_AVX512}, {"amx_bf16", NEEDS_AMX_BF16}};
 
 // The AMX path's weight layout (head_amx.h head_pack) for w [H, K, C] bf16, where that path applies
@@ -103,7 +69,7 @@ at::Tensor head_pack(at::Tensor w, int64_t caps) {
   if (!has(caps, NEEDS_AMX_BF16) || w.scalar_type() != at::kBFloat16 || !isa_amx::head_applies(K, C))
     return at::empty({0}, w.options());
   w = w.contiguous();
-  auto out = at::empty({H, isa_amx::amx_steps((int)K), 16, C, 2}, w.options());
+  auto out = at::empty({H, isa_amx::head_steps((int)K), 16, C, 2}, w.options());
   isa_amx::head_pack((const uint16_t*)w.data_ptr(), H, (int)K, (int)C, (uint16_t*)out.data_ptr());
   return out;
 }
@@ -126,7 +92,7 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   if (has(caps, NEEDS_AMX_BF16) && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
       isa_amx::head_applies(K, C)) {
     if (packed.numel() == 0) packed = head_pack(w, caps);
-    TORCH_CHECK(packed.dim() == 5 && packed.size(0) == H && packed.size(1) == isa_amx::amx_steps((int)K) &&
+    TORCH_CHECK(packed.dim() == 5 && packed.size(0) == H && packed.size(1) == isa_amx::head_steps((int)K) &&
                 packed.size(3) == C, "head_matmul: packed must be head_pack(w)");
     isa_amx::head_matmul_amx(x, packed, (float)scale, extra, out);
     return out;
@@ -134,10 +100,10 @@ at::Tensor head_matmul(at::Tensor x, at::Tensor w, double scale, at::Tensor extr
   constexpr int64_t CHUNK = 64;  // rows per work item
   const int64_t chunks = (N + CHUNK - 1) / CHUNK;
   const bool bf16 = w.scalar_type() == at::kBFloat16;  // the weight's storage picks the inner loop
-  const bool avx512 = has(caps, NEEDS_AVX512), avx2 = has(caps, NEEDS_AVX2);
-  RowsF32 rows_f32 = avx512 ? isa_avx512::head_rows_f32 : avx2 ? isa_avx2::head_rows_f32 : isa_scalar::head_rows_f32;
-  RowsBF16 rows_bf16 = avx512 ? isa_avx512::head_rows_bf16 : avx2 ? isa_avx2::head_rows_bf16 : isa_scalar::head_rows_bf16;
-  OutBF16 out_bf16 = avx512 ? isa_avx512::head_out_bf16 : avx2 ? isa_avx2::head_out_bf16 : isa_scalar::head_out_bf16;
+  const RowPath path = row_path(caps);
+  const auto rows_f32 = path.head_rows_f32;
+  const auto rows_bf16 = path.head_rows_bf16;
+  const auto out_bf16 = path.head_out_bf16;
   const float s = (float)scale;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "head_matmul", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -198,13 +164,10 @@ struct RowOps {
   void store(float* row, int64_t n, float* out) const { std::memcpy(out, row, n * sizeof(float)); }
 };
 
-#define LATENTKV_ROW_OPS(ns) \
-  RowOps { ns::rotate_vals_f32, ns::rotate_vals_bf16, ns::round_vals_bf16, ns::absmax_f32, ns::absmax_bf16, ns::quantize_f32, ns::quantize_bf16 }
-
 RowOps row_ops(int64_t caps) {
   check_caps(caps, "decode_ops");
-  return has(caps, NEEDS_AVX512) ? LATENTKV_ROW_OPS(isa_avx512)
-         : has(caps, NEEDS_AVX2) ? LATENTKV_ROW_OPS(isa_avx2) : LATENTKV_ROW_OPS(isa_scalar);
+  const RowPath p = row_path(caps);
+  return {p.rotate_f32, p.rotate_bf16, p.round_bf16, p.absmax_f32, p.absmax_bf16, p.quantize_f32, p.quantize_bf16};
 }
 
 // A float tensor's storage as the row loops read it: float, or bf16 bits.
@@ -358,8 +321,7 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
     if (st == at::kBFloat16) {
       using Rows = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const uint16_t*, float, uint16_t*, int64_t, int64_t,
                             int64_t, float*);
-      Rows rows = has(caps, NEEDS_AVX512) ? isa_avx512::rms_norm_rows_bf16
-                  : has(caps, NEEDS_AVX2) ? isa_avx2::rms_norm_rows_bf16 : isa_scalar::rms_norm_rows_bf16;
+      Rows rows = row_path(caps).rms_norm_bf16;
       const uint16_t *xp = (const uint16_t*)x.data_ptr(), *rp = add ? (const uint16_t*)residual.data_ptr() : nullptr,
                      *wp = (const uint16_t*)weight.data_ptr();
       uint16_t *sp = add ? (uint16_t*)sum.data_ptr() : nullptr, *op = (uint16_t*)out.data_ptr();
@@ -369,8 +331,7 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
       });
     } else {
       using Rows = void (*)(const float*, const float*, float*, const float*, float, float*, int64_t, int64_t, int64_t, float*);
-      Rows rows = has(caps, NEEDS_AVX512) ? isa_avx512::rms_norm_rows_f32
-                  : has(caps, NEEDS_AVX2) ? isa_avx2::rms_norm_rows_f32 : isa_scalar::rms_norm_rows_f32;
+      Rows rows = row_path(caps).rms_norm_f32;
       const float *xp = x.data_ptr<float>(), *rp = add ? residual.data_ptr<float>() : nullptr, *wp = weight.data_ptr<float>();
       float *sp = add ? sum.data_ptr<float>() : nullptr, *op = out.data_ptr<float>();
       at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
@@ -413,6 +374,8 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
 }
 
 #include "swiglu.h"  // common/: silu_mul, the MoE op's too
+
+SiluRows silu_rows(int64_t caps) { return row_path(caps).silu; }
 
 #include "decode_step.h"  // the whole decode step in one call, over the ops above (decode_ops.h)
 

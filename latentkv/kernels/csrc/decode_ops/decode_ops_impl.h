@@ -1,5 +1,5 @@
 // The per-head matmul of the absorbed decode and the RMSNorm rows, one instruction set. Included once per ISA by
-// decode_ops.cpp inside `namespace <isa>` under `#pragma GCC target(...)`, after that namespace's
+// decode_ops_<isa>.cpp inside `namespace <isa>` under `#pragma GCC target(...)`, after that namespace's
 // HEAD_W (float lanes) and HEAD_NV4 (vectors per 4-row tile); the other loops are written for the
 // auto-vectorizer. Nothing here may include a header (we are inside a namespace); exp_poly.h and
 // swiglu_rows.h (SwiGLU's rows and the bf16 bit helpers the RMSNorm rows use) are included before

@@ -1,6 +1,7 @@
 // head_matmul's AMX path (the amx_bf16 path: cpu_isa.h): bf16 rows x [R, K] times one head's bf16 weight
 // w [K, C] on tiles (TDPBF16PS), for the absorbed MLA's per-head products (W_UK^T q_nope, W_UV o_lat)
-// of a decode step. Included by decode_ops.cpp inside `namespace isa_amx` after amx_tiles.h (and torch).
+// of a decode step. Included by decode_ops_amx.cpp inside `namespace isa_amx` after amx_tiles.h (and torch);
+// decode_ops_paths.h declares what the entries call (head_applies, head_pack, head_matmul_amx).
 //
 //   A: 16 rows x 32 values of x (row-major, as the rows lie: no packing of the activations);
 //   B: the weight in pairs of k for every 16 columns, packed once per weight (head_pack), in
@@ -10,13 +11,11 @@
 //      (amx_tiles.h amx_sum_blocks, the AMX decode kernel's value sums too).
 // Each output is one tile lane's sum in the instruction's order over the steps: a row's bits depend
 // on its own values only (batch-invariant), not on the other rows of the call.
-// Applies where K >= 32 and even and C % 16 == 0 (head_applies); elsewhere the vector tiles serve.
-
-static inline bool head_applies(int64_t K, int64_t C) { return K >= 32 && K % 2 == 0 && C % 16 == 0; }
+// Applies where K >= 32 and even and C % 16 == 0 (decode_ops_paths.h head_applies); elsewhere the vector tiles serve.
 
 // w [H, K, C] bf16 bits -> packed [H, steps, 16, C, 2]: pair p of step s holds (w[k][c], w[k+1][c]),
 // k = amx_step_offset(s) + 2p, where k is new to step s (k >= 32s); zero elsewhere.
-static void head_pack(const uint16_t* w, int64_t H, int K, int C, uint16_t* out) {
+void head_pack(const uint16_t* w, int64_t H, int K, int C, uint16_t* out) {
   const int steps = amx_steps(K);
   for (int64_t h = 0; h < H; ++h)
     for (int s = 0; s < steps; ++s)
@@ -43,8 +42,7 @@ static void head_rows_amx(const uint16_t* x16, int K, const uint16_t* packed, in
 }
 
 // head_matmul on AMX tiles (bf16 x and w; packed from head_pack): work items of (head, 64 rows).
-static void head_matmul_amx(const at::Tensor& x, const at::Tensor& packed, float s, const at::Tensor& extra,
-                            at::Tensor& out) {
+void head_matmul_amx(const at::Tensor& x, const at::Tensor& packed, float s, const at::Tensor& extra, at::Tensor& out) {
   const int64_t N = x.size(0), H = x.size(1), K = x.size(2), C = packed.size(3), E = out.size(2) - C;
   constexpr int64_t CHUNK = 64;
   const int64_t chunks = (N + CHUNK - 1) / CHUNK, steps = packed.size(1);

@@ -16,23 +16,6 @@
 #include "torch_lite.h"
 #include "qlinear_common.h"
 
-// SwiGLU's rows for the MoE op (common/swiglu.h picks one by ISA), each under its target; the scalar
-// ones below
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
-namespace isa_avx512 {
-#include "exp_poly.h"     // common/: e^x (SwiGLU's)
-#include "swiglu_rows.h"  // common/: SwiGLU's rows (decode_ops' silu_mul runs the same)
-}  // namespace isa_avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace isa_avx2 {
-#include "exp_poly.h"     // common/: e^x (SwiGLU's)
-#include "swiglu_rows.h"  // common/: SwiGLU's rows (decode_ops' silu_mul runs the same)
-}  // namespace isa_avx2
-#pragma GCC pop_options
-
 // The record sizes (Kernel::rec) from the scalar path's formats (its kernels are qlinear_scalar.cpp's)
 // and its SwiGLU rows
 namespace isa_scalar {
@@ -120,6 +103,13 @@ std::string dot_path(int64_t caps) {
 }
 
 #include "swiglu.h"  // common/: silu_mul (decode_ops' too), for the MoE op
+
+// The SwiGLU rows silu_mul runs under caps (qlinear_avx512.cpp's, qlinear_avx2.cpp's, the scalar ones above).
+SiluRows silu_rows(int64_t caps) {
+  if (has(caps, NEEDS_AVX512)) return isa_avx512::silu_path();
+  if (has(caps, NEEDS_AVX2)) return isa_avx2::silu_path();
+  return {isa_scalar::silu_mul_rows, isa_scalar::silu_mul_rows};
+}
 #include "moe.h"
 #include "moe_route.h"
 

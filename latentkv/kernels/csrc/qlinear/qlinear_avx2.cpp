@@ -1,5 +1,6 @@
-// qlinear's AVX2 kernels (qlinear.cpp has the entries and the contract): the float loops and the
-// integer-dot linears by maddubs, handed to qlinear_kernel.h as qlinear_paths.h's function pointers.
+// qlinear's AVX2 kernels (qlinear.cpp has the entries and the contract): the float loops, the
+// integer-dot linears by maddubs and the MoE op's SwiGLU rows, handed to the entries as qlinear_paths.h's
+// function pointers.
 #include "qlinear_common.h"
 
 #pragma GCC push_options
@@ -16,5 +17,8 @@ LinearPath linear_path() {
 DotPath dot_path() {
   return {dot_units<W4>, dot_units<W8>, [](int64_t, int64_t N) { return dot_unit_count(N); }, quantize_rows};
 }
+#include "exp_poly.h"     // common/: e^x (SwiGLU's)
+#include "swiglu_rows.h"  // common/: SwiGLU's rows (decode_ops' silu_mul runs the same)
+SiluRows silu_path() { return {silu_mul_rows, silu_mul_rows}; }
 }  // namespace isa_avx2
 #pragma GCC pop_options

@@ -1,6 +1,7 @@
 // qlinear's AVX-512 kernels (qlinear.cpp has the entries and the contract): the float loops
 // (isa_avx512), bf16 rows times bf16 weights by vdpbf16ps (isa_avx512bf16), and the integer-dot
-// linears by VNNI (isa_avx512vnni), handed to qlinear_kernel.h as qlinear_paths.h's function pointers.
+// linears by VNNI (isa_avx512vnni), and the MoE op's SwiGLU rows, handed to the entries as qlinear_paths.h's
+// function pointers.
 #include "qlinear_common.h"
 
 #pragma GCC push_options
@@ -11,6 +12,9 @@ namespace isa_avx512 {
 LinearPath linear_path() {
   return {linear_units<Int4>, linear_units<Int8>, linear_units<BF16>, linear_units<F32>, linear_unit_count};
 }
+#include "exp_poly.h"     // common/: e^x (SwiGLU's)
+#include "swiglu_rows.h"  // common/: SwiGLU's rows (decode_ops' silu_mul runs the same)
+SiluRows silu_path() { return {silu_mul_rows, silu_mul_rows}; }
 }  // namespace isa_avx512
 #pragma GCC pop_options
 

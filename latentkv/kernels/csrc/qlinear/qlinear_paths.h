@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cpu_isa.h"
+#include "swiglu_fns.h"
 
 // The paths beside scalar, each the capabilities its unit's target needs (a name per path: the one it
 // adds, which the self-check disables where the path disagrees with scalar). qlinear_kernel.h's Kernel
@@ -45,9 +46,11 @@ DotPath dot_path();
 namespace isa_avx2 {
 LinearPath linear_path();
 DotPath dot_path();
+SiluRows silu_path();  // the MoE op's SwiGLU rows (common/swiglu_rows.h)
 }  // namespace isa_avx2
 namespace isa_avx512 {
 LinearPath linear_path();
+SiluRows silu_path();
 }
 namespace isa_avx512bf16 {  // bf16 rows times bf16 weights by vdpbf16ps: kind 16 only
 LinearPath linear_path();
