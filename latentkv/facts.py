@@ -11,12 +11,12 @@ MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 MODEL_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 # Latent cache dtypes: "auto" stores the latent in the model dtype; int8 / fp8_e4m3 store one
-# byte per element plus a float32 scale per token and layer (SCALE_BYTES), the rope key beside it
+# byte per element plus a float32 scale per token and layer, the rope key beside it
 # in 16 bits; the "_rope8" forms store the rope key in int8 too, with a scale of its own per token
 # (a converted model's rope pairs are equalized for it: convert/rope_scale.py). "q4_0" stores
 # both in llama.cpp's q4_0 blocks: 4-bit codes with a float16 scale per Q4_GROUP values (the last
 # group of each may be shorter), the rope key turned by a fixed orthogonal map first
-# (cache/q4.py says why).
+# (cache/q4.py says why). What each stores, and its bytes per token: cache/format.py.
 ROPE8 = "_rope8"
 Q4 = "q4_0"
 CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "int8" + ROPE8, "fp8_e4m3" + ROPE8, Q4)
@@ -25,18 +25,7 @@ CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "int8" + ROPE8, "fp8_e4m3" + ROPE8, 
 UNQUANTIZED_CACHES = ("bfloat16", "float32")
 ENGINE_CACHE_DTYPES = CACHE_DTYPES + UNQUANTIZED_CACHES
 CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "fp8" + ROPE8: "fp8_e4m3" + ROPE8}
-SCALE_BYTES = 4
 Q4_GROUP, Q4_SCALE_BYTES = 32, 2
-
-
-def latent_dtype(cache_dtype: str) -> str:
-    """The latent's part of a cache dtype: "int8_rope8" -> "int8"."""
-    return cache_dtype.removesuffix(ROPE8)
-
-
-def rope8(cache_dtype: str) -> bool:
-    """Whether a cache dtype stores the rope key in 8 bits."""
-    return cache_dtype.endswith(ROPE8)
 
 
 # Tokens per cache block (powers of two: the block runs and prefix hashes assume it).

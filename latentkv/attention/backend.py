@@ -1,8 +1,8 @@
 """The attention-backend seam (docs/internals.md, "Attention backends").
 
 `MLAttention` (model/mla.py) does the math in the paper's names and hands the rest to
-`backend.forward(layer, q_nope, q_rope, c, k_r, cache, meta) -> [T, H, dv]`. The driver
-here is shared: write the new latents, split mixed steps into groups, pick the path by
+`backend.forward(layer, q_nope, q_rope, cache, meta) -> [T, H, dv]` (the layer has written the step's
+latents: model/fused.py write_latent). The driver here is shared: split mixed steps into groups, pick the path by
 cost, pad the flat batch to [B, Qmax] and back. A backend gives the kernels:
 `latent_attention` (absorbed MQA over the paged latent: paged MLA decode),
 `dense_attention` (the naive path on expanded keys) and `context` (rows to expand).
@@ -16,7 +16,6 @@ import torch
 
 from .layer_api import AttentionLayer
 from .metadata import AttentionMetadata
-from .paged import write
 from .prefill import invariant_prefill
 
 
@@ -42,10 +41,9 @@ class AttentionBackend:
 
     name = "base"
 
-    def forward(self, layer: AttentionLayer, q_nope, q_rope, c, k_r, cache, meta: AttentionMetadata) -> torch.Tensor:
-        """-> [T, H, dv] in flat order; writes this step's latents to cache first."""
-        if c is not None:  # None: the layer stored them itself (model/fused.py write_latent)
-            write(cache, c, k_r, meta.slot_mapping)  # every group's new latents first: each reads its own
+    def forward(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """-> [T, H, dv] in flat order; the layer has written this step's latents to cache (model/fused.py
+        write_latent, the cache's one writer)."""
         if meta.groups is None:
             return self.attend(layer, q_nope, q_rope, cache, meta)
         out = q_nope.new_empty(q_nope.shape[0], layer.n_heads, layer.dv)

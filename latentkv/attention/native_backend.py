@@ -100,7 +100,7 @@ class NativeBackend(TorchBackend):
         ):
             return super().latent_attention(query, cache, meta)
         heads = query.shape[1] // meta.max_query_len
-        if cache.q4:  # its rope key is stored turned (cache/q4.py): turning the query's rope part keeps the scores
+        if cache.format.turned_rope:  # (cache/q4.py): turning the query's rope part too keeps the scores
             query = torch.cat((query[..., : cache.kv_rank], q4.turn(query[..., cache.kv_rank :])), dim=-1)
         if meta.max_query_len == 1:
             return mla_decode(query, cache, meta.block_tables, meta.context_lens, None, heads)

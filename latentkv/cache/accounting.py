@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from latentkv.cache import q4
-from latentkv.cache.latent_cache import rope_dtype
+from latentkv.cache.format import cache_format
 from latentkv.config import ModelConfig
-from latentkv.facts import MODEL_DTYPES, Q4, SCALE_BYTES, rope8
+from latentkv.facts import MODEL_DTYPES
 
 
 @dataclass
@@ -26,18 +25,10 @@ class KVAccount:
 
 
 def latent_bytes(ranks: list[int], rope_dim: int, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:
-    """Bytes one token occupies in the latent cache over layers of latent widths `ranks`:
-    c (one byte + a scale when quantized, else the model dtype) and k_r (the model dtype; when
-    quantized, `latent_cache.rope_dtype` of it; with an 8-bit rope, one byte + a scale; q4_0: both in
-    4-bit blocks, cache/q4.py row_bytes) — the
-    sizes LatentCache allocates (tests/cache/test_accounting.py checks them against it)."""
-    elt = MODEL_DTYPES[model_dtype].itemsize
-    if cache_dtype == Q4:
-        return sum(q4.row_bytes(rank) + q4.row_bytes(rope_dim) for rank in ranks)
-    if cache_dtype == "auto":
-        return sum((rank + rope_dim) * elt for rank in ranks)
-    rope = rope_dim + SCALE_BYTES if rope8(cache_dtype) else rope_dim * rope_dtype(MODEL_DTYPES[model_dtype]).itemsize
-    return sum(rank + SCALE_BYTES + rope for rank in ranks)
+    """Bytes one token occupies in the latent cache over layers of latent widths `ranks`, scales
+    included: what its format (cache/format.py) lays out, the sizes LatentCache allocates."""
+    fmt = cache_format(cache_dtype, MODEL_DTYPES[model_dtype])
+    return sum(fmt.bytes_per_token(rank, rope_dim) for rank in ranks)
 
 
 def latent_bytes_per_token(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:

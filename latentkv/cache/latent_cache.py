@@ -1,11 +1,11 @@
-"""Paged storage of one layer's MLA cache: the latent `c` and the shared rope key `k_r`.
+"""Paged storage of one layer's MLA cache: the latent `c` and the shared rope key `k_r`, in the tensors
+its format (cache/format.py, decided when the cache is made) lays out.
 
 Unquantized: one tensor [num_blocks, block_size, kv_rank + rope_dim] in the model dtype,
 so the absorbed path reads key rows `[c ; k_r]` with no copy.
 Quantized (`int8`, `fp8_e4m3`): `c` in one byte per element with a float32 scale per
-token (`scale = max|c| / qmax`), `k_r` in 16 bits (`rope_dtype`: the model dtype, bf16 for a
-float32 model — float32 would make it most of a token's bytes: 384 of 636 for the bundled
-model, against bf16's 8 significant bits, finer than the int8 latent's 7). The `_rope8` forms
+token (`scale = max|c| / qmax`), `k_r` in 16 bits (format.rope_dtype: the model dtype, bf16 for a
+float32 model). The `_rope8` forms
 (facts.ROPE8) store `k_r` as int8 codes with a second float32 scale per token: `scale` is then
 [..., 2] (latent's, rope's), one tensor, so the kernels take the same arguments. Dequantized when
 attention reads it. `q4_0` (cache/q4.py): `latent` and `rope` hold packed 4-bit codes, `scale`
@@ -18,14 +18,7 @@ from __future__ import annotations
 import torch
 
 from latentkv.cache import q4
-from latentkv.facts import Q4, latent_dtype, rope8
-
-_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}  # the quantized latents of facts.CACHE_DTYPES
-
-
-def rope_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The rope key's 16-bit storage beside a quantized latent, for a model in `dtype`."""
-    return torch.bfloat16 if dtype == torch.float32 else dtype
+from latentkv.cache.format import LATENTS, cache_format
 
 
 class LatentCache:
@@ -41,43 +34,27 @@ class LatentCache:
     ):
         self.block_size, self.kv_rank, self.rope_dim = block_size, kv_rank, rope_dim
         self.dtype, self.cache_dtype = dtype, cache_dtype
-        self.latent_dtype, self.rope8 = latent_dtype(cache_dtype), rope8(cache_dtype)
-        if cache_dtype == "auto":
-            self.kv = torch.zeros(num_blocks, block_size, kv_rank + rope_dim, dtype=dtype, device=device)
-        elif cache_dtype == Q4:
-            self.latent = torch.zeros(
-                num_blocks, block_size, q4.packed_bytes(kv_rank), dtype=torch.uint8, device=device
-            )
-            self.rope = torch.zeros(num_blocks, block_size, q4.packed_bytes(rope_dim), dtype=torch.uint8, device=device)
-            self.scale = torch.zeros(
-                num_blocks, block_size, q4.groups(kv_rank) + q4.groups(rope_dim), dtype=torch.float16, device=device
-            )
-        else:
-            # fp8 is stored as raw bytes: index_put on float8 tensors is not implemented everywhere.
-            codes = torch.int8 if self.latent_dtype == "int8" else torch.uint8
-            self.latent = torch.zeros(num_blocks, block_size, kv_rank, dtype=codes, device=device)
-            self.scale = torch.zeros(
-                num_blocks, block_size, *((2,) if self.rope8 else ()), dtype=torch.float32, device=device
-            )
-            self.rope = torch.zeros(
-                num_blocks, block_size, rope_dim, dtype=torch.int8 if self.rope8 else rope_dtype(dtype), device=device
-            )
+        self.format = cache_format(cache_dtype, dtype)  # what every reader and writer asks
+        self.latent_dtype, self.rope8 = self.format.latent, self.format.rope8
+        self.parts = self.format.parts(kv_rank, rope_dim)
+        for part in self.parts:  # kv; or latent, scale, rope
+            setattr(self, part.name, torch.zeros(num_blocks, block_size, *part.shape, dtype=part.dtype, device=device))
 
     @property
     def quantized(self) -> bool:
-        return self.cache_dtype != "auto"
+        return self.format.quantized
 
     @property
     def q4(self) -> bool:
         """Whether the cache holds q4_0 blocks (cache/q4.py), the rope key turned."""
-        return self.cache_dtype == Q4
+        return self.format.q4
 
     @property
     def qmax(self) -> float:
         """The largest code magnitude of a per-token scaled latent (a token's max |c| maps to it)."""
-        if self.latent_dtype not in _QMAX:  # q4_0 scales each 32 values (cache/q4.py); "auto" has no codes
+        if not self.format.qmax:  # q4_0 scales each 32 values (cache/q4.py); "auto" has no codes
             raise ValueError(f"a {self.cache_dtype} cache has no per-token code maximum")
-        return _QMAX[self.latent_dtype]
+        return self.format.qmax
 
     def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         """codes [..., r], scale [...] (or [..., 2] with an 8-bit rope; q4_0: cache/q4.py), rope [..., dr] ->
@@ -98,7 +75,13 @@ class LatentCache:
         return out
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.kv] if not self.quantized else [self.latent, self.scale, self.rope]
+        """The format's parts, in its order (the KV store saves and restores them)."""
+        return [getattr(self, part.name) for part in self.parts]
+
+    def kernel_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(kv, latent, scale, rope) as the native kernels take them: the parts this format lacks empty."""
+        first = self.tensors()[0]
+        return tuple(getattr(self, name, first.new_empty(0)) for name in ("kv", "latent", "scale", "rope"))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
@@ -108,7 +91,7 @@ def quantize_latent(c: torch.Tensor, cache_dtype: str) -> tuple[torch.Tensor, to
     """c [T, r] -> (one-byte codes [T, r], scale [T]) with a per-token dynamic scale
     (`cache_dtype`: the latent's, "int8" or "fp8_e4m3"; the 8-bit rope key takes "int8")."""
     cf = c.float()
-    scale = cf.abs().amax(dim=-1).clamp_min(1e-12) / _QMAX[cache_dtype]
+    scale = cf.abs().amax(dim=-1).clamp_min(1e-12) / LATENTS[cache_dtype]
     scaled = cf / scale[:, None]
     if cache_dtype == "int8":
         return scaled.round().clamp(-127, 127).to(torch.int8), scale

@@ -51,9 +51,8 @@ def describe(model, plan_reason: str | None) -> str:
     route = model.route
     dtype, device, invariant = route.dtype, route.device, route.batch_invariant
     backend = model.model.layers[0].self_attn.backend
-    cache = dtype_name(dtype) if route.cache_dtype == "auto" else route.cache_dtype
     return (
-        f"route: dtype {dtype_name(dtype)}, cache {cache}; isa {kernels_isa(route)}; "
+        f"route: dtype {dtype_name(dtype)}, cache {route.cache_format.label}; isa {kernels_isa(route)}; "
         f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, invariant)}, "
         f"decode {backend.decode_route(dtype, device, invariant)}); linears {linear_kinds(model)}{moe_route(model)}; "
         f"decode plan {'off (' + plan_reason + ')' if plan_reason else 'on'}; "

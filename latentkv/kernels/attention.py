@@ -171,18 +171,10 @@ def mla_decode(
     o_lat [B, M, r] in the query dtype. Rows of query token q see keys j <= query_pos[b, q]
     (None: the whole context). A q4_0 cache's rope key is stored turned: the query's must be too
     (attention/native_backend.py). `path`: a named path to run instead of the one that serves."""
-    empty = query.new_empty(0)
-    if cache.quantized:
-        kv, latent, scale, rope = empty, cache.latent, cache.scale, cache.rope
-    else:
-        kv, latent, scale, rope = cache.kv, empty, empty, empty
     pos = query_pos if query_pos is not None else context_lens.new_empty(0)
     return extension().mla_decode(
         query,
-        kv,
-        latent,
-        scale,
-        rope,
+        *cache.kernel_tensors(),  # kv, or latent + scale + rope: the parts of the cache's format
         block_tables,
         context_lens,
         pos,

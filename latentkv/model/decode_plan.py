@@ -103,9 +103,10 @@ def unsupported(model, caches) -> str | None:
         spec = layer.spec
         if spec.moe and layer.mlp.native is None:
             return f"layer {spec.index}: MoE experts without their native call"
-        if cache.q4:
+        if not cache.format.native_write:
             return (
-                f"layer {spec.index}: its q4_0 cache is written and read by the per-layer path (no native q4_0 write)"
+                f"layer {spec.index}: its {cache.format.name} cache is written and read by the per-layer path "
+                f"(no native {cache.format.name} write)"
             )
         if cache.dtype != route.dtype:
             return f"layer {spec.index}: cache dtype {cache.dtype} differs from the model's {route.dtype}"
@@ -151,7 +152,7 @@ def layer_entry(layer, cache, dtype: torch.dtype) -> dict:
     groups = attn.rope_groups() if attn.folded else None  # the un-mixed rope query, mixed back (MLAttention.project)
     mix, mix_packed = groups.mix_weights(dtype) if groups else (None, None)
     uk_packed, uv_packed = attn.head_packs()
-    quantized = cache.quantized
+    kv, latent, cache_scale, cache_rope = cache.kernel_tensors()
     return {
         "w_in": layer.input_layernorm.weight,
         "eps_in": spec.norm_eps,
@@ -179,10 +180,10 @@ def layer_entry(layer, cache, dtype: torch.dtype) -> dict:
         "rank": spec.kv_rank,
         "scale": spec.scale,
         "interleaved": spec.interleaved,
-        "kv": None if quantized else cache.kv,
-        "latent": cache.latent if quantized else None,
-        "cache_scale": cache.scale if quantized else None,
-        "cache_rope": cache.rope if quantized else None,
-        "qmax": cache.qmax if quantized else 0.0,
+        "kv": kv,
+        "latent": latent,
+        "cache_scale": cache_scale,
+        "cache_rope": cache_rope,
+        "qmax": cache.format.qmax,
         "block_size": cache.block_size,
     }

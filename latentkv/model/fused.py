@@ -7,7 +7,8 @@ per layer, and the absorbed query / value bmm's that oneDNN runs at ~2 GFLOP/s f
 - `head_matmul`: per head x·W (W_UKᵀ q_nope beside the rotated q_rope, times the softmax scale;
   W_UV o_lat), float32 accumulation in a fixed order per row: batch-invariant by construction;
 - `rope`: rotate q's rope part in one pass;
-- `write_latent`: rope on k_r + quantization (int8 / fp8, scale per token) + the paged write;
+- `write_latent`: rope on k_r + quantization (int8 / fp8, scale per token) + the paged write (the cache's
+  one writer: the reference is attention/paged.py write);
 - `silu_mul`: SwiGLU's silu(gate) * up;
 - `rms_norm`: RMSNorm, with the residual add before it (one pass instead of ~8 ops).
 Whether the native ops run is the route's decision (model/route.py: CPU float32 / bfloat16, the
@@ -98,38 +99,24 @@ def write_latent(
     cache: LatentCache,
     c: torch.Tensor,
     k_r: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    interleaved: bool,
     slot_mapping: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor, bool] | None = None,
     *,
     kernel: bool = False,
 ) -> None:
-    """Store c [T, r] and k_r [T, dr] (not yet rotated: rotated here) at flat slots [T], quantized
-    if the cache is: one pass (the native op), else the reference rope + attention.paged.write."""
-    if runs(kernel) and c.dtype == cache.dtype and not cache.q4:  # q4_0 blocks: the reference writes them
-        empty = c.new_empty(0)
-        if cache.quantized:
-            EXT.state["module"].write_latent(
-                c,
-                k_r,
-                cos,
-                sin,
-                interleaved,
-                slot_mapping,
-                empty,
-                cache.latent,
-                cache.scale,
-                cache.rope,
-                cache.qmax,
-                EXT.caps.mask,
-            )
-        else:
-            EXT.state["module"].write_latent(
-                c, k_r, cos, sin, interleaved, slot_mapping, cache.kv, empty, empty, empty, 0.0, EXT.caps.mask
-            )
+    """Store c [T, r] and k_r [T, dr] at flat slots [T] in the cache's format: the one writer of the latent
+    cache (the layer's, and the decode plan's native step calls the same kernel). rope (cos, sin [T, dr/2],
+    interleaved): k_r is not yet rotated, and is rotated here. Where the route runs the native ops
+    (`kernel`) and the format has a native writer, one native pass rotates, quantizes and stores; else
+    the reference rope and attention.paged.write (the format's layout in torch ops)."""
+    fmt = cache.format
+    if runs(kernel) and rope is not None and fmt.native_write and c.dtype == cache.dtype:
+        EXT.state["module"].write_latent(c, k_r, *rope, slot_mapping, *cache.kernel_tensors(), fmt.qmax, EXT.caps.mask)
         return
-    write(cache, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0], slot_mapping)
+    if rope is not None:
+        cos, sin, interleaved = rope
+        k_r = apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0]
+    write(cache, c, k_r, slot_mapping)
 
 
 def rms_norm(

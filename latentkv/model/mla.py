@@ -81,14 +81,14 @@ class MLAttention(ConvertedStructure, nn.Module):
     ) -> torch.Tensor:
         """x [T, hidden], rope = (cos, sin) [T, dr/2] of this layer -> [T, hidden];
         writes this step's latents to cache."""
-        if fused.runs(self.fused):
-            # one native pass rotates k_r, quantizes c and stores both; the backend skips its write
-            q_nope, q_rope, c, k_r = self.project(x, rope, rotate_key=False)
-            fused.write_latent(cache, c, k_r, *rope, self.interleaved, meta.slot_mapping, kernel=True)
-            c = k_r = None
-        else:
-            q_nope, q_rope, c, k_r = self.project(x, rope)
-        out = self.backend.forward(self, q_nope, q_rope, c, k_r, cache, meta)  # [T, H, dv]
+        # this step's latents go in first (every group of the step reads its own); with the native ops one
+        # native pass rotates k_r, quantizes c and stores both
+        native = fused.runs(self.fused)
+        q_nope, q_rope, c, k_r = self.project(x, rope, rotate_key=not native)
+        fused.write_latent(
+            cache, c, k_r, meta.slot_mapping, (*rope, self.interleaved) if native else None, kernel=native
+        )
+        out = self.backend.forward(self, q_nope, q_rope, cache, meta)  # [T, H, dv]
         return self.o_proj(out.flatten(1))
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], rotate_key: bool = True):

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..attention import resolve_backend
+from ..cache.format import CacheFormat, cache_format
 from ..kernels import attention as attention_kernels, decode_ops, qlinear
 from .packed import PackedLinear
 from .quant import INT4_GROUP, INT_DOT, LINEAR_CLASSES, QUANTIZATIONS, SKIP
@@ -33,13 +34,18 @@ WEIGHTS = ("float", "fixed-order") + QUANTIZATIONS
 class Route:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
-    cache_dtype: str = "auto"  # the latent cache's: "auto" (the model dtype), "int8", "fp8_e4m3"
+    cache_dtype: str = "auto"  # the latent cache's format by name (facts.CACHE_DTYPES; "auto": the model dtype)
     attention: str = "torch"  # the attention backend (attention.BACKENDS), resolved
     fused: bool = False  # the per-layer ops run native (model/fused.py, kernels/decode_ops.py)
     qlinear: bool = False  # latentkv's packed-linear kernel runs the packed linears (else ATen's int kernels)
     weights: str = "float"  # one of WEIGHTS
     batch_invariant: bool = False
     isas: tuple[tuple[str, str], ...] = ()  # (extension, the ISA it serves with) for those the route asked
+
+    @property
+    def cache_format(self) -> CacheFormat:
+        """What the latent cache stores (cache/format.py): its name and the model dtype decide it."""
+        return cache_format(self.cache_dtype, self.dtype)
 
     @property
     def absorbed_dtype(self) -> torch.dtype | None:

@@ -131,7 +131,7 @@ def test_write_latent_matches_the_reference_writer(dtype, cache_dtype, rank, rop
     cos, sin = cos_sin(torch.arange(t) * 7, default_inv_freq(rope, 10000.0)) if rope else (torch.zeros(t, 0),) * 2
     slots = torch.randperm(4 * 16, generator=gen)[:t]
     ours, ref = (LatentCache(4, 16, rank, rope, dtype, cache_dtype) for _ in range(2))
-    fused.write_latent(ours, c, k_r, cos, sin, interleaved, slots, kernel=True)
+    fused.write_latent(ours, c, k_r, slots, (cos, sin, interleaved), kernel=True)
     write(ref, c, apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0] if rope else k_r, slots)
     if cache_dtype == "auto":
         close(ours.kv, ref.kv, dtype)
