@@ -1,6 +1,6 @@
 """The fused decode-step ops (csrc/decode_ops/decode_ops.cpp): the small operations between a
 layer's weight matmuls as one native call each, and the decode plan's whole-step call
-(csrc/decode_ops/decode_step.h). model/fused.py holds the PyTorch reference of each op and decides
+(csrc/decode_ops/decode_step.cpp). model/fused.py holds the PyTorch reference of each op and decides
 when the native one runs; model/decode_plan.py builds the plan.
 
 Paths: avx512, avx2, scalar for `head_matmul`, `rms_norm`, `silu_mul` (GCC vector tiles), and

@@ -1,4 +1,4 @@
-"""The decoder layers of an all-decode step in one native call (kernels/csrc/decode_ops/decode_step.h).
+"""The decoder layers of an all-decode step in one native call (kernels/csrc/decode_ops/decode_step.cpp).
 
 The CPU counterpart of nano-vllm capturing its decode step in a CUDA graph: the runner builds a
 plan once over its model and caches and replays it for every step whose rows are all
@@ -10,8 +10,8 @@ batch-1 step on two threads.
 
 It applies where every piece runs latentkv's own kernels: CPU, float32 / bf16, the native
 attention backend, and linears packed for kernels/qlinear.py (int4, int8, w4a8, w8a8, or float32 /
-bf16 in batch-invariant mode), a MoE layer's experts in its native call (the router runs as the Gate
-module's ops, in C++: kernels/csrc/decode_ops/plan_moe.h). Whether it does is read from the model's route
+bf16 in batch-invariant mode), a MoE layer's experts in its native call (the router as Gate.forward runs it:
+qlinear's moe_route, kernels/csrc/decode_ops/plan_moe.h). Whether it does is read from the model's route
 (model/route.py) and its layers' specs (model/spec.py), the ones the modules were built from;
 elsewhere `build` says why it does not; `enforce_eager=True` (vLLM's name for running without
 CUDA graphs) turns it off.
@@ -32,7 +32,7 @@ from .route import KERNEL_DTYPES
 class DecodePlan:
     def __init__(self, model, step):
         self.model = model
-        self.step = step  # decode_ops' DecodePlan (decode_step.h)
+        self.step = step  # decode_ops' DecodePlan (decode_step.cpp)
         layers = model.model.layers
         self.specs = [layer.spec for layer in layers]  # what the modules were built from
         # one per distinct shape: what choose_path reads (heads, ranks, head dims)
@@ -68,10 +68,13 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
     reason = unsupported(model, caches)
     if reason:
         return None, reason
+    plan = decode_ops.extension()
     with torch.no_grad():
-        layers = [layer_entry(layer, cache, model.route.dtype) for layer, cache in zip(model.model.layers, caches)]
+        layers = [
+            layer_entry(plan, layer, cache, model.route.dtype) for layer, cache in zip(model.model.layers, caches)
+        ]
     norm = model.model.norm
-    step = decode_ops.extension().DecodePlan(
+    step = plan.DecodePlan(
         layers,
         norm.weight,
         norm.eps,
@@ -113,77 +116,79 @@ def unsupported(model, caches) -> str | None:
     return None
 
 
-def linear_entry(linear) -> tuple:
-    """(packed weight, qlinear record kind, out_features, bias), as decode_step.h's PlanLinear."""
-    return linear.weight_packed, linear.record, linear.out_features, linear.bias
+def linear_entry(plan, linear):
+    """A packed linear as decode_step.cpp takes it (plan_layer.h PlanLinear); `plan`: the decode_ops module."""
+    return plan.PlanLinear(packed=linear.weight_packed, kind=linear.record, out=linear.out_features, bias=linear.bias)
 
 
-def mlp_entry(mlp, moe: bool) -> dict:
+def mlp_entry(plan, mlp, moe: bool) -> dict:
     """A dense MLP's packed linears, or a MoE layer's router (deepseek.Gate: its weights and choices)
-    and experts (MoE.native), as decode_step.h / plan_moe.h read them."""
+    and experts (MoE.native), as PlanLayer's fields."""
     if not moe:
-        return {"gate_up": linear_entry(mlp.gate_up_proj), "down": linear_entry(mlp.down_proj)}
+        return {"gate_up": linear_entry(plan, mlp.gate_up_proj), "down": linear_entry(plan, mlp.down_proj)}
     gate, cfg = mlp.gate, mlp.gate.cfg
     bias = gate.e_score_correction_bias
-    return {
-        "moe": {
-            "gate": gate.weight.detach(),
-            "gate_packed": gate.packed(),
-            "bias": None if bias is None else bias.detach(),
-            "softmax": gate.softmax,
-            "group_limited": gate.group_limited,
-            "noaux": gate.noaux,
-            "normalized": gate.normalized,
-            "n_group": cfg.n_group,
-            "topk_group": cfg.topk_group,
-            "k": cfg.num_experts_per_tok,
-            "scale": float(cfg.routed_scaling_factor),
-            "safe_rows": invariant.SAFE_ROWS,
-            "native": mlp.native,
-        }
-    }
+    gate_up, down, shared_gate_up, shared_down, kind, inter, shared_inter = mlp.native
+    moe_entry = plan.PlanMoe(
+        gate=gate.weight.detach(),
+        gate_packed=gate.packed(),
+        bias=None if bias is None else bias.detach(),
+        softmax=gate.softmax,
+        group_limited=gate.group_limited,
+        noaux=gate.noaux,
+        normalized=gate.normalized,
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        k=cfg.num_experts_per_tok,
+        scale=float(cfg.routed_scaling_factor),
+        safe_rows=invariant.SAFE_ROWS,
+        gate_up=gate_up,
+        down=down,
+        shared_gate_up=shared_gate_up,
+        shared_down=shared_down,
+        kind=kind,
+        inter=inter,
+        shared_inter=shared_inter,
+    )
+    return {"moe": moe_entry}
 
 
-def layer_entry(layer, cache, dtype: torch.dtype) -> dict:
+# PlanLayer's fields that are the layer's spec (model/spec.py LayerSpec), under the spec's names
+SPEC_FIELDS = ("n_heads", "dn", "dr", "dv", "kv_rank", "scale", "interleaved", "norm_eps", "latent_eps")
+
+
+def layer_entry(plan, layer, cache, dtype: torch.dtype):
     """One layer's weights and cache tensors, and the shapes and constants of the spec its modules
-    were built from (model/spec.py), as decode_step.h reads them; dtype: the activations'."""
+    were built from (model/spec.py), as decode_step.cpp takes them (plan_layer.h PlanLayer: a field
+    misnamed, mistyped or missing is refused here); dtype: the activations'."""
     spec, attn = layer.spec, layer.self_attn
     w_uk, w_uv_t = attn.split_kv_b()
     groups = attn.rope_groups() if attn.folded else None  # the un-mixed rope query, mixed back (MLAttention.project)
     mix, mix_packed = groups.mix_weights(dtype) if groups else (None, None)
     uk_packed, uv_packed = attn.head_packs()
     kv, latent, cache_scale, cache_rope = cache.kernel_tensors()
-    return {
-        "w_in": layer.input_layernorm.weight,
-        "eps_in": spec.norm_eps,
-        "w_post": layer.post_attention_layernorm.weight,
-        "eps_post": spec.norm_eps,
-        "eps_latent": spec.latent_eps,
-        "w_q_a_norm": attn.q_a_layernorm.weight if spec.q_lora_rank else None,
-        "w_kv_a_norm": attn.kv_a_layernorm.weight if spec.kv_a_layernorm else None,
-        "w_uk": w_uk,
-        "w_uv_t": w_uv_t,  # packed: empty -> head_matmul packs per call
-        "uk_packed": w_uk.new_empty(0) if uk_packed is None else uk_packed,
-        "uv_packed": w_uv_t.new_empty(0) if uv_packed is None else uv_packed,
-        "qkv_a": linear_entry(attn.qkv_a_proj),
-        "q_b": linear_entry(attn.q_b_proj) if spec.q_lora_rank else None,
-        "o": linear_entry(attn.o_proj),
-        **mlp_entry(layer.mlp, spec.moe),
-        "rope_slots": groups.slots if groups else None,
-        "mix": mix,
-        "mix_packed": mix_packed,
-        "q_dim": attn.split[0],
-        "heads": spec.n_heads,
-        "dn": spec.dn,
-        "dr": spec.dr,
-        "dv": spec.dv,
-        "rank": spec.kv_rank,
-        "scale": spec.scale,
-        "interleaved": spec.interleaved,
-        "kv": kv,
-        "latent": latent,
-        "cache_scale": cache_scale,
-        "cache_rope": cache_rope,
-        "qmax": cache.format.qmax,
-        "block_size": cache.block_size,
-    }
+    return plan.PlanLayer(
+        w_in=layer.input_layernorm.weight,
+        w_post=layer.post_attention_layernorm.weight,
+        w_q_a_norm=attn.q_a_layernorm.weight if spec.q_lora_rank else None,
+        w_kv_a_norm=attn.kv_a_layernorm.weight if spec.kv_a_layernorm else None,
+        w_uk=w_uk,
+        w_uv_t=w_uv_t,  # packed: empty -> head_matmul packs per call
+        uk_packed=w_uk.new_empty(0) if uk_packed is None else uk_packed,
+        uv_packed=w_uv_t.new_empty(0) if uv_packed is None else uv_packed,
+        qkv_a=linear_entry(plan, attn.qkv_a_proj),
+        q_b=linear_entry(plan, attn.q_b_proj) if spec.q_lora_rank else None,
+        o=linear_entry(plan, attn.o_proj),
+        **mlp_entry(plan, layer.mlp, spec.moe),
+        rope_slots=groups.slots if groups else None,
+        mix=mix,
+        mix_packed=mix_packed,
+        q_dim=attn.split[0],
+        **{name: getattr(spec, name) for name in SPEC_FIELDS},
+        kv=kv,
+        latent=latent,
+        cache_scale=cache_scale,
+        cache_rope=cache_rope,
+        qmax=cache.format.qmax,
+        block_size=cache.block_size,
+    )

@@ -1,6 +1,6 @@
 """One decoder layer described once, from the config: the shapes, options and constants that
 model/mla.py and model/deepseek.py build the layer's modules from, and that the decode plan
-(model/decode_plan.py) hands the native step (kernels/csrc/decode_ops/decode_step.h). Each layer
+(model/decode_plan.py) hands the native step (kernels/csrc/decode_ops/decode_step.cpp). Each layer
 keeps the spec it was built from (`DecoderLayer.spec`), so the two paths read one description
 instead of the plan re-deriving it from the modules."""
 

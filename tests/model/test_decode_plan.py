@@ -132,8 +132,8 @@ def assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta
 
 
 def test_the_plan_checks_the_type_of_each_kernel_it_calls():
-    """decode_step.h calls qlinear's linear, moe and moe_route and attention's mla_decode through capsules of the types
-    kernels/csrc/common/kernel_fns.h declares (each named by its type): one of another type is
+    """decode_step.cpp calls qlinear's linear, moe and moe_route and attention's mla_decode through capsules of the
+    types kernels/csrc/common/kernel_fns.h declares (each named by its type): one of another type is
     refused when the plan is built, never called."""
     linear_fn, moe_fn = qlinear.extension().linear_capsule, qlinear.extension().moe_capsule
     route_fn = qlinear.extension().route_capsule

@@ -418,7 +418,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_prefill", &mla_prefill, py::call_guard<py::gil_scoped_release>(), "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
   m.def("prefill_finish", &prefill_finish, py::call_guard<py::gil_scoped_release>(), "out = acc[..., :dv] / l in out's dtype (the prefill's last step)");
   m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
-  // for the decode plan (decode_ops/decode_step.h), which calls the kernel without Python between
+  // for the decode plan (decode_ops/decode_step.cpp), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
   def_isa_paths(m, PATHS);
 }

@@ -1,5 +1,5 @@
 // The functions one extension hands another through a PyCapsule: the decode plan
-// (decode_ops/decode_step.h) calls qlinear's `linear` and `moe` and attention's `mla_decode` with no Python
+// (decode_ops/decode_step.cpp) calls qlinear's `linear` and `moe` and attention's `mla_decode` with no Python
 // between. Their types are written once, here, and checked on both sides: the exporting extension
 // builds its capsule from its function as that type (`export_fn`: a signature that differs does not
 // compile), and names the capsule by the type's mangled name, which the importing extension

@@ -18,6 +18,7 @@
 // loops are their own unit (decode_ops_<isa>.cpp), reached through decode_ops_paths.h.
 #include "decode_ops.h"
 #include "decode_ops_paths.h"
+#include "decode_step.h"  // the whole decode step in one call, over the ops here (its own unit: decode_step.cpp)
 #include "torch_lite.h"
 
 #include <c10/util/BFloat16.h>
@@ -376,8 +377,6 @@ std::vector<at::Tensor> rms_norm(at::Tensor x, at::Tensor weight, double eps, at
 #include "swiglu.h"  // common/: silu_mul, the MoE op's too
 
 SiluRows silu_rows(int64_t caps) { return row_path(caps).silu; }
-
-#include "decode_step.h"  // the whole decode step in one call, over the ops above (decode_ops.h)
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_decode_plan(m);

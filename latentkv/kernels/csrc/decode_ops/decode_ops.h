@@ -1,5 +1,5 @@
 // The fused decode-step ops of decode_ops.cpp (shapes and meaning there), declared for
-// decode_step.h, which calls them between the weight linears. caps: the capabilities that serve (cpu_isa.h).
+// decode_step.cpp, which calls them between the weight linears. caps: the capabilities that serve (cpu_isa.h).
 #pragma once
 #include "torch_lite.h"
 

@@ -1,8 +1,9 @@
-// A MoE layer in the decode plan (decode_step.h): the router as model/deepseek.py Gate.forward runs it (its
+// A MoE layer in the decode plan (decode_step.cpp; its inputs: plan_layer.h PlanMoe): the router as model/deepseek.py Gate.forward runs it (its
 // logits, then qlinear's `moe_route`), then the experts in qlinear's `moe` (through their capsules, as
 // Gate.forward and MoE.forward call them).
 #pragma once
 #include "kernel_fns.h"
+#include "plan_layer.h"
 #include "torch_lite.h"
 
 #include <ATen/ops/constant_pad_nd.h>
@@ -10,39 +11,6 @@
 
 #include <cstdint>
 #include <utility>
-
-struct PlanMoe {
-  bool defined = false;
-  // Gate: weight [E, D] float32 (gate_packed: in qlinear's float32 record, as Gate.logits runs it; undefined:
-  // the padded sgemm), e_score_correction_bias [E] (undefined: none) and its choices
-  at::Tensor gate, gate_packed, bias;
-  bool softmax = true, group_limited = false, noaux = false, normalized = false;
-  int64_t n_group = 1, topk_group = 1, k = 1, safe_rows = 0;
-  double scale = 1;
-  // the experts, as MoE.native holds them (shared ones: empty tensors when there are none)
-  at::Tensor gate_up, down, shared_gate_up, shared_down;
-  int64_t kind = 0, inter = 0, shared_inter = 0;
-};
-
-static PlanMoe plan_moe(const py::dict& d) {
-  PlanMoe p;
-  if (!d.contains("moe") || d["moe"].is_none()) return p;
-  py::dict m = d["moe"].cast<py::dict>();
-  p.defined = true;
-  p.gate = m["gate"].cast<at::Tensor>();
-  if (!m["gate_packed"].is_none()) p.gate_packed = m["gate_packed"].cast<at::Tensor>();
-  if (!m["bias"].is_none()) p.bias = m["bias"].cast<at::Tensor>();
-  p.softmax = m["softmax"].cast<bool>(), p.group_limited = m["group_limited"].cast<bool>();
-  p.noaux = m["noaux"].cast<bool>(), p.normalized = m["normalized"].cast<bool>();
-  p.n_group = m["n_group"].cast<int64_t>(), p.topk_group = m["topk_group"].cast<int64_t>(), p.k = m["k"].cast<int64_t>();
-  p.safe_rows = m["safe_rows"].cast<int64_t>(), p.scale = m["scale"].cast<double>();
-  py::tuple n = m["native"].cast<py::tuple>();  // MoE.native: gate_up, down, shared_gate_up, shared_down, kind, inter, shared_inter
-  p.gate_up = n[0].cast<at::Tensor>(), p.down = n[1].cast<at::Tensor>();
-  p.shared_gate_up = n[2].is_none() ? p.gate_up.new_empty(0) : n[2].cast<at::Tensor>();
-  p.shared_down = n[3].is_none() ? p.gate_up.new_empty(0) : n[3].cast<at::Tensor>();
-  p.kind = n[4].cast<int64_t>(), p.inter = n[5].cast<int64_t>(), p.shared_inter = n[6].cast<int64_t>();
-  return p;
-}
 
 // Gate.logits: x [T, D] -> [T, E] float32, through `linear` (qlinear's, isa `isa_linear`) where the gate is packed.
 static at::Tensor gate_logits(const PlanMoe& p, const at::Tensor& xf, LinearFn linear, int64_t isa_linear) {
