@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
-from latentkv import cpu
 from latentkv.bench import (
     contention,
     decode,
@@ -19,19 +17,16 @@ from latentkv.bench import (
     kernel,
     memory,
     prefix,
-    random_model,
     serve,
     servers,
-    step,
     store_restart,
     throughput,
 )
 from latentkv.bench.models import default_models
-from latentkv.bench.shapes import SHAPES
-from latentkv.commands import bench_soak
+from latentkv.commands import bench_models, bench_soak
+from latentkv.commands.bench_args import add_threads_arg, set_threads
 from latentkv.facts import ENGINE_CACHE_DTYPES, MODEL_DTYPES
 from latentkv.model.quant import QUANTIZATIONS
-from latentkv.sizes import parse_memory
 from latentkv.sources.readers import default_gguf_path
 
 BENCHES = {
@@ -89,12 +84,6 @@ def add_model_args(p: argparse.ArgumentParser, stock: bool = False, threads: boo
         add_threads_arg(p)
 
 
-def add_threads_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--threads", type=int, default=2, help="threads for every system (torch, OpenMP, llama.cpp; default 2)"
-    )
-
-
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="measure memory and speed against baselines")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
@@ -147,18 +136,6 @@ def register(subparsers) -> None:
         "fit in memory together load one at a time, and one that does not fit alone is refused)",
     )
     p.set_defaults(func=lambda a: run("decode", a))
-
-    p = sub.add_parser("step", help="the decode step at N sequences vs the bandwidth floor of what it reads")
-    p.add_argument("--model", help="MLA folder (default: the bundled SmolLM2, converted and cached)")
-    p.add_argument("--weights", default="none", choices=["none", "int4", "w4a8"], help="weight precision")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=list(ENGINE_CACHE_DTYPES))
-    p.add_argument("--kv-cache-memory", help="latent cache size, e.g. 2GiB (default: the engine's)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="sequences per step")
-    p.add_argument("--context", type=int, default=512, help="prompt tokens of each sequence (default 512)")
-    p.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size (default 16)")
-    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
-    add_threads_arg(p)
-    p.set_defaults(func=run_step)
 
     p = sub.add_parser("throughput", help="concurrent requests: tokens/s, TTFT, ITL vs transformers generate")
     add_model_args(p)
@@ -355,67 +332,15 @@ def register(subparsers) -> None:
     add_threads_arg(p)
     p.set_defaults(func=run_frontier)
 
-    p = sub.add_parser(
-        "random-model",
-        help="write a seeded random-weight checkpoint of a real DeepSeek shape "
-        "(a Hugging Face folder) to bench loading, memory and speed at that size",
-    )
-    p.add_argument(
-        "--shape",
-        required=True,
-        choices=sorted(SHAPES),
-        help="deepseek-v2-lite (the release's config: 15.7B parameters, 31 GB), deepseek-v3-mini (V3-style, "
-        "1.9B), mid (133M: the test suite's memory check), tiny / tiny-v3 (unit tests)",
-    )
-    p.add_argument("--out", required=True, help="the folder to write (its old shards are removed)")
-    p.add_argument("--seed", type=int, default=0, help="the same seed writes the same bytes (default 0)")
-    p.add_argument("--shard-size", type=parse_memory, help="safetensors shard size, e.g. 512MiB (default 1GiB)")
-    p.add_argument(
-        "--gguf",
-        nargs="?",
-        const="",
-        metavar="PATH",
-        help="also write the folder as a Q4_0 GGUF holding the same values (default path: <out>-Q4_0.gguf)",
-    )
-    p.set_defaults(func=run_random_model)
+    bench_models.register(sub)
     bench_soak.register(sub)
     bench.set_defaults(func=lambda a: bench.print_help() or 2)
-
-
-def run_step(args) -> int:
-    set_threads(args)
-    args.model = args.model or default_models(need_stock=False)[0]
-    step.run(args)
-    return 0
 
 
 def run_frontier(args) -> int:
     set_threads(args)
     frontier.run(args)
     return 0
-
-
-def run_random_model(args) -> int:
-    try:
-        out = random_model.write_random_model(args.shape, args.out, args.seed, args.shard_size)
-    except ValueError as err:
-        print(f"latentkv bench random-model: {err}", file=sys.stderr)
-        return 2
-    print(f"latentkv bench random-model: wrote {out}")
-    if args.gguf is not None:
-        print(f"latentkv bench random-model: wrote {random_model.write_gguf_twin(out, args.gguf or None)}")
-    return 0
-
-
-def set_threads(args) -> None:
-    """Every system of the run on the same threads: torch and the native kernel's OpenMP team
-    (engines read LATENTKV_THREADS), llama.cpp (systems.py reads torch's)."""
-    if args.threads < 1:
-        raise SystemExit(f"--threads {args.threads}: expected a positive number")
-    os.environ["LATENTKV_THREADS"] = str(args.threads)
-    torch.set_num_threads(args.threads)
-    # figures depend on the CPU's instruction set (bf16 is 100x slower without avx512_bf16/AMX)
-    print(f"latentkv bench: CPU flags {cpu.describe()}; {args.threads} threads", flush=True)
 
 
 def run_kernel(args) -> int:
