@@ -201,8 +201,12 @@ async def drive(servers: list[Running], seconds: float, concurrency: int, seed: 
 
     async def watch() -> None:
         while time.monotonic() < end:
-            samples.append(await asyncio.to_thread(sample, servers, started, outcomes))
-            print(f"latentkv bench soak: {format_row(samples[-1], len(servers))}", file=sys.stderr, flush=True)
+            try:
+                samples.append(await asyncio.to_thread(sample, servers, started, outcomes))
+            except httpx.HTTPError as err:  # a /metrics page not served in time: an error of the run, not its end
+                outcomes[("metrics", f"client error {type(err).__name__}")] += 1
+            else:
+                print(f"latentkv bench soak: {format_row(samples[-1], len(servers))}", file=sys.stderr, flush=True)
             await asyncio.sleep(every)
 
     try:
