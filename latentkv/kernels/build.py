@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ PROFILES = {
     "avx512_bf16": (("avx2", "avx512", "avx512_bf16"), ("avx512_vnni",)),
     "amx": (("avx2", "avx512", "avx512_bf16", "amx_bf16"), ("avx512_vnni", "amx_int8")),
 }
+STALE_LOCK_S = 30 * 60  # a build lock older than this was left by a killed build (a build takes minutes at most)
 FIRST_BUILD = "30-70 s"  # g++ time of one extension's first build on a 2-core machine (qlinear the longest)
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
 
@@ -275,6 +277,7 @@ def compile_extension(name: str, source: Path, directory: Path):
     from torch.utils.cpp_extension import load
 
     directory.mkdir(parents=True, exist_ok=True)
+    check_build_lock(directory, name)
     # every .cpp of the family's folder: a family split into units per ISA builds them in parallel
     sources = [str(source)] + sorted(str(p) for p in source.parent.glob("*.cpp") if p != source)
     return load(
@@ -286,6 +289,27 @@ def compile_extension(name: str, source: Path, directory: Path):
         extra_include_paths=[str(CSRC / "common"), str(source.parent)],
         verbose=False,
     )
+
+
+def check_build_lock(directory: Path, name: str, stale: float = STALE_LOCK_S) -> None:
+    """cpp_extension's `lock` file in the build folder marks a build in progress, and a later build waits
+    for it to go, silently and for ever: a build that was killed leaves it behind. Say who waits on what;
+    remove one older than `stale` seconds (no build takes that long)."""
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > stale:
+        lock.unlink(missing_ok=True)
+        print(f"latentkv: removed {lock}, left {age / 60:.0f} min ago by a build that did not finish", file=sys.stderr)
+    else:
+        print(
+            f"latentkv: waiting for another build of {name} ({lock}, {age:.0f} s old); "
+            "if no latentkv build is running, delete that file",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def failure_reason(err: Exception) -> str:

@@ -1,7 +1,9 @@
 """kernels/build.py: the one build, the named capabilities and paths, their self-check and fallback of
 every native extension."""
 
+import os
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -180,3 +182,16 @@ def test_a_family_compiles_each_isa_in_a_unit_of_its_own(family):
     assert len(entries) == 1 and "#pragma GCC target" not in entries[0].read_text()
     targeted = [unit.name for unit in units if "#pragma GCC target" in unit.read_text()]
     assert targeted and all(name.startswith(f"{family}_") for name in targeted), targeted
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_live_one_is_waited_for_with_a_message(tmp_path, capsys):
+    lock = tmp_path / "lock"
+    lock.touch()
+    build.check_build_lock(tmp_path, "latentkv_x")  # a build running now: wait for it, and say so
+    assert lock.exists() and "waiting for another build of latentkv_x" in capsys.readouterr().err
+    old = time.time() - build.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    build.check_build_lock(tmp_path, "latentkv_x")
+    assert not lock.exists() and "did not finish" in capsys.readouterr().err
+    build.check_build_lock(tmp_path, "latentkv_x")  # no lock: nothing to say
+    assert capsys.readouterr().err == ""
