@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from latentkv.plots import new_figure, save_figure
 from latentkv.bench.servers import PeerFailed, Running, Server, free_port, scrape, serve_command
 
 MODEL = "soak"
@@ -322,8 +323,6 @@ def show(result: dict, n: int) -> None:
 
 
 def plot(result: dict, n: int, out: Path) -> Path:
-    from latentkv.plots import new_figure, save_figure
-
     fig, ax = new_figure(
         f"latentkv bench soak: {result['concurrency']} concurrent, {n} server(s)", "seconds", "server RSS (MiB)"
     )
