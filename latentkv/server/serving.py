@@ -205,9 +205,17 @@ class DeltaTracker:
 
 
 def usage(finals: list) -> dict:
+    """OpenAI's usage, with the prompt tokens served from the prefix cache or the KV store (not computed)
+    as prompt_tokens_details.cached_tokens."""
     prompt = sum(len(out.prompt_token_ids) for out in finals)
     completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = sum(out.num_cached_tokens for out in finals)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def top_entries(position: dict, k: int) -> list:
@@ -290,8 +298,13 @@ def chunk_writer(object_name: str, request_id: str, model: str, include_usage: b
     return chunk
 
 
+# characters JSON leaves raw that Python's str.splitlines (httpx's aiter_lines) takes for line ends: a
+# token holding one would cut its event in two for those clients, so they go out as \u escapes
+LINE_BREAKERS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 def sse(payload: dict | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False).translate(LINE_BREAKERS)
     return f"data: {data}\n\n"
 
 

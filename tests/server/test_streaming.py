@@ -14,6 +14,7 @@ import openai
 import pytest
 import torch
 
+from latentkv.server.serving import sse
 from server_helpers import MODEL_NAME
 
 PROMPTS = [
@@ -224,3 +225,13 @@ def test_a_client_leaving_a_non_streamed_request_aborts_it(server, paused_engine
     wait_until_idle(server)
     assert metric(server, "latentkv_request_finish_total", '{reason="abort"}') == aborted_before + 1
     assert metric(server, "latentkv_cache_blocks_used") == 0
+
+
+def test_an_event_whose_text_holds_a_unicode_line_separator_stays_one_line():
+    """A token may decode to U+2028, U+2029 or NEL, which JSON leaves raw and httpx's aiter_lines (Python's
+    str.splitlines) takes for line ends: the event escapes them, so every client reads one JSON line."""
+    payload = {"choices": [{"index": 0, "text": "a\u2028b\u2029c\x85d é 日本"}]}
+    event = sse(payload)
+    lines = [line for line in httpx._decoders.LineDecoder().decode(event) if line]
+    assert len(lines) == 1 and json.loads(lines[0].removeprefix("data: ")) == payload
+    assert "é 日本" in event  # the rest stays as it was (no ASCII escaping)
