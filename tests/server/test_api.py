@@ -41,6 +41,18 @@ def test_completion_matches_offline_greedy_with_usage(client, reference):
     assert r.model == MODEL_NAME and r.id.startswith("cmpl-") and r.created > 0
 
 
+def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(client):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens: the full blocks before a prompt's last token,
+    once another request has computed them; a prompt never seen before has none."""
+    prompt = "an unusual prompt about seven owls " * 4
+    first = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2, temperature=0)
+    n = first.usage.prompt_tokens
+    assert n > 32 and first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
+    assert again.choices[0].text == first.choices[0].text
+
+
 def test_completion_stream_equals_non_stream(client):
     kwargs = dict(model=MODEL_NAME, prompt="one two three", max_tokens=12, temperature=0, extra_body=FIXED)
     whole = client.completions.create(**kwargs)
