@@ -12,6 +12,7 @@ pool and latent caches.
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 
 import torch
 
@@ -27,6 +28,27 @@ def warn(message: str) -> None:
     print(f"latentkv: warning: {message}", file=sys.stderr, flush=True)
 
 
+class Recent:
+    """The last `capacity` block hashes this process queued for writing or read back, oldest first out:
+    a bounded memory of what is probably on disk already (a server's lifetime of blocks is not)."""
+
+    def __init__(self, capacity: int = 1 << 16):
+        self.capacity = capacity
+        self.hashes: OrderedDict[bytes, None] = OrderedDict()
+
+    def add(self, block_hash: bytes) -> None:
+        self.hashes[block_hash] = None
+        self.hashes.move_to_end(block_hash)
+        if len(self.hashes) > self.capacity:
+            self.hashes.popitem(last=False)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self.hashes
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+
 class StoreTier:
     def __init__(self, store: LatentStore, caches: list, pool: BlockPool, max_pending: int = 1024):
         self.store = store
@@ -34,8 +56,13 @@ class StoreTier:
         self.pool = pool
         self.block_size = pool.block_size
         self.writer = WriteBehind(store, max_pending, failed=store.read_only)
-        self.on_disk: set[bytes] = set()  # hashes this process wrote or read (skip re-writing)
+        self.recent = Recent()  # hashes queued or read by this process: skip re-writing them
         self.rows = block_rows(caches)
+
+    def on_disk(self, block_hash: bytes) -> bool:
+        """Whether a block need not be written again: this process wrote or read it and its file is still
+        there (the size bound, or another process sharing the directory, may have evicted it since)."""
+        return block_hash in self.recent and self.store.contains(block_hash)
 
     @property
     def counters(self):
@@ -45,14 +72,15 @@ class StoreTier:
     def save(self, blocks: list[tuple[int, bytes, tuple, bytes]]) -> None:
         """Queue (block id, parent hash, token ids, block hash) blocks for writing. Their
         latents are copied now (one gather per cache tensor), before the blocks can change."""
-        blocks = [b for b in blocks if b[3] not in self.on_disk]
+        blocks = [b for b in blocks if not self.on_disk(b[3])]
         if not blocks:
             return
         if self.writer.failed:  # a read-only or failed store: no copy for nothing, a drop each
             for _ in blocks:
                 self.writer.drop()
             return
-        self.on_disk.update(b[3] for b in blocks)
+        for b in blocks:
+            self.recent.add(b[3])
         index = torch.tensor([b[0] for b in blocks], device=self.caches[0].tensors()[0].device)
         gathered = [[t.index_select(0, index).cpu() for t in cache.tensors()] for cache in self.caches]
         for i, (_, parent, tokens, block_hash) in enumerate(blocks):
@@ -84,7 +112,7 @@ class StoreTier:
             if block is None or not slot.complete():
                 break  # this block's rows may hold a failed read: it stays unregistered
             self.pool.register(block_id, block.parent_hash, block.token_ids, block.block_hash)
-            self.on_disk.add(block.block_hash)
+            self.recent.add(block.block_hash)
             served.append(block_id)
         if len(served) == present < len(wanted):
             self.store.counters.misses += 1  # the gap the stats found (a failed read counted its own)

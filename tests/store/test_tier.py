@@ -14,7 +14,7 @@ from latentkv import LLM, SamplingParams
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.store.files import StoredBlock, Unplaceable, decode, encode, read_file
 from latentkv.store.store import SUFFIX
-from latentkv.store.tier import CacheSlots, block_rows
+from latentkv.store.tier import CacheSlots, Recent, StoreTier, block_rows
 
 BS = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -199,3 +199,51 @@ def test_cache_slots_place_a_block_in_its_rows_and_refuse_another_shape(tmp_path
     with pytest.raises(Unplaceable):
         read_file(path, CacheSlots(block_rows(other), 2))
     assert not CacheSlots(block_rows(caches), 1).complete()
+
+
+class FakeCache:
+    def __init__(self):
+        self.t = torch.arange(8.0).reshape(4, 2)
+
+    def tensors(self):
+        return [self.t]
+
+
+class FakeStore:
+    def __init__(self):
+        self.files = set()
+
+    def contains(self, block_hash):
+        return block_hash in self.files
+
+
+class FakeWriter:
+    failed = False
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, block):
+        self.submitted.append(block.block_hash)
+
+
+def test_a_block_evicted_after_it_was_written_is_written_again_when_computed_again():
+    """The tier skips re-writing a block it wrote, but only while its file is there: one evicted by the size
+    bound (or by another process on the directory) is written again the next time it is computed."""
+    tier = StoreTier.__new__(StoreTier)
+    tier.caches, tier.store, tier.writer, tier.recent = [FakeCache()], FakeStore(), FakeWriter(), Recent()
+    block = (1, block_pool.NO_HASH, (5, 6), b"h1")
+    tier.save([block])
+    tier.store.files.add(b"h1")  # the writer wrote it
+    tier.save([block])
+    assert tier.writer.submitted == [b"h1"]
+    tier.store.files.discard(b"h1")  # evicted
+    tier.save([block])
+    assert tier.writer.submitted == [b"h1", b"h1"]
+
+
+def test_the_memory_of_written_blocks_is_bounded():
+    recent = Recent(capacity=2)
+    for h in (b"a", b"b", b"a", b"c"):
+        recent.add(h)
+    assert len(recent) == 2 and b"a" in recent and b"c" in recent and b"b" not in recent
