@@ -129,6 +129,8 @@ async def side_client(url: str, n: int, stop: asyncio.Event, signalled: asyncio.
             except httpx.HTTPError as err:
                 outcome = f"no answer ({type(err).__name__})"
             outcomes.append((after, outcome))
+            if outcome == "503 refused":
+                await asyncio.sleep(1.0)  # as a client honouring the 503's Retry-After (1 s) does
 
 
 def acceptable(after: bool, outcome: str) -> bool:
