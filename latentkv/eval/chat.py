@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from latentkv.engine.args import EngineArgs
-from latentkv.engine.engine import LLMEngine, load_tokenizer
+from latentkv.engine.engine import LLMEngine
+from latentkv.engine.folder import load_tokenizer
 from latentkv.eval.scorer import is_mla_folder
 from latentkv.eval.repetition import RULE, distinct_ratio, is_degenerate
 from latentkv.model.loader import load_model

@@ -162,22 +162,6 @@ def test_malformed_config_json_names_the_file(tiny_checkpoints, tmp_path, text):
     assert str(folder / "config.json") in str(err.value)
 
 
-def test_garbage_tokenizer_and_generation_config_name_the_file(tmp_path):
-    from tiny_lm import build_tokenizer
-    from latentkv.engine.engine import find_eos_token_ids, load_tokenizer
-
-    folder = tmp_path / "tok"
-    build_tokenizer().save_pretrained(folder)
-    assert load_tokenizer(str(folder)) is not None
-    (folder / "tokenizer.json").write_text("this is not a tokenizer")
-    with pytest.raises(ValueError) as err:
-        load_tokenizer(str(folder))
-    assert str(folder / "tokenizer.json") in str(err.value)
-    (folder / "generation_config.json").write_text('{"eos_token_id": "two"}')
-    with pytest.raises(ValueError, match="generation_config.json: eos_token_id"):
-        find_eos_token_ids(folder, None, None)
-
-
 def load_all_then_pack(folder, route):
     """The loader before it streamed: the whole model allocated in its dtype, every tensor copied
     in, then every linear packed (the reference the streaming load must match bit for bit)."""
