@@ -28,7 +28,8 @@ from latentkv.config import ModelConfig
 from latentkv.bench.isolated import start
 from latentkv.facts import dtype_name
 from latentkv.llm import LLM
-from latentkv.model.loader import resolve_dtype, weight_files
+from latentkv.model.loader import resolve_dtype
+from latentkv.model.shards import weight_files
 from latentkv.sampling_params import SamplingParams
 from latentkv.sizes import available_memory
 from latentkv.sources.gguf_reader import open_reader, read_field

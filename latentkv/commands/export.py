@@ -9,7 +9,7 @@ import sys
 from latentkv.config import ConfigError
 from latentkv.export.gguf_check import ExportError
 from latentkv.export.gguf_writer import OUTTYPE_CHOICES, export_gguf
-from latentkv.model.loader import CheckpointError
+from latentkv.model.shards import CheckpointError
 
 
 def register(subparsers) -> None:

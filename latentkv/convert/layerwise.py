@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from latentkv.config import ModelConfig
 from latentkv.eval.perplexity import layerwise_perplexity
 from latentkv.model.deepseek import MLAForCausalLM
-from latentkv.model.loader import empty_model, load_weights, open_safetensors, read_checked, weight_files
+from latentkv.model.loader import empty_model, load_weights
 from latentkv.model.route import decide_route
+from latentkv.model.shards import open_safetensors, read_checked, weight_files
 from latentkv.model.norm import rms_norm
 from latentkv.model.packed import PackedLinear
 from latentkv.model.rope import layer_inv_freq

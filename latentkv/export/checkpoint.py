@@ -1,5 +1,5 @@
 """A folder's safetensors read one decoder layer at a time, under the names and with the checks of
-the loader (model/loader.py): storage variants normalized (fused experts, fp8 with block scales,
+the loader (model/loader.py, model/shards.py): storage variants normalized (fused experts, fp8 with block scales,
 multi-token-prediction layers skipped), every tensor checked against the shape the config implies.
 
 The expected names and shapes come from the model itself, built on the meta device (nothing
@@ -13,17 +13,9 @@ from pathlib import Path
 import torch
 
 from latentkv.config import ModelConfig
-from latentkv.model.loader import (
-    LAYER_NAME,
-    CheckpointError,
-    checkpoint_slots,
-    empty_model,
-    open_safetensors,
-    read_checked,
-    slot_shape,
-    weight_files,
-)
+from latentkv.model.loader import checkpoint_slots, empty_model, slot_shape
 from latentkv.model.route import Route
+from latentkv.model.shards import LAYER_NAME, CheckpointError, open_safetensors, read_checked, weight_files
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

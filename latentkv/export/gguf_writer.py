@@ -22,7 +22,7 @@ from latentkv.export.gguf_check import ExportError, check_representable
 from latentkv.export.gguf_metadata import ARCH, add_hparams
 from latentkv.export.gguf_tensors import FILE_TYPES, OUTTYPES, byte_shape, encode, model_tensors, tensor_type
 from latentkv.export.gguf_vocab import add_vocab
-from latentkv.model.loader import CheckpointError
+from latentkv.model.shards import CheckpointError
 
 OUTTYPE_CHOICES = (*OUTTYPES, "auto")
 # "auto": the folder's own precision (fp8 checkpoints, dequantized on reading, become bf16)

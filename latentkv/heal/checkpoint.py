@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..model.loader import checkpoint_tensors, weight_files
+from ..model.loader import checkpoint_tensors
+from ..model.shards import weight_files
 
 STATE_TENSORS = "optimizer.safetensors"
 STATE_JSON = "state.json"

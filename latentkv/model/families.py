@@ -42,7 +42,7 @@ class ModelFamily:
 
 
 # DeepSeek's checkpoints as published: parameter names as the modules', the multi-token-prediction
-# layers past num_hidden_layers, fp8 block scales read with their weight (loader.dequantize_fp8),
+# layers past num_hidden_layers, fp8 block scales read with their weight (shards.dequantize_fp8),
 # transformers' stacked experts; and rotary inverse frequencies some exports store.
 DEEPSEEK_NAMES = CheckpointNames(
     layer=re.compile(r"^model\.layers\.(\d+)\."),

@@ -21,7 +21,8 @@ from latentkv.bench import random_model
 from latentkv.bench.shapes import DEEPSEEK_V2_LITE, SHAPES
 from latentkv.cli import main
 from latentkv.config import ModelConfig
-from latentkv.model.loader import load_model, weight_files
+from latentkv.model.loader import load_model
+from latentkv.model.shards import weight_files
 from latentkv.model.quant import dequantize_int4, quantize_int4
 
 HF_CONFIGS = {"deepseek_v2": DeepseekV2Config, "deepseek_v3": DeepseekV3Config}

@@ -19,7 +19,7 @@ from gguf_files import EXPORTABLE, expected_tensors, read_gguf
 from latentkv.export import export_gguf
 from latentkv.export.gguf_check import ExportError
 from latentkv.export.gguf_writer import OUTTYPE_CHOICES
-from latentkv.model.loader import CheckpointError
+from latentkv.model.shards import CheckpointError
 
 
 @pytest.mark.parametrize("name", EXPORTABLE)

@@ -12,7 +12,8 @@ from safetensors import safe_open
 from latentkv.config import ConfigError, ModelConfig
 from latentkv.facts import MLA_MODEL_TYPES
 from latentkv.model.families import FAMILIES, family, read_config
-from latentkv.model.loader import load_model, weight_files
+from latentkv.model.loader import load_model
+from latentkv.model.shards import weight_files
 
 from tiny import BASE, CONFIGS, MOE
 

@@ -12,20 +12,11 @@ from safetensors.torch import load_file, save_file
 
 from latentkv.config import ConfigError, ModelConfig
 from latentkv.facts import MODEL_DTYPES
-from latentkv.model import loader
+from latentkv.model import loader, shards
 from latentkv.model.footprint import load_bytes, model_bytes
-from latentkv.model.loader import (
-    CheckpointError,
-    checkpoint_slots,
-    checkpoint_tensors,
-    copy_param,
-    empty_model,
-    file_tensors,
-    load_model,
-    meta_model,
-    weight_files,
-)
+from latentkv.model.loader import checkpoint_slots, checkpoint_tensors, copy_param, empty_model, load_model, meta_model
 from latentkv.model.route import decide_route
+from latentkv.model.shards import CheckpointError, file_tensors, weight_files
 
 
 def copy_folder(src, dst):
@@ -213,7 +204,7 @@ def test_not_enough_memory_is_refused_before_any_tensor_is_read(tiny_checkpoints
         raise AssertionError(f"{file} was opened before the memory check")
 
     monkeypatch.setattr(loader, "available_memory", lambda device: 1 << 10)  # the tiny model needs ~1 MiB
-    monkeypatch.setattr(loader, "open_safetensors", no_reading)
+    monkeypatch.setattr(shards, "open_safetensors", no_reading)
     with pytest.raises(CheckpointError) as err:
         load_model(folder)
     need = load_bytes(meta_model(ModelConfig.from_file(folder / "config.json"), decide_route()))
