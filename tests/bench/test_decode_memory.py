@@ -17,11 +17,6 @@ GIB = 2**30
 ROWS = [Row("latentkv", "auto"), Row("latentkv int8 latent", "int8"), Row("latentkv w4a8", "auto", "w4a8")]
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
-    return str(tiny_checkpoints("v3_dense_qlora")[0])
-
-
 def test_rows_load_together_when_they_fit_beside_the_baselines():
     need = {"latentkv": 3 * GIB, "latentkv int8 latent": 3 * GIB, "latentkv w4a8": 1 * GIB}
     assert plan_groups(ROWS, need, baselines=2 * GIB, available=10 * GIB) == [ROWS]
