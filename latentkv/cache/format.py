@@ -98,6 +98,17 @@ class CacheFormat:
         return not self.q4
 
     @property
+    def storage(self) -> str:
+        """What a layer's tensors hold, in one name: the latent's codes and the rope key's storage
+        (kv_<model dtype>: one [c ; k_r] row; int8_bfloat16, fp8_e4m3_int8, ...; q4_0). The native decode
+        kernel takes a cache by it (kernels/attention.py cache_kind), checking the tensors against it."""
+        if self.q4:
+            return Q4
+        if not self.quantized:
+            return f"kv_{dtype_name(self.model_dtype)}"
+        return f"{self.latent}_{'int8' if self.rope8 else dtype_name(rope_dtype(self.model_dtype))}"
+
+    @property
     def label(self) -> str:
         """What the start-up line and the capacity report call it: the model dtype for "auto"."""
         return dtype_name(self.model_dtype) if self.name == "auto" else self.name

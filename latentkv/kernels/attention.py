@@ -13,11 +13,16 @@ batch-invariant prefill span. attention/native_backend.py's NativeBackend decide
 - `mla_prefill`: one span of attention/prefill.py's span_prefill, for PREFILL_DTYPES on every ISA:
   float32 FMAs at the ISA's width (mla_prefill_f32.h; bf16 tensors widened), bf16 dot products for
   bf16 on avx512_bf16 (mla_prefill_bf16.h), AMX tiles on amx_bf16 (mla_prefill_amx.h).
-Every entry takes the capabilities that serve (EXT.caps, kernels/build.py), or a named path's (`path`).
+Each path's loops are a unit of their own under its target (csrc/attention/attention_<isa>.cpp, the table in
+mla_paths.h); mla_attention.cpp holds the entries and picks the loops. Every entry takes the capabilities
+that serve (EXT.caps, kernels/build.py), or a named path's (`path`); `mla_decode` takes the cache's format
+as a code too (`cache_kind`: csrc/attention/cache_kinds.h), which the kernel checks the tensors against.
 LATENTKV_NATIVE=0 switches the extension off (the PyTorch reference backend then serves).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -26,6 +31,17 @@ from .build import Extension
 PREFILL_DTYPES = (torch.float32, torch.bfloat16)
 DECODE_SPAN, DECODE_MAX_SPANS = 256, 64  # csrc/attention/mla_job.h SPAN, MAX_SPANS (tests/test_docs_facts.py)
 FLOAT_PATHS = ("scalar", "avx2", "avx512")  # the paths with float32 loops of their own (the others run avx512's)
+
+
+@functools.cache
+def cache_kind(storage: str) -> int:
+    """The code `mla_decode` (and the decode plan) takes for a cache stored as `storage` (cache/format.py
+    CacheFormat.storage): its index among the kernel's cache kinds (csrc/attention/cache_kinds.h, the
+    module's cache_kinds()). One the kernel does not read is an error naming those it does."""
+    kinds = extension().cache_kinds()
+    if storage not in kinds:
+        raise ValueError(f"the native decode kernel reads no {storage} cache: it reads {kinds}")
+    return kinds.index(storage)
 
 
 def probe(module, caps: int) -> list:
@@ -49,19 +65,20 @@ def probe(module, caps: int) -> list:
     q4_rope = torch.randint(0, 256, (6, bs, dr // 2), generator=gen, dtype=torch.uint8)
     q4_scale = (torch.randn(6, bs, 3, generator=gen) / 64).half()
     empty = torch.empty(0)
+    kind = {name: code for code, name in enumerate(module.cache_kinds())}
     out = []
     for q_len in (1, 2):
         query = torch.randn(2, q_len * heads, rank + dr, generator=gen)
         pos = torch.tensor([[39, 38], [16, 15]])[:, :q_len] if q_len > 1 else torch.empty(0, dtype=torch.long)
         for qdt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
             q = query.to(qdt)
-            for name, caches in (
-                ("kv", (kv.to(qdt), empty, empty, empty)),
-                ("int8", (empty, latent, scale, rope)),
-                ("int8 rope8", (empty, latent, scale2, rope8)),
-                ("q4_0", (empty, q4_latent, q4_scale, q4_rope)),
+            for name, caches, code in (
+                ("kv", (kv.to(qdt), empty, empty, empty), kind[f"kv_{str(qdt).removeprefix('torch.')}"]),
+                ("int8", (empty, latent, scale, rope), kind["int8_bfloat16"]),
+                ("int8 rope8", (empty, latent, scale2, rope8), kind["int8_int8"]),
+                ("q4_0", (empty, q4_latent, q4_scale, q4_rope), kind["q4_0"]),
             ):
-                got = module.mla_decode(q, *caches, tables, lens, pos, heads, rank, bs, caps, 1)
+                got = module.mla_decode(q, *caches, code, tables, lens, pos, heads, rank, bs, caps, 1)
                 out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
     # a latent that ends mid-chunk (rank % 32 == 16, as the default conversion's 240): bf16 queries
     # over a bf16 and an int8 cache take the chunk in two halves (mla_decode_bf16.h)
@@ -70,13 +87,17 @@ def probe(module, caps: int) -> list:
     latent16 = torch.randint(-127, 128, (6, bs, rank16), generator=gen, dtype=torch.int8)
     rope16 = torch.randn(6, bs, dr16, generator=gen).bfloat16()
     q16 = torch.randn(2, heads, rank16 + dr16, generator=gen).bfloat16()
-    for name, caches in (("kv", (kv16.bfloat16(), empty, empty, empty)), ("int8", (empty, latent16, scale, rope16))):
-        got = module.mla_decode(q16, *caches, tables, lens, empty.long(), heads, rank16, bs, caps, 1)
+    for name, caches, code in (
+        ("kv", (kv16.bfloat16(), empty, empty, empty), kind["kv_bfloat16"]),
+        ("int8", (empty, latent16, scale, rope16), kind["int8_bfloat16"]),
+    ):
+        got = module.mla_decode(q16, *caches, code, tables, lens, empty.long(), heads, rank16, bs, caps, 1)
         out.append((f"mla_decode rank {rank16} {name}", got, 3e-2))
     # an int8 latent and rope in whole int8 tile steps (64 wide): on AMX, int8 tile products (mla_decode_amx_i8.h)
     rope64 = torch.randint(-127, 128, (6, bs, 64), generator=gen, dtype=torch.int8)
     q64 = torch.randn(2, heads, rank + 64, generator=gen).bfloat16()
-    got = module.mla_decode(q64, empty, latent, scale2, rope64, tables, lens, empty.long(), heads, rank, bs, caps, 1)
+    args = (empty, latent, scale2, rope64, kind["int8_int8"], tables, lens, empty.long(), heads, rank, bs, caps, 1)
+    got = module.mla_decode(q64, *args)
     out.append(("mla_decode int8 rope8 64 + 64", got, 3e-2))
     n, dv, span = 5, 16, 64
     # dn 16 + dr 16: the AMX kernel packs the keys; dn 16 + dr 32: it reads them in place (its
@@ -175,6 +196,7 @@ def mla_decode(
     return extension().mla_decode(
         query,
         *cache.kernel_tensors(),  # kv, or latent + scale + rope: the parts of the cache's format
+        cache_kind(cache.format.storage),
         block_tables,
         context_lens,
         pos,

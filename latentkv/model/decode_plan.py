@@ -189,6 +189,7 @@ def layer_entry(plan, layer, cache, dtype: torch.dtype):
         latent=latent,
         cache_scale=cache_scale,
         cache_rope=cache_rope,
+        cache_kind=attention_kernels.cache_kind(cache.format.storage),
         qmax=cache.format.qmax,
         block_size=cache.block_size,
     )

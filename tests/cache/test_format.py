@@ -68,6 +68,21 @@ def test_what_each_format_answers():
     assert all(cache_format(name, f32).native_write for name in FORMATS if name != "q4_0")
 
 
+def test_the_storage_names_what_the_tensors_hold():
+    """One name per way a layer is stored: formats that store the same tensors share it (a float32 and a
+    bf16 model's int8 cache both keep a bf16 rope key), formats that differ do not."""
+    storages = {}
+    for name in CACHE_DTYPES:
+        for dtype in (torch.float32, torch.bfloat16):
+            fmt = cache_format(name, dtype)
+            storages.setdefault(fmt.storage, set()).add(tuple((p.name, p.dtype) for p in fmt.parts(64, 32)))
+    assert all(len(parts) == 1 for parts in storages.values()), storages
+    assert len(set().union(*storages.values())) == len(storages)
+    assert sorted(storages) == sorted(
+        ["kv_float32", "kv_bfloat16", "int8_bfloat16", "int8_int8", "fp8_e4m3_bfloat16", "fp8_e4m3_int8", "q4_0"]
+    )
+
+
 def sources(skip: set[str] = frozenset()) -> dict[str, str]:
     return {str(p.relative_to(ROOT)): p.read_text() for p in ROOT.rglob("*.py") if str(p.relative_to(ROOT)) not in skip}
 

@@ -172,11 +172,10 @@ def test_a_forced_set_serves_each_family_its_best_path_under_it(monkeypatch):
     assert sample.EXT.choose() == "scalar" and sample.EXT.caps == build.NONE
 
 
-@pytest.mark.parametrize("family", ["decode_ops", "qlinear", "sample"])
+@pytest.mark.parametrize("family", ["attention", "decode_ops", "qlinear", "sample"])
 def test_a_family_compiles_each_isa_in_a_unit_of_its_own(family):
     """The entries file (the one that defines the module) compiles no ISA's loops: every `#pragma GCC
-    target` sits in a <family>_<isa>.cpp unit, which hands its loops over as function pointers. (The
-    attention family still compiles its ISA namespaces inside mla_attention.cpp.)"""
+    target` sits in a <family>_<isa>.cpp unit, which hands its loops over as function pointers."""
     units = sorted((CSRC / family).glob("*.cpp"))
     entries = [unit for unit in units if "PYBIND11_MODULE" in unit.read_text()]
     assert len(entries) == 1 and "#pragma GCC target" not in entries[0].read_text()

@@ -1,77 +1,34 @@
 // latentkv native CPU attention: paged MLA decode (absorbed MQA over the latent cache), and the
 // batch-invariant prefill kernel (naive form: float32 FMAs at each ISA's width, mla_prefill_f32.h;
-// bf16 dot products on avx512_bf16, mla_prefill_bf16.h).
+// bf16 dot products on avx512_bf16, mla_prefill_bf16.h; bf16 tiles on amx_bf16, mla_prefill_amx.h).
+// This unit holds the entries: their argument checks, the choice of loops from the capabilities that
+// serve, the decode's work items and merge. Each path's loops are a unit of their own under its target
+// (attention_<isa>.cpp), reached through mla_paths.h.
 // Python side: latentkv/kernels/attention.py (build, ISA choice, self-check, fallback: kernels/build.py). Shapes:
 //   query [B, M, D] (M = Q*H absorbed query rows, D = kv_rank + rope_dim; bf16 or float32)
-//   cache: kv [blocks, bs, D] (bf16/float32) or latent [blocks, bs, r] int8|uint8(fp8 e4m3)
-//          + scale [blocks, bs] float32 + rope [blocks, bs, D - r] (bf16/float32), or q4_0 blocks:
-//          uint8 latent [blocks, bs, (r+1)/2] + uint8 rope [.., (D-r+1)/2] + float16 scale [.., groups]
+//   cache: as cache_kinds.h's entry `cache_kind` lays it out: kv [blocks, bs, D] (bf16/float32), or
+//          latent [blocks, bs, r] int8|uint8(fp8 e4m3) + scale [blocks, bs] float32 ([.., 2] with an int8
+//          rope) + rope [blocks, bs, D - r] (bf16 or int8), or q4_0 blocks: uint8 latent [blocks, bs,
+//          (r+1)/2] + uint8 rope [.., (D-r+1)/2] + float16 scale [.., groups]
 //   block_tables [B, nb] int64, context_lens [B] int64, query_pos [B, Q] int64 (or empty:
 //   every row sees the whole context) -> out [B, M, r] in the query dtype.
+#include "cache_kinds.h"
 #include "kernel_fns.h"
 #include "torch_lite.h"
-
-#include <immintrin.h>
-#include <omp.h>
 
 #include "bf16.h"
 #include "isa_paths.h"
 #include "mla_job.h"
+#include "mla_paths.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
-namespace isa_avx512 {
-#include "exp_poly.h"
-#include "mla_decode_impl.h"
-#include "mla_prefill_f32.h"
-}
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace isa_avx2 {  // float32 queries: intrinsics, three heads per pass (mla_decode_avx2.h)
-#include "exp_poly.h"
-#include "mla_decode_impl.h"
-#include "mla_decode_avx2.h"
-#include "mla_prefill_f32.h"
-}
-#pragma GCC pop_options
-
-#pragma GCC push_options
-// amx-tile / amx-bf16: for mla_prefill_amx.h alone, whose functions run only on the amx paths (the
-// compiler never emits tile instructions of its own)
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,amx-tile,amx-bf16,amx-int8,avx2,fma,f16c,prefer-vector-width=512")
-namespace isa_avx512bf16 {  // float32 queries: the avx512 loops; bf16 queries: vdpbf16ps / vpdpbusd (AMX prefill)
-#include "exp_poly.h"
-#include "mla_decode_impl.h"
-#include "mla_decode_bf16.h"
-#include "mla_decode_vnni.h"
-#include "mla_prefill_bf16.h"
-#include "mla_prefill_amx.h"
-#include "mla_decode_amx.h"
-#include "mla_decode_amx_i8.h"
-}
-#pragma GCC pop_options
-
-namespace isa_scalar {  // the baseline x86-64 (or any other CPU's) code
-#include "exp_poly.h"
-#include "mla_decode_impl.h"
-#include "mla_prefill_f32.h"
-}
-
-// The paths beside scalar, each the capabilities its code's target needs: float32 FMAs at avx2's and
-// avx512's widths; bf16 and int8 dot products (avx512_bf16: vdpbf16ps, vpdpbusd); bf16 tiles for the
-// prefill and the bf16 decode (amx_bf16); int8 tiles for an int8 latent and rope key (amx_int8).
-constexpr int64_t NEEDS_AVX2 = CAP_AVX2, NEEDS_AVX512 = CAP_AVX2 | CAP_AVX512,
-                  NEEDS_AVX512_BF16 = NEEDS_AVX512 | CAP_AVX512_VNNI | CAP_AVX512_BF16,
-                  NEEDS_AMX_BF16 = NEEDS_AVX512_BF16 | CAP_AMX_BF16, NEEDS_AMX_INT8 = NEEDS_AMX_BF16 | CAP_AMX_INT8;
 constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2},
                              {"avx512", NEEDS_AVX512},
                              {"avx512_bf16", NEEDS_AVX512_BF16},
@@ -80,32 +37,106 @@ constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2},
 
 namespace {
 
-using SpanFn = void (*)(const Job&, int64_t, int64_t, int64_t, const float*, const int64_t*, float*, float*, float*,
-                        float*, float*);
-
-SpanFn span_fn(int64_t caps) {
-  if (has(caps, NEEDS_AVX512_BF16)) return isa_avx512bf16::attend_span;
-  if (has(caps, NEEDS_AVX512)) return isa_avx512::attend_span;
-  if (has(caps, NEEDS_AVX2)) return isa_avx2::attend_span_fast;
-  return isa_scalar::attend_span;
+// The float32 loops the capabilities allow: avx512_bf16's decode and merge are the avx512 loops
+// compiled for its target, its prefill avx512's.
+FloatPath float_loops(int64_t caps) {
+  if (has(caps, NEEDS_AVX512_BF16)) {
+    const FloatPath own = isa_avx512bf16::float_path();
+    return {own.decode, own.merge, isa_avx512::float_path().prefill};
+  }
+  if (has(caps, NEEDS_AVX512)) return isa_avx512::float_path();
+  if (has(caps, NEEDS_AVX2)) return isa_avx2::float_path();
+  return isa_scalar::float_path();
 }
 
-using MergeFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int, float*, float*, uint16_t*);
+struct DecodeLoops {
+  DecodeRun run;
+  bool f32_queries;  // the loops read float32 query rows (bf16 ones widened once by the entry)
+};
 
-MergeFn merge_fn(int64_t caps) {
-  if (has(caps, NEEDS_AVX512_BF16)) return isa_avx512bf16::merge_row;
-  if (has(caps, NEEDS_AVX512)) return isa_avx512::merge_row;
-  if (has(caps, NEEDS_AVX2)) return isa_avx2::merge_row;
-  return isa_scalar::merge_row;
+// Which loops run a decode, from the capabilities, the cache and the shapes. bf16 queries on an
+// avx512_bf16 CPU: bf16 dot products straight from the query (r % 32 == 16, the default
+// conversion's 240: the latent ends mid-chunk, in a full chunk; q4_0 rows are widened to float32 by
+// load_row on every ISA: the bf16 loops widen their own kinds); an int8 latent with a bf16 rope key
+// there: integer dot products, the query's latent part in int8 (on AMX CPUs too); on amx_int8, an int8
+// latent and rope key whose widths are whole int8 tile steps: integer tile products; on amx_bf16,
+// the bf16 path's scores and value sums on tiles. Everything else: the float32 loops of the path.
+DecodeLoops decode_loops(int64_t caps, const CacheKind& kind, bool bf16_query, int64_t D, int64_t r) {
+  const bool dot = has(caps, NEEDS_AVX512_BF16) && kind.latent != KIND_Q4 && bf16_query &&
+                   (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
+  if (!dot) return {float_loops(caps).decode, true};
+  if (kind.latent == KIND_I8 && kind.rope == ROPE_BF16 && r % 64 == 0) return {isa_avx512bf16::dot_path().decode_i8, false};
+  if (has(caps, NEEDS_AMX_INT8) && kind.latent == KIND_I8 && kind.rope == ROPE_I8 && r % 64 == 0 && (D - r) % 64 == 0 &&
+      D - r > 0)
+    return {isa_amx_int8::decode_path(), false};
+  if (has(caps, NEEDS_AMX_BF16) && D % 2 == 0 && D >= 32) return {isa_amx_bf16::tile_path().decode, false};
+  return {isa_avx512bf16::dot_path().decode_bf16, false};
+}
+
+struct PrefillLoops {
+  PrefillRun run;
+  bool starts_state;  // a first span (key_start 0) sets m, l, acc itself as it loads a row
+};
+
+// Which loops run a prefill span: bf16 tensors on avx512_bf16 (dr even) bf16 dot products, on amx_bf16
+// tiles; everything else the float32 kernel at the path's width (bf16 tensors widened as packed).
+PrefillLoops prefill_loops(int64_t caps, bool bf16, int64_t dr) {
+  const bool dot = bf16 && has(caps, NEEDS_AVX512_BF16) && dr % 2 == 0;
+  if (dot && has(caps, NEEDS_AMX_BF16)) return {isa_amx_bf16::tile_path().prefill, true};
+  if (dot) return {isa_avx512bf16::dot_path().prefill, false};
+  return {float_loops(caps).prefill, false};
+}
+
+// The cache's tensors checked against its kind (a clear error where they disagree) and set in the job.
+void cache_job(const CacheKind& kind, const at::Tensor& kv, const at::Tensor& latent, const at::Tensor& scale,
+               const at::Tensor& rope, int64_t D, int64_t r, Job& job) {
+  const char* names[] = {"kv", "latent", "scale", "rope"};
+  const at::Tensor* parts[] = {&kv, &latent, &scale, &rope};
+  for (int i = 0; i < 4; ++i) {
+    const at::ScalarType want = kind.dtypes[i];
+    if (want == at::ScalarType::Undefined) {
+      TORCH_CHECK(parts[i]->numel() == 0, "mla_decode: the cache kind ", kind.name, " has no ", names[i], " tensor (got one of ",
+                  parts[i]->sizes(), ")");
+      continue;
+    }
+    TORCH_CHECK(parts[i]->scalar_type() == want && parts[i]->is_contiguous(), "mla_decode: the cache kind ",
+                kind.name, " holds ", names[i], " as contiguous ", at::toString(want), " (got ",
+                at::toString(parts[i]->scalar_type()), " of ", parts[i]->sizes(), ")");
+  }
+  job.kind = kind.latent;
+  job.rope_bf16 = kind.rope == ROPE_BF16;
+  job.rope_i8 = kind.rope == ROPE_I8;
+  const int64_t dr = D - r;
+  if (kind.rope == ROPE_IN_ROW) {
+    TORCH_CHECK(kv.size(-1) == D, "mla_decode: the cache kind ", kind.name, " is kv [blocks, bs, ", D, "]");
+    job.kv = kv.data_ptr();
+    return;
+  }
+  if (kind.latent == KIND_Q4) {  // latentkv/cache/q4.py
+    job.scale_stride = (int)(q4_groups(r) + q4_groups(dr));
+    TORCH_CHECK(latent.size(-1) == q4_bytes(r) && rope.size(-1) == q4_bytes(dr) && scale.size(-1) == job.scale_stride,
+                "mla_decode: a q4_0 cache is latent [.., (r+1)/2], rope [.., (dr+1)/2] and scale [.., groups of 32]");
+    job.scale16 = (const uint16_t*)scale.data_ptr();
+  } else {
+    job.scale_stride = job.rope_i8 ? 2 : 1;
+    TORCH_CHECK(latent.size(-1) == r && rope.size(-1) == dr, "mla_decode: latent/rope widths do not match D");
+    TORCH_CHECK(scale.numel() == latent.numel() / r * job.scale_stride, "mla_decode: the cache kind ", kind.name,
+                " has ", job.scale_stride, " scale(s) per token");
+    job.scale = scale.data_ptr<float>();
+  }
+  job.latent = latent.data_ptr();
+  job.rope = rope.data_ptr();
 }
 
 }  // namespace
 
-at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Tensor scale,
-                         at::Tensor rope, at::Tensor block_tables, at::Tensor context_lens,
-                         at::Tensor query_pos, int64_t heads, int64_t kv_rank, int64_t block_size, int64_t caps,
-                         int64_t threads) {
+at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope,
+                      int64_t cache_kind, at::Tensor block_tables, at::Tensor context_lens, at::Tensor query_pos,
+                      int64_t heads, int64_t kv_rank, int64_t block_size, int64_t caps, int64_t threads) {
   check_caps(caps, "mla_decode");
+  TORCH_CHECK(cache_kind >= 0 && cache_kind < CACHE_KIND_COUNT, "mla_decode: cache kind ", cache_kind,
+              " is none of the kernel's (0 to ", CACHE_KIND_COUNT - 1, ": cache_kinds())");
+  const CacheKind& kind = CACHE_KINDS[cache_kind];
   TORCH_CHECK(query.dim() == 3, "mla_decode: query must be [B, M, D]");
   TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
               "mla_decode: query must be float32 or bfloat16");
@@ -121,43 +152,7 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   job.M = (int)M, job.D = (int)D, job.r = (int)r, job.bs = (int)block_size;
   job.nb = block_tables.size(1);
   job.block_tables = block_tables.data_ptr<int64_t>();
-  if (kv.numel() > 0) {
-    TORCH_CHECK(kv.is_contiguous() && kv.size(-1) == D, "mla_decode: kv must be contiguous [blocks, bs, D]");
-    TORCH_CHECK(kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16,
-                "mla_decode: kv must be float32 or bfloat16");
-    job.kind = kv.scalar_type() == at::kFloat ? KIND_F32 : KIND_BF16;
-    job.kv = kv.data_ptr();
-  } else if (scale.scalar_type() == at::kHalf) {  // q4_0 blocks (latentkv/cache/q4.py)
-    TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope.is_contiguous(),
-                "mla_decode: latent, scale and rope must be contiguous");
-    const int64_t dr = D - r, groups = q4_groups(r) + q4_groups(dr);
-    TORCH_CHECK(latent.scalar_type() == at::kByte && rope.scalar_type() == at::kByte && latent.size(-1) == q4_bytes(r) &&
-                    rope.size(-1) == q4_bytes(dr) && scale.size(-1) == groups,
-                "mla_decode: a q4_0 cache is uint8 latent [.., (r+1)/2], uint8 rope [.., (dr+1)/2] and float16 scale "
-                "[.., groups of 32]");
-    job.kind = KIND_Q4;
-    job.scale_stride = (int)groups;
-    job.latent = latent.data_ptr();
-    job.rope = rope.data_ptr();
-    job.scale16 = (const uint16_t*)scale.data_ptr();
-  } else {
-    TORCH_CHECK(latent.is_contiguous() && scale.is_contiguous() && rope.is_contiguous(),
-                "mla_decode: latent, scale and rope must be contiguous");
-    TORCH_CHECK(latent.size(-1) == r && rope.size(-1) == D - r, "mla_decode: latent/rope widths do not match D");
-    TORCH_CHECK(latent.scalar_type() == at::kChar || latent.scalar_type() == at::kByte,
-                "mla_decode: latent must be int8 or uint8 (fp8 e4m3 bits)");
-    TORCH_CHECK(rope.scalar_type() == at::kFloat || rope.scalar_type() == at::kBFloat16 || rope.scalar_type() == at::kChar,
-                "mla_decode: rope must be float32, bfloat16 or int8");
-    job.rope_i8 = rope.scalar_type() == at::kChar;
-    job.scale_stride = job.rope_i8 ? 2 : 1;
-    TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == latent.numel() / r * job.scale_stride,
-                "mla_decode: scale must be float32, one per token (two with an int8 rope: latent's, rope's)");
-    job.kind = latent.scalar_type() == at::kChar ? KIND_I8 : KIND_FP8;
-    job.latent = latent.data_ptr();
-    job.scale = scale.data_ptr<float>();
-    job.rope = rope.data_ptr();
-    job.rope_bf16 = rope.scalar_type() == at::kBFloat16;
-  }
+  cache_job(kind, kv, latent, scale, rope, D, r, job);
 
   // Visible keys per row: query_pos + 1 (causal), else the whole context.
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
@@ -194,92 +189,30 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   std::unique_ptr<float[]> acc(new float[items * M * r]);
   std::vector<float> mx(items * M), sum(items * M);
 
-  // bf16 queries on an avx512_bf16 CPU: bf16 dot products straight from the query; otherwise
-  // the query rows of each sequence widened once to float32.
-  // (r % 32 == 16, the default conversion's 240: the latent ends mid-chunk, in a full chunk)
-  // (q4_0 rows are widened to float32 by load_row on every ISA: the bf16 loops widen their own kinds)
-  const bool dp_bf16 = has(caps, NEEDS_AVX512_BF16) && job.kind != KIND_Q4 && query.scalar_type() == at::kBFloat16 && (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
-  std::vector<float> qf(dp_bf16 ? 0 : B * M * D);
-  if (dp_bf16) {
-  } else if (query.scalar_type() == at::kFloat) {
-    std::memcpy(qf.data(), query.data_ptr<float>(), sizeof(float) * B * M * D);
-  } else {
-    const uint16_t* qs = (const uint16_t*)query.data_ptr();
-    for (int64_t i = 0; i < B * M * D; ++i) qf[i] = bf16_to_f32(qs[i]);
-  }
-  const uint16_t* q16 = dp_bf16 ? (const uint16_t*)query.data_ptr() : nullptr;
-  // An int8 latent with a bf16 rope on that path: integer dot products, the query's latent part in int8.
-  const bool dp_i8 = dp_bf16 && job.kind == KIND_I8 && job.rope_bf16 && r % 64 == 0;
-  std::vector<int8_t> q8(dp_i8 ? B * M * 2 * r : 0);
-  std::vector<float> qs(dp_i8 ? B * M : 0);
-  std::vector<int32_t> qsum(dp_i8 ? B * M * 2 : 0);
-  if (dp_i8) isa_avx512bf16::quantize_rows(q16, B * M, (int)D, (int)r, q8.data(), qs.data(), qsum.data());
-
-  // AMX (amx_bf16): the bf16 path's scores and value sums on tiles (mla_decode_amx.h); the int8 VNNI path stays.
-  // An int8 latent and rope whose widths are whole int8 tile steps (amx_int8): integer tile products
-  // (mla_decode_amx_i8.h).
-  const bool dp_amx_i8 = has(caps, NEEDS_AMX_INT8) && dp_bf16 && !dp_i8 && job.kind == KIND_I8 && job.rope_i8 &&
-                         r % 64 == 0 && (D - r) % 64 == 0 && D - r > 0;
-  const bool dp_amx = has(caps, NEEDS_AMX_BF16) && dp_bf16 && !dp_i8 && !dp_amx_i8 && D % 2 == 0 && D >= 32;
-  const bool split = job.kind == KIND_I8 || job.kind == KIND_FP8;
-  const int64_t qblocks = dp_amx_i8 ? (M + 15) / 16 * isa_avx512bf16::amx_i8_query_block((int)D)
-                                    : (M + 15) / 16 * (split ? 2 : 1) * isa_avx512bf16::amx_query_block((int)D);
-  // not zeroed: pack_queries writes every step the kernel reads (786 KB a layer at 32 sequences)
-  std::unique_ptr<uint32_t[]> qpack(new uint32_t[dp_amx || dp_amx_i8 ? B * qblocks : 0]);
-  std::vector<float> qscale(dp_amx_i8 ? B * M * 2 : 0);
-  const int pack_threads = (int)std::min<int64_t>(threads, B);
-  if (dp_amx) isa_avx512bf16::pack_queries(q16, B, (int)M, (int)D, (int)r, split, qpack.get(), pack_threads);
-  if (dp_amx_i8) isa_avx512bf16::pack_queries_i8(q16, B, (int)M, (int)D, (int)r, qpack.get(), qscale.data(), pack_threads);
-  SpanFn attend = span_fn(caps);
+  const bool bf16 = query.scalar_type() == at::kBFloat16;
+  const DecodeLoops loops = decode_loops(caps, kind, bf16, D, r);
+  // float32 loops: the query rows of each sequence widened once to float32
+  std::vector<float> qf(loops.f32_queries ? B * M * D : 0);
+  const uint16_t* q16 = bf16 ? (const uint16_t*)query.data_ptr() : nullptr;
+  if (loops.f32_queries && !bf16) std::memcpy(qf.data(), query.data_ptr<float>(), sizeof(float) * B * M * D);
+  if (loops.f32_queries && bf16)
+    for (int64_t i = 0; i < B * M * D; ++i) qf[i] = bf16_to_f32(q16[i]);
   // No more threads than work: an idle member of a team still costs a fork and a join per region
   // (two regions per layer and step), and the merge of a short batch is a few thousand FMAs.
   const int nthreads = (int)std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const int merge_threads = B * M * items * r >= (1 << 16) ? nthreads : 1;
-  const int64_t Dp = (D + 31) / 32 * 32;
-#pragma omp parallel num_threads(nthreads)
-  {
-    std::vector<float> tile(TILE * D), sc(TILE + 64 + r);
-    std::vector<uint16_t> tile16, pairs16, zero16;
-    if (dp_bf16) tile16.resize(64 * Dp), pairs16.resize(64 * r), zero16.assign(Dp, 0);
-    std::unique_ptr<isa_avx512bf16::AmxDecodeScratch> amx;
-    if (dp_amx || dp_amx_i8) {
-      amx.reset(new isa_avx512bf16::AmxDecodeScratch((int)D, (int)r));
-      isa_avx512bf16::amx_configure();
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      int64_t b = item_b[it];
-      if (dp_amx_i8)
-        isa_avx512bf16::attend_span_amx_i8(job, b, item_t0[it], item_t1[it], qpack.get() + b * qblocks,
-                                           qscale.data() + b * M * 2, lim.data() + b * M, acc.get() + it * M * r,
-                                           mx.data() + it * M, sum.data() + it * M,
-                                           {tile16.data(), pairs16.data(), zero16.data()}, *amx);
-      else if (dp_amx)
-        isa_avx512bf16::attend_span_amx(job, b, item_t0[it], item_t1[it], qpack.get() + b * qblocks, lim.data() + b * M,
-                                        acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
-                                        {tile16.data(), pairs16.data(), zero16.data()}, *amx);
-      else if (dp_i8)
-        isa_avx512bf16::attend_span_i8(job, b, item_t0[it], item_t1[it], q16 + b * M * D, q8.data() + b * M * 2 * r,
-                                       qs.data() + b * M, qsum.data() + b * M * 2, lim.data() + b * M,
-                                       acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
-                                       {tile16.data(), pairs16.data(), zero16.data()}, sc.data());
-      else if (dp_bf16)
-        isa_avx512bf16::attend_span_bf16(job, b, item_t0[it], item_t1[it], q16 + b * M * D, lim.data() + b * M,
-                                         acc.get() + it * M * r, mx.data() + it * M, sum.data() + it * M,
-                                         {tile16.data(), pairs16.data(), zero16.data()});
-      else
-        attend(job, b, item_t0[it], item_t1[it], qf.data() + b * M * D, lim.data() + b * M, acc.get() + it * M * r,
-               mx.data() + it * M, sum.data() + it * M, tile.data(), sc.data());
-    }
-    if (dp_amx || dp_amx_i8) isa_avx512bf16::amx_decode_release();
-  }
+  DecodeWork work{};
+  work.job = &job, work.B = B, work.M = M, work.D = D, work.r = r, work.items = items;
+  work.item_b = item_b.data(), work.item_t0 = item_t0.data(), work.item_t1 = item_t1.data(), work.lim = lim.data();
+  work.acc = acc.get(), work.mx = mx.data(), work.sum = sum.data(), work.qf = qf.data(), work.q16 = q16;
+  work.threads = nthreads, work.pack_threads = (int)std::min<int64_t>(threads, B);
+  loops.run(work);
 
   // Log-sum-exp merge of each sequence's spans, in span order.
   auto out = at::empty({B, M, r}, query.options());
-  const bool bf16 = query.scalar_type() == at::kBFloat16;
   float* out32 = bf16 ? nullptr : out.data_ptr<float>();
   uint16_t* out16 = bf16 ? (uint16_t*)out.data_ptr() : nullptr;
-  MergeFn merge = merge_fn(caps);
+  const MergeRow merge = float_loops(caps).merge;
 #pragma omp parallel num_threads(merge_threads)
   {
     std::vector<float> row(r);
@@ -293,43 +226,8 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   return out;
 }
 
-// The float32 kernel (mla_prefill_f32.h) at one ISA's vector width, on tensors of element type T.
-template <typename Job, typename T>
-void prefill_f32(Job job, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& k_r, int64_t dn, int64_t first,
-                 int64_t key_start, at::Tensor& m, at::Tensor& l, at::Tensor& acc, double scale, int nthreads,
-                 void (*run)(Job&, int)) {
-  const int64_t n = q.size(0), H = q.size(1), dr = k_r.size(-1), S = kv.size(0), dv = kv.size(2) - dn;
-  job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)acc.size(2);
-  const int64_t groups = k_r.dim() == 3 ? k_r.size(1) : 1;
-  job.krs = (int)(groups * dr), job.hpg = (int)(H / groups);
-  job.kvh = (int)kv.size(1), job.hpk = (int)(H / kv.size(1));
-  job.D = (int)(dn + dr), job.S = (int)S, job.nkb = (int)(S / isa_avx2::F32_KB);
-  job.first = first, job.key_start = key_start, job.scale = (float)scale;
-  job.q = (const T*)q.data_ptr(), job.kv = (const T*)kv.data_ptr(), job.kr = (const T*)k_r.data_ptr();
-  std::vector<float> kp((size_t)H * S * job.D), vp((size_t)H * S * job.dvp);
-  job.kp = kp.data(), job.vp = vp.data();
-  job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
-  run(job, nthreads);
-}
-
-template <typename T>
-void prefill_f32_isa(int64_t caps, const at::Tensor& q, const at::Tensor& kv, const at::Tensor& k_r, int64_t dn,
-                     int64_t first, int64_t key_start, at::Tensor& m, at::Tensor& l, at::Tensor& acc, double scale,
-                     int nthreads) {
-  if (has(caps, NEEDS_AVX512))
-    prefill_f32<isa_avx512::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
-                                                     isa_avx512::f32_prefill_run<16, T>);
-  else if (has(caps, NEEDS_AVX2))
-    prefill_f32<isa_avx2::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
-                                                  isa_avx2::f32_prefill_run<8, T>);
-  else
-    prefill_f32<isa_scalar::F32PrefillJob<T>, T>({}, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads,
-                                                    isa_scalar::f32_prefill_run<4, T>);
-}
-
 // One prefill span (mla_prefill_bf16.h / mla_prefill_f32.h have the shapes); updates m, l, acc in
-// place. bf16 tensors on avx512_bf16 (dr even): vdpbf16ps, on amx_bf16: tiles; everything else: the float32 kernel at
-// the path's width (bf16 tensors widened when packed).
+// place, through the loops prefill_loops picks.
 void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_t first, int64_t key_start,
                  at::Tensor m, at::Tensor l, at::Tensor acc, double scale, int64_t caps, int64_t threads) {
   check_caps(caps, "mla_prefill");
@@ -345,41 +243,25 @@ void mla_prefill(at::Tensor q, at::Tensor kv, at::Tensor k_r, int64_t dn, int64_
                   (k_r.dim() == 2 || k_r.dim() == 3) && k_r.size(0) == S && groups > 0 && H % groups == 0 &&
                   m.numel() == n * H && l.numel() == n * H && acc.size(0) == n && acc.size(1) == H,
               "mla_prefill: shapes do not match");
-  static_assert(isa_avx512bf16::KB == isa_avx2::F32_KB, "both prefill kernels use the same key blocks");
-  TORCH_CHECK(S % isa_avx2::F32_KB == 0 && key_start % isa_avx2::F32_KB == 0 && dvp % 16 == 0,
+  TORCH_CHECK(S % PREFILL_KB == 0 && key_start % PREFILL_KB == 0 && dvp % 16 == 0,
               "mla_prefill: the span and key_start must be multiples of the key block (64), acc's width dv padded "
               "to a multiple of 16");
-  const int nthreads = threads > 0 ? (int)threads : 1;
-  const bool bf16_job = dtype == at::kBFloat16 && has(caps, NEEDS_AVX512_BF16) && dr % 2 == 0;  // else the float32 kernel
-  const bool amx = bf16_job && has(caps, NEEDS_AMX_BF16);
+  const PrefillLoops loops = prefill_loops(caps, dtype == at::kBFloat16, dr);
   // The first span (keys from 0) starts every row's state afresh: m, l, acc are not read (the
   // caller need not fill them); the AMX path sets it as it loads a row, the others are filled here.
-  if (key_start == 0 && !amx) {
+  if (key_start == 0 && !loops.starts_state) {
     m.fill_(-std::numeric_limits<float>::infinity());
     l.zero_();
     acc.zero_();
   }
-  if (dtype == at::kFloat)
-    return prefill_f32_isa<float>(caps, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
-  if (!bf16_job)
-    return prefill_f32_isa<uint16_t>(caps, q, kv, k_r, dn, first, key_start, m, l, acc, scale, nthreads);
-  isa_avx512bf16::PrefillJob job;
-  job.n = (int)n, job.H = (int)H, job.dn = (int)dn, job.dr = (int)dr, job.dv = (int)dv, job.dvp = (int)dvp, job.S = (int)S;
-  job.pn = (int)(dn + 1) / 2, job.P = job.pn + (int)dr / 2, job.nkb = (int)(S / isa_avx512bf16::KB);
-  job.krs = (int)(groups * dr), job.hpg = (int)(H / groups);
-  job.kvh = (int)kv.size(1), job.hpk = (int)(H / kv.size(1));
-  if (amx) isa_avx512bf16::amx_layout(job);  // whole tiles of pairs: keys read in place or packed
-  job.first = first, job.key_start = key_start, job.scale = (float)scale;
-  job.q = (const uint16_t*)q.data_ptr(), job.kv = (const uint16_t*)kv.data_ptr(), job.kr = (const uint16_t*)k_r.data_ptr();
-  // kept between calls (every span of every layer): fresh ones were zero-filled and page-faulted
-  // in each time, ~20% of an 8K prefill in the kernel's page clearing
-  thread_local std::vector<uint16_t> kp, vp;
-  if (!job.keys_in_place && kp.size() < (size_t)H * S * job.P * 2) kp.resize((size_t)H * S * job.P * 2);
-  if (vp.size() < (size_t)H * S * dvp) vp.resize((size_t)H * S * dvp);
-  job.kp = kp.data(), job.vp = vp.data();
-  job.m = m.data_ptr<float>(), job.l = l.data_ptr<float>(), job.acc = acc.data_ptr<float>();
-  if (amx) isa_avx512bf16::prefill_run_amx(job, nthreads);
-  else isa_avx512bf16::prefill_run(job, nthreads);
+  PrefillSpan span{};
+  span.n = n, span.H = H, span.dn = dn, span.dr = dr, span.dv = dv, span.dvp = dvp, span.S = S;
+  span.groups = groups, span.kvh = kv.size(1), span.first = first, span.key_start = key_start;
+  span.scale = (float)scale, span.bf16 = dtype == at::kBFloat16;
+  span.q = q.data_ptr(), span.kv = kv.data_ptr(), span.kr = k_r.data_ptr();
+  span.m = m.data_ptr<float>(), span.l = l.data_ptr<float>(), span.acc = acc.data_ptr<float>();
+  span.threads = threads > 0 ? (int)threads : 1;
+  loops.run(span);
 }
 
 // The prefill's last step after its spans: out [n, H, dv] = acc [n, H, :dv] / l [n, H], in out's
@@ -420,5 +302,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.cpp), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
+  m.def("cache_kinds", [] {
+    std::vector<std::string> names;
+    for (const CacheKind& k : CACHE_KINDS) names.emplace_back(k.name);
+    return names;
+  }, "the caches mla_decode reads (cache_kinds.h), in the order of its cache_kind codes");
   def_isa_paths(m, PATHS);
 }

@@ -1,7 +1,7 @@
 // Paged MLA decode with its scores and value sums on AMX tiles (TDPBF16PS), for bf16 queries on CPUs with
-// amx_bf16 (cpu_isa.h). Included by mla_attention.cpp inside `namespace isa_avx512bf16`
+// amx_bf16 (cpu_isa.h). Included by attention_amx_bf16.cpp (and attention_amx_int8.cpp) inside its namespace
 // after mla_decode_bf16.h (tile_rows, pair_rows, unpermute, prefetch_rows) and
-// amx_tiles.h; its functions run only on the amx_bf16 path (mla_attention.cpp).
+// amx_tiles.h; its functions run only on the amx_bf16 path (mla_attention.cpp decode_loops).
 //
 // Same work items and merge as mla_decode_bf16.h; within an item, chunks of AMX_CHUNK tokens in
 // two passes (value sums stored, reloaded and rescaled every 32 tokens and one dependent chain of

@@ -1,5 +1,5 @@
 // Paged MLA decode over an int8 latent and an int8 rope key (cache int8_rope8) on AMX, for bf16
-// queries on CPUs with amx_int8 too. Included by mla_attention.cpp inside `namespace isa_avx512bf16`
+// queries on CPUs with amx_int8 too. Included by attention_amx_int8.cpp inside `namespace isa_amx_int8`
 // after mla_decode_amx.h (amx_item: the chunk loop, softmax and value sums it shares).
 //
 // The codes are never widened for the scores: per half-tile of 16 tokens, S^T = K . Q^T as int8
@@ -12,7 +12,7 @@
 //   s = scale_t * qs_lat * (hi + lo / 256)_lat + rope_scale_t * qs_rope * (hi + lo / 256)_rope.
 // The values stay bf16 products (amx_item's pass 2): only the latent is widened, straight into
 // token pairs (pair_rows' layout), half the widening of the bf16 path and no second pass.
-// Requires kv_rank % 64 == 0 and a rope width % 64 == 0 (mla_attention.cpp picks the bf16 AMX
+// Requires kv_rank % 64 == 0 and a rope width % 64 == 0 (mla_attention.cpp decode_loops picks the bf16 AMX
 // path otherwise). Batch-invariant as mla_decode_amx.h: a row's bits depend on its query, its
 // position and the keys alone.
 #include "mla_job.h"

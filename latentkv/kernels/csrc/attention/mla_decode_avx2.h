@@ -1,4 +1,4 @@
-// Paged MLA decode for float32 queries with AVX2 + FMA intrinsics. Included once by mla_attention.cpp
+// Paged MLA decode for float32 queries with AVX2 + FMA intrinsics. Included by attention_avx2.cpp
 // inside `namespace isa_avx2` under its target pragma, after exp_poly.h (e^x) and mla_decode_impl.h
 // (Job, load_row). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
 //

@@ -1,5 +1,5 @@
 // Paged MLA decode with bf16 dot products (avx512_bf16: vdpbf16ps), for bf16 queries. Included
-// once by mla_attention.cpp inside `namespace isa_avx512bf16` under a target pragma, after
+// by attention_avx512_bf16.cpp (and the amx units) inside its namespace under a target pragma, after
 // exp_poly.h (e^x) and mla_decode_impl.h (the float32 fallback). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
 //
 // Same work items, online softmax and merge as mla_decode_impl.h; what differs is the inner
@@ -19,7 +19,7 @@
 //           relative; the output is bf16 anyway). The pairing permutes output lanes within each
 //           32-wide chunk; `unpermute` restores the order at the end of the span.
 // Requires kv_rank % 32 == 0, or % 16 == 0 with the latent ending inside a full 32-value chunk
-// (mla_attention.cpp falls back to the float32 path otherwise).
+// (mla_attention.cpp decode_loops falls back to the float32 path otherwise).
 #include "mla_job.h"
 
 constexpr int BT = 32;  // tokens per tile: 32 rows of 576 bf16 (36 KB) + their pairs stay in L1/L2
@@ -28,6 +28,13 @@ struct Bf16Scratch {
   uint16_t* tile;   // [BT, Dp] widened rows (quantized caches)
   uint16_t* pairs;  // [BT/2, 2r] interleaved pairs
   const uint16_t* zero;  // [Dp] zeros: the rows past the span
+};
+
+// A thread's Bf16Scratch, owned: Dp = D rounded up to 32.
+struct Bf16Buffers {
+  std::vector<uint16_t> tile, pairs, zero;
+  Bf16Buffers(int64_t D, int64_t r) : tile(64 * ((D + 31) / 32 * 32)), pairs(64 * r), zero((D + 31) / 32 * 32, 0) {}
+  Bf16Scratch scratch() { return {tile.data(), pairs.data(), zero.data()}; }
 };
 
 static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)

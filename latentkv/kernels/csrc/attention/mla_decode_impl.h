@@ -1,4 +1,4 @@
-// Paged MLA decode attention, one instruction set. Included once per ISA by mla_attention.cpp
+// Paged MLA decode attention, one instruction set. Included once per ISA by attention_<isa>.cpp
 // inside `namespace <isa>` under `#pragma GCC target(...)`: the loops below are written for
 // the auto-vectorizer (`#pragma omp simd`), so each inclusion compiles to that ISA's vectors.
 // Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here, inside the namespace; exp_poly.h (e^x) is included

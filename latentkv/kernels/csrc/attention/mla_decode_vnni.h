@@ -1,5 +1,5 @@
 // Paged MLA decode over an int8 latent with VNNI integer dot products (avx512_vnni vpdpbusd), for
-// bf16 queries. Included by mla_attention.cpp inside `namespace isa_avx512bf16` after
+// bf16 queries. Included by attention_avx512_bf16.cpp (and attention_amx_int8.cpp) inside its namespace after
 // mla_decode_bf16.h (BT, reduce16, the scratch). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
 //
 // The int8 codes are never widened: per tile of BT tokens
@@ -16,7 +16,7 @@
 //           The interleave permutes lanes within each 64-wide chunk; `unpermute4` undoes it.
 // Error: q rounded to ~16 bits per row and the weights to 8 bits per tile (2^-9 of the tile's
 // largest); tests/attention/test_native.py states the tolerance.
-// Requires kv_rank % 64 == 0 and a bf16 rope (mla_attention.cpp picks mla_decode_bf16.h otherwise).
+// Requires kv_rank % 64 == 0 and a bf16 rope (mla_attention.cpp decode_loops picks mla_decode_bf16.h otherwise).
 #include "mla_job.h"
 
 static inline __m512 bf16x16_to_ps(const uint16_t* p) {

@@ -1,6 +1,7 @@
-// What every paged-decode loop of mla_attention.cpp shares: the job, the tile and span sizes, the
-// cache kinds and the software prefetch. Included at file scope by mla_attention.cpp before the ISA
-// namespaces; each kernel header includes it too (guarded, so there a no-op) to say what it uses.
+// What every attention loop shares: the decode job, the tile and span sizes, the latent's kinds, the
+// prefill's key block and the software prefetch. Included at file scope by every unit of the family
+// (mla_paths.h) before its ISA namespace; each kernel header includes it too (guarded, so there a
+// no-op) to say what it uses.
 #pragma once
 #include <cstdint>
 
@@ -13,6 +14,7 @@ constexpr int64_t q4_groups(int64_t n) { return (n + Q4_GROUP - 1) / Q4_GROUP; }
 constexpr int TILE = 16;        // tokens widened at once: 16 x 576 floats (37 KB) stay in L1
 constexpr int64_t SPAN = 256;   // fewest tokens per work item (shorter items cost more in set-up and merge than a second thread gains)
 constexpr int64_t MAX_SPANS = 64;  // spans sit at fixed positions (SPAN apart) for contexts up to SPAN x MAX_SPANS
+constexpr int PREFILL_KB = 64;     // the prefill kernels' key block (mla_prefill_f32.h F32_KB, mla_prefill_bf16.h KB)
 
 // Software prefetch as volatile asm: GCC (12, -O1 and up) deletes _mm_prefetch / __builtin_prefetch
 // loops over the block table as code without effects, so the kernels' prefetches never ran.

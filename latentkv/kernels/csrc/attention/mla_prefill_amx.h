@@ -7,7 +7,7 @@
 //   values  O^T [dims][rows] = V^T . P^T: A tiles the values packed as [dims][pairs of keys] once per
 //           block and head, B tiles the probabilities as [pairs of keys][rows]; the running outputs
 //           are kept as [dims][rows] for the item, so the rescale by alpha is one vector per dim.
-// Included by mla_attention.cpp inside `namespace isa_avx512bf16` (target includes amx-tile and
+// Included by attention_amx_bf16.cpp inside `namespace isa_amx_bf16` (target includes amx-tile and
 // amx-bf16; these functions run only on the amx_bf16 path) after mla_prefill_bf16.h.
 //
 // The job's P (query / key pairs) is padded to a multiple of 16 with zero pairs (a tile's depth).

@@ -1,6 +1,6 @@
 // Batch-invariant MLA prefill attention (the naive form: per-head keys expanded from the latent)
-// with bf16 dot products (avx512_bf16: vdpbf16ps). Included by mla_attention.cpp inside
-// `namespace isa_avx512bf16` after exp_poly.h (e^x) and mla_decode_bf16.h. No header includes here.
+// with bf16 dot products (avx512_bf16: vdpbf16ps). Included by attention_avx512_bf16.cpp and
+// attention_amx_bf16.cpp inside their namespaces after exp_poly.h (e^x) and mla_decode_bf16.h. No header includes here.
 //
 // One call attends rows of one sequence's prompt to one span of its keys and updates each row's
 // online-softmax state (running max m, sum l, unnormalized output acc, all float32) in place;
@@ -19,7 +19,7 @@
 // the softmax scale in float32. Values: the probabilities rounded to bf16 (2^-9 relative), two
 // keys per vdpbf16ps, summed in float32.
 
-constexpr int KB = 64;  // keys per block: four 16-lane score vectors per query row (the softmax's
+constexpr int KB = PREFILL_KB;  // keys per block (mla_job.h): four 16-lane score vectors per query row (the softmax's
                         // reductions per block cost as much as 32 keys' dot products at KB = 16)
 constexpr int RG = 4;   // query rows per score micro-kernel (16 accumulators)
 constexpr int RB = 64;  // query rows per work item: their float32 state stays in L1
@@ -245,4 +245,28 @@ static void prefill_run(PrefillJob& j, int nthreads) {
       prefill_item(j, h, b * RB, std::min(j.n, (b + 1) * RB), qp.data(), dummy.data());
     }
   }
+}
+
+// The job of one prefill span as the entry checked it (mla_paths.h PrefillSpan), less its buffers
+// (prefill_buffers: after mla_prefill_amx.h amx_layout, where the AMX kernel runs it).
+static PrefillJob prefill_job(const PrefillSpan& p) {
+  PrefillJob job;
+  job.n = (int)p.n, job.H = (int)p.H, job.dn = (int)p.dn, job.dr = (int)p.dr, job.dv = (int)p.dv, job.dvp = (int)p.dvp;
+  job.S = (int)p.S, job.pn = (int)(p.dn + 1) / 2, job.P = job.pn + (int)p.dr / 2, job.nkb = (int)(p.S / KB);
+  job.krs = (int)(p.groups * p.dr), job.hpg = (int)(p.H / p.groups);
+  job.kvh = (int)p.kvh, job.hpk = (int)(p.H / p.kvh);
+  job.first = p.first, job.key_start = p.key_start, job.scale = p.scale;
+  job.q = (const uint16_t*)p.q, job.kv = (const uint16_t*)p.kv, job.kr = (const uint16_t*)p.kr;
+  job.m = p.m, job.l = p.l, job.acc = p.acc;
+  return job;
+}
+
+// The job's packed keys (unless read in place) and values: kept between calls (every span of every layer),
+// one pair a thread and unit; fresh ones were zero-filled and page-faulted in each time, ~20% of an 8K
+// prefill in the kernel's page clearing.
+static void prefill_buffers(PrefillJob& job) {
+  thread_local std::vector<uint16_t> kp, vp;
+  if (!job.keys_in_place && kp.size() < (size_t)job.H * job.S * job.P * 2) kp.resize((size_t)job.H * job.S * job.P * 2);
+  if (vp.size() < (size_t)job.H * job.S * job.dvp) vp.resize((size_t)job.H * job.S * job.dvp);
+  job.kp = kp.data(), job.vp = vp.data();
 }

@@ -1,5 +1,5 @@
 // Batch-invariant MLA prefill attention in float32 FMAs, one template for every vector width:
-// included by mla_attention.cpp inside each ISA's namespace (after exp_poly.h) and instantiated at
+// included by attention_<isa>.cpp inside each ISA's namespace (after exp_poly.h) and instantiated at
 // that ISA's width W: 16 lanes (avx512), 8 (avx2 + fma), 4 (the baseline: sse2 on x86-64). The
 // code is written with GCC vector types, so one source is every path (the avx512 one is the
 // avx2 one at twice the width, not separate hand-written code). No header includes here.
@@ -25,7 +25,7 @@ struct F32Vec {
   typedef int32_t itype __attribute__((vector_size(4 * W)));
 };
 
-constexpr int F32_KB = 64;  // keys per block (absolute positions), as the bf16 kernel
+constexpr int F32_KB = PREFILL_KB;  // keys per block (absolute positions), as the bf16 kernel (mla_job.h)
 constexpr int F32_RG = 6;   // query rows per micro-kernel
 constexpr int F32_RB = 60;  // query rows per work item (a multiple of RG): their state stays in L1
 
@@ -239,4 +239,26 @@ static void f32_prefill_run(F32PrefillJob<T>& j, int nthreads) {
       f32_item<W>(j, h, b * F32_RB, std::min(j.n, (b + 1) * F32_RB), qr.data(), dummy.data());
     }
   }
+}
+
+// One prefill span as the entry checked it (mla_paths.h PrefillSpan) through this kernel at width W, on
+// its tensors' element type.
+template <int W, typename T>
+static void f32_prefill_span(const PrefillSpan& p) {
+  F32PrefillJob<T> job{};
+  job.n = (int)p.n, job.H = (int)p.H, job.dn = (int)p.dn, job.dr = (int)p.dr, job.dv = (int)p.dv, job.dvp = (int)p.dvp;
+  job.krs = (int)(p.groups * p.dr), job.hpg = (int)(p.H / p.groups);
+  job.kvh = (int)p.kvh, job.hpk = (int)(p.H / p.kvh);
+  job.D = (int)(p.dn + p.dr), job.S = (int)p.S, job.nkb = (int)(p.S / F32_KB);
+  job.first = p.first, job.key_start = p.key_start, job.scale = p.scale;
+  job.q = (const T*)p.q, job.kv = (const T*)p.kv, job.kr = (const T*)p.kr;
+  std::vector<float> kp((size_t)p.H * p.S * job.D), vp((size_t)p.H * p.S * job.dvp);
+  job.kp = kp.data(), job.vp = vp.data();
+  job.m = p.m, job.l = p.l, job.acc = p.acc;
+  f32_prefill_run<W, T>(job, p.threads);
+}
+template <int W>
+static void f32_prefill(const PrefillSpan& p) {
+  if (p.bf16) f32_prefill_span<W, uint16_t>(p);
+  else f32_prefill_span<W, float>(p);
 }

@@ -12,21 +12,21 @@
 #include <tuple>
 #include <typeinfo>
 
-// x [M, K] float32 / bf16, packed weight, record kind, out_features, isa -> [M, out_features]
+// x [M, K] float32 / bf16, packed weight, record kind, out_features, caps -> [M, out_features]
 // (qlinear/qlinear.cpp `linear`)
 using LinearFn = at::Tensor (*)(at::Tensor, at::Tensor, int64_t, int64_t, int64_t);
 // x [T, D], weights [T, k], ids [T, k], gate_up [E, ...], down [E, ...], shared_gate_up, shared_down, kind,
-// inter, shared_inter, isa -> [T, D] (qlinear/moe.h `moe`)
+// inter, shared_inter, caps -> [T, D] (qlinear/moe.h `moe`)
 using MoeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
                              int64_t, int64_t, int64_t);
 // logits [T, E] float32, bias [E] (empty: none), softmax, n_group, topk_group, noaux, group_limited, k,
 // normalized, scale -> (weights [T, k] float32, ids [T, k]) (qlinear/moe_route.h `moe_route`)
 using RouteFn = std::tuple<at::Tensor, at::Tensor> (*)(at::Tensor, at::Tensor, bool, int64_t, int64_t, bool, bool, int64_t,
                                                        bool, double);
-// query, kv, latent, scale, rope, block_tables, context_lens, query_pos, heads, kv_rank, block_size,
-// isa, threads -> o_lat (attention/mla_attention.cpp `mla_decode`)
-using DecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                                at::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t);
+// query, kv, latent, scale, rope, cache_kind (attention/cache_kinds.h), block_tables, context_lens, query_pos,
+// heads, kv_rank, block_size, caps, threads -> o_lat (attention/mla_attention.cpp `mla_decode`)
+using DecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, at::Tensor,
+                                at::Tensor, at::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 template <typename F>
 inline const char* fn_type_name() {

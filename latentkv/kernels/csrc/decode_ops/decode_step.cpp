@@ -33,11 +33,11 @@ namespace {
 class DecodePlan {
  public:
   DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule moe_fn,
-             py::capsule route_fn, py::capsule decode_fn, int64_t isa_ops, int64_t isa_linear, int64_t isa_attention)
+             py::capsule route_fn, py::capsule decode_fn, int64_t caps_ops, int64_t caps_linear, int64_t caps_attention)
       : w_norm_(w_norm), eps_norm_(eps_norm), linear_(import_fn<LinearFn>(linear_fn, "qlinear's linear")),
         moe_(import_fn<MoeFn>(moe_fn, "qlinear's moe")), route_(import_fn<RouteFn>(route_fn, "qlinear's moe_route")),
         decode_(import_fn<DecodeFn>(decode_fn, "attention's mla_decode")),
-        isa_ops_(isa_ops), isa_linear_(isa_linear), isa_attention_(isa_attention) {
+        caps_ops_(caps_ops), caps_linear_(caps_linear), caps_attention_(caps_attention) {
     for (py::handle h : layers) {
       TORCH_CHECK(py::isinstance<PlanLayer>(h), "DecodePlan: layer ", layers_.size(), " is not a PlanLayer");
       PlanLayer l = h.cast<PlanLayer>();
@@ -64,47 +64,47 @@ class DecodePlan {
       const PlanLayer& l = layers_[i];
       // DecoderLayer: return x + mlp(normed); the sum rounded as at::add rounds it, then normed (one pass)
       std::vector<at::Tensor> in = rms_norm(carry.defined() ? carry : x, l.w_in, l.norm_eps, carry.defined() ? x : x.new_empty(0),
-                                            isa_ops_);
+                                            caps_ops_);
       if (carry.defined()) x = in[0];
       at::Tensor h = in[1];
       at::Tensor qkv = linear(l.qkv_a, h);
       at::Tensor q = qkv.narrow(1, 0, l.q_dim);
       at::Tensor c = qkv.narrow(1, l.q_dim, l.kv_rank), k_r = qkv.narrow(1, l.q_dim + l.kv_rank, l.dr);
-      if (l.q_b.defined) q = linear(l.q_b, rms_norm(q, l.w_q_a_norm, l.latent_eps, q.new_empty(0), isa_ops_)[1]);
-      if (l.w_kv_a_norm.defined()) c = rms_norm(c, l.w_kv_a_norm, l.latent_eps, c.new_empty(0), isa_ops_)[1];
+      if (l.q_b.defined) q = linear(l.q_b, rms_norm(q, l.w_q_a_norm, l.latent_eps, q.new_empty(0), caps_ops_)[1]);
+      if (l.w_kv_a_norm.defined()) c = rms_norm(c, l.w_kv_a_norm, l.latent_eps, c.new_empty(0), caps_ops_)[1];
       q = q.view({B, l.n_heads, -1});
       at::Tensor cos_i = cos[i], sin_i = sin[i];
       const at::Tensor e = x.new_empty(0);
       at::Tensor q_rope;
       if (l.mix.defined()) {  // MLAttention.project + full_rope: the un-mixed pairs turn, then mix back
-        q_rope = rope(q.narrow(2, l.dn, q.size(2) - l.dn), cos_i, sin_i, true, isa_ops_, l.rope_slots);
-        q_rope = head_matmul(q_rope, l.mix, 1.0, e, isa_ops_, l.mix_packed);
+        q_rope = rope(q.narrow(2, l.dn, q.size(2) - l.dn), cos_i, sin_i, true, caps_ops_, l.rope_slots);
+        q_rope = head_matmul(q_rope, l.mix, 1.0, e, caps_ops_, l.mix_packed);
       } else {
-        q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved, isa_ops_, e);
+        q_rope = rope(q.narrow(2, l.dn, l.dr), cos_i, sin_i, l.interleaved, caps_ops_, e);
       }
-      write_latent(c, k_r, cos_i, sin_i, l.interleaved, slots, l.kv, l.latent, l.cache_scale, l.cache_rope, l.qmax, isa_ops_);
-      at::Tensor query = head_matmul(q.narrow(2, 0, l.dn), l.w_uk, l.scale, q_rope, isa_ops_, l.uk_packed).view({B, l.n_heads, -1});
-      at::Tensor o_lat = decode_(query, l.kv, l.latent, l.cache_scale, l.cache_rope, block_tables, context_lens,
-                                 context_lens.new_empty(0), l.n_heads, l.kv_rank, l.block_size, isa_attention_, threads);
-      at::Tensor attn = head_matmul(o_lat, l.w_uv_t, 1.0, e, isa_ops_, l.uv_packed).view({B, l.n_heads * l.dv});
-      std::vector<at::Tensor> post = rms_norm(x, l.w_post, l.norm_eps, linear(l.o, attn), isa_ops_);
+      write_latent(c, k_r, cos_i, sin_i, l.interleaved, slots, l.kv, l.latent, l.cache_scale, l.cache_rope, l.qmax, caps_ops_);
+      at::Tensor query = head_matmul(q.narrow(2, 0, l.dn), l.w_uk, l.scale, q_rope, caps_ops_, l.uk_packed).view({B, l.n_heads, -1});
+      at::Tensor o_lat = decode_(query, l.kv, l.latent, l.cache_scale, l.cache_rope, l.cache_kind, block_tables, context_lens,
+                                 context_lens.new_empty(0), l.n_heads, l.kv_rank, l.block_size, caps_attention_, threads);
+      at::Tensor attn = head_matmul(o_lat, l.w_uv_t, 1.0, e, caps_ops_, l.uv_packed).view({B, l.n_heads * l.dv});
+      std::vector<at::Tensor> post = rms_norm(x, l.w_post, l.norm_eps, linear(l.o, attn), caps_ops_);
       x = post[0];
       if (l.moe.defined) {  // MoE.forward: the router, then the experts in one call
         const PlanMoe& m = l.moe;
-        auto [weights, ids] = route_tokens(m, post[1], linear_, route_, isa_linear_);
+        auto [weights, ids] = route_tokens(m, post[1], linear_, route_, caps_linear_);
         carry = moe_(post[1], weights, ids, m.gate_up, m.down, m.shared_gate_up, m.shared_down, m.kind, m.inter,
-                     m.shared_inter, isa_linear_);
+                     m.shared_inter, caps_linear_);
       } else {
-        carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), isa_ops_));
+        carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), caps_ops_));
       }
     }
     // DeepseekModel: self.norm(x + mlp(normed))
-    return rms_norm(carry.defined() ? carry : x, w_norm_, eps_norm_, carry.defined() ? x : x.new_empty(0), isa_ops_)[1];
+    return rms_norm(carry.defined() ? carry : x, w_norm_, eps_norm_, carry.defined() ? x : x.new_empty(0), caps_ops_)[1];
   }
 
  private:
   at::Tensor linear(const PlanLinear& p, const at::Tensor& x) const {
-    at::Tensor y = linear_(x, p.packed, p.kind, p.out, isa_linear_);
+    at::Tensor y = linear_(x, p.packed, p.kind, p.out, caps_linear_);
     return p.bias.defined() ? at::add(y, p.bias) : y;  // QuantLinear.forward: y + bias, out of place
   }
 
@@ -114,7 +114,7 @@ class DecodePlan {
   MoeFn moe_;
   RouteFn route_;
   DecodeFn decode_;
-  int64_t isa_ops_, isa_linear_, isa_attention_;
+  int64_t caps_ops_, caps_linear_, caps_attention_;
   std::vector<PlanLayer> layers_;
 };
 

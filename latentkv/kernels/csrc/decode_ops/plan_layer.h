@@ -59,7 +59,8 @@ struct plan_fields::From<PlanMoe> : plan_fields::FromStruct<PlanMoe> {};
 // One decoder layer: weights (norms undefined when absent), the absorbed heads' weights and their AMX
 // packs (empty off AMX), a folded query projection's rope slots and mix (model/rope_groups.py; undefined
 // without), the spec's shapes and constants, and the layer's cache as the kernels take it
-// (LatentCache.kernel_tensors: kv, or latent + scale + rope; the others empty) with its format's qmax.
+// (LatentCache.kernel_tensors: kv, or latent + scale + rope; the others empty), its format's code for the
+// attention kernel (kernels/attention.py cache_kind) and its qmax.
 #define LATENTKV_PLAN_LAYER(X)          \
   X(at::Tensor, w_in, true)             \
   X(at::Tensor, w_post, true)           \
@@ -92,6 +93,7 @@ struct plan_fields::From<PlanMoe> : plan_fields::FromStruct<PlanMoe> {};
   X(at::Tensor, latent, true)           \
   X(at::Tensor, cache_scale, true)      \
   X(at::Tensor, cache_rope, true)       \
+  X(int64_t, cache_kind, true)          \
   X(double, qmax, true)                 \
   X(int64_t, block_size, true)
 
