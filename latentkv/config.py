@@ -15,6 +15,10 @@ from typing import Callable
 from latentkv.facts import CACHE_DTYPES, UNQUANTIZED_CACHES
 
 
+def _kind(record) -> str:
+    return str(record.get("kind", "unknown") if isinstance(record, dict) else record)
+
+
 class ConfigError(ValueError):
     """A config that cannot describe a model we can run; the message names the field."""
 
@@ -112,9 +116,16 @@ class ModelConfig:
     def served_cache_dtype(self, asked: str) -> str:
         """The cache a request for `asked` gets: "auto" is the folder's own format where it records
         one (`convert` records it), else "auto" (the model dtype); "bfloat16" / "float32" are
-        "auto" whatever the folder records (the engine checks the name is the model dtype)."""
+        "auto" whatever the folder records (the engine checks the name is the model dtype). A folder
+        whose format is one no kernel serves yet (latentkv.cache_format) is refused for "auto"."""
         if asked in UNQUANTIZED_CACHES:
             return "auto"
+        if asked == "auto" and "cache_format" in self.extensions:
+            raise ConfigError(
+                f"this folder's cache format ({_kind(self.extensions['cache_format'])}: "
+                "bits per latent direction, convert --kv-bytes) is not served yet; ask for a served cache "
+                f"(--kv-cache-dtype one of {', '.join(CACHE_DTYPES)}) or measure it with `latentkv bench frontier`"
+            )
         return self.cache_dtype if asked == "auto" and self.cache_dtype else asked
 
     def kv_rank(self, layer: int) -> int:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import fields
 
 from latentkv.convert.api import convert
+from latentkv.convert.budget import FORMATS
 from latentkv.convert.options import ConvertOptions, rope_dim_arg, rope_window_arg
 from latentkv.convert.refine import INPUTS
 from latentkv.convert.stock import TARGETS
@@ -52,7 +53,16 @@ def register(subparsers) -> None:
         metavar="N",
         help="instead of sizes: a budget of served KV cache bytes per token (all layers, scales included); "
         "the rope dim, rank and cache format with the best measured chat agreement within it, recorded "
-        "as the folder's default cache (e.g. 12240: llama.cpp's q8_0 KV cache of SmolLM2)",
+        "as the folder's default cache (e.g. 12240: llama.cpp's q8_0 KV cache of SmolLM2); "
+        "the transform-coded format (bits per latent direction) is measured simulated and not served yet",
+    )
+    p.add_argument(
+        "--kv-formats",
+        nargs="+",
+        type=str,
+        default=None,
+        choices=list(FORMATS),
+        help="the cache formats --kv-bytes tries (default: all; leave out transform_code for a folder served today)",
     )
     p.add_argument(
         "--calib",
@@ -148,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     given = {
         f.name: getattr(args, f.name) for f in fields(ConvertOptions) if getattr(args, f.name, None) is not None
     }  # an option left out keeps its default
+    if given.get("kv_formats"):
+        given["kv_formats"] = tuple(given["kv_formats"])
     given["rope_window"] = args.rope_window  # None means "all" here, not "left out"
     try:
         out = convert(args.source, out=args.out, options=ConvertOptions(**given))

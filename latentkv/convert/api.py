@@ -139,8 +139,10 @@ def step(n: int, text: str, started: float) -> None:
     tqdm.write(f"latentkv convert [{n}/5] {text} ({so_far})")
 
 
-def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) -> Path:
-    """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`."""
+def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS, stats=None) -> Path:
+    """Convert a Llama-family model (GGUF or HF folder; None: bundled SmolLM2) to MLA in `out`;
+    stats: calibration statistics already collected with these options' calibration (several
+    conversions of one source share them: `bench frontier`)."""
     options.check()
     started = time.perf_counter()
     if options.eval_tokens:  # the check runs latentkv's model: its first build (FIRST_BUILD each) overlaps calibration
@@ -163,25 +165,28 @@ def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS) ->
     )
     Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".latentkv-scratch-", dir=Path(out).resolve().parent) as scratch:
-        stats = calibrate(src, windows, calib_dtype, Path(scratch), weights)
+        stats = stats or calibrate(src, windows, calib_dtype, Path(scratch), weights)
         measured_caches = []
         if options.kv_bytes is not None:
             options, measured_caches = budget.choose(src, stats, options, windows)
         dtype = MODEL_DTYPES[options.dtype]
         cfg, info, parts = convert_parts(src, stats, options, dtype=dtype, windows=windows)
-        if options.cache_dtype:
-            cfg["latentkv"]["cache_dtype"] = options.cache_dtype
+        if options.cache_dtype or options.cache_format:
+            if options.cache_format:
+                cfg["latentkv"]["cache_format"] = options.cache_format  # bits per direction: transform_code.py
+            else:
+                cfg["latentkv"]["cache_dtype"] = options.cache_dtype
             if options.kv_bytes is not None:
                 cfg["latentkv"]["kv_bytes"] = options.kv_bytes  # the budget it was chosen within
             budget.check_written(cfg, options)
         record = {
-            **asdict(options),
+            **{k: v for k, v in asdict(options).items() if k != "cache_format"},  # config.json holds it
             "calib": options.calib or "default corpus",
             "calib_tokens": int(stats[0].tokens),
             "rope_theta": info["rope_theta"],
         }
         if measured_caches:
-            record["kv_bytes_candidates"] = [asdict(c) for c in measured_caches]
+            record["kv_bytes_candidates"] = [{**asdict(c), "code": None} for c in measured_caches]
         refined = f", refining each layer {options.refine_steps} steps" if options.refine_steps else ""
         step(
             4,

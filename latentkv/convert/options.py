@@ -66,6 +66,10 @@ class ConvertOptions:
     refine_steps: int = 0
     refine_lr: float = 3e-3  # of 1e-3, 3e-3, 1e-2: the lowest held-out error (docs/conversion.md, "Local refinement")
     refine_inputs: str = "converted"
+    rotate_latent: bool = True  # False: the latent in its PCA basis (a transform-coded cache: transform_code.py)
+    kv_formats: tuple | None = None  # the cache formats --kv-bytes tries (None: all of budget.FORMATS)
+    kv_rope_dims: tuple | None = None  # the rope dims it tries (ints or "all"; None: budget.ROPE_POINTS of them)
+    cache_format: dict | None = None  # a transform-coded cache's record (transform_code.py), set by --kv-bytes
 
     def check(self) -> None:
         """Errors that need no source."""

@@ -214,7 +214,9 @@ def convert_parts(
         for i, st in enumerate(stats):
             wz, m, _ = latent_problem(src, i, plans[i], st, dn, settings.k_weight)
             fact = lat.factorize(wz, st.xx, m, used[i])
-            yield layer_tensors(src, i, plans[i], fact, dn, scale, settings.stock, st, dtype, width, refiner)
+            yield layer_tensors(
+                src, i, plans[i], fact, dn, scale, settings.stock, st, dtype, width, refiner, settings.rotate_latent
+            )
         if refiner:
             info["refined"] = [f and {"before": f.before, "after": f.after, "kept": f.kept} for f in refiner.fits]
 
@@ -249,12 +251,16 @@ def stock_latent(w: dict, width: int | None, xx: torch.Tensor) -> dict:
     return {**w, "kv_a_aug": torch.cat([fact.latent, w["kv_a_aug"][r:]]), "kv_b": fact.recon}
 
 
-def layer_tensors(src, i, plan, fact, dn, scale, stock, st, dtype, width=None, refiner=None) -> dict[str, torch.Tensor]:
+def layer_tensors(
+    src, i, plan, fact, dn, scale, stock, st, dtype, width=None, refiner=None, rotate=True
+) -> dict[str, torch.Tensor]:
     """Layer i's tensors under DeepSeek-V3 names; width pads the (stock) latent with zero dims;
-    refiner: refine.Refiner (None: the closed form as it is)."""
+    refiner: refine.Refiner (None: the closed form as it is); rotate: mix the latent (latent.rotate),
+    else it stays in its PCA basis, directions in order of energy (a transform-coded cache's)."""
     wq, wk, wv, wo = augmented_weights(src, i)
     exact = not plan.dropped.any() and fact.latent.shape[0] >= fact.recon.shape[0]  # nothing to refine
-    fact = lat.rotate(fact, seed=i)
+    if rotate:
+        fact = lat.rotate(fact, seed=i)
     w = build_layer(plan, fact, wq, wk, wv, wo, src.num_heads, src.num_kv_heads, dn, scale)
     if refiner:
         w = refiner.layer(i, w, plan.slot_freq, dn, exact and not stock)

@@ -13,6 +13,7 @@ from latentkv.config import ModelConfig
 from latentkv.convert import budget
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
+from latentkv.convert.simulated import folder_code
 from latentkv.eval.chat import evaluate_chat
 from latentkv.llm import LLM
 
@@ -23,7 +24,10 @@ SMOLLM2 = SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64)
 def test_no_candidate_is_over_the_budget_and_each_takes_all_the_room_it_can(kv_bytes):
     found = budget.candidates(SMOLLM2, kv_bytes)
     assert found
-    for c in found:
+    coded = [c for c in found if c.cache_dtype == budget.TRANSFORM]  # every direction; the bits decide
+    assert [(c.kv_rank, c.bytes_per_token) for c in coded] == [(2 * 192 - c.rope_dim, kv_bytes) for c in coded]
+    assert len(coded) == 6
+    for c in (c for c in found if c.cache_dtype != budget.TRANSFORM):
         assert c.bytes_per_token == latent_bytes([c.kv_rank] * 30, c.rope_dim, c.cache_dtype) <= kv_bytes
         exact = 2 * 192 - c.rope_dim
         assert c.kv_rank == exact or latent_bytes([c.kv_rank + 1] * 30, c.rope_dim, c.cache_dtype) > kv_bytes
@@ -38,8 +42,9 @@ def test_the_q4_0_budget_has_the_exact_conversion_in_q4_0_blocks():
 
 
 def test_a_budget_below_the_smallest_cache_is_refused_before_calibrating(tmp_path):
-    with pytest.raises(ValueError, match="below the smallest cache"):
-        budget.check(SMOLLM2, 300)
+    with pytest.raises(ValueError, match="below the smallest cache.*90 bytes"):  # 30 layers x (1 byte + a scale)
+        budget.check(SMOLLM2, 89)
+    budget.check(SMOLLM2, 300)  # transform-coded: a few directions at a few bits
     with pytest.raises(ValueError, match="not both"):
         ConvertOptions(kv_bytes=6480, cache_ratio=0.5).check()
     with pytest.raises(ValueError, match="native format"):
@@ -52,9 +57,9 @@ def test_a_tiny_budgeted_conversion_is_served_in_its_chosen_cache(tmp_path, few_
     measured = []
     choose = budget.choose
     monkeypatch.setattr(budget, "choose", lambda *a, **k: measured.append(choose(*a, **k)) or measured[-1])
-    out = convert(
-        str(source), tmp_path / "mla", ConvertOptions(kv_bytes=kv_bytes, calib_tokens=4 * 64, ctx=64, eval_tokens=0)
-    )
+    served = tuple(f for f in budget.FORMATS if f != budget.TRANSFORM)
+    options = ConvertOptions(kv_bytes=kv_bytes, calib_tokens=4 * 64, ctx=64, eval_tokens=0, kv_formats=served)
+    out = convert(str(source), tmp_path / "mla", options)
     chosen, found = measured[0]
     cfg = ModelConfig.from_file(out / "config.json")
     assert cfg.cache_dtype == chosen.cache_dtype
@@ -78,3 +83,23 @@ def test_a_tiny_budgeted_conversion_is_served_in_its_chosen_cache(tmp_path, few_
     # eval scores it in the same cache when none is asked (as served), another when asked
     assert evaluate_chat(str(out), str(source), generate=False)["cache_dtype"] == cfg.cache_dtype
     assert evaluate_chat(str(out), str(source), generate=False, cache_dtype="fp8_e4m3")["cache_dtype"] == "fp8_e4m3"
+
+
+def test_a_transform_coded_conversion_records_its_format_and_is_not_served_yet(tmp_path, few_chat_prompts):
+    """The folder's config holds the bits of every direction within the budget; the engine refuses
+    it by name; the simulated measurement reads it back."""
+    source = save_tiny_llama(tmp_path / "llama")  # 2 layers, 2 KV heads x 16
+    options = ConvertOptions(
+        kv_bytes=40, calib_tokens=4 * 64, ctx=64, eval_tokens=0, kv_formats=(budget.TRANSFORM,), kv_rope_dims=("all",)
+    )
+    out = convert(str(source), tmp_path / "mla", options)
+    cfg = ModelConfig.from_file(out / "config.json")
+    code = folder_code(cfg)
+    assert cfg.cache_dtype is None and cfg.extensions["kv_bytes"] == 40
+    assert 0 < code.bytes_per_token() <= 40 and (cfg.qk_rope_head_dim, cfg.kv_lora_rank) == (32, 32)
+    assert [len(b) for b in code.latent_bits] == [32, 32] and any(0 < b < 8 for b in code.latent_bits[0])
+    with pytest.raises(ValueError, match="not served yet"):
+        LLM(str(out), dtype="float32", kv_cache_memory="1MiB")
+    with pytest.raises(ValueError, match="not served yet"):
+        evaluate_chat(str(out), str(source), generate=False)
+    assert LLM(str(out), dtype="float32", kv_cache_memory="1MiB", kv_cache_dtype="int8").llm_engine  # asked: served

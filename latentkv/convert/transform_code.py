@@ -1,0 +1,173 @@
+"""The transform-coded cache format: every latent and rope-key direction with its own bits (0-8).
+
+A converted layer caches c [T, r] (its latent, in the PCA basis: direction i carries the i-th
+largest share of the attention-output energy) and k_r [T, dr] (the rope key, after RoPE). The
+format gives each of those r + dr directions a number of bits, chosen by bit_alloc.py. Per side
+(latent, rope key) and per bit value b > 0, the directions with b bits, in index order, are cut
+into groups of at most `group`; a group of n values is turned by the fixed orthogonal map of
+cache/q4.py (`q4.turn`: Walsh-Hadamard passes with sign flips, so no one outlier sets the scale)
+and stored as b-bit codes with one float16 scale per token: the group's RMS. A value y is coded
+u = clamp(floor(y / Δ) + 2^(b-1), 0, 2^b - 1), read back as (u - 2^(b-1) + ½) Δ, with
+Δ = STEP[b] · RMS: the step of the minimum-error uniform quantizer of a unit Gaussian (Max, 1960),
+whose error per unit variance is DISTORTION[b]. Directions with 0 bits are not stored (read as 0).
+
+Bytes a token takes in one layer: ceil(code bits / 8) + SCALE_BYTES per group (`layer_bytes`).
+The record (`TransformCode.to_dict`) is what config.json holds under latentkv.cache_format and
+`from_dict` reads it back exactly. Serving it natively is not built yet (config.py refuses a
+folder whose format it is); eval/simulated.py measures it by `round_trip` in the reference model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from latentkv.cache import q4
+
+KIND = "transform_code"
+MAX_BITS = 8
+GROUP = 64  # values per scale at most: 0.25 bit a value for the float16 scale
+SCALE_BYTES = 2  # float16 RMS per group and token
+# optimum uniform quantizer of a unit Gaussian with 2^b levels: step and mean squared error (Max 1960, table I)
+STEP = (0.0, 1.596, 0.9957, 0.5860, 0.3352, 0.1881, 0.1041, 0.05687, 0.03076)
+DISTORTION = (1.0, 0.3634, 0.1188, 0.03744, 0.01154, 0.003490, 0.001035, 0.0003035, 0.00008778)
+
+
+def groups(bits: list[int], group: int = GROUP) -> list[tuple[int, list[int]]]:
+    """(b, direction indices) of each stored group of one side: for each b > 0 (ascending), the
+    directions with b bits in index order, cut into runs of at most `group`."""
+    out = []
+    for b in sorted({b for b in bits if b > 0}):
+        idx = [i for i, bi in enumerate(bits) if bi == b]
+        out += [(b, idx[s : s + group]) for s in range(0, len(idx), group)]
+    return out
+
+
+def side_cost(bits: list[int], group: int = GROUP) -> tuple[int, int]:
+    """(code bits, scale groups) of one side's directions."""
+    counts: dict[int, int] = {}
+    for b in bits:
+        if b:
+            counts[b] = counts.get(b, 0) + 1
+    return sum(b * n for b, n in counts.items()), sum(-(-n // group) for n in counts.values())
+
+
+def layer_bytes(
+    latent_bits: list[int], rope_bits: list[int], group: int = GROUP, scale_bytes: int = SCALE_BYTES
+) -> int:
+    """Bytes one token takes in one layer: its codes packed together, then a scale per group."""
+    (lb, lg), (rb, rg) = side_cost(latent_bits, group), side_cost(rope_bits, group)
+    return -(-(lb + rb) // 8) + scale_bytes * (lg + rg)
+
+
+@dataclass(frozen=True)
+class TransformCode:
+    """Bits per direction, per layer: latent_bits[layer] [r], rope_bits[layer] [dr]; group: values per scale."""
+
+    latent_bits: tuple[tuple[int, ...], ...]
+    rope_bits: tuple[tuple[int, ...], ...]
+    group: int = GROUP
+
+    def layer_bytes(self, layer: int) -> int:
+        return layer_bytes(list(self.latent_bits[layer]), list(self.rope_bits[layer]), self.group)
+
+    def bytes_per_token(self) -> int:
+        return sum(self.layer_bytes(i) for i in range(len(self.latent_bits)))
+
+    def ranks(self) -> list[int]:
+        """Latent directions stored (bits > 0) per layer: the effective rank."""
+        return [sum(1 for b in bits if b) for bits in self.latent_bits]
+
+    def describe(self) -> str:
+        """One line: bytes, mean bits per stored direction and the effective ranks / rope dims."""
+        lat = [b for bits in self.latent_bits for b in bits if b]
+        rope = [b for bits in self.rope_bits for b in bits if b]
+        ranks = self.ranks()
+        ropes = [sum(1 for b in bits if b) for bits in self.rope_bits]
+        return (
+            f"transform code: {self.bytes_per_token()} B/token; latent {min(ranks)}-{max(ranks)} directions "
+            f"at {sum(lat) / max(1, len(lat)):.2f} bits, rope key {min(ropes)}-{max(ropes)} dims at "
+            f"{sum(rope) / max(1, len(rope)):.2f} bits"
+        )
+
+    def to_dict(self) -> dict:
+        """The config.json record (latentkv.cache_format)."""
+        return {
+            "kind": KIND,
+            "group": self.group,
+            "scale": "float16 rms",
+            "steps": list(STEP),
+            "latent_bits": [list(b) for b in self.latent_bits],
+            "rope_bits": [list(b) for b in self.rope_bits],
+        }
+
+    @classmethod
+    def from_dict(cls, record: dict, layers: int | None = None) -> "TransformCode":
+        """Read a record back, checked: a bad one raises ValueError naming what is wrong."""
+        if not isinstance(record, dict) or record.get("kind") != KIND:
+            raise ValueError(f"latentkv.cache_format: expected a record of kind {KIND!r}, got {record!r:.80}")
+        if record.get("steps", list(STEP)) != list(STEP):
+            raise ValueError("latentkv.cache_format: its quantizer steps are not this version's")
+        group = record.get("group", GROUP)
+        if not isinstance(group, int) or group < 1:
+            raise ValueError(f"latentkv.cache_format.group must be a positive int, got {group!r}")
+        sides = []
+        for name in ("latent_bits", "rope_bits"):
+            value = record.get(name)
+            if not isinstance(value, list) or (layers is not None and len(value) != layers):
+                raise ValueError(f"latentkv.cache_format.{name} must be a list of {layers or 'per-layer'} lists")
+            for row in value:
+                if not isinstance(row, list) or any(not isinstance(b, int) or not 0 <= b <= MAX_BITS for b in row):
+                    raise ValueError(f"latentkv.cache_format.{name}: every entry is an int in 0..{MAX_BITS}")
+            sides.append(tuple(tuple(row) for row in value))
+        if len(sides[0]) != len(sides[1]):
+            raise ValueError("latentkv.cache_format: latent_bits and rope_bits differ in layers")
+        return cls(sides[0], sides[1], group)
+
+
+def encode(x: torch.Tensor, bits: list[int], group: int = GROUP) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """x [T, n] -> per group of `groups(bits)`: (codes uint8 [T, n_g], scale float16 [T])."""
+    out = []
+    for b, idx in groups(bits, group):
+        y = q4.turn(x[:, idx].float())
+        scale = y.square().mean(-1).sqrt().half()
+        step = STEP[b] * scale.float().clamp(min=torch.finfo(torch.float16).tiny)[:, None]
+        half = 1 << (b - 1)
+        codes = (torch.floor(y / step) + half).clamp(0, 2 * half - 1).to(torch.uint8)
+        out.append((codes, scale))
+    return out
+
+
+def decode(parts: list[tuple[torch.Tensor, torch.Tensor]], bits: list[int], group: int = GROUP) -> torch.Tensor:
+    """encode's output -> x [T, n] float32 (0 where a direction has no bits)."""
+    n, rows = len(bits), parts[0][0].shape[0] if parts else 0
+    x = torch.zeros(rows, n)
+    for (codes, scale), (b, idx) in zip(parts, groups(bits, group)):
+        half = 1 << (b - 1)
+        y = (codes.float() - half + 0.5) * (STEP[b] * scale.float()[:, None])
+        x[:, idx] = q4.turn_back(y)
+    return x
+
+
+def round_trip(x: torch.Tensor, bits: list[int], group: int = GROUP) -> torch.Tensor:
+    """x [..., n] stored in the format and read back, in x's dtype (the cache a reader would see)."""
+    if len(bits) != x.shape[-1]:
+        raise ValueError(f"{len(bits)} directions' bits for rows of {x.shape[-1]}")
+    rows = x.reshape(-1, x.shape[-1])
+    if not any(bits):
+        return torch.zeros_like(x)
+    return decode(encode(rows, bits, group), bits, group).to(x.dtype).view(x.shape)
+
+
+def expected_error(variances: torch.Tensor, bits: list[int]) -> float:
+    """The model of the error the allocation minimizes: Σ_i variance_i · DISTORTION[bits_i]."""
+    return float(sum(float(v) * DISTORTION[b] for v, b in zip(variances, bits)))
+
+
+def fits(code: TransformCode, kv_bytes: int) -> bool:
+    return code.bytes_per_token() <= kv_bytes
+
+
+assert all(a > b for a, b in zip(DISTORTION, DISTORTION[1:])) and math.isclose(DISTORTION[0], 1.0)

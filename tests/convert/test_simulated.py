@@ -1,0 +1,61 @@
+"""The transform-coded cache, simulated: the PCA-basis conversion stays exact at full width, the
+energies order its directions, and the model reads its latent and rope key through the format."""
+
+from __future__ import annotations
+
+import torch
+
+from latentkv.convert import bit_alloc
+from latentkv.convert import transform_code as tc
+from latentkv.convert.calibrate import collect_stats
+from latentkv.convert.layout import converted_model
+from latentkv.convert.options import ConvertOptions
+from latentkv.convert.pipeline import build_model
+from latentkv.convert.simulated import simulate
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
+
+import llama_tiny
+
+
+def pca_conversion(tmp_path):
+    llama_tiny.save("llama_gqa", tmp_path / "src")
+    src = read_source(tmp_path / "src")
+    windows = torch.randint(0, llama_tiny.VOCAB, (3, 48), generator=torch.Generator().manual_seed(2))
+    stats = collect_stats(src, windows)
+    options = ConvertOptions(rope_dim="all", kv_rank="full", rotate_latent=False)
+    cfg, tensors, _ = build_model(src, stats, options)
+    return src, stats, cfg, tensors
+
+
+def test_the_pca_basis_conversion_is_exact_and_its_energies_ordered(tmp_path):
+    src, stats, cfg, tensors = pca_conversion(tmp_path)
+    ids = torch.randint(0, llama_tiny.VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    assert (converted_model(cfg, tensors).full_logits(ids) - source_logits(src, ids)).abs().max() <= 1e-3
+    for lat, rope in bit_alloc.model_energies(cfg, tensors, stats, ConvertOptions().k_weight):
+        assert torch.all(lat[:-1] >= lat[1:] * (1 - 1e-6)) and lat[0] > 0  # the spectrum, descending
+        assert len(rope) == cfg["qk_rope_head_dim"] and torch.all(rope >= 0) and rope.sum() > 0
+
+
+def test_the_model_reads_its_cache_through_the_format(tmp_path):
+    _, stats, cfg, tensors = pca_conversion(tmp_path)
+    layers, r, dr = cfg["num_hidden_layers"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    ids = torch.randint(0, llama_tiny.VOCAB, (1, 40), generator=torch.Generator().manual_seed(3))
+    plain = converted_model(cfg, tensors)
+    exact = plain.full_logits(ids)
+    energies = bit_alloc.model_energies(cfg, tensors, stats, ConvertOptions().k_weight)
+    code = bit_alloc.allocate(energies, layers * (r + dr) // 2)  # about 4 bits a value
+    model = simulate(converted_model(cfg, tensors), code)
+    # one layer's projections: the coded model returns the format's round trip of the plain one's
+    x = torch.randn(40, cfg["hidden_size"])
+    cos, sin = plain.model.rope_tables(torch.arange(40))
+    q_nope, q_rope, c, k_r = plain.model.layers[0].self_attn.project(x, (cos[0], sin[0]))
+    got = model.model.layers[0].self_attn.project(x, (cos[0], sin[0]))
+    assert torch.equal(got[0], q_nope) and torch.equal(got[1], q_rope)
+    assert torch.equal(got[2], tc.round_trip(c, list(code.latent_bits[0]), code.group))
+    assert torch.equal(got[3], tc.round_trip(k_r, list(code.rope_bits[0]), code.group))
+    coded = model.full_logits(ids)
+    full = simulate(converted_model(cfg, tensors), tc.TransformCode(((8,) * r,) * layers, ((8,) * dr,) * layers))
+    eight = full.full_logits(ids)
+    assert (eight - exact).abs().max() < (coded - exact).abs().max()  # 8 bits everywhere: closer than ~4
+    assert (eight - exact).abs().max() <= 0.05 * exact.abs().max()
