@@ -6,9 +6,11 @@ Rows (each names the command that makes it):
 - the original in latentkv's float32 reference forward with its K (after RoPE) and V taken through
   each llama.cpp KV type and back (ggml_round_trip): the same cache formats without llama.cpp's own
   numerics (its activations quantized for the dot products), as the conversions are measured;
-- latentkv's conversions: `convert --kv-bytes N` at each budget (by default the original's q8_0,
-  q4_0 and a quarter of its f16 bytes, so each budget row sits beside the llama.cpp row it is
-  compared with) and any folders given, each in the cache format it is served in.
+- the original with KIVI-style 2-4-bit K (per channel) and V (per token) caches (bench/kivi.py);
+- latentkv's conversions: `convert --kv-bytes N` at each budget (by default 50%, 37.5%, 25%,
+  18.75% and 12.5% of the original's f16 bytes; one calibration shared by all) and any folders
+  given, each in the cache format it is served in — a transform-coded folder in its format
+  simulated in the reference model (convert/simulated.py: not served natively yet).
 Measures: teacher-forced top-1 agreement with the original's float32 reference forward on the
 held-out chat prompts (eval/chat.py's metric: the original's greedy answers, the original judged in
 the same run), in float32 and (ours) bfloat16, and perplexity on the three domains of
@@ -24,19 +26,21 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from latentkv.bench import isolated
+from latentkv.bench import isolated, kivi
+from latentkv.bench.frontier_table import markdown, plot_frontier
 from latentkv.bench.report import write_json
 from latentkv.bench.systems import llama_cpp_available
 from latentkv.cache.accounting import gqa_bytes_per_token, latent_bytes_per_token
 from latentkv.config import ModelConfig
-from latentkv.convert.api import convert
-from latentkv.convert.options import ConvertOptions
+from latentkv.convert.api import calibration_windows, convert
+from latentkv.convert.calibrate import collect_stats
+from latentkv.convert.options import ConvertOptions, calib_torch_dtype
+from latentkv.convert.simulated import coded_chat_model, folder_code
 from latentkv.eval.chat import ChatModel, render_cases
 from latentkv.eval.domains import DOMAINS
 from latentkv.eval.perplexity import perplexity, text_windows
 from latentkv.facts import CACHE_DTYPES
 from latentkv.model.loader import load_model
-from latentkv.plots import new_figure, save_figure
 from latentkv.sources.chat_data import load_chat
 from latentkv.sources.readers import read_source
 from latentkv.sources.reference import source_logits
@@ -47,7 +51,8 @@ FULL = {"examples": None, "ppl_tokens": 8192, "calib_tokens": ConvertOptions().c
 QUICK = {"examples": 3, "ppl_tokens": 128, "calib_tokens": 256, "ctx": 64}
 LLAMA_SCORER = "latentkv.bench.frontier:LlamaCppScorer"  # built in its own process (isolated.py)
 GGML_BLOCK = 32  # values per q8_0 / q4_0 block, each with one float16 scale
-SYSTEMS = ("llama.cpp", "reference", "latentkv")
+SYSTEMS = ("llama.cpp", "reference", "kivi", "latentkv")
+BUDGET_FRACTIONS = (0.5, 0.375, 0.25, 0.1875, 0.125)  # of the original's f16 KV bytes per token
 
 
 def ggml_round_trip(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -67,9 +72,9 @@ def ggml_round_trip(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def default_budgets(src) -> list[int]:
-    """The original's q8_0 and q4_0 KV bytes per token, and a quarter of its f16 bytes."""
+    """BUDGET_FRACTIONS of the original's f16 KV bytes per token."""
     f16 = gqa_bytes_per_token(src.num_layers, src.num_kv_heads, src.head_dim, "float16")
-    return [llama_bytes(src, "q8_0"), llama_bytes(src, "q4_0"), f16 // 4]
+    return [round(f16 * f) for f in BUDGET_FRACTIONS]
 
 
 def llama_bytes(src, kind: str) -> int:
@@ -141,17 +146,20 @@ class Judge:
                 row[f"ppl_{d}"] = perplexity(mine.logits, w, desc=f"ppl {d}")["ppl"]
         return row
 
-    def mla(self, folder: Path, cache_dtype: str, dtype: str) -> dict:
+    def mla(self, folder: Path, cache_dtype: str, dtype: str, code=None) -> dict:
+        """A folder in `cache_dtype`, or with `code` (a TransformCode) its cache simulated."""
         model = load_model(folder, dtype=getattr(torch, dtype))
+        if code is not None:
+            return self.measure(coded_chat_model(model, code, None, str(folder)), dtype)
         return self.measure(
             ChatModel(lambda ids: model.full_logits(ids, cache_dtype=cache_dtype), None, "mla", str(folder)), dtype
         )
 
-    def original(self, kind: str) -> dict:
-        """The original (float32 reference forward) with its KV cache stored as llama.cpp's `kind`."""
+    def original(self, kv) -> dict:
+        """The original (float32 reference forward) with its K and V through `kv` (reference.KVStore)."""
 
         def logits(ids):
-            return source_logits(self.src, ids, lambda x: ggml_round_trip(x, kind))
+            return source_logits(self.src, ids, kv)
 
         return self.measure(ChatModel(logits, None, "source", str(self.src.path)))
 
@@ -167,19 +175,37 @@ class Judge:
         return row
 
 
-def budget_folder(src, kv_bytes: int, out: Path, preset: dict, log) -> Path:
-    """`convert --kv-bytes N` into out/kvN (a folder already there for this budget is reused)."""
-    folder = out / f"kv{kv_bytes}"
-    if (folder / "config.json").is_file() and ModelConfig.from_file(folder / "config.json").extensions.get(
-        "kv_bytes"
-    ) == kv_bytes:
-        log(f"bench frontier: reusing {folder} (converted within {kv_bytes} B/token)")
-        return folder
-    return convert(
-        src,
-        folder,
-        ConvertOptions(kv_bytes=kv_bytes, calib_tokens=preset["calib_tokens"], ctx=preset["ctx"], eval_tokens=0),
+def budget_options(kv_bytes: int, preset: dict, formats=None, rope_dims=None) -> ConvertOptions:
+    return ConvertOptions(
+        kv_bytes=kv_bytes,
+        calib_tokens=preset["calib_tokens"],
+        ctx=preset["ctx"],
+        eval_tokens=0,
+        kv_formats=formats,
+        kv_rope_dims=rope_dims,
     )
+
+
+def budget_folders(src, budgets: list[int], out: Path, preset: dict, log, formats=None, rope_dims=None) -> list:
+    """`convert --kv-bytes N` into out/kvN for each budget, calibrated once (a folder already there
+    for its budget is reused)."""
+    folders, stats = [], None
+    for kv_bytes in budgets:
+        folder = out / f"kv{kv_bytes}"
+        if (folder / "config.json").is_file() and ModelConfig.from_file(folder / "config.json").extensions.get(
+            "kv_bytes"
+        ) == kv_bytes:
+            log(f"bench frontier: reusing {folder} (converted within {kv_bytes} B/token)")
+            folders.append(folder)
+            continue
+        options = budget_options(kv_bytes, preset, formats, rope_dims)
+        if stats is None:
+            windows, weights = calibration_windows(
+                src, None, options.calib_tokens, options.ctx, options.calib_chat, options.calib_weight
+            )
+            stats = collect_stats(src, windows, dtype=calib_torch_dtype(options.calib_dtype), weights=weights)
+        folders.append(convert(src, folder, options, stats=stats))
+    return folders
 
 
 def folder_arg(text: str) -> tuple[Path, str | None, str]:
@@ -199,14 +225,23 @@ def our_rows(judge: Judge, folders: list[tuple[Path, str, str]], dtypes: list[st
     rows = []
     for folder, cache_dtype, command in folders:
         cfg = ModelConfig.from_file(folder / "config.json")
-        cache_dtype = cfg.served_cache_dtype(cache_dtype or "auto")
-        row = {
-            "system": f"latentkv {folder.name} (rope {cfg.qk_rope_head_dim} + rank {cfg.kv_lora_rank}, {cache_dtype})",
-            "bytes_per_token": latent_bytes_per_token(cfg, cache_dtype, "bfloat16"),
-            "command": command,
-        }
+        code = folder_code(cfg) if cache_dtype is None else None
+        if code is not None:
+            row = {
+                "system": f"latentkv {folder.name} (simulated {code.describe()})",
+                "bytes_per_token": code.bytes_per_token(),
+                "command": command,
+            }
+        else:
+            cache_dtype = cfg.served_cache_dtype(cache_dtype or "auto")
+            row = {
+                "system": f"latentkv {folder.name} (rope {cfg.qk_rope_head_dim} + rank {cfg.kv_lora_rank}, "
+                f"{cache_dtype})",
+                "bytes_per_token": latent_bytes_per_token(cfg, cache_dtype, "bfloat16"),
+                "command": command,
+            }
         for dtype in dtypes:
-            row.update(judge.mla(folder, cache_dtype, dtype))
+            row.update(judge.mla(folder, cache_dtype, dtype, code))
         rows.append(row)
     return rows
 
@@ -249,9 +284,23 @@ def reference_rows(judge: Judge) -> list[dict]:
             "system": f"original, {kind} KV (float32 forward, cache round trip)",
             "bytes_per_token": llama_bytes(judge.src, kind),
             "command": f"latentkv bench frontier --systems reference ({kind})",
-            **judge.original(kind),
+            **judge.original(lambda x, kind=kind: ggml_round_trip(x, kind)),
         }
         for kind in LLAMA_KV
+    ]
+
+
+def kivi_rows(judge: Judge) -> list[dict]:
+    """The original's K and V through each of kivi.VARIANTS, everything else float32."""
+    src = judge.src
+    return [
+        {
+            "system": f"original, {kivi.label(*v)} (float32 forward, cache round trip)",
+            "bytes_per_token": kivi.bytes_per_token(src.num_layers, src.num_kv_heads, src.head_dim, *v),
+            "command": f"latentkv bench frontier --systems kivi ({v[0]} bits)",
+            **judge.original(kivi.round_trips(*v)),
+        }
+        for v in kivi.VARIANTS
     ]
 
 
@@ -264,6 +313,8 @@ def run_frontier(
     dtypes=("float32", "bfloat16"),
     log=print,
     systems=SYSTEMS,
+    formats=None,
+    rope_dims=None,
 ) -> dict:
     preset = QUICK if quick else FULL
     out = Path(out)
@@ -273,11 +324,18 @@ def run_frontier(
     failed: dict = {}
     rows = llama_rows(judge, str(src.path), failed, preset["ctx"]) if "llama.cpp" in systems else []
     rows += reference_rows(judge) if "reference" in systems else []
+    rows += kivi_rows(judge) if "kivi" in systems else []
     if "latentkv" in systems:
         given = [folder_arg(f) for f in folders]
+        command = "".join(
+            [
+                f" --kv-formats {' '.join(formats)}" if formats else "",
+                f" --kv-rope-dims {' '.join(map(str, rope_dims))}" if rope_dims else "",
+            ]
+        )
         made = [
-            (budget_folder(src, b, out, preset, log), None, f"latentkv convert --kv-bytes {b} --out kv{b}")
-            for b in budgets
+            (folder, None, f"latentkv convert --kv-bytes {b}{command} --out kv{b}")
+            for b, folder in zip(budgets, budget_folders(src, budgets, out, preset, log, formats, rope_dims))
         ]
         rows += our_rows(judge, given + made, list(dtypes))
     for name, reason in failed.items():
@@ -309,46 +367,15 @@ def run_frontier(
     return payload
 
 
-def markdown(rows: list[dict], columns: list[str]) -> str:
-    """The table: agreement to 4 places (the targets differ in the third), perplexity to 3."""
-
-    def cell(row, c):
-        v = row.get(c)
-        if v is None:
-            return row.get("failed", "-") if c == "command" else "-"
-        return (
-            f"{v:.4f}"
-            if c.startswith("agreement")
-            else f"{v:.3f}"
-            if isinstance(v, float)
-            else f"{v:,}"
-            if isinstance(v, int)
-            else str(v)
-        )
-
-    lines = [
-        "| " + " | ".join(c.replace("_", " ") for c in columns) + " |",
-        "| --- |" + " ---: |" * (len(columns) - 2) + " --- |",
-    ]
-    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def plot_frontier(rows: list[dict], out: Path) -> Path:
-    fig, ax = new_figure(
-        "KV cache bytes per token vs chat behaviour", "KV bytes per token", "top-1 agreement with the original"
-    )
-    # one line through one system's KV types; conversions are separate models: points only
-    for marker, line, prefix in (("s", "-", "llama.cpp"), ("^", "-", "original"), ("o", "", "latentkv")):
-        points = sorted(
-            (r["bytes_per_token"], r["agreement_float32"])
-            for r in rows
-            if r["system"].startswith(prefix) and "agreement_float32" in r
-        )
-        if points:
-            ax.plot(*zip(*points), marker=marker, linestyle=line, label=prefix)
-    return save_figure(fig, out, "frontier")
-
-
 def run(args) -> dict:
-    return run_frontier(args.source, Path(args.out), args.budgets, args.folders or (), args.quick, systems=args.systems)
+    rope_dims = [d if d == "all" else int(d) for d in args.kv_rope_dims] if args.kv_rope_dims else None
+    return run_frontier(
+        args.source,
+        Path(args.out),
+        args.budgets,
+        args.folders or (),
+        args.quick,
+        systems=args.systems,
+        formats=args.kv_formats,
+        rope_dims=rope_dims,
+    )

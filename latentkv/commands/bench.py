@@ -25,6 +25,7 @@ from latentkv.bench import (
 from latentkv.bench.models import default_models
 from latentkv.commands import bench_models, bench_soak
 from latentkv.commands.bench_args import add_threads_arg, set_threads
+from latentkv.convert.budget import FORMATS
 from latentkv.facts import ENGINE_CACHE_DTYPES, MODEL_DTYPES
 from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sources.readers import default_gguf_path
@@ -324,7 +325,20 @@ def register(subparsers) -> None:
         default=list(frontier.SYSTEMS),
         choices=list(frontier.SYSTEMS),
         help="llama.cpp: the original GGUF in llama.cpp per KV type; reference: the original's float32 forward "
-        "with its K and V through each llama.cpp KV type; latentkv: the conversions",
+        "with its K and V through each llama.cpp KV type; kivi: the same with KIVI-style 2-4-bit K and V; "
+        "latentkv: the conversions",
+    )
+    p.add_argument(
+        "--kv-formats",
+        nargs="+",
+        choices=list(FORMATS),
+        help="the cache formats each budget's `convert --kv-bytes` tries (default: all)",
+    )
+    p.add_argument(
+        "--kv-rope-dims",
+        nargs="+",
+        metavar="DR",
+        help="the rope dims each budget's conversion tries (even ints or 'all'; default: a grid of 6)",
     )
     p.add_argument(
         "--quick", action="store_true", help="3 chat prompts, short windows, a small calibration: a smoke test"

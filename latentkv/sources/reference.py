@@ -27,7 +27,8 @@ def project_qkv(src: SourceModel, layer: dict, x: torch.Tensor):
     return q, k, v
 
 
-KVStore = Callable[[torch.Tensor], torch.Tensor]  # what a KV cache does to k (after RoPE) or v [B,Hkv,T,d]
+# what a KV cache does to k (after RoPE) and v [B,Hkv,T,d]: one round trip for both, or (k's, v's)
+KVStore = Callable[[torch.Tensor], torch.Tensor] | tuple
 
 
 def attention(
@@ -40,7 +41,8 @@ def attention(
     cos, sin = cos_sin(positions, src.inv_freq.to(x.device))  # [T, d/2], against [B, H, T, d/2]
     q, k = rotate(q, cos, sin, interleaved=False), rotate(k, cos, sin, interleaved=False)
     if kv is not None:
-        k, v = kv(k), kv(v)
+        store_k, store_v = kv if isinstance(kv, tuple) else (kv, kv)
+        k, v = store_k(k), store_v(v)
     scale = src.head_dim**-0.5
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     return F.linear(out.transpose(1, 2).reshape(B, T, -1), layer["o"])

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import torch
 from tiny_lm import save_tiny_llama
 
-from latentkv.bench import frontier
+from latentkv.bench import frontier, kivi
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.config import ModelConfig
+from latentkv.convert.simulated import folder_code
 
 
 def test_a_quick_frontier_converts_each_budget_and_measures_every_row(tmp_path, few_chat_prompts):
@@ -26,7 +27,9 @@ def test_a_quick_frontier_converts_each_budget_and_measures_every_row(tmp_path, 
     for budget in (70, 50):
         row = rows[f"latentkv convert --kv-bytes {budget} --out kv{budget}"]
         cfg = ModelConfig.from_file(out / f"kv{budget}" / "config.json")
-        assert row["bytes_per_token"] == latent_bytes_per_token(cfg, cfg.cache_dtype) <= budget
+        code = folder_code(cfg)  # a transform-coded folder: its format's bytes (measured simulated)
+        served = code.bytes_per_token() if code else latent_bytes_per_token(cfg, cfg.cache_dtype)
+        assert row["bytes_per_token"] == served <= budget
         assert 0 <= row["agreement_float32"] <= 1 and all(row[f"ppl_{d}"] > 1 for d in ("docs", "prose", "code"))
     assert "| latentkv kv70" in (out / "frontier.md").read_text()
 
@@ -65,6 +68,13 @@ def test_the_originals_cache_is_measured_in_each_llama_cpp_kv_type_in_the_refere
     for kind, (_, per_value) in frontier.LLAMA_KV.items():
         row = rows[f"original, {kind} KV (float32 forward, cache round trip)"]
         assert row["bytes_per_token"] == round(2 * 2 * 2 * 32 * per_value) and 0 <= row["agreement_float32"] <= 1
+    kivi_rows = frontier.run_frontier(
+        str(source), tmp_path / "k", quick=True, dtypes=("float32",), systems=("kivi",), log=lambda m: None
+    )["rows"]
+    assert [r["bytes_per_token"] for r in kivi_rows] == sorted(
+        (kivi.bytes_per_token(2, 2, 32, *v) for v in kivi.VARIANTS), reverse=True
+    )
+    assert all(r["ppl_docs"] != result["original_ppl"]["docs"] for r in kivi_rows)
     # the 4-bit cache moved the perplexity away from the original's (the round trip was applied)
     q4 = rows["original, q4_0 KV (float32 forward, cache round trip)"]
     assert all(q4[f"ppl_{d}"] != result["original_ppl"][d] for d in ("docs", "prose", "code"))
