@@ -9,10 +9,13 @@ calibration split (the held-out split stays for `eval chat`), through latentkv's
 with that cache format (eval/chat.py). The best agreement wins; ties go to fewer bytes.
 
 The transform-coded format (TRANSFORM: transform_code.py) is a candidate at every rope dim too: the
-latent at its exact width in its PCA basis, and every latent and rope-key direction given its bits
-(0-8) by reverse water-filling on the calibration energies within N bytes (bit_alloc.py), so rank
-and rope dims per layer follow from where the bits go; it is scored through the reference model
-with its cache simulated (simulated.py), as no kernel serves it yet.
+latent at its exact width in its PCA basis, every latent and rope-key direction given its bits (0-8)
+within N bytes by each allocation of bit_alloc.ALLOCATIONS — the uniform code (the floor: each
+layer's K side and V side at one rate), reverse water-filling within each side at the floor's
+budget, and over all layers at once on the calibration energies — so rank and rope dims per layer
+follow from where the bits go. Each is scored like the others (the uniform code among them, so the
+choice never falls below the floor on the selection prompts), through the reference model with its
+cache simulated (simulated.py), as no kernel serves it yet.
 """
 
 from __future__ import annotations
@@ -52,9 +55,11 @@ class Candidate:
     bytes_per_token: int
     agreement: float | None = None
     code: dict | None = None  # TRANSFORM: the allocation (TransformCode.to_dict), once made
+    allocation: str | None = None  # TRANSFORM: which of bit_alloc.ALLOCATIONS gives the bits
 
     def label(self) -> str:
-        return f"rope {self.rope_dim} + rank {self.kv_rank}, {self.cache_dtype}: {self.bytes_per_token} B/token"
+        fmt = self.cache_dtype + (f" ({self.allocation})" if self.allocation else "")
+        return f"rope {self.rope_dim} + rank {self.kv_rank}, {fmt}: {self.bytes_per_token} B/token"
 
 
 def candidates(src: SourceModel, kv_bytes: int, formats=FORMATS, rope_dims=None) -> list[Candidate]:
@@ -72,7 +77,7 @@ def candidates(src: SourceModel, kv_bytes: int, formats=FORMATS, rope_dims=None)
             exact_rank = (full_rope - dr) + full_rope  # rows of Z = [f_K; V]: the dropped key dims and V
             if fmt == TRANSFORM:  # every direction kept; the bits decide (bytes: once allocated)
                 if kv_bytes >= layers * TRANSFORM_MIN_LAYER_BYTES:
-                    out.append(Candidate(dr, exact_rank, fmt, kv_bytes))
+                    out += [Candidate(dr, exact_rank, fmt, kv_bytes, allocation=a) for a in bit_alloc.ALLOCATIONS]
                 continue
             rank = widest_rank(layers, dr, fmt, kv_bytes, exact_rank)
             if rank >= MIN_RANK:
@@ -104,18 +109,25 @@ def choose(
     tokenizer = src.tokenizer()
     reference = ChatModel(lambda ids: source_logits(src, ids), tokenizer, "source", str(src.path), memoize=True)
     cases = render_cases(tokenizer, load_chat(src.path, "calib")[:SELECT_EXAMPLES])
-    plans = {}
+    plans, coded = {}, {}
     for cand in tqdm(found, desc=f"measuring caches within {options.kv_bytes} B/token", unit="cache"):
         settings = candidate_options(options, cand)
         plans_info = plans.setdefault(cand.rope_dim, plan_rope(src, stats, settings))
-        cfg, tensors, _ = build_model(src, stats, settings, plans_info, windows=windows)
-        if cand.cache_dtype == TRANSFORM:
-            energies = bit_alloc.model_energies(cfg, tensors, stats, options.k_weight)
-            code = bit_alloc.allocate(energies, options.kv_bytes)
+        if cand.cache_dtype == TRANSFORM:  # one conversion per rope dim; the allocations differ in bits only
+            if cand.rope_dim not in coded:
+                cfg, tensors, _ = build_model(src, stats, settings, plans_info, windows=windows)
+                energies = bit_alloc.model_energies(cfg, tensors, stats, options.k_weight, centred=True)
+                means = [bit_alloc.layer_means(cfg, tensors, i, st) for i, st in enumerate(stats)]
+                coded = {cand.rope_dim: (cfg, tensors, energies, means)}
+            cfg, tensors, energies, means = coded[cand.rope_dim]
+            code = bit_alloc.allocation(cand.allocation, energies, options.kv_bytes)
+            code = code.centred([m[0] for m in means], [m[1] for m in means])
+            model = converted_model(cfg, tensors)
             cand.code, cand.bytes_per_token = code.to_dict(), code.bytes_per_token()
-            log(f"latentkv convert: rope {cand.rope_dim}: {code.describe()}")
-            mine = coded_chat_model(converted_model(cfg, tensors), code, tokenizer, "")
+            log(f"latentkv convert: rope {cand.rope_dim}, {cand.allocation}: {code.describe()}")
+            mine = coded_chat_model(model, code, tokenizer, "")
         else:
+            cfg, tensors, _ = build_model(src, stats, settings, plans_info, windows=windows)
             mine = ChatModel.from_mla(converted_model(cfg, tensors), tokenizer, "", cand.cache_dtype)
         if len(found) == 1:  # nothing to choose between
             cand.agreement = float("nan")

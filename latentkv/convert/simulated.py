@@ -11,14 +11,18 @@ cache keeps floats, and the speed says nothing about a native kernel's.
 from __future__ import annotations
 
 
+import torch
+
 from latentkv.convert import transform_code as tc
 from latentkv.eval.chat import ChatModel
+from latentkv.model.rope import apply_rope
 
 
-def simulate(model, code: tc.TransformCode):
+def simulate(model, code: tc.TransformCode, only: tuple[int, str] | None = None):
     """Make `model` (an MLAForCausalLM) read every layer's latent and rope key through `code`
-    (in place; returns it). The native fused cache write is turned off: it would store k_r before
-    the round trip could see it rotated."""
+    (in place; returns it); only=(layer, "latent" or "rope"): that one side alone, the rest exact
+    (a probe of one side's sensitivity). The native fused cache write is turned off: it would store k_r
+    before the round trip could see it rotated. Simulating again replaces the code read before."""
     layers = model.model.layers
     if len(code.latent_bits) != len(layers):
         raise ValueError(f"the cache format has {len(code.latent_bits)} layers, the model {len(layers)}")
@@ -30,14 +34,35 @@ def simulate(model, code: tc.TransformCode):
                 f"directions, the model caches {attn.kv_rank} + {attn.dr}"
             )
         attn.fused = False
-        attn.project = _coded_project(attn.project, list(code.latent_bits[i]), list(code.rope_bits[i]), code.group)
+        attn.plain_project = getattr(attn, "plain_project", attn.project)
+        latent, rope = list(code.latent_bits[i]), list(code.rope_bits[i])
+        if only is not None:
+            latent, rope = (
+                (latent, None) if only == (i, "latent") else (None, rope) if only == (i, "rope") else (None, None)
+            )
+        means = None
+        if code.latent_mean is not None:
+            means = (torch.tensor(code.latent_mean[i]), torch.tensor(code.rope_mean[i]))
+        attn.project = _coded_project(attn.plain_project, latent, rope, code.group, means, attn.interleaved)
     return model
 
 
-def _coded_project(project, latent_bits: list[int], rope_bits: list[int], group: int):
+def _coded_project(project, latent_bits, rope_bits, group: int, means=None, interleaved: bool = True):
+    """project with its latent and rope key read through their bits (None: exact); means: (latent
+    [r], rope key [dr] before RoPE) coded less, the rope key's turned by each token's position."""
+
     def coded(x, rope, rotate_key: bool = True):
         q_nope, q_rope, c, k_r = project(x, rope, rotate_key)
-        return q_nope, q_rope, tc.round_trip(c, latent_bits, group), tc.round_trip(k_r, rope_bits, group)
+        c_mean = k_mean = None
+        if means is not None:
+            c_mean, k_mean = means
+            if rotate_key:
+                k_mean = apply_rope(k_mean.expand(x.shape[0], 1, -1), *rope, interleaved)[:, 0]
+        if latent_bits is not None:
+            c = tc.round_trip(c, latent_bits, group, c_mean)
+        if rope_bits is not None:
+            k_r = tc.round_trip(k_r, rope_bits, group, k_mean)
+        return q_nope, q_rope, c, k_r
 
     return coded
 

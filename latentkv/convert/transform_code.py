@@ -11,6 +11,12 @@ u = clamp(floor(y / Δ) + 2^(b-1), 0, 2^b - 1), read back as (u - 2^(b-1) + ½) 
 Δ = STEP[b] · RMS: the step of the minimum-error uniform quantizer of a unit Gaussian (Max, 1960),
 whose error per unit variance is DISTORTION[b]. Directions with 0 bits are not stored (read as 0).
 
+Centred (`TransformCode.latent_mean` / `rope_mean`, from calibration): what is coded is each row
+less a fixed per-direction mean — the latent's, and the rope key's before RoPE turned by the
+token's position (the rope key of the bundled model is 63-76% mean by energy, a per-channel offset
+that a per-token scale would otherwise spend its range on); a reader adds it back. The means are
+format constants (in the record), not bytes per token.
+
 Bytes a token takes in one layer: ceil(code bits / 8) + SCALE_BYTES per group (`layer_bytes`).
 The record (`TransformCode.to_dict`) is what config.json holds under latentkv.cache_format and
 `from_dict` reads it back exactly. Serving it natively is not built yet (config.py refuses a
@@ -64,11 +70,23 @@ def layer_bytes(
 
 @dataclass(frozen=True)
 class TransformCode:
-    """Bits per direction, per layer: latent_bits[layer] [r], rope_bits[layer] [dr]; group: values per scale."""
+    """Bits per direction, per layer: latent_bits[layer] [r], rope_bits[layer] [dr]; group: values per
+    scale; latent_mean[layer] [r] and rope_mean[layer] [dr] (before RoPE): what is coded is the row
+    less its mean (None: not centred)."""
 
     latent_bits: tuple[tuple[int, ...], ...]
     rope_bits: tuple[tuple[int, ...], ...]
     group: int = GROUP
+    latent_mean: tuple[tuple[float, ...], ...] | None = None
+    rope_mean: tuple[tuple[float, ...], ...] | None = None
+
+    def centred(self, latent_mean, rope_mean) -> "TransformCode":
+        """The same bits, coding each row less these means (per layer: [r], [dr] before RoPE)."""
+
+        def rows(means):
+            return tuple(tuple(float(v) for v in m) for m in means)
+
+        return TransformCode(self.latent_bits, self.rope_bits, self.group, rows(latent_mean), rows(rope_mean))
 
     def layer_bytes(self, layer: int) -> int:
         return layer_bytes(list(self.latent_bits[layer]), list(self.rope_bits[layer]), self.group)
@@ -86,15 +104,16 @@ class TransformCode:
         rope = [b for bits in self.rope_bits for b in bits if b]
         ranks = self.ranks()
         ropes = [sum(1 for b in bits if b) for bits in self.rope_bits]
+        kind = "transform code" + (" (centred)" if self.latent_mean is not None else "")
         return (
-            f"transform code: {self.bytes_per_token()} B/token; latent {min(ranks)}-{max(ranks)} directions "
+            f"{kind}: {self.bytes_per_token()} B/token; latent {min(ranks)}-{max(ranks)} directions "
             f"at {sum(lat) / max(1, len(lat)):.2f} bits, rope key {min(ropes)}-{max(ropes)} dims at "
             f"{sum(rope) / max(1, len(rope)):.2f} bits"
         )
 
     def to_dict(self) -> dict:
         """The config.json record (latentkv.cache_format)."""
-        return {
+        record = {
             "kind": KIND,
             "group": self.group,
             "scale": "float16 rms",
@@ -102,6 +121,9 @@ class TransformCode:
             "latent_bits": [list(b) for b in self.latent_bits],
             "rope_bits": [list(b) for b in self.rope_bits],
         }
+        if self.latent_mean is not None:
+            record.update(latent_mean=[list(m) for m in self.latent_mean], rope_mean=[list(m) for m in self.rope_mean])
+        return record
 
     @classmethod
     def from_dict(cls, record: dict, layers: int | None = None) -> "TransformCode":
@@ -124,7 +146,19 @@ class TransformCode:
             sides.append(tuple(tuple(row) for row in value))
         if len(sides[0]) != len(sides[1]):
             raise ValueError("latentkv.cache_format: latent_bits and rope_bits differ in layers")
-        return cls(sides[0], sides[1], group)
+        means = []
+        for name, bits in (("latent_mean", sides[0]), ("rope_mean", sides[1])):
+            value = record.get(name)
+            if value is not None and (
+                not isinstance(value, list)
+                or [len(m) if isinstance(m, list) else -1 for m in value] != [len(b) for b in bits]
+                or any(not isinstance(v, (int, float)) or not math.isfinite(v) for m in value for v in m)
+            ):
+                raise ValueError(f"latentkv.cache_format.{name}: a list of finite numbers per direction, per layer")
+            means.append(None if value is None else tuple(tuple(float(v) for v in m) for m in value))
+        if (means[0] is None) != (means[1] is None):
+            raise ValueError("latentkv.cache_format: latent_mean and rope_mean come together")
+        return cls(sides[0], sides[1], group, *means)
 
 
 def encode(x: torch.Tensor, bits: list[int], group: int = GROUP) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -151,10 +185,14 @@ def decode(parts: list[tuple[torch.Tensor, torch.Tensor]], bits: list[int], grou
     return x
 
 
-def round_trip(x: torch.Tensor, bits: list[int], group: int = GROUP) -> torch.Tensor:
-    """x [..., n] stored in the format and read back, in x's dtype (the cache a reader would see)."""
+def round_trip(x: torch.Tensor, bits: list[int], group: int = GROUP, mean: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., n] stored in the format and read back, in x's dtype (the cache a reader would see);
+    mean [..., n] (broadcast): coded less it, added back on reading."""
     if len(bits) != x.shape[-1]:
         raise ValueError(f"{len(bits)} directions' bits for rows of {x.shape[-1]}")
+    if mean is not None:
+        mean = mean.to(x.dtype).expand_as(x)
+        return round_trip(x - mean, bits, group) + mean
     rows = x.reshape(-1, x.shape[-1])
     if not any(bits):
         return torch.zeros_like(x)

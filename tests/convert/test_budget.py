@@ -10,7 +10,7 @@ from tiny_lm import save_tiny_llama
 
 from latentkv.cache.accounting import latent_bytes, latent_bytes_per_token
 from latentkv.config import ModelConfig
-from latentkv.convert import budget
+from latentkv.convert import bit_alloc, budget
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.simulated import folder_code
@@ -26,7 +26,8 @@ def test_no_candidate_is_over_the_budget_and_each_takes_all_the_room_it_can(kv_b
     assert found
     coded = [c for c in found if c.cache_dtype == budget.TRANSFORM]  # every direction; the bits decide
     assert [(c.kv_rank, c.bytes_per_token) for c in coded] == [(2 * 192 - c.rope_dim, kv_bytes) for c in coded]
-    assert len(coded) == 6
+    assert len(coded) == 6 * len(bit_alloc.ALLOCATIONS)  # each rope dim in each allocation, the floor among them
+    assert {c.allocation for c in coded} == set(bit_alloc.ALLOCATIONS) and "uniform" in bit_alloc.ALLOCATIONS
     for c in (c for c in found if c.cache_dtype != budget.TRANSFORM):
         assert c.bytes_per_token == latent_bytes([c.kv_rank] * 30, c.rope_dim, c.cache_dtype) <= kv_bytes
         exact = 2 * 192 - c.rope_dim
@@ -98,6 +99,7 @@ def test_a_transform_coded_conversion_records_its_format_and_is_not_served_yet(t
     assert cfg.cache_dtype is None and cfg.extensions["kv_bytes"] == 40
     assert 0 < code.bytes_per_token() <= 40 and (cfg.qk_rope_head_dim, cfg.kv_lora_rank) == (32, 32)
     assert [len(b) for b in code.latent_bits] == [32, 32] and any(0 < b < 8 for b in code.latent_bits[0])
+    assert [len(m) for m in code.rope_mean] == [32, 32] and any(v != 0 for v in code.rope_mean[0])  # centred
     with pytest.raises(ValueError, match="not served yet"):
         LLM(str(out), dtype="float32", kv_cache_memory="1MiB")
     with pytest.raises(ValueError, match="not served yet"):

@@ -59,3 +59,53 @@ def test_the_model_reads_its_cache_through_the_format(tmp_path):
     eight = full.full_logits(ids)
     assert (eight - exact).abs().max() < (coded - exact).abs().max()  # 8 bits everywhere: closer than ~4
     assert (eight - exact).abs().max() <= 0.05 * exact.abs().max()
+
+
+def test_a_centred_code_reads_the_rope_key_less_its_mean_turned_by_position(tmp_path):
+    _, stats, cfg, tensors = pca_conversion(tmp_path)
+    layers, r, dr = cfg["num_hidden_layers"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    means = [bit_alloc.layer_means(cfg, tensors, i, st) for i, st in enumerate(stats)]
+    code = tc.TransformCode(((3,) * r,) * layers, ((3,) * dr,) * layers).centred(
+        [m[0] for m in means], [m[1] for m in means]
+    )
+    plain = converted_model(cfg, tensors)
+    model = simulate(converted_model(cfg, tensors), code)
+    x = torch.randn(40, cfg["hidden_size"])
+    positions = torch.arange(40)
+    cos, sin = plain.model.rope_tables(positions)
+    _, _, c, k_r = plain.model.layers[1].self_attn.project(x, (cos[1], sin[1]))
+    got = model.model.layers[1].self_attn.project(x, (cos[1], sin[1]))
+    # the mean before RoPE, turned as RoPE turns a key at each position (written out: pairs 2i, 2i+1)
+    f = plain.model.layers[1].self_attn.inv_freq.float()
+    angle = positions[:, None].float() * f[None, :]
+    mu = means[1][1].float()
+    a, b = mu[0::2], mu[1::2]
+    turned = torch.stack((a * angle.cos() - b * angle.sin(), b * angle.cos() + a * angle.sin()), -1).flatten(-2)
+    assert cfg.get("rope_interleave", True)
+    torch.testing.assert_close(got[3], tc.round_trip(k_r - turned, [3] * dr) + turned, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[2], tc.round_trip(c, [3] * r, mean=means[1][0]))
+
+
+def test_a_side_alone_is_read_through_the_code_the_rest_exact(tmp_path):
+    _, _, cfg, tensors = pca_conversion(tmp_path)
+    layers, r, dr = cfg["num_hidden_layers"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    ids = torch.randint(0, llama_tiny.VOCAB, (1, 24), generator=torch.Generator().manual_seed(5))
+    exact = converted_model(cfg, tensors).full_logits(ids)
+    model = converted_model(cfg, tensors)
+
+    def distance(m):
+        return float((m.full_logits(ids) - exact).abs().max())
+
+    coarse = tc.TransformCode(((1,) * r,) * layers, ((1,) * dr,) * layers)
+    kls = [tuple(distance(simulate(model, coarse, only=(i, s))) for s in ("latent", "rope")) for i in range(layers)]
+    assert len(kls) == layers and all(k > 0 for pair in kls for k in pair)  # each side, coded, moves the logits
+    fine = tc.TransformCode(((8,) * r,) * layers, ((8,) * dr,) * layers)
+    fine_kls = [tuple(distance(simulate(model, fine, only=(i, s))) for s in ("latent", "rope")) for i in range(layers)]
+    assert all(f < c for pf, pc in zip(fine_kls, kls) for f, c in zip(pf, pc))
+    # the rest stays exact: a probe of layer 0's latent leaves layer 1's projections as they were
+    simulate(model, coarse, only=(0, "latent"))
+    x = torch.randn(8, cfg["hidden_size"])
+    cos, sin = model.model.rope_tables(torch.arange(8))
+    plain = converted_model(cfg, tensors).model.layers[1].self_attn.project(x, (cos[1], sin[1]))
+    got = model.model.layers[1].self_attn.project(x, (cos[1], sin[1]))
+    assert all(torch.equal(a, b) for a, b in zip(got, plain))

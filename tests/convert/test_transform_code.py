@@ -77,3 +77,29 @@ def test_the_record_reads_back_exactly_and_a_bad_one_is_refused():
         tc.TransformCode.from_dict(code.to_dict(), layers=3)
     with pytest.raises(ValueError, match="kind"):
         tc.TransformCode.from_dict({"kind": "q4_0"})
+
+
+def test_a_centred_record_reads_back_exactly_and_bad_means_are_refused():
+    code = tc.TransformCode(((8, 3, 0), (2, 2, 2)), ((4, 4), (0, 0)), group=16)
+    centred = code.centred([[0.5, -1.0, 2.0], [0.0, 0.25, 3.0]], [[1.5, -2.5], [0.0, 1.0]])
+    assert tc.TransformCode.from_dict(centred.to_dict(), layers=2) == centred != code
+    assert centred.bytes_per_token() == code.bytes_per_token()  # the means are format constants
+    for bad in ({"rope_mean": [[1.0], [0.0, 1.0]]}, {"latent_mean": [[0.5, float("nan"), 2.0], [0.0, 0.25, 3.0]]}):
+        with pytest.raises(ValueError, match="finite numbers per direction"):
+            tc.TransformCode.from_dict(centred.to_dict() | bad)
+    with pytest.raises(ValueError, match="come together"):
+        tc.TransformCode.from_dict(centred.to_dict() | {"rope_mean": None})
+
+
+def test_a_centred_code_codes_the_rows_less_their_mean():
+    """An offset per direction, 20x the spread (a rope key's per-channel offset): coded less the
+    mean the error is the spread's; coded as it is, the offset's range costs its resolution."""
+    gen = torch.Generator().manual_seed(4)
+    mean = torch.randn(64, generator=gen) * 20.0
+    x = mean + torch.randn(256, 64, generator=gen)
+    bits = [3] * 64
+    centred = tc.round_trip(x, bits, mean=mean)
+    assert torch.equal(centred, tc.round_trip(x - mean, bits) + mean)
+    err_centred = (centred - x).square().mean()
+    assert err_centred <= 2 * tc.DISTORTION[3]  # about the Gaussian quantizer's error on the unit spread
+    assert (tc.round_trip(x, bits) - x).square().mean() > 20 * err_centred
