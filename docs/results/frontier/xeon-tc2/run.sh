@@ -17,5 +17,6 @@ python measured.py 24 5760,2880                                  # sensitivity-w
 # agreement and perplexity: -> rows.jsonl
 python rows.py rows.jsonl 5760:sides_c 2880:sides_c 5760:uniform_c 2880:uniform_c
 python rows.py rows.jsonl 4320:sides_c 8640:sides_c 4320:uniform_c 8640:uniform_c 11520:sides_c
+python conv.py                                                   # convert --kv-bytes 5760 end to end -> conv5760.txt (its log's choice lines)
 # the whole frontier on a quiet machine (all 86 prompts, 8,192 tokens a domain, float32 and bf16):
 #   latentkv bench frontier --systems llama.cpp reference kivi latentkv --kv-formats transform_code --kv-rope-dims all
