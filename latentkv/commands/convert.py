@@ -65,6 +65,14 @@ def register(subparsers) -> None:
         help="the cache formats --kv-bytes tries (default: all; leave out transform_code for a folder served today)",
     )
     p.add_argument(
+        "--kv-rope-dims",
+        nargs="+",
+        type=rope_dim_arg,
+        default=None,
+        metavar="DR",
+        help="the rope dims --kv-bytes tries (even ints or 'all'; default: a grid of 6)",
+    )
+    p.add_argument(
         "--calib",
         nargs="+",
         default=None,
@@ -158,8 +166,9 @@ def run(args: argparse.Namespace) -> int:
     given = {
         f.name: getattr(args, f.name) for f in fields(ConvertOptions) if getattr(args, f.name, None) is not None
     }  # an option left out keeps its default
-    if given.get("kv_formats"):
-        given["kv_formats"] = tuple(given["kv_formats"])
+    for name in ("kv_formats", "kv_rope_dims"):
+        if given.get(name):
+            given[name] = tuple(given[name])
     given["rope_window"] = args.rope_window  # None means "all" here, not "left out"
     try:
         out = convert(args.source, out=args.out, options=ConvertOptions(**given))

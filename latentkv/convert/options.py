@@ -91,6 +91,12 @@ class ConvertOptions:
             )
         if self.cache_ratio is not None and self.kv_rank is not None:
             raise ValueError("give --cache-ratio or --kv-rank, not both")
+        if self.kv_rope_dims is not None:
+            if self.kv_bytes is None:
+                raise ValueError("--kv-rope-dims says what --kv-bytes tries: give --kv-bytes too")
+            bad = [d for d in self.kv_rope_dims if d != "all" and not (isinstance(d, int) and d >= 0 and d % 2 == 0)]
+            if bad:
+                raise ValueError(f"--kv-rope-dims takes even rope dims or 'all', got {', '.join(map(str, bad))}")
         if not 0 <= self.calib_chat <= 1:
             raise ValueError(f"calib_chat is a share of the calibration tokens, in 0..1; got {self.calib_chat}")
         if not self.calib_weight > 0:

@@ -96,3 +96,16 @@ def test_the_sweep_command_takes_rope_all_and_sizes():
     register(parser.add_subparsers())
     args = parser.parse_args(["convert-sweep", "--rope-dims", "all", "64", "--sizes", "0.833", "0.5"])
     assert args.rope_dims == ["all", 64] and args.sizes == [0.833, 0.5] and args.ranks is None
+
+
+def test_kv_bytes_takes_the_rope_dims_to_try():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["convert", "--out", "x", "--kv-bytes", "5760", "--kv-rope-dims", "all", "64"])
+    assert args.kv_rope_dims == ["all", 64]
+    assert parser.parse_args(["convert", "--out", "x"]).kv_rope_dims is None
+    ConvertOptions(kv_bytes=5760, kv_rope_dims=("all", 64)).check()
+    with pytest.raises(ValueError, match="even rope dims or 'all', got 7"):
+        ConvertOptions(kv_bytes=5760, kv_rope_dims=(7,)).check()
+    with pytest.raises(ValueError, match="give --kv-bytes too"):
+        ConvertOptions(kv_rope_dims=(64,)).check()
