@@ -4,8 +4,8 @@ A server on `--kv-store DIR` answers a long prompt (~`--prompt-tokens`, streamed
 `--in-flight` clients keep short requests running beside it (streamed and not, greedy and sampled) and
 `--busy` loops of pure Python keep the cores busy. SIGTERM goes to the server the moment the long
 prompt's first token arrives. Then: the server's exit status, the outcome of every request (completed,
-or ended with an error in OpenAI's format; one sent after the signal may get a 503 or find the port
-closed), and what the store kept: a new server on the same DIR answers the same prompt — its TTFT
+or ended with an error in OpenAI's format, the drain's 503 among them; one sent after the signal may also
+find the port closed), and what the store kept: a new server on the same DIR answers the same prompt — its TTFT
 against the cold one (the signalled server's, which prefilled the prompt from nothing), its text
 against the text answered before the signal, the blocks it read back against the prompt's full blocks.
 Each round uses a new prompt; a round's restarted server is the next round's signalled one.
@@ -134,12 +134,13 @@ async def side_client(url: str, n: int, stop: asyncio.Event, signalled: asyncio.
 
 
 def acceptable(after: bool, outcome: str) -> bool:
-    """An in-flight request completes or ends with a well-formed error; one sent after the signal may
-    also be refused (503 with Retry-After), find the port closed, or lose its connection before any
-    answer as the server closes it (what any HTTP server's exit does to a request it has not read)."""
-    if outcome == "completed" or (outcome.startswith("error ") and outcome != "error None"):
+    """A request completes or ends with a well-formed error: an error event, or the drain's 503 with
+    Retry-After (also for one sent just before the signal that the server had not taken in yet). One sent
+    after the signal may also find the port closed, or lose its connection before any answer as the
+    server closes it (what any HTTP server's exit does to a request it has not read)."""
+    if outcome in ("completed", "503 refused") or (outcome.startswith("error ") and outcome != "error None"):
         return True
-    return after and (outcome in ("503 refused", "port closed") or outcome.startswith("no answer"))
+    return after and (outcome == "port closed" or outcome.startswith("no answer"))
 
 
 async def round_trip(server: Running, prompt: str, in_flight: int, signal_it: bool) -> tuple[dict, list]:
