@@ -41,9 +41,9 @@ def test_two_servers_share_one_store(lm_folder, tmp_path):
     a = start(model_dir, store, 2**30, tmp_path / "a0.log", *SMALL)
     try:
         cold = complete(a.url, first)
-        one_block = next(store.glob(f"*/blocks/*/*{SUFFIX}")).stat().st_size
     finally:
-        a.stop()
+        a.stop()  # its shutdown writes the store's queue: the blocks are on disk once it has exited
+    one_block = next(store.glob(f"*/blocks/*/*{SUFFIX}")).stat().st_size
     bound = BOUND_BLOCKS * one_block
     a = start(model_dir, store, bound, tmp_path / "a.log", *SMALL)
     b = start(model_dir, store, bound, tmp_path / "b0.log", *SMALL)
