@@ -31,12 +31,7 @@ static void decode_amx(const DecodeWork& w) {
   // not zeroed: pack_queries writes every step the kernel reads (786 KB a layer at 32 sequences)
   std::unique_ptr<uint32_t[]> qpack(new uint32_t[w.B * qblocks]);
   pack_queries(w.q16, w.B, (int)w.M, (int)w.D, (int)w.r, split, qpack.get(), w.pack_threads);
-  struct Scratch : Bf16Buffers {
-    AmxDecodeScratch amx;
-    explicit Scratch(const DecodeWork& w) : Bf16Buffers(w.D, w.r), amx((int)w.D, (int)w.r) { amx_configure(); }
-    ~Scratch() { amx_decode_release(); }
-  };
-  run_items<Scratch>(w, [&](Scratch& s, int64_t it) {
+  run_items<AmxThreadScratch>(w, [&](AmxThreadScratch& s, int64_t it) {
     const int64_t b = w.item_b[it];
     attend_span_amx(*w.job, b, w.item_t0[it], w.item_t1[it], qpack.get() + b * qblocks, w.lim + b * w.M,
                     w.acc + it * w.M * w.r, w.mx + it * w.M, w.sum + it * w.M, s.scratch(), s.amx);

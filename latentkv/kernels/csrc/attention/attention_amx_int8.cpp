@@ -32,12 +32,7 @@ static void decode_amx_i8(const DecodeWork& w) {
   std::unique_ptr<uint32_t[]> qpack(new uint32_t[w.B * qblocks]);
   std::vector<float> qscale(w.B * w.M * 2);
   pack_queries_i8(w.q16, w.B, (int)w.M, (int)w.D, (int)w.r, qpack.get(), qscale.data(), w.pack_threads);
-  struct Scratch : Bf16Buffers {
-    AmxDecodeScratch amx;
-    explicit Scratch(const DecodeWork& w) : Bf16Buffers(w.D, w.r), amx((int)w.D, (int)w.r) { amx_configure(); }
-    ~Scratch() { amx_decode_release(); }
-  };
-  run_items<Scratch>(w, [&](Scratch& s, int64_t it) {
+  run_items<AmxThreadScratch>(w, [&](AmxThreadScratch& s, int64_t it) {
     const int64_t b = w.item_b[it];
     attend_span_amx_i8(*w.job, b, w.item_t0[it], w.item_t1[it], qpack.get() + b * qblocks, qscale.data() + b * w.M * 2,
                        w.lim + b * w.M, w.acc + it * w.M * w.r, w.mx + it * w.M, w.sum + it * w.M, s.scratch(), s.amx);

@@ -47,9 +47,15 @@ struct AmxDecodeScratch {
         pairs((size_t)AMX_CHUNK * r), pv((size_t)16 * r), keys((size_t)32 * ((D + 31) / 32 * 32)), vis(AMX_CHUNK) {}
 };
 
-// Tiles: amx_tiles.h amx_configure's, every one 16 rows x 64 bytes (no step has a narrower shape:
-// see amx_tiles.h amx_step_offset).
-static void amx_decode_release() { _tile_release(); }
+// A thread's scratch for the AMX decodes' items (mla_decode_run.h run_items' S, mla_paths.h DecodeWork):
+// the bf16 rows and pairs and the chunk's buffers; its tiles configured before its first item and
+// released after its last. Tiles: amx_tiles.h amx_configure's, every one 16 rows x 64 bytes (no step
+// has a narrower shape: see amx_tiles.h amx_step_offset).
+struct AmxThreadScratch : Bf16Buffers {
+  AmxDecodeScratch amx;
+  explicit AmxThreadScratch(const DecodeWork& w) : Bf16Buffers(w.D, w.r), amx((int)w.D, (int)w.r) { amx_configure(); }
+  ~AmxThreadScratch() { _tile_release(); }
+};
 
 // Scores reduce over the D values of a row in amx_tiles.h's steps (amx_steps, amx_step_offset).
 static inline int64_t amx_query_block(int D) { return (int64_t)amx_steps(D) * 256; }
