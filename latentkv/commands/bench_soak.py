@@ -63,24 +63,23 @@ def register(sub) -> None:
 def run_soak(args) -> int:
     if args.minutes <= 0 or args.concurrency < 1:
         raise SystemExit("--minutes and --concurrency must be positive")
-    if args.model is None:
-        args.model = default_models(need_stock=False)[0]
-    try:
-        result = soak.run(args)
-    except PeerFailed as err:
-        print(f"latentkv bench soak: {err.reason}")
-        return 1
-    return 0 if soak.passed(result) else 1
+    return run_and_judge("soak", soak, args)
 
 
 def run_shutdown(args) -> int:
     if args.rounds < 1 or args.prompt_tokens < 1 or args.in_flight < 0 or args.busy < 0:
         raise SystemExit("--rounds and --prompt-tokens must be positive, --in-flight and --busy not negative")
+    return run_and_judge("shutdown", shutdown, args)
+
+
+def run_and_judge(name: str, bench, args) -> int:
+    """`bench.run(args)` (soak or shutdown; the bundled model where --model is absent), then the exit code:
+    0 where `bench.passed` its result, 1 where not or where a server failed (its reason printed)."""
     if args.model is None:
         args.model = default_models(need_stock=False)[0]
     try:
-        result = shutdown.run(args)
+        result = bench.run(args)
     except PeerFailed as err:
-        print(f"latentkv bench shutdown: {err.reason}")
+        print(f"latentkv bench {name}: {err.reason}")
         return 1
-    return 0 if shutdown.passed(result) else 1
+    return 0 if bench.passed(result) else 1
