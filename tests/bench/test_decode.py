@@ -3,13 +3,11 @@ attention backend, invariance) and the prompts each system prefills, in turn. No
 only that the measurements exist and are sane numbers."""
 
 import argparse
-import json
 
 import torch
 
 from bench_cli import positive, run_bench
 from latentkv.bench.decode import measure_context
-from latentkv.cli import main
 from latentkv.facts import dtype_name
 from latentkv.model.loader import resolve_dtype
 
@@ -81,28 +79,13 @@ def test_bench_decode_prefill_repeats(tiny, tmp_path):
     assert all(r["prefill_prompts"] == 2 and positive(r["prefill_tok_s"]["latentkv"]) for r in data["results"])
 
 
+def decode_row(tiny, tmp_path, *flags):
+    """The one row (context 64) of `bench decode --quick --no-baselines *flags` on the tiny model."""
+    return run_bench("decode", tiny, tmp_path, "--no-baselines", "--contexts", "64", *flags)["results"][0]
+
+
 def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tmp_path):
-    out = tmp_path / "decode-ref"
-    assert (
-        main(
-            [
-                "bench",
-                "decode",
-                "--quick",
-                "--model",
-                tiny,
-                "--no-baselines",
-                "--reference-attention",
-                "--not-invariant",
-                "--contexts",
-                "64",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    row = json.loads((out / "decode.json").read_text())["results"][0]
+    row = decode_row(tiny, tmp_path, "--reference-attention", "--not-invariant")
     for name in ("latentkv", "latentkv w4 + int8 latent"):
         assert positive(row["tok_s"][name]) and positive(row["tok_s"][f"{name} (torch attention)"])
         assert positive(row["ratio"][f"{name} (torch attention)"])
@@ -112,83 +95,17 @@ def test_bench_decode_native_vs_reference_attention_and_invariance_cost(tiny, tm
 
 
 def test_bench_decode_runs_only_the_weight_precisions_asked_for(tiny, tmp_path):
-    out = tmp_path / "decode-w4"
-    assert (
-        main(
-            [
-                "bench",
-                "decode",
-                "--quick",
-                "--model",
-                tiny,
-                "--no-baselines",
-                "--weights",
-                "int4",
-                "--contexts",
-                "64",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    row = json.loads((out / "decode.json").read_text())["results"][0]
+    row = decode_row(tiny, tmp_path, "--weights", "int4")
     assert set(row["tok_s"]) == {"latentkv w4", "latentkv w4 + int8 latent"}
     assert row["ratio"]["latentkv w4"] == 1.0  # the ratios are taken against the first row run
 
 
 def test_bench_decode_runs_only_the_latent_dtypes_asked_for(tiny, tmp_path):
-    out = tmp_path / "decode-int8"
-    assert (
-        main(
-            [
-                "bench",
-                "decode",
-                "--quick",
-                "--model",
-                tiny,
-                "--no-baselines",
-                "--weights",
-                "none",
-                "int4",
-                "--kv-cache-dtypes",
-                "int8",
-                "--contexts",
-                "64",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    row = json.loads((out / "decode.json").read_text())["results"][0]
+    row = decode_row(tiny, tmp_path, "--weights", "none", "int4", "--kv-cache-dtypes", "int8")
     assert set(row["tok_s"]) == {"latentkv int8 latent", "latentkv w4 + int8 latent"}
 
 
 def test_bench_decode_runs_the_unquantized_latent_by_the_model_dtypes_name(tiny, tmp_path):
     name = dtype_name(resolve_dtype("auto", torch.device("cpu")))  # the dtype the bench's model runs in here
-    out = tmp_path / "decode-unquantized"
-    assert (
-        main(
-            [
-                "bench",
-                "decode",
-                "--quick",
-                "--model",
-                tiny,
-                "--no-baselines",
-                "--weights",
-                "none",
-                "--kv-cache-dtypes",
-                "int8",
-                name,
-                "--contexts",
-                "64",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    row = json.loads((out / "decode.json").read_text())["results"][0]
+    row = decode_row(tiny, tmp_path, "--weights", "none", "--kv-cache-dtypes", "int8", name)
     assert set(row["tok_s"]) == {"latentkv int8 latent", f"latentkv {name} latent"}
