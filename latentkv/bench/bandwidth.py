@@ -7,9 +7,21 @@ the context. floor = (weight bytes + cache bytes read per step) / bandwidth.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 import time
 
 import torch
+
+
+def llc_bytes() -> int:
+    """The largest CPU cache (Linux sysfs), or 32 MiB where it cannot be read."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        if text.rstrip("KMG").isdigit():
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=32 * 2**20)
 
 
 def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 7) -> float:

@@ -33,7 +33,7 @@ from ..kernels import attention as attention_kernels
 from ..model.loader import resolve_dtype
 from ..plots import new_figure, save_figure
 from . import moe_kernel, sampler_kernel
-from .bandwidth import measure_bandwidth
+from .bandwidth import llc_bytes, measure_bandwidth
 from .models import default_models
 from .report import median, print_table, write_json
 
@@ -58,17 +58,6 @@ def random_cache(batch: int, context: int, rank: int, rope: int, dtype: torch.dt
         cache.kv.normal_(generator=gen)
     blocks = (torch.randperm(batch * per_seq, generator=gen) + 1).view(batch, per_seq).tolist()
     return cache, blocks
-
-
-def llc_bytes() -> int:
-    """The largest CPU cache (Linux sysfs), or 32 MiB where it cannot be read."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
-        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-        if text.rstrip("KMG").isdigit():
-            sizes.append(int(text.rstrip("KMG")) * scale)
-    return max(sizes, default=32 * 2**20)
 
 
 def timed(fns: list, calls: int) -> float:

@@ -10,7 +10,9 @@ weight kind, random weights packed by pack_weights); the router is left out (it 
 and is the same in both). Each call routes its tokens anew (k distinct random experts per token,
 from a list cycled through), so successive calls read different experts, as a model's successive
 layers do; bytes read = the packed records of the distinct experts a call routes to, plus the
-shared experts'.
+shared experts'. Successive calls also run on different layers (as many, built alike, as hold twice
+the last-level cache, bench/bandwidth.py llc_bytes): one layer called over and over would be read from
+L3 (480 MiB on the AMX Xeon: a V3-mini-shaped layer ran twice as fast there as cycled through 14).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from ..model.deepseek import MoE, moe_reference
 from ..model.footprint import param_dtype
 from ..model.loader import resolve_dtype
 from ..model.route import decide_route
+from .bandwidth import llc_bytes
 from .report import median, print_table, write_json
 
 ROUTINGS = 16  # routings cycled through per configuration
+MAX_LAYERS = 32  # layers cycled through at most
 # --moe-weights -> (activation dtype: None for the machine's auto dtype, quantization or None for fixed-order)
 WEIGHT_KINDS = {
     "float32": (torch.float32, None),
@@ -58,7 +62,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int]:
 
 @torch.no_grad()
 def build_layer(
-    d: int, inter: int, experts: int, k: int, shared: int, dtype: torch.dtype, quantization: str | None
+    d: int, inter: int, experts: int, k: int, shared: int, dtype: torch.dtype, quantization: str | None, seed: int = 0
 ) -> MoE:
     """The layer as the route builds it for this weight kind, random weights, packed."""
     cfg = ModelConfig.from_dict(
@@ -84,7 +88,7 @@ def build_layer(
     with torch.device("meta"):
         layer = MoE(cfg, route)
     layer.to_empty(device="cpu")
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     for name, p in layer.named_parameters():  # in the dtype a checkpoint loads it in (the router float32)
         p.data = (torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5).to(param_dtype(f".mlp.{name}", dtype))
     layer.pack_weights()
@@ -113,7 +117,13 @@ def timed(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def measure(layer: MoE, tokens: int, args, dtype: torch.dtype, seed: int) -> dict:
+def layer_bytes(layer: MoE) -> int:
+    """Bytes of a layer's packed experts, routed and shared."""
+    return sum(t.numel() * t.element_size() for t in layer.native[:4] if t is not None)
+
+
+def measure(layers: list[MoE], tokens: int, args, dtype: torch.dtype, seed: int) -> dict:
+    layer = layers[0]
     gate_up, down, shared_gate_up, shared_down = layer.native[:4]
     per_expert = (gate_up[0].numel() + down[0].numel()) * 4
     shared = sum(t.numel() * 4 for t in (shared_gate_up, shared_down) if t is not None)
@@ -121,17 +131,19 @@ def measure(layer: MoE, tokens: int, args, dtype: torch.dtype, seed: int) -> dic
     x = torch.randn(tokens, layer.gate.weight.shape[1], generator=torch.Generator().manual_seed(seed)).to(dtype)
     nbytes = sum(ids.unique().numel() for _, ids in routes) / len(routes) * per_expert + shared
     runs = {
-        "native": lambda i: qlinear.moe(x, *routes[i % ROUTINGS], *layer.native),
-        "reference": lambda i: moe_reference(x, *routes[i % ROUTINGS], layer.experts, layer.shared_experts),
+        "native": lambda i: qlinear.moe(x, *routes[i % ROUTINGS], *layers[i % len(layers)].native),
+        "reference": lambda i: moe_reference(
+            x, *routes[i % ROUTINGS], layers[i % len(layers)].experts, layers[i % len(layers)].shared_experts
+        ),
     }
-    calls = max(args.calls, ROUTINGS)
+    calls = max(args.calls, ROUTINGS, len(layers))
     times = {name: [] for name in runs}
     for fn in runs.values():
         timed(fn, ROUTINGS)  # warm-up: every routing once
     for _ in range(args.repeats):  # interleaved
         for name, fn in runs.items():
             times[name].append(timed(fn, calls))
-    row = {"batch": tokens, "MiB read": nbytes / 2**20}
+    row = {"batch": tokens, "layers": len(layers), "MiB read": nbytes / 2**20}
     for name, values in times.items():
         row[f"{name} ms"] = median(values) * 1e3
         row[f"{name} GB/s"] = nbytes / median(values) / 1e9
@@ -148,22 +160,32 @@ def run(args) -> dict:
         + (isa or f"unavailable ({qlinear.unavailable_reason()})"),
         flush=True,
     )
-    rows = []
+    rows, llc = [], llc_bytes()
     for kind in tqdm(args.moe_weights, desc="moe", unit="weights"):
         dtype, quantization = WEIGHT_KINDS[kind]
         dtype = dtype or auto
-        layer = build_layer(d, inter, experts, k, shared, dtype, quantization)
+        layers = [build_layer(d, inter, experts, k, shared, dtype, quantization)]
+        count = min(MAX_LAYERS, -(-2 * llc // layer_bytes(layers[0])))  # a round reads twice the last-level cache
+        layers += [build_layer(d, inter, experts, k, shared, dtype, quantization, seed=i) for i in range(1, count)]
         for tokens in args.batches:
             rows.append(
-                {"weights": kind, "activations": dtype_name(dtype), **measure(layer, tokens, args, dtype, seed=tokens)}
+                {"weights": kind, "activations": dtype_name(dtype), **measure(layers, tokens, args, dtype, seed=tokens)}
             )
-        del layer
+        del layers
     print_table(
         f"MoE layer experts, one call (D={d}, I={inter}, E={experts}, k={k}, shared {shared}; "
-        f"median of {args.repeats} x {max(args.calls, ROUTINGS)} calls)",
+        f"median of {args.repeats} x {max(args.calls, ROUTINGS)} calls, cycling through `layers` layers: "
+        f"twice the {llc / 2**20:.0f} MiB last-level cache)",
         list(rows[0].keys()),
         rows,
     )
-    payload = {"cpu_flags": cpu.features(), "isa": isa, "threads": threads, "shape": args.moe, "results": rows}
+    payload = {
+        "cpu_flags": cpu.features(),
+        "isa": isa,
+        "threads": threads,
+        "shape": args.moe,
+        "llc_bytes": llc,
+        "results": rows,
+    }
     write_json(Path(args.out), "kernel-moe", payload)
     return payload

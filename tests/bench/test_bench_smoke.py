@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from bench_cli import positive, run_bench
+from latentkv.bench import moe_kernel
 from latentkv.bench.throughput import make_requests
 from latentkv.cli import main
 from latentkv.kernels import qlinear
@@ -147,6 +148,8 @@ def test_bench_kernel_moe(tmp_path):
     for row in data["results"]:
         assert positive(row["native ms"]) and positive(row["reference ms"]) and positive(row["native speed-up"])
         assert positive(row["MiB read"])
+        assert row["layers"] == moe_kernel.MAX_LAYERS  # a tiny layer: as many as it may cycle through, not one
+    assert data["llc_bytes"] > 0
     for one, three in zip(data["results"][::2], data["results"][1::2]):  # 3 tokens route to at least one's 3 experts
         assert three["MiB read"] >= one["MiB read"]
 
