@@ -62,7 +62,7 @@ class Table:
 
 def tables(text: str) -> list[Table]:
     """The tables `latentkv bench` printed: a title line, a header line, a line of dashes whose runs
-    mark the columns, then rows up to a blank line."""
+    mark the columns, then rows up to a blank line or a tab-indented one (what GNU time -v appends)."""
     lines = [line.rstrip("\n") for line in text.splitlines()]
     found = []
     for i, line in enumerate(lines):
@@ -77,7 +77,7 @@ def tables(text: str) -> list[Table]:
 
         table = Table(lines[i - 2].strip(), split(lines[i - 1]))
         for row in lines[i + 1 :]:
-            if not row.strip():
+            if not row.strip() or row.startswith("\t"):
                 break
             table.rows.append(split(row))
         found.append(table)

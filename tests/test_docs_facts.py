@@ -173,6 +173,15 @@ def test_the_results_pages_are_what_the_raw_output_gives(monkeypatch):
         assert "—" not in [v for k, v in report.headline(run).items() if "vLLM" not in k], run.kind
 
 
+def test_a_printed_table_ends_before_what_gnu_time_appends(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    results = importlib.import_module("bench_results")
+    rows = "    1     52.2\n   32      204\n"
+    text = "title\nbatch  step ms\n-----  -------\n" + rows + "\tMaximum resident set size (kbytes): 1\n"
+    (table,) = results.tables(text)
+    assert table.rows == [["1", "52.2"], ["32", "204"]]
+
+
 def test_docs_stay_small():
     size = sum(p.stat().st_size for p in DOCS.rglob("*") if p.is_file())
     assert size < 2 * 2**20, f"docs/ holds {size / 2**20:.1f} MiB: dated runs belong in git history"
