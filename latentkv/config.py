@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from latentkv.facts import CACHE_DTYPES, UNQUANTIZED_CACHES
+from latentkv.facts import CACHE_DTYPES, TRANSFORM_CODE, UNQUANTIZED_CACHES
 
 
 def _kind(record) -> str:
@@ -117,15 +117,25 @@ class ModelConfig:
         """The cache a request for `asked` gets: "auto" is the folder's own format where it records
         one (`convert` records it), else "auto" (the model dtype); "bfloat16" / "float32" are
         "auto" whatever the folder records (the engine checks the name is the model dtype). A folder
-        whose format is one no kernel serves yet (latentkv.cache_format) is refused for "auto"."""
+        that records a transform code (latentkv.cache_format) is served in it (facts.TRANSFORM_CODE)
+        and in nothing else: any cache asked by name is refused, naming the folder's."""
+        if "cache_format" in self.extensions:
+            kind = _kind(self.extensions["cache_format"])
+            if kind != TRANSFORM_CODE:
+                raise ConfigError(f"latentkv.cache_format: unknown kind {kind!r} (expected {TRANSFORM_CODE!r})")
+            if asked not in ("auto", TRANSFORM_CODE):
+                raise ConfigError(
+                    f"kv_cache_dtype {asked!r}: this folder's cache is a transform code (bits per latent "
+                    "direction, convert --kv-bytes), the one format it is served in; leave kv_cache_dtype 'auto'"
+                )
+            return TRANSFORM_CODE
+        if asked == TRANSFORM_CODE:
+            raise ConfigError(
+                f"kv_cache_dtype {TRANSFORM_CODE!r}: this folder records no transform code (latentkv.cache_format: "
+                "convert --kv-bytes writes one)"
+            )
         if asked in UNQUANTIZED_CACHES:
             return "auto"
-        if asked == "auto" and "cache_format" in self.extensions:
-            raise ConfigError(
-                f"this folder's cache format ({_kind(self.extensions['cache_format'])}: "
-                "bits per latent direction, convert --kv-bytes) is not served yet; ask for a served cache "
-                f"(--kv-cache-dtype one of {', '.join(CACHE_DTYPES)}) or measure it with `latentkv bench frontier`"
-            )
         return self.cache_dtype if asked == "auto" and self.cache_dtype else asked
 
     def kv_rank(self, layer: int) -> int:

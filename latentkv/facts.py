@@ -20,6 +20,9 @@ MODEL_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ROPE8 = "_rope8"
 Q4 = "q4_0"
 CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "int8" + ROPE8, "fp8_e4m3" + ROPE8, Q4)
+# A transform-coded latent (cache/transform_code.py: bits per direction, per layer): a format a folder
+# records (convert --kv-bytes) and is served in for "auto", never one asked for by name.
+TRANSFORM_CODE = "transform_code"
 # What a server may ask for besides: the unquantized latent by vLLM's names for it, whatever format the
 # folder records ("auto" serves the folder's own); the name must be the model dtype.
 UNQUANTIZED_CACHES = ("bfloat16", "float32")

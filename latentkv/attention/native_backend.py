@@ -38,6 +38,12 @@ class NativeBackend(TorchBackend):
         if not available():
             raise RuntimeError(f"the native attention backend is not available here ({unavailable_reason()})")
         self.prefill_kernel = mla_prefill
+        self.reference = TorchBackend()  # for a cache no kernel reads (format.native_read: a transform code)
+
+    def forward(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        if not cache.format.native_read:
+            return self.reference.forward(layer, q_nope, q_rope, cache, meta)
+        return super().forward(layer, q_nope, q_rope, cache, meta)
 
     @staticmethod
     def runs_prefill_kernel(dtype: torch.dtype, device: str) -> bool:

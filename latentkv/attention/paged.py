@@ -2,19 +2,36 @@
 
 A token at flat slot s lives in block s // block_size, row s % block_size. Reads return
 `[c ; k_r]` rows `[*, L, kv_rank + rope_dim]` in the model dtype, dequantized when the
-latent is stored in one byte.
+latent is stored quantized. A transform-coded cache (cache/coded.py) is written at the tokens' RoPE
+angles and read by position: a block at column j of a block table holds positions j * block_size ...,
+so each reader passes the positions of the blocks it reads.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..cache import q4
+from ..cache import coded, q4
 from ..cache.latent_cache import LatentCache, quantize_latent
 
 
-def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store c [T, kv_rank] and k_r [T, rope_dim] at flat slots [T]."""
+def write(
+    cache: LatentCache,
+    c: torch.Tensor,
+    k_r: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """Store c [T, kv_rank] and k_r [T, rope_dim] (after RoPE) at flat slots [T]; angles: the tokens'
+    RoPE cos, sin [T, rope_dim / 2] (a transform-coded cache turns its rope key's mean by them)."""
+    if cache.format.coded:
+        if angles is None:
+            raise ValueError("a transform-coded cache is written with the tokens' RoPE angles")
+        codes, scales = coded.encode(cache.format.code, c, k_r, *angles)
+        slots = cache.latent.shape[0] * cache.block_size
+        cache.latent.view(slots, -1).index_copy_(0, slot_mapping, codes)
+        cache.scale.view(slots, -1).index_copy_(0, slot_mapping, scales)
+        return
     if not cache.quantized:
         rows = cache.kv.view(-1, cache.kv.shape[-1])
         rows.index_copy_(0, slot_mapping, torch.cat((c, k_r), dim=-1).to(cache.dtype))
@@ -36,13 +53,19 @@ def write(cache: LatentCache, c: torch.Tensor, k_r: torch.Tensor, slot_mapping: 
     cache.rope.view(slots, cache.rope_dim).index_copy_(0, slot_mapping, k_r.to(cache.rope.dtype))
 
 
-def gather(cache: LatentCache, block_tables: torch.Tensor) -> torch.Tensor:
-    """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype (a copy)."""
+def gather(cache: LatentCache, block_tables: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """block_tables [B, nb] -> [B, nb*block_size, kv_rank + rope_dim] in the model dtype (a copy);
+    positions [B or 1, nb*block_size]: of the rows (None: the tables' columns from 0), what a
+    transform-coded cache reads by."""
     b, nb = block_tables.shape
     ids = block_tables.reshape(-1)  # index_select copies whole rows; advanced indexing was ~6x slower
     if not cache.quantized:
         return cache.kv.index_select(0, ids).view(b, nb * cache.block_size, -1)
-    kv = cache.dequantize(*(t.index_select(0, ids) for t in (cache.latent, cache.scale, cache.rope)))
+    if cache.format.coded and positions is None:
+        positions = torch.arange(nb * cache.block_size, device=ids.device)[None]
+    if positions is not None:
+        positions = positions.expand(b, -1).reshape(b * nb, cache.block_size)
+    kv = cache.dequantize(*(t.index_select(0, ids) for t in cache.tensors()), positions=positions)
     return kv.view(b, nb * cache.block_size, -1)
 
 
@@ -57,7 +80,10 @@ def read_positions(
     bs = cache.block_size
     first = start // bs
     cols = torch.arange(first, -(-stop // bs), device=block_tables.device).clamp(max=block_tables.shape[1] - 1)
-    rows = gather(cache, block_tables[:, cols])[:, start - first * bs : stop - first * bs]
+    positions = None
+    if cache.format.coded:
+        positions = torch.arange(first * bs, first * bs + len(cols) * bs, device=block_tables.device)[None]
+    rows = gather(cache, block_tables[:, cols], positions)[:, start - first * bs : stop - first * bs]
     for i, length in enumerate(context_lens.tolist()):
         if length < stop:
             rows[i, max(length - start, 0) :] = 0
@@ -72,20 +98,23 @@ def read_spans(cache: LatentCache, metas: list, start: int, stops: list[int]) ->
     key = ("spans", start, tuple(stops), tuple(id(m) for m in metas))
     if key not in metas[0]._masks:
         bs, first = cache.block_size, start // cache.block_size
-        ids, pick, zero, off = [], [], [], 0
+        ids, pick, zero, off, cols_read = [], [], [], 0, []
         for meta, stop in zip(metas, stops):
             table, length = meta.block_tables[0].tolist(), int(meta.context_lens[0])
             cols = range(first, -(-stop // bs))
             pick.append(len(ids) * bs + start - first * bs)  # where this sequence's rows begin in its blocks
             ids += [table[min(col, len(table) - 1)] for col in cols]
+            cols_read += cols
             if length < stop:
                 zero.append((off + max(length - start, 0), off + stop - start))
             off += stop - start
         aligned = start % bs == 0 and all(s % bs == 0 for s in stops)
         index = None if aligned else torch.cat([torch.arange(p, p + s - start) for p, s in zip(pick, stops)])
-        metas[0]._masks[key] = (torch.tensor(ids, device=metas[0].block_tables.device), index, zero)
-    ids, index, zero = metas[0]._masks[key]
-    rows = gather(cache, ids[None])[0]
+        device = metas[0].block_tables.device
+        positions = (torch.tensor(cols_read, device=device)[:, None] * bs + torch.arange(bs, device=device)).view(1, -1)
+        metas[0]._masks[key] = (torch.tensor(ids, device=device), index, zero, positions)
+    ids, index, zero, positions = metas[0]._masks[key]
+    rows = gather(cache, ids[None], positions)[0]
     if index is not None:
         rows = rows.index_select(0, index)
     for a, b in zero:
@@ -103,8 +132,12 @@ def pieces(cache: LatentCache, runs: list[tuple[int, int]], length: int) -> list
         if take <= 0:
             break
         if cache.quantized:
-            blocks = slice(first, first + count)
-            kv = cache.dequantize(cache.latent[blocks], cache.scale[blocks], cache.rope[blocks])
+            blocks, at = slice(first, first + count), length - left  # the run's first position
+            positions = None
+            if cache.format.coded:
+                positions = torch.arange(at, at + count * cache.block_size, device=cache.latent.device)
+                positions = positions.view(count, cache.block_size)
+            kv = cache.dequantize(*(t[blocks] for t in cache.tensors()), positions=positions)
         else:
             kv = cache.kv[first : first + count]
         out.append(kv.view(1, count * cache.block_size, -1)[:, :take])

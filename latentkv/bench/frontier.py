@@ -10,7 +10,7 @@ Rows (each names the command that makes it):
 - latentkv's conversions: `convert --kv-bytes N` at each budget (by default 50%, 37.5%, 25%,
   18.75% and 12.5% of the original's f16 bytes; one calibration shared by all) and any folders
   given, each in the cache format it is served in — a transform-coded folder in its format
-  simulated in the reference model (convert/simulated.py: not served natively yet).
+  simulated in the reference model (convert/simulated.py: what the served reference backend computes).
 Measures: teacher-forced top-1 agreement with the original's float32 reference forward on the
 held-out chat prompts (eval/chat.py's metric: the original's greedy answers, the original judged in
 the same run), in float32 and (ours) bfloat16, and perplexity on the three domains of
@@ -35,7 +35,8 @@ from latentkv.config import ModelConfig
 from latentkv.convert.api import calibration_windows, convert
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.options import ConvertOptions, calib_torch_dtype
-from latentkv.convert.simulated import coded_chat_model, folder_code
+from latentkv.cache.transform_code import folder_code
+from latentkv.convert.simulated import coded_chat_model
 from latentkv.eval.chat import ChatModel, render_cases
 from latentkv.eval.domains import DOMAINS
 from latentkv.eval.perplexity import perplexity, text_windows

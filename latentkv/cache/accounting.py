@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from latentkv.cache.coded import layer_codes
 from latentkv.cache.format import cache_format
 from latentkv.config import ModelConfig
-from latentkv.facts import MODEL_DTYPES
+from latentkv.facts import MODEL_DTYPES, TRANSFORM_CODE
 
 
 @dataclass
@@ -32,7 +33,14 @@ def latent_bytes(ranks: list[int], rope_dim: int, cache_dtype: str = "auto", mod
 
 
 def latent_bytes_per_token(cfg: ModelConfig, cache_dtype: str = "auto", model_dtype: str = "bfloat16") -> int:
-    """`latent_bytes` of a model: all its layers, per-layer ranks included."""
+    """`latent_bytes` of a model: all its layers, per-layer ranks included (a transform code: the bits
+    the folder records, each layer's TransformCode.layer_bytes)."""
+    if cache_dtype == TRANSFORM_CODE:
+        dtype = MODEL_DTYPES[model_dtype]
+        return sum(
+            cache_format(cache_dtype, dtype, code).bytes_per_token(cfg.kv_rank(i), cfg.qk_rope_head_dim)
+            for i, code in enumerate(layer_codes(cfg))
+        )
     ranks = [cfg.kv_rank(layer) for layer in range(cfg.num_hidden_layers)]
     return latent_bytes(ranks, cfg.qk_rope_head_dim, cache_dtype, model_dtype)
 

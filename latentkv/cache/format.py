@@ -5,7 +5,9 @@ bytes a token takes. The cache (`LatentCache`) is allocated from it; the writer 
 (the cache's tensors) and the accounting (cache/accounting.py) ask it instead of deciding again.
 
 A format is an entry of FORMATS: the latent's codes (LATENTS) and the rope key's storage (ROPES). A
-new format (a mixed-bit latent, say) is one more entry there, with its parts in `parts`.
+new format is one more entry there, with its parts in `parts`. The transform-coded latent
+(facts.TRANSFORM_CODE, cache/coded.py) is one: its bits differ by layer, so a layer's format carries its
+`code` (cache_format(name, dtype, code)), and the format a folder records says which layer's is which.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ from dataclasses import dataclass
 import torch
 
 from latentkv.cache import q4
-from latentkv.facts import CACHE_DTYPES, Q4, ROPE8, dtype_name
+from latentkv.cache.coded import LayerCode
+from latentkv.facts import CACHE_DTYPES, Q4, ROPE8, TRANSFORM_CODE, dtype_name
 
 # the latent's codes: "model" (unquantized, the model dtype), one byte a value with a float32 scale a
-# token (scale = max|c| / qmax), or q4_0 blocks (cache/q4.py)
-LATENTS = {"model": None, "int8": 127.0, "fp8_e4m3": 448.0, Q4: None}  # -> qmax of a per-token scale
+# token (scale = max|c| / qmax), q4_0 blocks (cache/q4.py), or a transform code's packed codes with a
+# float16 scale per group (cache/coded.py: the rope key's codes with them)
+LATENTS = {"model": None, "int8": 127.0, "fp8_e4m3": 448.0, Q4: None, TRANSFORM_CODE: None}  # -> qmax
 # the rope key's storage: beside c in one row ("model"), in 16 bits (rope_dtype), int8 codes with a
-# second per-token scale, or q4_0 blocks turned by a fixed orthogonal map first (cache/q4.py)
-ROPES = ("model", "16bit", "int8", Q4)
+# second per-token scale, q4_0 blocks turned by a fixed orthogonal map first (cache/q4.py), or in the
+# transform code's bytes beside the latent's
+ROPES = ("model", "16bit", "int8", Q4, TRANSFORM_CODE)
 
 # facts.CACHE_DTYPES by what they store: (latent codes, rope storage)
 FORMATS = {
@@ -34,8 +39,9 @@ FORMATS = {
     "int8" + ROPE8: ("int8", "int8"),
     "fp8_e4m3" + ROPE8: ("fp8_e4m3", "int8"),
     Q4: (Q4, Q4),
+    TRANSFORM_CODE: (TRANSFORM_CODE, TRANSFORM_CODE),
 }
-assert tuple(FORMATS) == CACHE_DTYPES, "facts.CACHE_DTYPES and FORMATS must name the same formats"
+assert tuple(FORMATS) == (*CACHE_DTYPES, TRANSFORM_CODE), "facts.CACHE_DTYPES and FORMATS must name the same formats"
 
 
 def rope_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -65,6 +71,7 @@ class CacheFormat:
     model_dtype: torch.dtype  # the activations'; an unquantized latent is stored in it
     latent: str  # one of LATENTS
     rope: str  # one of ROPES
+    code: LayerCode | None = None  # a transform-coded layer's bits, means and RoPE (None: any other format)
 
     @property
     def quantized(self) -> bool:
@@ -74,6 +81,11 @@ class CacheFormat:
     @property
     def q4(self) -> bool:
         return self.latent == Q4
+
+    @property
+    def coded(self) -> bool:
+        """A transform-coded layer (cache/coded.py): packed codes and float16 scales, read by position."""
+        return self.latent == TRANSFORM_CODE
 
     @property
     def rope8(self) -> bool:
@@ -94,16 +106,22 @@ class CacheFormat:
     @property
     def native_write(self) -> bool:
         """Whether the native writer (decode_ops write_latent) stores this format (q4_0: the reference
-        writes it)."""
-        return not self.q4
+        writes it; a transform code: the reference writer, cache/coded.py)."""
+        return not self.q4 and not self.coded
+
+    @property
+    def native_read(self) -> bool:
+        """Whether the native attention kernels and the decode plan read this format (a transform code: not
+        yet, the reference backend dequantizes it)."""
+        return not self.coded
 
     @property
     def storage(self) -> str:
         """What a layer's tensors hold, in one name: the latent's codes and the rope key's storage
         (kv_<model dtype>: one [c ; k_r] row; int8_bfloat16, fp8_e4m3_int8, ...; q4_0). The native decode
         kernel takes a cache by it (kernels/attention.py cache_kind), checking the tensors against it."""
-        if self.q4:
-            return Q4
+        if self.q4 or self.coded:
+            return self.latent
         if not self.quantized:
             return f"kv_{dtype_name(self.model_dtype)}"
         return f"{self.latent}_{'int8' if self.rope8 else dtype_name(rope_dtype(self.model_dtype))}"
@@ -118,6 +136,16 @@ class CacheFormat:
         them (kv; or latent, scale, rope)."""
         if not self.quantized:
             return (Part("kv", self.model_dtype, (rank + rope_dim,)),)
+        if self.coded:
+            code = self.code
+            if code is None:
+                raise ValueError("a transform-coded cache's parts are per layer: its format carries the layer's code")
+            if (len(code.latent_bits), len(code.rope_bits)) != (rank, rope_dim):
+                raise ValueError(
+                    f"the layer's transform code has {len(code.latent_bits)} + {len(code.rope_bits)} directions, "
+                    f"its cache {rank} + {rope_dim}"
+                )
+            return (Part("latent", torch.uint8, (code.code_bytes,)), Part("scale", torch.float16, (code.scales,)))
         if self.q4:
             return (
                 Part("latent", torch.uint8, (q4.packed_bytes(rank),)),
@@ -139,10 +167,12 @@ class CacheFormat:
 
 
 @functools.cache
-def cache_format(name: str, model_dtype: torch.dtype) -> CacheFormat:
-    """The format named `name` (facts.CACHE_DTYPES) for a model in `model_dtype`; an unknown name is an
-    error naming the known ones."""
+def cache_format(name: str, model_dtype: torch.dtype, code: LayerCode | None = None) -> CacheFormat:
+    """The format named `name` (facts.CACHE_DTYPES, or facts.TRANSFORM_CODE with a layer's `code`) for a
+    model in `model_dtype`; an unknown name is an error naming the known ones."""
     if name not in FORMATS:
         raise ValueError(f"unknown latent cache format {name!r}: expected one of {list(FORMATS)}")
+    if (code is not None) != (name == TRANSFORM_CODE and code is not None):
+        raise ValueError(f"a {name} cache takes no transform code")
     latent, rope = FORMATS[name]
-    return CacheFormat(name, model_dtype, latent, rope)
+    return CacheFormat(name, model_dtype, latent, rope, code)

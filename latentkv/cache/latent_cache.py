@@ -9,16 +9,19 @@ float32 model). The `_rope8` forms
 (facts.ROPE8) store `k_r` as int8 codes with a second float32 scale per token: `scale` is then
 [..., 2] (latent's, rope's), one tensor, so the kernels take the same arguments. Dequantized when
 attention reads it. `q4_0` (cache/q4.py): `latent` and `rope` hold packed 4-bit codes, `scale`
-float16 scales [..., groups(r) + groups(dr)] (the latent's, then the rope key's). Reads and writes
-through block tables live in `latentkv.attention.paged`.
+float16 scales [..., groups(r) + groups(dr)] (the latent's, then the rope key's). A transform-coded
+layer (cache/coded.py): `latent` its packed codes of both sides, `scale` their float16 scales, no `rope`;
+its rows are read back by position (the rope key's mean turns with it). Reads and writes through block
+tables live in `latentkv.attention.paged`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from latentkv.cache import q4
+from latentkv.cache import coded, q4
 from latentkv.cache.format import LATENTS, cache_format
+from latentkv.facts import TRANSFORM_CODE
 
 
 class LatentCache:
@@ -31,10 +34,13 @@ class LatentCache:
         dtype: torch.dtype = torch.float32,
         cache_dtype: str = "auto",
         device: torch.device | str = "cpu",
+        code: coded.LayerCode | None = None,
     ):
+        """code: a transform-coded layer's (cache_dtype facts.TRANSFORM_CODE), else None."""
         self.block_size, self.kv_rank, self.rope_dim = block_size, kv_rank, rope_dim
         self.dtype, self.cache_dtype = dtype, cache_dtype
-        self.format = cache_format(cache_dtype, dtype)  # what every reader and writer asks
+        # what every reader and writer asks (one object per name and dtype: functools.cache)
+        self.format = cache_format(cache_dtype, dtype) if code is None else cache_format(cache_dtype, dtype, code)
         self.latent_dtype, self.rope8 = self.format.latent, self.format.rope8
         self.parts = self.format.parts(kv_rank, rope_dim)
         for part in self.parts:  # kv; or latent, scale, rope
@@ -56,9 +62,24 @@ class LatentCache:
             raise ValueError(f"a {self.cache_dtype} cache has no per-token code maximum")
         return self.format.qmax
 
-    def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def dequantize(
+        self, codes: torch.Tensor, scale: torch.Tensor, rope: torch.Tensor | None = None, positions=None
+    ) -> torch.Tensor:
         """codes [..., r], scale [...] (or [..., 2] with an 8-bit rope; q4_0: cache/q4.py), rope [..., dr] ->
-        [..., r + dr] in the model dtype, written in place into one buffer (no cat)."""
+        [..., r + dr] in the model dtype, written in place into one buffer (no cat). A transform-coded
+        layer: codes [..., code bytes], scale [..., groups], no rope, and the rows' positions [...]."""
+        if self.format.coded:
+            if positions is None:
+                raise ValueError("a transform-coded cache is read with its rows' positions")
+            lead = codes.shape[:-1]
+            rows = coded.decode(
+                self.format.code,
+                codes.reshape(-1, codes.shape[-1]),
+                scale.reshape(-1, scale.shape[-1]),
+                positions.expand(lead).reshape(-1),
+                self.dtype,
+            )
+            return rows.view(*lead, -1)
         out = torch.empty(*codes.shape[:-1], self.kv_rank + self.rope_dim, dtype=self.dtype, device=codes.device)
         if self.q4:
             split = q4.groups(self.kv_rank)
@@ -111,8 +132,10 @@ def dequantize_latent(
 def allocate_caches(
     cfg, num_blocks: int, block_size: int, dtype: torch.dtype, cache_dtype: str = "auto", device="cpu"
 ) -> list[LatentCache]:
-    """One LatentCache per layer (per-layer ranks allowed)."""
+    """One LatentCache per layer (per-layer ranks allowed; a transform code's layers from the folder's
+    record, cfg.extensions["cache_format"])."""
+    codes = coded.layer_codes(cfg) if cache_dtype == TRANSFORM_CODE else [None] * cfg.num_hidden_layers
     return [
-        LatentCache(num_blocks, block_size, cfg.kv_rank(i), cfg.qk_rope_head_dim, dtype, cache_dtype, device)
+        LatentCache(num_blocks, block_size, cfg.kv_rank(i), cfg.qk_rope_head_dim, dtype, cache_dtype, device, codes[i])
         for i in range(cfg.num_hidden_layers)
     ]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from latentkv.convert import transform_code as tc
+from latentkv.cache import transform_code as tc
 from latentkv.convert.calibrate import LayerStats
 
 

@@ -15,7 +15,7 @@ layer's K side and V side at one rate), reverse water-filling within each side a
 budget, and over all layers at once on the calibration energies — so rank and rope dims per layer
 follow from where the bits go. Each is scored like the others (the uniform code among them, so the
 choice never falls below the floor on the selection prompts), through the reference model with its
-cache simulated (simulated.py), as no kernel serves it yet.
+cache simulated (simulated.py), what the served reference backend computes (cache/coded.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from latentkv.cache.accounting import latent_bytes, latent_bytes_per_token
 from latentkv.config import ModelConfig
 from latentkv.convert import bit_alloc
-from latentkv.convert import transform_code as tc
+from latentkv.cache import transform_code as tc
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model, plan_rope
@@ -39,7 +39,7 @@ from latentkv.sources.source_model import SourceModel
 
 # the 8-bit rope first: it leaves the latent the most bytes; q4_0 (4-bit blocks, the rope key turned:
 # cache/q4.py) holds the exact conversion at the q4_0 budget of the original's cache
-TRANSFORM = tc.KIND  # bits per direction (transform_code.py); measured simulated, not served yet
+TRANSFORM = tc.KIND  # bits per direction (transform_code.py); measured simulated, served by the reference backend
 FORMATS = ("int8_rope8", "int8", "q4_0", TRANSFORM)
 TRANSFORM_MIN_LAYER_BYTES = 1 + tc.SCALE_BYTES  # a layer's smallest coded row: one 1-bit direction and its scale
 ROPE_POINTS = 6  # SmolLM2 (3 KV heads x 64): rope 32, 64, ... 192

@@ -24,7 +24,7 @@ from latentkv.model.route import decide_route
 from latentkv.model.shards import open_safetensors, read_checked, weight_files
 from latentkv.model.norm import rms_norm
 from latentkv.model.packed import PackedLinear
-from latentkv.model.rope import layer_inv_freq
+from latentkv.rope import layer_inv_freq
 from latentkv.sources.reference import decoder_layer
 from latentkv.sources.source_model import SourceModel
 

@@ -18,7 +18,7 @@ from latentkv.convert.layout import deepseek_config
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.refine import Refiner
 from latentkv.convert.rope_scale import equalize_rope_pairs
-from latentkv.model.rope import default_inv_freq
+from latentkv.rope import default_inv_freq
 from latentkv.sources.source_model import SourceModel
 
 THETA_GRID = [10.0 ** (k / 4) for k in range(4, 29)]  # 10 .. 10^7, for the stock rope schedule

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from latentkv.model.norm import rms_norm
-from latentkv.model.rope import cos_sin, rotate
+from latentkv.rope import cos_sin, rotate
 from latentkv.sources import reference as ref
 from latentkv.sources.source_model import SourceModel
 

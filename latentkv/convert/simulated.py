@@ -1,6 +1,7 @@
 """A transform-coded latent cache, simulated: measured before any kernel serves it.
 
-The format (convert/transform_code.py) is not served natively yet. To measure what it does to a
+The format (cache/transform_code.py) is served by the reference attention backend (cache/coded.py);
+this is how its conversion measured it, and the served engine's reference. To measure what it does to a
 model's behaviour, each layer's fresh latent c and rope key k_r (after RoPE) are quantized and
 read back (`transform_code.round_trip`) right where the attention would write them to its cache,
 in latentkv's own model with an unquantized cache: every reader (prefill and decode alike) then
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from latentkv.convert import transform_code as tc
+from latentkv.cache import transform_code as tc
 from latentkv.eval.chat import ChatModel
-from latentkv.model.rope import apply_rope
+from latentkv.rope import apply_rope
 
 
 def simulate(model, code: tc.TransformCode, only: tuple[int, str] | None = None):
@@ -77,9 +78,3 @@ def coded_chat_model(model, code: tc.TransformCode, tokenizer, folder: str) -> C
         folder,
         cache_dtype=tc.KIND,
     )
-
-
-def folder_code(cfg) -> tc.TransformCode | None:
-    """The transform code a folder's config records (latentkv.cache_format), or None."""
-    record = cfg.extensions.get("cache_format")
-    return None if record is None else tc.TransformCode.from_dict(record, cfg.num_hidden_layers)

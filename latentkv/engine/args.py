@@ -20,6 +20,7 @@ from latentkv.facts import (
     ENGINE_CACHE_DTYPES,
     MODEL_DTYPE_ALIASES,
     MODEL_DTYPES,
+    TRANSFORM_CODE,
 )
 from latentkv.model.quant import QUANTIZATIONS
 from latentkv.sizes import parse_memory
@@ -100,8 +101,9 @@ OPTION_CHECKS = {
     "dtype": (f"one of {['auto', *MODEL_DTYPES]}", model_dtype),
     "kv_cache_dtype": (
         f"one of {list(ENGINE_CACHE_DTYPES)} ('auto': the folder's own format where it records one, "
-        "else the model dtype; 'bfloat16' / 'float32': the unquantized latent, the model dtype)",
-        choice(ENGINE_CACHE_DTYPES, CACHE_DTYPE_ALIASES),
+        "else the model dtype; 'bfloat16' / 'float32': the unquantized latent, the model dtype; "
+        f"{TRANSFORM_CODE!r}: a folder's transform-coded cache, what 'auto' serves where it records one)",
+        choice((*ENGINE_CACHE_DTYPES, TRANSFORM_CODE), CACHE_DTYPE_ALIASES),
     ),
     "quantization": (
         f"one of {['none', *QUANTIZATIONS]} (int8 / int4: weight-only; w4a8 / w8a8: int8 activations too; "

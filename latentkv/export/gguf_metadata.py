@@ -7,7 +7,7 @@ Two things llama.cpp computes differently from DeepSeek's code are mapped exactl
   that llama.cpp's norm gives DeepSeek's (RMSNorm(k x, eps) = RMSNorm(x, eps / k²));
 - its YaRN attention scale comes from `rope.scaling.yarn_log_multiplier` and
   `rope.scaling.attn_factor` by its own formula: `rope_scaling_keys` solves for the values that give
-  latentkv's softmax scale and cos / sin factor (model/rope.py).
+  latentkv's softmax scale and cos / sin factor (rope.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import gguf
 
 from latentkv.config import ModelConfig
 from latentkv.export.gguf_check import ExportError
-from latentkv.model.rope import attention_factor, softmax_scale
+from latentkv.rope import attention_factor, softmax_scale
 from latentkv.model.spec import LATENT_NORM_EPS
 
 ARCH = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.DEEPSEEK2]

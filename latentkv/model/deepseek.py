@@ -20,7 +20,7 @@ from ..sizes import return_freed_memory
 from . import fused
 from .mla import MLAttention, weight_version
 from .norm import RMSNorm
-from .rope import cos_sin
+from ..rope import cos_sin
 from .route import Route, decide_route
 from .spec import LayerSpec, layer_spec
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..attention.paged import write
 from ..cache.latent_cache import LatentCache
 from ..kernels import decode_ops
-from .rope import apply_rope
+from ..rope import apply_rope
 
 EXT = decode_ops.EXT
 
@@ -103,11 +103,13 @@ def write_latent(
     rope: tuple[torch.Tensor, torch.Tensor, bool] | None = None,
     *,
     kernel: bool = False,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Store c [T, r] and k_r [T, dr] at flat slots [T] in the cache's format: the one writer of the latent
     cache (the layer's, and the decode plan's native step calls the same kernel). rope (cos, sin [T, dr/2],
-    interleaved): k_r is not yet rotated, and is rotated here. Where the route runs the native ops
-    (`kernel`) and the format has a native writer, one native pass rotates, quantizes and stores; else
+    interleaved): k_r is not yet rotated, and is rotated here; else angles (cos, sin) are the ones k_r was
+    rotated by (a transform-coded cache turns its rope key's mean by them). Where the route runs the native
+    ops (`kernel`) and the format has a native writer, one native pass rotates, quantizes and stores; else
     the reference rope and attention.paged.write (the format's layout in torch ops)."""
     fmt = cache.format
     if runs(kernel) and rope is not None and fmt.native_write and c.dtype == cache.dtype:
@@ -116,7 +118,8 @@ def write_latent(
     if rope is not None:
         cos, sin, interleaved = rope
         k_r = apply_rope(k_r[:, None], cos, sin, interleaved)[:, 0]
-    write(cache, c, k_r, slot_mapping)
+        angles = (cos, sin)
+    write(cache, c, k_r, slot_mapping, angles)
 
 
 def rms_norm(

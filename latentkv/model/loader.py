@@ -27,7 +27,7 @@ from ..sizes import available_memory, return_freed_memory
 from .families import family, read_config
 from .footprint import GIB, load_bytes, param_dtype
 from .quant import QuantLinear
-from .rope import layer_inv_freq
+from ..rope import layer_inv_freq
 from .route import Route, decide_route
 from .shards import CheckpointError, file_tensors, weight_files
 

@@ -26,7 +26,7 @@ from ..config import ModelConfig
 from . import fused
 from .converted import ConvertedStructure, weight_version
 from .norm import RMSNorm
-from .rope import apply_rope, layer_inv_freq
+from ..rope import apply_rope, layer_inv_freq
 from .route import Route
 from .spec import LayerSpec
 
@@ -86,7 +86,7 @@ class MLAttention(ConvertedStructure, nn.Module):
         native = fused.runs(self.fused)
         q_nope, q_rope, c, k_r = self.project(x, rope, rotate_key=not native)
         fused.write_latent(
-            cache, c, k_r, meta.slot_mapping, (*rope, self.interleaved) if native else None, kernel=native
+            cache, c, k_r, meta.slot_mapping, (*rope, self.interleaved) if native else None, kernel=native, angles=rope
         )
         out = self.backend.forward(self, q_nope, q_rope, cache, meta)  # [T, H, dv]
         return self.o_proj(out.flatten(1))

@@ -34,7 +34,9 @@ WEIGHTS = ("float", "fixed-order") + QUANTIZATIONS
 class Route:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
-    cache_dtype: str = "auto"  # the latent cache's format by name (facts.CACHE_DTYPES; "auto": the model dtype)
+    cache_dtype: str = (
+        "auto"  # the latent cache's format by name (facts.CACHE_DTYPES, facts.TRANSFORM_CODE; "auto": the model dtype)
+    )
     attention: str = "torch"  # the attention backend (attention.BACKENDS), resolved
     fused: bool = False  # the per-layer ops run native (model/fused.py, kernels/decode_ops.py)
     qlinear: bool = False  # latentkv's packed-linear kernel runs the packed linears (else ATen's int kernels)
@@ -114,6 +116,13 @@ def decide_route(
             stacklevel=2,
         )
         weights = INT_DOT[weights]
+    if not cache_format(cache_dtype, dtype).native_read:  # the reference backend dequantizes it (cache/coded.py)
+        if attention_backend == "native":
+            raise ValueError(
+                f"attention_backend 'native': no native kernel reads a {cache_dtype} cache yet; "
+                "use 'auto' (the reference backend serves it)"
+            )
+        asked["attention"], attention_backend = False, "torch"
     isas = tuple(
         (ext.family, ext.choose() if ext.available() else "unavailable")
         for ext in (attention_kernels.EXT, decode_ops.EXT, qlinear.EXT)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig
-from .rope import attention_factor, softmax_scale
+from ..rope import attention_factor, softmax_scale
 
 # DeepSeek's code and transformers build the q_a / kv_a norms with their default eps,
 # not the config's rms_norm_eps.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from latentkv.model.rope import default_inv_freq
+from latentkv.rope import default_inv_freq
 from latentkv.sources.source_model import SourceError, SourceModel, check_tensors
 from latentkv.sources.tensor_store import TensorStore, resident_default
 

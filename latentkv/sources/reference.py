@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from latentkv.model.norm import rms_norm
-from latentkv.model.rope import cos_sin, rotate
+from latentkv.rope import cos_sin, rotate
 from latentkv.sources.source_model import SourceModel
 
 

@@ -12,7 +12,7 @@ from tiny_lm import save_tiny_llama
 from latentkv.bench import frontier, kivi
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.config import ModelConfig
-from latentkv.convert.simulated import folder_code
+from latentkv.cache.transform_code import folder_code
 
 
 def test_a_quick_frontier_converts_each_budget_and_measures_every_row(tmp_path, few_chat_prompts):

@@ -12,7 +12,7 @@ import latentkv
 from latentkv.cache.accounting import latent_bytes
 from latentkv.cache.format import FORMATS, cache_format
 from latentkv.cache.latent_cache import LatentCache
-from latentkv.facts import CACHE_DTYPES
+from latentkv.facts import CACHE_DTYPES, TRANSFORM_CODE
 from latentkv.store.tier import block_rows
 
 ROOT = Path(latentkv.__file__).parent
@@ -65,7 +65,12 @@ def test_what_each_format_answers():
     assert cache_format("int8_rope8", f32).rope8 and not cache_format("int8", f32).rope8
     q4 = cache_format("q4_0", f32)
     assert q4.turned_rope and not q4.native_write and q4.qmax == 0.0
-    assert all(cache_format(name, f32).native_write for name in FORMATS if name != "q4_0")
+    assert all(cache_format(name, f32).native_write for name in FORMATS if name not in ("q4_0", TRANSFORM_CODE))
+    coded = cache_format(TRANSFORM_CODE, f32)  # the kind alone: its parts are a layer's code's
+    assert coded.coded and coded.quantized and not coded.native_write and not coded.native_read
+    assert all(cache_format(name, f32).native_read for name in CACHE_DTYPES)
+    with pytest.raises(ValueError, match="per layer"):
+        coded.parts(8, 4)
 
 
 def test_the_storage_names_what_the_tensors_hold():

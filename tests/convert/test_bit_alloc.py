@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from latentkv.convert import bit_alloc
-from latentkv.convert import transform_code as tc
+from latentkv.cache import transform_code as tc
 
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 4])

@@ -13,8 +13,9 @@ from latentkv.config import ModelConfig
 from latentkv.convert import bit_alloc, budget
 from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
-from latentkv.convert.simulated import folder_code
+from latentkv.cache.transform_code import folder_code
 from latentkv.eval.chat import evaluate_chat
+from latentkv.facts import TRANSFORM_CODE
 from latentkv.llm import LLM
 
 SMOLLM2 = SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64)
@@ -86,9 +87,10 @@ def test_a_tiny_budgeted_conversion_is_served_in_its_chosen_cache(tmp_path, few_
     assert evaluate_chat(str(out), str(source), generate=False, cache_dtype="fp8_e4m3")["cache_dtype"] == "fp8_e4m3"
 
 
-def test_a_transform_coded_conversion_records_its_format_and_is_not_served_yet(tmp_path, few_chat_prompts):
-    """The folder's config holds the bits of every direction within the budget; the engine refuses
-    it by name; the simulated measurement reads it back."""
+def test_a_transform_coded_conversion_records_its_format_and_is_served_in_it(tmp_path, few_chat_prompts):
+    """The folder's config holds the bits of every direction within the budget; the engine serves it
+    in that format (its bytes a token), and in no other asked by name; the simulated measurement reads
+    it back."""
     source = save_tiny_llama(tmp_path / "llama")  # 2 layers, 2 KV heads x 16
     options = ConvertOptions(
         kv_bytes=40, calib_tokens=4 * 64, ctx=64, eval_tokens=0, kv_formats=(budget.TRANSFORM,), kv_rope_dims=("all",)
@@ -100,8 +102,8 @@ def test_a_transform_coded_conversion_records_its_format_and_is_not_served_yet(t
     assert 0 < code.bytes_per_token() <= 40 and (cfg.qk_rope_head_dim, cfg.kv_lora_rank) == (32, 32)
     assert [len(b) for b in code.latent_bits] == [32, 32] and any(0 < b < 8 for b in code.latent_bits[0])
     assert [len(m) for m in code.rope_mean] == [32, 32] and any(v != 0 for v in code.rope_mean[0])  # centred
-    with pytest.raises(ValueError, match="not served yet"):
-        LLM(str(out), dtype="float32", kv_cache_memory="1MiB")
-    with pytest.raises(ValueError, match="not served yet"):
-        evaluate_chat(str(out), str(source), generate=False)
-    assert LLM(str(out), dtype="float32", kv_cache_memory="1MiB", kv_cache_dtype="int8").llm_engine  # asked: served
+    engine = LLM(str(out), dtype="float32", kv_cache_memory="1MiB").llm_engine
+    assert engine.args.kv_cache_dtype == TRANSFORM_CODE and engine.kv_bytes_per_token == code.bytes_per_token()
+    assert evaluate_chat(str(out), str(source), generate=False)["cache_dtype"] == TRANSFORM_CODE
+    with pytest.raises(ValueError, match="this folder's cache is a transform code"):
+        LLM(str(out), dtype="float32", kv_cache_memory="1MiB", kv_cache_dtype="int8")

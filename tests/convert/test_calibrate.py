@@ -7,7 +7,7 @@ import torch
 
 from latentkv.convert.calibrate import collect_stats
 from latentkv.model.norm import rms_norm
-from latentkv.model.rope import cos_sin, rotate
+from latentkv.rope import cos_sin, rotate
 from latentkv.sources import reference as ref
 from latentkv.sources.readers import read_source
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from latentkv.convert import bit_alloc
-from latentkv.convert import transform_code as tc
+from latentkv.cache import transform_code as tc
 from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions

@@ -15,7 +15,7 @@ from latentkv.config import ModelConfig
 from latentkv.export import export_gguf
 from latentkv.export.gguf_check import ExportError, refusals
 from latentkv.export.gguf_metadata import rope_scaling_keys
-from latentkv.model.rope import attention_factor, softmax_scale
+from latentkv.rope import attention_factor, softmax_scale
 
 BASE = dict(
     model_type="deepseek_v3",

@@ -4,7 +4,7 @@ layer's own table would have; layers that rotate differently keep their own."""
 import torch
 
 from latentkv.model.deepseek import rope_tables
-from latentkv.model.rope import cos_sin
+from latentkv.rope import cos_sin
 
 POSITIONS = torch.arange(37) + 5
 

@@ -13,7 +13,7 @@ from latentkv.attention.paged import write
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.model import fused
 from latentkv.model.route import decide_route
-from latentkv.model.rope import apply_rope, cos_sin, default_inv_freq
+from latentkv.rope import apply_rope, cos_sin, default_inv_freq
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason=f"fused ops not built: {fused.EXT.unavailable_reason()}")
 

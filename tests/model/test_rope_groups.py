@@ -15,7 +15,7 @@ from latentkv.model.loader import load_model
 from latentkv.model.mla import MLAttention
 from latentkv.model.quant import QuantLinear
 from latentkv.model.route import decide_route
-from latentkv.model.rope import apply_rope, cos_sin
+from latentkv.rope import apply_rope, cos_sin
 from latentkv.model.rope_groups import find
 
 from latentkv.convert.calibrate import collect_stats

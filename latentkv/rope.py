@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..config import ModelConfig, RopeScaling
+from latentkv.config import ModelConfig, RopeScaling
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from latentkv.cache import q4
-from latentkv.convert import transform_code as tc
+from latentkv.cache import transform_code as tc
 
 
 def reference_round_trip(x: torch.Tensor, bits: list[int], group: int) -> torch.Tensor:

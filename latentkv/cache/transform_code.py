@@ -19,8 +19,9 @@ format constants (in the record), not bytes per token.
 
 Bytes a token takes in one layer: ceil(code bits / 8) + SCALE_BYTES per group (`layer_bytes`).
 The record (`TransformCode.to_dict`) is what config.json holds under latentkv.cache_format and
-`from_dict` reads it back exactly. Serving it natively is not built yet (config.py refuses a
-folder whose format it is); eval/simulated.py measures it by `round_trip` in the reference model.
+`from_dict` reads it back exactly. A folder that records one is served in it (cache/coded.py: a layer's
+tokens in the paged cache, written quantized, read dequantized by the reference attention backend; no
+native kernel reads it yet); convert/simulated.py measures it by `round_trip` in the reference model.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 import torch
 
 from latentkv.cache import q4
+from latentkv.facts import TRANSFORM_CODE
 
-KIND = "transform_code"
+KIND = TRANSFORM_CODE
 MAX_BITS = 8
 GROUP = 64  # values per scale at most: 0.25 bit a value for the float16 scale
 SCALE_BYTES = 2  # float16 RMS per group and token
@@ -177,7 +179,7 @@ def encode(x: torch.Tensor, bits: list[int], group: int = GROUP) -> list[tuple[t
 def decode(parts: list[tuple[torch.Tensor, torch.Tensor]], bits: list[int], group: int = GROUP) -> torch.Tensor:
     """encode's output -> x [T, n] float32 (0 where a direction has no bits)."""
     n, rows = len(bits), parts[0][0].shape[0] if parts else 0
-    x = torch.zeros(rows, n)
+    x = torch.zeros(rows, n, device=parts[0][0].device if parts else None)
     for (codes, scale), (b, idx) in zip(parts, groups(bits, group)):
         half = 1 << (b - 1)
         y = (codes.float() - half + 0.5) * (STEP[b] * scale.float()[:, None])
@@ -206,6 +208,12 @@ def expected_error(variances: torch.Tensor, bits: list[int]) -> float:
 
 def fits(code: TransformCode, kv_bytes: int) -> bool:
     return code.bytes_per_token() <= kv_bytes
+
+
+def folder_code(cfg) -> TransformCode | None:
+    """The transform code a folder's config (a ModelConfig) records (latentkv.cache_format), or None."""
+    record = cfg.extensions.get("cache_format")
+    return None if record is None else TransformCode.from_dict(record, cfg.num_hidden_layers)
 
 
 assert all(a > b for a, b in zip(DISTORTION, DISTORTION[1:])) and math.isclose(DISTORTION[0], 1.0)
