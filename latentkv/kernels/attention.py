@@ -5,7 +5,7 @@ batch-invariant prefill span. attention/native_backend.py's NativeBackend decide
   Paths: amx_int8 (bf16 queries over an int8 latent and rope key in whole tile steps: int8 tiles,
   csrc/attention/mla_decode_amx_i8.h), amx_bf16 (bf16 queries: scores and value sums on AMX tiles,
   mla_decode_amx.h), avx512_bf16 (bf16 queries: vdpbf16ps, mla_decode_bf16.h; an int8 latent of a
-  rank that is a multiple of 64: vpdpbusd, mla_decode_vnni.h, on AMX CPUs too), avx512 and scalar
+  rank that is a multiple of 64: vpdpbusd, mla_decode_vnni.h, where the CPU lacks amx_bf16), avx512 and scalar
   (float32 FMAs, mla_decode_impl.h), avx2 (intrinsics, mla_decode_avx2.h). A sequence's keys are cut
   into work items of DECODE_SPAN tokens at fixed positions for contexts up to DECODE_SPAN x
   DECODE_MAX_SPANS tokens (longer ones: at most DECODE_MAX_SPANS items), merged in order: the same bits

@@ -58,14 +58,16 @@ struct DecodeLoops {
 // avx512_bf16 CPU: bf16 dot products straight from the query (r % 32 == 16, the default
 // conversion's 240: the latent ends mid-chunk, in a full chunk; q4_0 rows are widened to float32 by
 // load_row on every ISA: the bf16 loops widen their own kinds); an int8 latent with a bf16 rope key
-// there: integer dot products, the query's latent part in int8 (on AMX CPUs too); on amx_int8, an int8
+// there: integer dot products, the query's latent part in int8 (not on AMX CPUs: their bf16 tiles over
+// the latent widened a tile ahead ran V3's shape 1.2-1.4x faster, the bundled model's 1.05-1.15x, in
+// `bench kernel --latents int8`, one thread); on amx_int8, an int8
 // latent and rope key whose widths are whole int8 tile steps: integer tile products; on amx_bf16,
 // the bf16 path's scores and value sums on tiles. Everything else: the float32 loops of the path.
 DecodeLoops decode_loops(int64_t caps, const CacheKind& kind, bool bf16_query, int64_t D, int64_t r) {
   const bool dot = has(caps, NEEDS_AVX512_BF16) && kind.latent != KIND_Q4 && bf16_query &&
                    (r % 32 == 0 || (r % 16 == 0 && D / 32 > r / 32));
   if (!dot) return {float_loops(caps).decode, true};
-  if (kind.latent == KIND_I8 && kind.rope == ROPE_BF16 && r % 64 == 0) return {isa_avx512bf16::dot_path().decode_i8, false};
+  if (kind.latent == KIND_I8 && kind.rope == ROPE_BF16 && r % 64 == 0 && !has(caps, NEEDS_AMX_BF16)) return {isa_avx512bf16::dot_path().decode_i8, false};
   if (has(caps, NEEDS_AMX_INT8) && kind.latent == KIND_I8 && kind.rope == ROPE_I8 && r % 64 == 0 && (D - r) % 64 == 0 &&
       D - r > 0)
     return {isa_amx_int8::decode_path(), false};
