@@ -13,6 +13,8 @@ from latentkv.bench import frontier, kivi
 from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.config import ModelConfig
 from latentkv.cache.transform_code import folder_code
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 
 def test_a_quick_frontier_converts_each_budget_and_measures_every_row(tmp_path, few_chat_prompts):
@@ -102,9 +104,6 @@ def test_ggml_round_trip_is_llama_cpps_block_quantization():
 
 
 def test_the_reference_forward_with_a_kv_store_changes_only_through_it(tmp_path):
-    from latentkv.sources.readers import read_source
-    from latentkv.sources.reference import source_logits
-
     src = read_source(str(save_tiny_llama(tmp_path / "llama")))
     ids = torch.randint(0, 100, (1, 12))
     assert torch.equal(source_logits(src, ids, lambda x: x), source_logits(src, ids))

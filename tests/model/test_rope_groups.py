@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from latentkv import LLM, SamplingParams
-from latentkv.model import fused
+from latentkv.model import decode_plan, fused
 from latentkv.model.loader import load_model
 from latentkv.model.mla import MLAttention
 from latentkv.model.quant import QuantLinear
@@ -25,6 +25,7 @@ from latentkv.convert.pipeline import build_model
 from latentkv.sources.readers import read_source
 
 import llama_tiny
+from test_decode_plan import assert_plan_gives_the_modules_bits, random_caches
 
 native = pytest.mark.skipif(not fused.available(), reason="the native per-layer ops are not built here")
 
@@ -178,9 +179,6 @@ def test_packed_query_projections_are_folded_before_they_quantize(converted_gqa,
 def test_the_decode_plan_gives_the_modules_bits_with_a_folded_projection(
     converted_gqa, dtype, cache_dtype, quantization
 ):
-    from test_decode_plan import assert_plan_gives_the_modules_bits, random_caches
-    from latentkv.model import decode_plan
-
     route = decide_route("cpu", getattr(torch, dtype), "native", quantization, batch_invariant=quantization is None)
     model = load_model(converted_gqa[0], route=route)
     assert all(layer.self_attn.folded for layer in model.model.layers)
