@@ -39,7 +39,9 @@ vllm() {  # $1 model, then vLLM flags
 }
 if [ "${1:-smollm2}" = smollm2 ]; then
   MODEL_DIR=$(.venv/bin/python -c 'from latentkv.resolve import resolve_model; print(resolve_model(None).path)')
-  ORIG=${MODEL_DIR}-original-hf  # latentkv bench serve makes it (bench/models.py ensure_hf_source)
+  # the original as a transformers folder beside the conversion, made here if missing (as bench serve does)
+  ORIG=$(.venv/bin/python -c 'import sys; from pathlib import Path; from latentkv.bench.models import ensure_hf_source
+from latentkv.sources.readers import default_gguf_path; print(ensure_hf_source(Path(sys.argv[1]), default_gguf_path()))' "$MODEL_DIR")
   echo "== latentkv serve (bundled SmolLM2, default conversion and cache)"
   PID=$(latentkv "" --kv-cache-memory 1GiB)
   wait_up && for S in $SAMPLINGS; do echo "-- sampling $S"; client "$MODEL_DIR" 96 32 $S; done; stop $PID
