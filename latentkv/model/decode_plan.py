@@ -79,6 +79,7 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
         norm.weight,
         norm.eps,
         qlinear.extension().linear_capsule,
+        qlinear.extension().swiglu_capsule,
         qlinear.extension().moe_capsule,
         qlinear.extension().route_capsule,
         attention_kernels.extension().mla_decode_capsule,
@@ -118,16 +119,21 @@ def unsupported(model, caches) -> str | None:
     return None
 
 
-def linear_entry(plan, linear):
-    """A packed linear as decode_step.cpp takes it (plan_layer.h PlanLinear); `plan`: the decode_ops module."""
-    return plan.PlanLinear(packed=linear.weight_packed, kind=linear.record, out=linear.out_features, bias=linear.bias)
+def linear_entry(plan, linear, swiglu: bool = False):
+    """A packed linear as decode_step.cpp takes it (plan_layer.h PlanLinear); `plan`: the decode_ops module;
+    swiglu: a [gate; up] linear the plan runs as its SwiGLU (MLP.forward's choice)."""
+    return plan.PlanLinear(
+        packed=linear.weight_packed, kind=linear.record, out=linear.out_features, bias=linear.bias, swiglu=swiglu
+    )
 
 
-def mlp_entry(plan, mlp, moe: bool) -> dict:
+def mlp_entry(plan, mlp, moe: bool, dtype: torch.dtype) -> dict:
     """A dense MLP's packed linears, or a MoE layer's router (deepseek.Gate: its weights and choices)
-    and experts (MoE.native), as PlanLayer's fields."""
+    and experts (MoE.native), as PlanLayer's fields; dtype: the activations'."""
     if not moe:
-        return {"gate_up": linear_entry(plan, mlp.gate_up_proj), "down": linear_entry(plan, mlp.down_proj)}
+        gate_up = mlp.gate_up_proj
+        swiglu = mlp.fused and hasattr(gate_up, "swiglu_runs") and gate_up.swiglu_runs(dtype)
+        return {"gate_up": linear_entry(plan, gate_up, swiglu), "down": linear_entry(plan, mlp.down_proj)}
     gate, cfg = mlp.gate, mlp.gate.cfg
     bias = gate.e_score_correction_bias
     gate_up, down, shared_gate_up, shared_down, kind, inter, shared_inter = mlp.native
@@ -181,7 +187,7 @@ def layer_entry(plan, layer, cache, dtype: torch.dtype):
         qkv_a=linear_entry(plan, attn.qkv_a_proj),
         q_b=linear_entry(plan, attn.q_b_proj) if spec.q_lora_rank else None,
         o=linear_entry(plan, attn.o_proj),
-        **mlp_entry(plan, layer.mlp, spec.moe),
+        **mlp_entry(plan, layer.mlp, spec.moe, dtype),
         rope_slots=groups.slots if groups else None,
         mix=mix,
         mix_packed=mix_packed,

@@ -246,19 +246,23 @@ class FixedOrderLinear(QuantLinear):
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
         return qlinear.linear(flat, self.weight_packed, self.bits, self.out_features)
 
+    def swiglu_runs(self, dtype: torch.dtype) -> bool:
+        """Whether `swiglu` takes rows of `dtype` here (the decode plan asks the same)."""
+        return (
+            self.packed
+            and self.bias is None
+            and dtype == torch.bfloat16
+            and self.out_features % 2 == 0
+            and qlinear.fused_swiglu(self.bits, self.out_features // 2)
+        )
+
     def swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
         """This [gate; up] linear's x [..., K] -> silu(gate) * up [..., I] in one native call where it
         runs (bf16 rows on AMX: qlinear.fused_swiglu), the bits of forward then decode_ops' silu_mul;
         None elsewhere."""
-        inter = self.out_features // 2
-        if not (
-            self.packed
-            and self.bias is None
-            and x.dtype == torch.bfloat16
-            and self.out_features % 2 == 0
-            and qlinear.fused_swiglu(self.bits, inter)
-        ):
+        if not self.swiglu_runs(x.dtype):
             return None
+        inter = self.out_features // 2
         return qlinear.swiglu_linear(x.reshape(-1, self.in_features), self.weight_packed, inter).view(
             *x.shape[:-1], inter
         )

@@ -132,24 +132,45 @@ def assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta
 
 
 def test_the_plan_checks_the_type_of_each_kernel_it_calls():
-    """decode_step.cpp calls qlinear's linear, moe and moe_route and attention's mla_decode through capsules of the
-    types kernels/csrc/common/kernel_fns.h declares (each named by its type): one of another type is
-    refused when the plan is built, never called."""
-    linear_fn, moe_fn = qlinear.extension().linear_capsule, qlinear.extension().moe_capsule
-    route_fn = qlinear.extension().route_capsule
-    decode_fn = attention_kernels.extension().mla_decode_capsule
+    """decode_step.cpp calls qlinear's linear, swiglu_linear, moe and moe_route and attention's mla_decode
+    through capsules of the types kernels/csrc/common/kernel_fns.h declares (each named by its type): one
+    of another type is refused when the plan is built, never called."""
+    ext = qlinear.extension()
+    fns = {
+        "qlinear's linear": ext.linear_capsule,
+        "qlinear's swiglu_linear": ext.swiglu_capsule,
+        "qlinear's moe": ext.moe_capsule,
+        "qlinear's moe_route": ext.route_capsule,
+        "attention's mla_decode": attention_kernels.extension().mla_decode_capsule,
+    }
     step, norm = decode_ops.extension().DecodePlan, torch.ones(8)
-    step([], norm, 1e-6, linear_fn, moe_fn, route_fn, decode_fn, 0, 0, 0)
-    with pytest.raises(
-        RuntimeError, match="the capsule for attention's mla_decode holds latentkv:.* this extension calls"
-    ):
-        step([], norm, 1e-6, linear_fn, moe_fn, route_fn, linear_fn, 0, 0, 0)
-    with pytest.raises(RuntimeError, match="the capsule for qlinear's moe holds latentkv:"):
-        step([], norm, 1e-6, linear_fn, linear_fn, route_fn, decode_fn, 0, 0, 0)
-    with pytest.raises(RuntimeError, match="the capsule for qlinear's moe_route holds latentkv:"):
-        step([], norm, 1e-6, linear_fn, moe_fn, moe_fn, decode_fn, 0, 0, 0)
-    with pytest.raises(RuntimeError, match="the capsule for qlinear's linear holds latentkv:"):
-        step([], norm, 1e-6, decode_fn, moe_fn, route_fn, decode_fn, 0, 0, 0)
+    step([], norm, 1e-6, *fns.values(), 0, 0, 0)
+    names = list(fns)
+    for i, what in enumerate(names):
+        wrong = list(fns.values())
+        wrong[i] = fns[names[i - 1]]  # its neighbour's capsule, of another type
+        with pytest.raises(RuntimeError, match=f"the capsule for {what} holds latentkv:.* this extension calls"):
+            step([], norm, 1e-6, *wrong, 0, 0, 0)
+
+
+class RecordPlan:
+    """decode_ops' plan classes as keyword records (what mlp_entry hands decode_step.cpp)."""
+
+    def PlanLinear(self, **fields):  # noqa: N802 - the extension's class name
+        return fields
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_dense_mlp_runs_its_swiglu_in_the_plan_where_the_module_does(tiny_checkpoints, dtype):
+    """MLP.forward takes qlinear's swiglu_linear for bf16 rows on AMX (I % 16 == 0); the plan is handed
+    the same choice (decode_step.cpp then calls the swiglu capsule: the same bits, test above)."""
+    folder, _ = tiny_checkpoints("v3_dense_qlora")
+    model = model_for(folder, dtype, "fixed-order")
+    mlp = model.model.layers[0].mlp
+    entry = decode_plan.mlp_entry(RecordPlan(), mlp, False, getattr(torch, dtype))
+    runs = dtype == "bfloat16" and qlinear.fused_swiglu(16, mlp.gate_up_proj.out_features // 2)
+    assert entry["gate_up"]["swiglu"] == runs and not entry["down"]["swiglu"]
+    assert mlp.gate_up_proj.swiglu_runs(getattr(torch, dtype)) == runs
 
 
 @torch.inference_mode()

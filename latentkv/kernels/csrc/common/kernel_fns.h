@@ -15,6 +15,9 @@
 // x [M, K] float32 / bf16, packed weight, record kind, out_features, caps -> [M, out_features]
 // (qlinear/qlinear.cpp `linear`)
 using LinearFn = at::Tensor (*)(at::Tensor, at::Tensor, int64_t, int64_t, int64_t);
+// x [M, K] bf16, a packed bf16 [gate; up] weight of 2I rows, I, caps -> silu(gate) * up [M, I]
+// (qlinear/qlinear.cpp `swiglu_linear`)
+using SwigluFn = at::Tensor (*)(at::Tensor, at::Tensor, int64_t, int64_t);
 // x [T, D], weights [T, k], ids [T, k], gate_up [E, ...], down [E, ...], shared_gate_up, shared_down, kind,
 // inter, shared_inter, caps -> [T, D] (qlinear/moe.h `moe`)
 using MoeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,

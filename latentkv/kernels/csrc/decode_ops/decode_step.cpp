@@ -32,9 +32,11 @@ namespace {
 
 class DecodePlan {
  public:
-  DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule moe_fn,
-             py::capsule route_fn, py::capsule decode_fn, int64_t caps_ops, int64_t caps_linear, int64_t caps_attention)
+  DecodePlan(py::list layers, at::Tensor w_norm, double eps_norm, py::capsule linear_fn, py::capsule swiglu_fn,
+             py::capsule moe_fn, py::capsule route_fn, py::capsule decode_fn, int64_t caps_ops, int64_t caps_linear,
+             int64_t caps_attention)
       : w_norm_(w_norm), eps_norm_(eps_norm), linear_(import_fn<LinearFn>(linear_fn, "qlinear's linear")),
+        swiglu_(import_fn<SwigluFn>(swiglu_fn, "qlinear's swiglu_linear")),
         moe_(import_fn<MoeFn>(moe_fn, "qlinear's moe")), route_(import_fn<RouteFn>(route_fn, "qlinear's moe_route")),
         decode_(import_fn<DecodeFn>(decode_fn, "attention's mla_decode")),
         caps_ops_(caps_ops), caps_linear_(caps_linear), caps_attention_(caps_attention) {
@@ -94,6 +96,8 @@ class DecodePlan {
         auto [weights, ids] = route_tokens(m, post[1], linear_, route_, caps_linear_);
         carry = moe_(post[1], weights, ids, m.gate_up, m.down, m.shared_gate_up, m.shared_down, m.kind, m.inter,
                      m.shared_inter, caps_linear_);
+      } else if (l.gate_up.swiglu) {  // DenseMLP.forward through FixedOrderLinear.swiglu
+        carry = linear(l.down, swiglu_(post[1], l.gate_up.packed, l.gate_up.out / 2, caps_linear_));
       } else {
         carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), caps_ops_));
       }
@@ -111,6 +115,7 @@ class DecodePlan {
   at::Tensor w_norm_;
   double eps_norm_;
   LinearFn linear_;
+  SwigluFn swiglu_;
   MoeFn moe_;
   RouteFn route_;
   DecodeFn decode_;
@@ -125,8 +130,8 @@ void register_decode_plan(py::module_& m) {
   bind_plan_struct<PlanMoe>(m);
   bind_plan_struct<PlanLayer>(m);
   py::class_<DecodePlan>(m, "DecodePlan")
-      .def(py::init<py::list, at::Tensor, double, py::capsule, py::capsule, py::capsule, py::capsule, int64_t, int64_t,
-                    int64_t>())
+      .def(py::init<py::list, at::Tensor, double, py::capsule, py::capsule, py::capsule, py::capsule, py::capsule,
+                    int64_t, int64_t, int64_t>())
       // without the GIL: the server's other threads (tokenizing, HTTP) run during the step
       .def("run", &DecodePlan::run, py::call_guard<py::gil_scoped_release>(),
            "the decoder layers of one all-decode step (see decode_step.cpp)");

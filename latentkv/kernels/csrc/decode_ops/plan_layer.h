@@ -8,12 +8,15 @@
 
 #include <cstdint>
 
-// A packed linear as qlinear's `linear` takes it (QuantLinear: weight_packed, record, out_features, bias).
-#define LATENTKV_PLAN_LINEAR(X) \
-  X(at::Tensor, packed, true)   \
-  X(int64_t, kind, true)        \
-  X(int64_t, out, true)         \
-  X(at::Tensor, bias, false) /* undefined: none */
+// A packed linear as qlinear's `linear` takes it (QuantLinear: weight_packed, record, out_features, bias);
+// swiglu: a [gate; up] weight that qlinear's `swiglu_linear` runs (quant.py FixedOrderLinear.swiglu's
+// conditions), silu(gate) * up in the product's last step with the bits of `linear` then silu_mul.
+#define LATENTKV_PLAN_LINEAR(X)  \
+  X(at::Tensor, packed, true)    \
+  X(int64_t, kind, true)         \
+  X(int64_t, out, true)          \
+  X(at::Tensor, bias, false) /* undefined: none */ \
+  X(bool, swiglu, false)
 
 struct PlanLinear {
   static constexpr const char* NAME = "PlanLinear";

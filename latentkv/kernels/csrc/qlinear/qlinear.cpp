@@ -122,8 +122,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "x -> the dot linears' int8 codes, d_x, s_x and the codes' sums");
   m.def("dot_path", &dot_path, "the integer-dot linears' path under a set of capabilities: avx512_vnni, avx2 or scalar");
   def_isa_paths(m, PATHS);
-  // for the decode plan (decode_ops/decode_step.cpp), which calls `linear` and `moe` without Python between
+  // for the decode plan (decode_ops/decode_step.cpp), which calls these without Python between
   m.attr("linear_capsule") = export_fn<LinearFn>(&linear);  // of the types kernel_fns.h declares
+  m.attr("swiglu_capsule") = export_fn<SwigluFn>(&swiglu_linear);
   m.attr("moe_capsule") = export_fn<MoeFn>(&moe);
   m.attr("route_capsule") = export_fn<RouteFn>(&moe_route);
 }
