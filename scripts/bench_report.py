@@ -182,8 +182,15 @@ def results_section(all_runs: list[Run]) -> str:
             if (RESULTS / run.kind / plot).exists():
                 parts += [f"![{run.title}: {plot.split('/')[0]}](results/{run.kind}/{plot})", ""]
         for name, tabs in run.files.items():
+            # a run repeated in alternating rounds keeps them beside it (NAME-rounds.txt): the ratio's spread
+            rounds = name.replace(".txt", "-rounds.txt")
+            spread = (
+                f"; the same repeated in rounds: [`{rounds}`](results/{run.kind}/{rounds})"
+                if (RESULTS / run.kind / rounds).exists()
+                else ""
+            )
             for t in tabs:
-                parts += [f"{markdown(t)}", "", f"<sub>from `{name}`</sub>", ""]
+                parts += [f"{markdown(t)}", "", f"<sub>from `{name}`{spread}</sub>", ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
