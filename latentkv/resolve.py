@@ -67,7 +67,9 @@ def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> Resolv
         raise ResolveError(f"model not found: {path} (give a folder, a .gguf file, or nothing for the bundled SmolLM2)")
     kind = classify(path)
     if kind == "mla":
-        return ResolvedModel(path=path, name=path.resolve().name)
+        source = recorded_source(path)
+        geometry = source_geometry(source) if source else None
+        return ResolvedModel(path=path, name=path.resolve().name, source=source, original=geometry)
     return convert_cached(path, convert_fn, log)
 
 
@@ -172,6 +174,18 @@ def package_version() -> str:
 
 
 # -- the original model's KV geometry (for the banner) ------------------------------------
+def recorded_source(folder: Path) -> Path | None:
+    """The model a `latentkv convert` folder was converted from (its config's latentkv.source.path),
+    where it is recorded and still there; None for a DeepSeek checkpoint or a moved source. Without
+    it the banner could only compare with MHA of the latent's shape (a GQA source's cache is smaller)."""
+    try:
+        recorded = json.loads((folder / "config.json").read_text())["latentkv"]["source"]["path"]
+        source = Path(recorded)
+        return source if source.exists() else None
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
 def source_geometry(source: Path) -> SourceGeometry | None:
     """Layers, KV heads and head dim of a Llama-family source, read from its metadata."""
     try:

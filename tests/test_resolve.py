@@ -57,6 +57,21 @@ def test_mla_folder_is_used_as_is(tiny_checkpoints, cache_dir):
     assert not cache_dir.exists()
 
 
+def test_a_converted_folder_names_its_recorded_source(tiny_checkpoints, llama_folder, tmp_path, cache_dir):
+    """A folder `latentkv convert` wrote, given by path: the banner compares its cache with the source's
+    (the KV geometry of the model its config records), not with MHA of the latent's shape."""
+    folder = tmp_path / "converted"
+    shutil.copytree(tiny_checkpoints("v2_dense")[0], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["latentkv"] = {**cfg.get("latentkv", {}), "source": {"path": str(llama_folder), "kind": "hf"}}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    resolved = resolve_model(folder, convert_fn=lambda **kw: pytest.fail("must not convert"))
+    assert resolved.path == folder and resolved.source == llama_folder
+    assert resolved.original == SourceGeometry(num_layers=2, num_kv_heads=2, head_dim=16)
+    shutil.rmtree(llama_folder)  # moved or deleted since: nothing to compare with
+    assert resolve_model(folder).original is None and not cache_dir.exists()
+
+
 def test_llama_source_is_converted_once_then_cached(tiny_checkpoints, llama_folder, cache_dir):
     convert = FakeConverter(tiny_checkpoints("v2_dense")[0])
     first = resolve_model(llama_folder, convert_fn=convert, log=lambda m: None)
