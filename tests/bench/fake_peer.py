@@ -3,7 +3,8 @@
 python fake_peer.py PORT MODE [N]
   refuse: print a refusal to stderr and exit 3 before listening (a peer that will not start);
   die:    serve N completions, then exit 5 on the next one, mid-stream (a peer that crashes under load);
-  ok:     stream max_tokens one-token chunks per completion, with a running-requests gauge on /metrics.
+  ok:     stream max_tokens one-token chunks per completion (TOKEN_S apart), with a running-requests gauge
+          on /metrics.
 With FAKE_PEER_BODIES=PATH in its environment, each request's body is appended to PATH (a JSON line).
 """
 
@@ -11,11 +12,15 @@ import json
 import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, MODE = int(sys.argv[1]), sys.argv[2]
 LIMIT = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 BODIES = os.environ.get("FAKE_PEER_BODIES")
+# tokens paced as a server's are: a load that ended within a millisecond left bench serve's /metrics
+# watcher no reading to take (its "most running" None) on a busy machine
+TOKEN_S = 0.02
 state = {"served": 0, "running": 0}
 lock = threading.Lock()
 
@@ -60,7 +65,9 @@ class Handler(BaseHTTPRequestHandler):
             sys.stderr.flush()
             os._exit(5)
         for _ in range(body["max_tokens"] - 1):
+            time.sleep(TOKEN_S)
             self.wfile.write(b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n')
+            self.wfile.flush()
         usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         with lock:
