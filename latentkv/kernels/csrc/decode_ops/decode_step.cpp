@@ -96,7 +96,7 @@ class DecodePlan {
         auto [weights, ids] = route_tokens(m, post[1], linear_, route_, caps_linear_);
         carry = moe_(post[1], weights, ids, m.gate_up, m.down, m.shared_gate_up, m.shared_down, m.kind, m.inter,
                      m.shared_inter, caps_linear_);
-      } else if (l.gate_up.swiglu) {  // DenseMLP.forward through FixedOrderLinear.swiglu
+      } else if (l.gate_up.swiglu) {  // MLP.forward through FixedOrderLinear.swiglu
         carry = linear(l.down, swiglu_(post[1], l.gate_up.packed, l.gate_up.out / 2, caps_linear_));
       } else {
         carry = linear(l.down, silu_mul(linear(l.gate_up, post[1]), caps_ops_));
