@@ -10,6 +10,7 @@ import pytest
 
 from latentkv import resolve
 from latentkv.resolve import ResolveError, SourceGeometry, resolve_model
+from latentkv.sources.readers import default_gguf_path
 
 LLAMA_CONFIG = {
     "model_type": "llama",
@@ -125,6 +126,4 @@ def test_unusable_models_are_named(tmp_path):
 
 
 def test_bundled_gguf_geometry():
-    from latentkv.sources.readers import default_gguf_path
-
     assert resolve.source_geometry(default_gguf_path()) == SourceGeometry(num_layers=30, num_kv_heads=3, head_dim=64)

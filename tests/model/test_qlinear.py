@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentkv.kernels import build, qlinear
+from latentkv.model import fused
+from latentkv.model.deepseek import MLP
 from latentkv.model.quant import FixedOrderLinear, Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
 from latentkv.model.route import decide_route
 from threads import torch_threads
@@ -191,8 +193,6 @@ def test_fused_swiglu_has_the_bits_of_the_product_then_silu_mul():
     in 300 and 2,100 rows (M blocks), with a K that is not whole groups, on 1 and 2 threads."""
     if "amx_bf16" not in isas():
         pytest.skip("this CPU has no AMX: the fused SwiGLU does not run")
-    from latentkv.model import fused
-
     for k, inter in ((600, 96), (50, 16)):
         packed, _ = quantized(16, 2 * inter, k, seed=3)
         x = (torch.randn(2100, k, generator=torch.Generator().manual_seed(4)) * 4).bfloat16()
@@ -209,8 +209,6 @@ def test_fused_swiglu_has_the_bits_of_the_product_then_silu_mul():
 def test_the_mlp_takes_the_fused_swiglu_where_it_runs_and_answers_the_same(monkeypatch):
     """A bf16 fixed-order MLP: its output is the same bits with the fused SwiGLU (AMX) and without
     it (the product, then silu_mul), and FixedOrderLinear.swiglu says None where it does not run."""
-    from latentkv.model.deepseek import MLP
-
     torch.manual_seed(5)
     route = decide_route("cpu", torch.bfloat16, batch_invariant=True)
     mlp = MLP(64, 96, route).bfloat16()

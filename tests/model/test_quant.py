@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from latentkv.model.loader import load_model
 from latentkv.kernels import qlinear
-from latentkv.model.quant import Int8Linear, quantize_int8
+from latentkv.model import quant
+from latentkv.model.loader import load_model
+from latentkv.model.quant import Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
 
 
 @pytest.mark.parametrize("in_features", [64, 24])
@@ -42,8 +43,6 @@ def test_quantized_model_stays_close(tiny_checkpoints):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("out_features", [48, 53])  # 53: padded to the kernel's 64 rows and cut back
 def test_int4_kernel_matches_dequantized_weights(dtype, out_features):
-    from latentkv.model.quant import Int4Linear, dequantize_int4, quantize_int4
-
     torch.manual_seed(0)
     linear = nn.Linear(96, out_features, bias=True).to(dtype)
     q = Int4Linear.from_linear(linear, qlinear.available())
@@ -59,8 +58,6 @@ def test_int4_kernel_matches_dequantized_weights(dtype, out_features):
 
 def test_int4_holds_q4_1_weights_exactly():
     """Q4_1 blocks (32 weights = q * d + m, q in 0..15) round-trip without loss."""
-    from latentkv.model.quant import dequantize_int4, quantize_int4
-
     gen = torch.Generator().manual_seed(1)
     q = torch.randint(0, 16, (32, 4, 32), generator=gen).float()
     q[..., 0], q[..., 1] = 0, 15  # every block spans the full code range, as Q4_1's does
@@ -75,8 +72,6 @@ def test_int4_holds_q4_1_weights_exactly():
 def test_int4_model_stays_close_and_keeps_unsupported_shapes(tiny_checkpoints, kernel, monkeypatch):
     """int4 on latentkv's kernel takes every linear but kv_b_proj; on ATen's (the kernel not built)
     those with whole groups of inputs (K % 32 == 0), the others stay in the model dtype."""
-    from latentkv.model.quant import Int4Linear
-
     if kernel == "qlinear" and not qlinear.available():
         pytest.skip(f"qlinear not built: {qlinear.unavailable_reason()}")
     if kernel == "aten":
@@ -120,8 +115,6 @@ def test_unknown_quantization_is_refused(tiny_checkpoints):
 def test_packing_in_row_blocks_gives_the_whole_matrix_bits(kind, uses_qlinear, dtype, monkeypatch):
     """pack_weights packs PACK_ELEMENTS weights at a time: 200 rows (not a multiple of the kernels' 64)
     in blocks of 64 rows give the buffers packing them at once gives, bit for bit."""
-    from latentkv.model import quant
-
     if uses_qlinear and not qlinear.available():
         pytest.skip(f"qlinear not built: {qlinear.unavailable_reason()}")
     weight = torch.randn(200, 96, generator=torch.Generator().manual_seed(0)).to(dtype)
