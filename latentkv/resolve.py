@@ -67,7 +67,7 @@ def resolve_model(model: str | Path | None, convert_fn=None, log=None) -> Resolv
         raise ResolveError(f"model not found: {path} (give a folder, a .gguf file, or nothing for the bundled SmolLM2)")
     kind = classify(path)
     if kind == "mla":
-        source = recorded_source(path)
+        _, source = recorded_source(path)
         geometry = source_geometry(source) if source else None
         return ResolvedModel(path=path, name=path.resolve().name, source=source, original=geometry)
     return convert_cached(path, convert_fn, log)
@@ -174,16 +174,18 @@ def package_version() -> str:
 
 
 # -- the original model's KV geometry (for the banner) ------------------------------------
-def recorded_source(folder: Path) -> Path | None:
-    """The model a `latentkv convert` folder was converted from (its config's latentkv.source.path),
-    where it is recorded and still there; None for a DeepSeek checkpoint or a moved source. Without
-    it the banner could only compare with MHA of the latent's shape (a GQA source's cache is smaller)."""
-    try:
-        recorded = json.loads((folder / "config.json").read_text())["latentkv"]["source"]["path"]
-        source = Path(recorded)
-        return source if source.exists() else None
-    except (OSError, KeyError, TypeError, ValueError):
-        return None
+def recorded_source(folder: Path) -> tuple[bool, Path | None]:
+    """(whether the MLA `folder` is a conversion of a source model, the source it recorded where that
+    file still is): the conversion cache's latentkv-source.json, or the converter's record in
+    config.json. The banner compares with that source's cache (without it, only with MHA of the
+    latent's shape: a GQA source's cache is smaller); bench serve runs vLLM on it."""
+    provenance = folder / "latentkv-source.json"
+    record = (json.loads((folder / "config.json").read_text()).get("latentkv") or {}).get("source")
+    paths = ([json.loads(provenance.read_text()).get("source")] if provenance.exists() else []) + (
+        [record.get("path")] if isinstance(record, dict) else []
+    )
+    found = next((Path(p) for p in paths if p and Path(p).exists()), None)
+    return provenance.exists() or record is not None, found
 
 
 def source_geometry(source: Path) -> SourceGeometry | None:

@@ -44,6 +44,7 @@ from latentkv.bench.systems import auto_dtype
 from latentkv.bench.throughput import make_requests
 from latentkv.facts import dtype_name
 from latentkv.plots import new_figure, save_figure
+from latentkv.resolve import recorded_source
 
 REQUEST_TIMEOUT_S = 600
 METRICS_POLL_S = 0.25
@@ -155,18 +156,6 @@ async def load(
         "wall_s": wall,
         "max_running": max(seen) if seen else None,
     }
-
-
-def recorded_source(folder: Path) -> tuple[bool, Path | None]:
-    """(whether `folder` is a conversion of a source model, the source it recorded where that file still
-    is): the conversion cache's latentkv-source.json, or the converter's record in config.json."""
-    provenance = folder / "latentkv-source.json"
-    record = (read_config(str(folder)).get("latentkv") or {}).get("source")
-    paths = ([json.loads(provenance.read_text()).get("source")] if provenance.exists() else []) + (
-        [record.get("path")] if isinstance(record, dict) else []
-    )
-    found = next((Path(p) for p in paths if p and Path(p).exists()), None)
-    return provenance.exists() or record is not None, found
 
 
 def prompt_vocab(folder: Path) -> int:
