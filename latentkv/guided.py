@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 
 import llguidance.hf
-import llguidance.torch as llt
+import llguidance.numpy as lln
 import torch
 from llguidance import LLMatcher
 
@@ -182,9 +182,12 @@ def apply_guides(logits: torch.Tensor, matchers: list, eos_token_ids: list[int])
     if not rows:
         return logits
     vocab = logits.shape[1]
-    bitmask = llt.allocate_token_bitmask(len(rows), vocab)
+    # llguidance's numpy helpers, not its torch ones: importing llguidance.torch compiles a kernel
+    # with torch.compile, which pulls in torch._dynamo (~3 s of every `latentkv` start)
+    words = lln.allocate_token_bitmask(len(rows), vocab)
     for j, i in enumerate(rows):
-        llt.fill_next_token_bitmask(matchers[i], bitmask, j)
+        lln.fill_next_token_bitmask(matchers[i], words, j)
+    bitmask = torch.from_numpy(words)
     bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1  # little-endian bits per int32
     allowed = bits.flatten(1)[:, :vocab].bool()
     stuck = ~allowed.any(dim=-1)
