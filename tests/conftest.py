@@ -26,6 +26,20 @@ for thread in build.build_in_background(attention_kernels.EXT, decode_ops.EXT, q
     thread.join()
 
 
+THREADS = os.environ["LATENTKV_THREADS"]
+
+
+@pytest.fixture(autouse=True)
+def the_suites_threads_after_each_test():
+    """A `latentkv bench` command run in-process sets torch's thread count and LATENTKV_THREADS for the
+    whole process (set_threads: --threads, default 2). Put the suite's count back after each test: else
+    the worker's later tests ran on two threads each, beside another worker on a 2-core machine."""
+    yield
+    os.environ["LATENTKV_THREADS"] = THREADS
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 

@@ -182,7 +182,24 @@ def test_bench_serve_latentkv_over_the_openai_api(tmp_path):
 
 def test_bench_prefix_store(tiny, tmp_path):
     out = tmp_path / "prefix-store"
-    assert main(["bench", "prefix", "--store", "--quick", "--model", tiny, "--no-baselines", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "prefix",
+                "--store",
+                "--quick",
+                "--model",
+                tiny,
+                "--no-baselines",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert (out / "prefix-store.png").stat().st_size > 0
     data = json.loads((out / "prefix-store.json").read_text())
     assert [r["prefix"] for r in data["ttft"]] == [64, 256]
