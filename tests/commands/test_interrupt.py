@@ -16,13 +16,16 @@ import pytest
 from latentkv.store.store import SUFFIX
 from tiny_lm import save_tiny_lm
 
-# the child: the store's writes and the engine's steps slowed down, then the command line as given
+# the child: the store's writes and the engine's steps slowed down, then the command line as given. A
+# write takes 0.1 s: the ~14 blocks queued at the signal take over a second to write, so the second
+# signal (0.3 s after the first) lands inside that (at 0.02 s a write, the queue was sometimes written
+# before it came, and the process died of the default SIGTERM: exit -15)
 CHILD = """
 import sys, time
 from latentkv.engine.engine import LLMEngine
 from latentkv.store.store import LatentStore
 write, step = LatentStore.write, LLMEngine.step
-LatentStore.write = lambda self, block: time.sleep(0.02) or write(self, block)
+LatentStore.write = lambda self, block: time.sleep(0.1) or write(self, block)
 LLMEngine.step = lambda self: time.sleep(0.1) or step(self)
 from latentkv.cli import main
 sys.exit(main(sys.argv[1:]))
