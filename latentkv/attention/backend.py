@@ -50,6 +50,11 @@ class AttentionBackend:
         self.attend_groups(layer, q_nope, q_rope, cache, meta.groups, out)
         return out
 
+    def for_format(self, fmt) -> "AttentionBackend":
+        """The backend that attends over a cache of this format (cache/format.py CacheFormat): this one, or
+        one of its own for a format its kernels do not read."""
+        return self
+
     def attend_groups(self, layer: AttentionLayer, q_nope, q_rope, cache, groups: list, out: torch.Tensor) -> None:
         """meta.groups' rows of the flat q_* [T,H,*] -> out[rows] [T,H,dv], group by group; a backend
         that attends several groups in one pass overrides it."""

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import q4
+from .. import invariant
+from ..cache import coded, q4
 from ..kernels.attention import (
     available,
     kernel_path,
     mla_decode,
+    mla_decode_coded,
     mla_prefill,
     prefill_finish,
     prefill_supported,
@@ -38,11 +40,14 @@ class NativeBackend(TorchBackend):
         if not available():
             raise RuntimeError(f"the native attention backend is not available here ({unavailable_reason()})")
         self.prefill_kernel = mla_prefill
-        self.reference = TorchBackend()  # for a cache no kernel reads (format.native_read: a transform code)
+        self.coded = CodedBackend()  # a transform-coded cache (format.native_read False): its own decode kernel
+
+    def for_format(self, fmt) -> TorchBackend:
+        return self if fmt.native_read else self.coded
 
     def forward(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
         if not cache.format.native_read:
-            return self.reference.forward(layer, q_nope, q_rope, cache, meta)
+            return self.coded.forward(layer, q_nope, q_rope, cache, meta)
         return super().forward(layer, q_nope, q_rope, cache, meta)
 
     @staticmethod
@@ -124,3 +129,65 @@ class NativeBackend(TorchBackend):
             for first in range(0, meta.max_query_len, QUERY_CHUNK)
         ]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+class CodedBackend(NativeBackend):
+    """A transform-coded cache (cache/coded.py): decode rows through the native kernel that widens the
+    codes as it reads them (kernels/attention.py mla_decode_coded), the query turned into the code's basis
+    and the output turned back (coded.kernel_view); prompt rows through the native prefill spans over the
+    rows dequantized a span at a time (attention/paged.py read_spans: no prefill kernel reads the codes)."""
+
+    name = "native coded"
+
+    def __init__(self):
+        self.prefill_kernel = mla_prefill  # (NativeBackend's, without a coded backend of its own)
+
+    def for_format(self, fmt) -> TorchBackend:
+        return self
+
+    def forward(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        return TorchBackend.forward(self, layer, q_nope, q_rope, cache, meta)
+
+    def decode_route(self, dtype: torch.dtype, device: str, invariant: bool) -> str:
+        if device != "cpu":
+            return super().decode_route(dtype, device, invariant)
+        return f"native coded kernel ({kernel_path(dtype)})"
+
+    def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
+        if query.device.type != "cpu" or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
+            return TorchBackend.latent_attention(self, query, cache, meta)
+        return coded_latent_attention(query, cache, meta)
+
+
+def coded_latent_attention(query, cache, meta: AttentionMetadata, path: str | None = None) -> torch.Tensor:
+    """query [B, Q*H, r+dr] (absorbed, scaled) over a transform-coded layer -> o_lat [B, Q*H, r] in the query
+    dtype: the query turned into the kernel's row (coded.kernel_view, in float32, then the query dtype), the
+    kernel (`path`: a named path instead of the one that serves), its output turned back in float32."""
+    view = coded.kernel_view(cache.format.code)
+    b, rows, width = query.shape
+    heads = rows // meta.max_query_len
+    turned = invariant.linear(query.reshape(-1, width).float(), view.query_map).view(b, rows, -1)
+    turned = turned.to(query.dtype)  # bf16 rows take the bf16 dot-product and tile loops
+    cs = view.cs(int(meta.context_lens.max()))
+    args = (cache.latent, cache.scale, view.runs, view.steps, cs, view.latent_columns, meta.block_tables)
+    if meta.max_query_len == 1:
+        out = mla_decode_coded(turned, *args, meta.context_lens, None, heads, path)
+    else:  # rows at their positions, QUERY_CHUNK tokens at a time (as NativeBackend.latent_attention)
+        out = torch.cat(
+            [
+                mla_decode_coded(
+                    turned[:, first * heads : (first + QUERY_CHUNK) * heads].contiguous(),
+                    *args,
+                    meta.context_lens,
+                    meta.query_pos[:, first : first + QUERY_CHUNK].contiguous(),
+                    heads,
+                    path,
+                )
+                for first in range(0, meta.max_query_len, QUERY_CHUNK)
+            ],
+            dim=1,
+        )
+    o_lat = invariant.linear(out.view(b * rows, -1).float(), view.out_map)
+    if view.latent_mean is not None:
+        o_lat += view.latent_mean
+    return o_lat.view(b, rows, -1).to(query.dtype)

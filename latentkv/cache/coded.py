@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from latentkv.cache import q4
 from latentkv.cache import transform_code as tc
 from latentkv.config import ModelConfig
+from latentkv.kernels.attention import coded_runs
 from latentkv.rope import apply_rope, attention_factor, cos_sin, layer_inv_freq
 
 
@@ -37,7 +39,7 @@ class LayerCode:
     rope_factor: float = 1.0
     interleaved: bool = True
 
-    @property
+    @functools.cached_property  # (a frozen dataclass's fields never change: worked out once, not per write)
     def widths(self) -> list[int]:
         """Bits of every stored value, in the packed order (latent groups, then rope groups)."""
         return [
@@ -107,11 +109,9 @@ def encode(code: LayerCode, c: torch.Tensor, k_r: torch.Tensor, cos: torch.Tenso
     if code.latent_mean is not None:
         c = c - torch.tensor(code.latent_mean, device=c.device).to(c.dtype)
         k_r = k_r - code.turned_mean(cos, sin).to(k_r.dtype)
-    parts = tc.encode(c, list(code.latent_bits), code.group) + tc.encode(k_r, list(code.rope_bits), code.group)
-    if not parts:
-        return c.new_zeros(c.shape[0], 0, dtype=torch.uint8), c.new_zeros(c.shape[0], 0, dtype=torch.float16)
-    values = torch.cat([codes for codes, _ in parts], dim=1)
-    return pack(values, code.widths), torch.stack([scale for _, scale in parts], dim=1)
+    latent, latent_scale = tc.encode(c, list(code.latent_bits), code.group)
+    rope, rope_scale = tc.encode(k_r, list(code.rope_bits), code.group)
+    return pack(torch.cat((latent, rope), dim=1), code.widths), torch.cat((latent_scale, rope_scale), dim=1)
 
 
 def decode(
@@ -119,21 +119,95 @@ def decode(
 ) -> torch.Tensor:
     """packed [N, code_bytes], scales [N, scales] of tokens at positions [N] -> [c ; k_r] rows [N, r + dr]
     in `dtype`, the means added back as transform_code.round_trip adds them (in `dtype`)."""
-    r, n = len(code.latent_bits), packed.shape[0]
-    values = unpack(packed, code.widths).to(torch.uint8) if code.widths else None
-    out = torch.zeros(n, r + len(code.rope_bits), dtype=dtype, device=packed.device)
-    at, group_at = 0, 0  # the next value and scale of the packed order
-    for bits, cols in ((code.latent_bits, slice(0, r)), (code.rope_bits, slice(r, None))):
-        side = []
-        for _, idx in tc.groups(list(bits), code.group):
-            side.append((values[:, at : at + len(idx)], scales[:, group_at]))
-            at, group_at = at + len(idx), group_at + 1
-        if side:  # a side with no stored direction reads 0
-            out[:, cols] = tc.decode(side, list(bits), code.group).to(dtype)
+    r = len(code.latent_bits)
+    values = unpack(packed, code.widths).to(torch.uint8) if code.widths else packed[:, :0]
+    latent_values = sum(1 for b in code.latent_bits if b)
+    latent_groups = len(tc.groups(list(code.latent_bits), code.group))
+    out = torch.cat(
+        (
+            tc.decode(values[:, :latent_values], scales[:, :latent_groups], list(code.latent_bits), code.group),
+            tc.decode(values[:, latent_values:], scales[:, latent_groups:], list(code.rope_bits), code.group),
+        ),
+        dim=1,
+    ).to(dtype)
     if code.latent_mean is not None:
         out[:, :r] += torch.tensor(code.latent_mean, device=packed.device).to(dtype)
         out[:, r:] += code.turned_mean(*code.angles(positions)).to(dtype)
     return out
+
+
+@dataclass
+class KernelView:
+    """A layer's code as the native decode kernel reads it (kernels/attention.py mla_decode_coded). A token
+    widens to a row of the stored latent values, zeros to a multiple of 32 (the bf16 loops' steps), the
+    rope key's values, zeros to a multiple of 32 with what follows, then cos and sin of its position at
+    each distinct RoPE frequency (`cs`). `query_map` [row, r + dr] turns an absorbed query into that row's
+    basis (a group's values are R x, so q . x = (R q) . y) and weighs cos and sin by the rope key's turned
+    mean (linear in them); `out_map` [r, latent columns] turns the kernel's output back (Rᵀ per group, 0
+    for a direction with no bits), to which the latent's mean is added (the weights sum to 1; in the
+    scores it is one constant per row, which the softmax drops)."""
+
+    runs: torch.Tensor
+    steps: torch.Tensor
+    query_map: torch.Tensor
+    out_map: torch.Tensor
+    latent_mean: torch.Tensor | None
+    latent_columns: int  # the kernel's output width: the latent values and their padding
+    freqs: torch.Tensor  # [f] the distinct RoPE frequencies
+    factor: float
+    _cs: torch.Tensor | None = None
+
+    def cs(self, positions: int) -> torch.Tensor:
+        """[>= positions, 2f] float32: cos then sin (times the RoPE factor) of positions 0, 1, ... at the
+        distinct frequencies (grown by doubling, kept)."""
+        if self._cs is None or self._cs.shape[0] < positions:
+            n = max(1024, 1 << (positions - 1).bit_length())
+            cos, sin = cos_sin(torch.arange(n), self.freqs)
+            self._cs = (torch.cat((cos, sin), dim=-1) * self.factor).contiguous()
+        return self._cs
+
+
+def _pad32(n: int) -> int:
+    return -(-n // 32) * 32
+
+
+@functools.cache
+def kernel_view(code: LayerCode) -> KernelView:
+    r, dr = len(code.latent_bits), len(code.rope_bits)
+    latent = tc.groups(list(code.latent_bits), code.group)
+    rope = tc.groups(list(code.rope_bits), code.group)
+    latent_values = sum(len(idx) for _, idx in latent)
+    latent_columns = _pad32(latent_values)
+    rope_values = sum(len(idx) for _, idx in rope)
+    freqs, slot = torch.tensor(code.inv_freq).unique(return_inverse=True)
+    cs_at = _pad32(latent_columns + rope_values + 2 * len(freqs)) - 2 * len(freqs)
+    qmap = torch.zeros(r + dr, cs_at + 2 * len(freqs))
+    parts, col = [], 0
+    for groups, first in ((latent, 0), (rope, r)):
+        col = 0 if first == 0 else latent_columns
+        for bits, idx in groups:  # rows idx of R x's group: turn(I)[i, k] = R[k, i]
+            qmap[[first + i for i in idx], col : col + len(idx)] = q4.turn(torch.eye(len(idx)))
+            parts.append((bits, len(idx), tc.STEP[bits], col))
+            col += len(idx)
+    if code.rope_mean is not None:  # q_r . turned mean = (cos ; sin) . (A q_r): A's rows the mean at unit angles
+        half = dr // 2
+        unit = torch.eye(dr)
+        weights = code.turned_mean(unit[:, :half], unit[:, half:]).T  # [dr, dr]: columns cos_k, then sin_k
+        f = len(freqs)
+        qmap[r:, cs_at : cs_at + f].index_add_(1, slot, weights[:, :half])  # one column per distinct frequency
+        qmap[r:, cs_at + f :].index_add_(1, slot, weights[:, half:])
+    runs, steps = coded_runs(parts)
+    mean = None if code.latent_mean is None else torch.tensor(code.latent_mean, dtype=torch.float32)
+    return KernelView(
+        runs,
+        steps,
+        qmap.T.contiguous(),
+        qmap[:r, :latent_columns].contiguous(),
+        mean,
+        latent_columns,
+        freqs,
+        code.rope_factor,
+    )
 
 
 def layer_codes(cfg: ModelConfig) -> list[LayerCode]:

@@ -111,8 +111,8 @@ class CacheFormat:
 
     @property
     def native_read(self) -> bool:
-        """Whether the native attention kernels and the decode plan read this format (a transform code: not
-        yet, the reference backend dequantizes it)."""
+        """Whether mla_decode and the decode plan read this format (a transform code: its own kernel,
+        mla_decode_coded, through attention/native_backend.py CodedBackend, layer by layer; not the plan)."""
         return not self.coded
 
     @property

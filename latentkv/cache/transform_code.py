@@ -26,11 +26,13 @@ native kernel reads it yet); convert/simulated.py measures it by `round_trip` in
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
+from latentkv import invariant
 from latentkv.cache import q4
 from latentkv.facts import TRANSFORM_CODE
 
@@ -163,28 +165,57 @@ class TransformCode:
         return cls(sides[0], sides[1], group, *means)
 
 
-def encode(x: torch.Tensor, bits: list[int], group: int = GROUP) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """x [T, n] -> per group of `groups(bits)`: (codes uint8 [T, n_g], scale float16 [T])."""
-    out = []
-    for b, idx in groups(bits, group):
-        y = q4.turn(x[:, idx].float())
-        scale = y.square().mean(-1).sqrt().half()
-        step = STEP[b] * scale.float().clamp(min=torch.finfo(torch.float16).tiny)[:, None]
-        half = 1 << (b - 1)
-        codes = (torch.floor(y / step) + half).clamp(0, 2 * half - 1).to(torch.uint8)
-        out.append((codes, scale))
-    return out
+@dataclass(frozen=True)
+class _Maps:
+    """One side's groups as whole-row maps: turn [stored values, n] (R per group in its rows and columns: y =
+    x @ turnᵀ, x = y @ turn), group [stored values] (each value's group), step and half [stored values]
+    (STEP[b] and 2^(b-1) of each value's bits), sizes [groups] (values per group)."""
+
+    turn: torch.Tensor
+    group: torch.Tensor
+    step: torch.Tensor
+    half: torch.Tensor
+    sizes: torch.Tensor
 
 
-def decode(parts: list[tuple[torch.Tensor, torch.Tensor]], bits: list[int], group: int = GROUP) -> torch.Tensor:
+@functools.cache
+def _maps(bits: tuple[int, ...], group: int) -> _Maps:
+    parts = groups(list(bits), group)
+    stored = sum(len(idx) for _, idx in parts)
+    turn = torch.zeros(stored, len(bits))
+    at, owner, step, half = 0, [], [], []
+    for g, (b, idx) in enumerate(parts):
+        turn[at : at + len(idx), idx] = q4.turn(torch.eye(len(idx))).T  # rows: R e_i's transposes, i.e. R
+        owner += [g] * len(idx)
+        step += [STEP[b]] * len(idx)
+        half += [float(1 << (b - 1))] * len(idx)
+        at += len(idx)
+    sizes = torch.tensor([float(len(idx)) for _, idx in parts])
+    return _Maps(turn, torch.tensor(owner, dtype=torch.long), torch.tensor(step), torch.tensor(half), sizes)
+
+
+def encode(x: torch.Tensor, bits: list[int], group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, n] -> (codes uint8 [T, stored values] in the order of `groups(bits)`, scales float16 [T,
+    groups]): every group turned by one fixed-order product (rows independent of T), its RMS the scale."""
+    maps = _maps(tuple(bits), group)
+    y = invariant.linear(x.float(), maps.turn.to(x.device))
+    ms = torch.zeros(x.shape[0], len(maps.sizes), device=x.device).index_add_(1, maps.group.to(x.device), y.square())
+    scale = (ms / maps.sizes.to(x.device)).sqrt().half()
+    tiny = torch.finfo(torch.float16).tiny
+    step = scale.float().clamp(min=tiny).index_select(1, maps.group.to(x.device)) * maps.step.to(x.device)
+    half = maps.half.to(x.device)
+    codes = (torch.floor(y / step) + half).clamp_(min=0).minimum(2 * half - 1).to(torch.uint8)
+    return codes, scale
+
+
+def decode(codes: torch.Tensor, scale: torch.Tensor, bits: list[int], group: int = GROUP) -> torch.Tensor:
     """encode's output -> x [T, n] float32 (0 where a direction has no bits)."""
-    n, rows = len(bits), parts[0][0].shape[0] if parts else 0
-    x = torch.zeros(rows, n, device=parts[0][0].device if parts else None)
-    for (codes, scale), (b, idx) in zip(parts, groups(bits, group)):
-        half = 1 << (b - 1)
-        y = (codes.float() - half + 0.5) * (STEP[b] * scale.float()[:, None])
-        x[:, idx] = q4.turn_back(y)
-    return x
+    maps = _maps(tuple(bits), group)
+    device = codes.device
+    y = (codes.float() - maps.half.to(device) + 0.5) * (
+        scale.float().index_select(1, maps.group.to(device)) * maps.step.to(device)
+    )
+    return invariant.linear(y, maps.turn.T.contiguous().to(device))
 
 
 def round_trip(x: torch.Tensor, bits: list[int], group: int = GROUP, mean: torch.Tensor | None = None) -> torch.Tensor:
@@ -198,7 +229,7 @@ def round_trip(x: torch.Tensor, bits: list[int], group: int = GROUP, mean: torch
     rows = x.reshape(-1, x.shape[-1])
     if not any(bits):
         return torch.zeros_like(x)
-    return decode(encode(rows, bits, group), bits, group).to(x.dtype).view(x.shape)
+    return decode(*encode(rows, bits, group), bits, group).to(x.dtype).view(x.shape)
 
 
 def expected_error(variances: torch.Tensor, bits: list[int]) -> float:

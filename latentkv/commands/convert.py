@@ -54,8 +54,8 @@ def register(subparsers) -> None:
         help="instead of sizes: a budget of served KV cache bytes per token (all layers, scales included); "
         "the rope dim, rank and cache format with the best measured chat agreement within it, recorded "
         "as the folder's default cache (e.g. 12240: llama.cpp's q8_0 KV cache of SmolLM2); "
-        "the transform-coded format (bits per latent direction) is served by the reference attention "
-        "backend only (no native kernel reads it yet)",
+        "the transform-coded format (bits per latent direction) is decoded by its own native kernel "
+        "(prompts: the reference attention, dequantized)",
     )
     p.add_argument(
         "--kv-formats",

@@ -50,7 +50,7 @@ def describe(model, plan_reason: str | None) -> str:
     invariance on/off, the sampler."""
     route = model.route
     dtype, device, invariant = route.dtype, route.device, route.batch_invariant
-    backend = model.model.layers[0].self_attn.backend
+    backend = model.model.layers[0].self_attn.backend.for_format(route.cache_format)
     return (
         f"route: dtype {dtype_name(dtype)}, cache {route.cache_format.label}; isa {kernels_isa(route)}; "
         f"attention {backend.name} (prefill {backend.prefill_route(dtype, device, invariant)}, "

@@ -10,6 +10,9 @@ batch-invariant prefill span. attention/native_backend.py's NativeBackend decide
   into work items of DECODE_SPAN tokens at fixed positions for contexts up to DECODE_SPAN x
   DECODE_MAX_SPANS tokens (longer ones: at most DECODE_MAX_SPANS items), merged in order: the same bits
   alone, batched, on any thread count.
+- `mla_decode_coded`: the same over a transform-coded layer (cache/coded.py): each token's mixed-width codes
+  widened in runs of up to 8 values of one width (`coded_runs`), on the float32 loops of every path; the
+  query arrives turned into the code's groups (attention/native_backend.py CodedBackend).
 - `mla_prefill`: one span of attention/prefill.py's span_prefill, for PREFILL_DTYPES on every ISA:
   float32 FMAs at the ISA's width (mla_prefill_f32.h; bf16 tensors widened), bf16 dot products for
   bf16 on avx512_bf16 (mla_prefill_bf16.h), AMX tiles on amx_bf16 (mla_prefill_amx.h).
@@ -80,6 +83,23 @@ def probe(module, caps: int) -> list:
             ):
                 got = module.mla_decode(q, *caches, code, tables, lens, pos, heads, rank, bs, caps, 1)
                 out.append((f"mla_decode {qdt} {name} Q={q_len}", got, tol))
+    # a transform-coded layer: groups of 1-8 bits, runs that straddle bytes and end at the codes' last byte
+    groups = [(3, 20, 0.586, 0), (5, 8, 0.188, 20), (8, 13, 0.031, 28), (2, 10, 0.996, 48), (1, 3, 1.596, 58)]
+    runs, steps = coded_runs(groups)  # 41 latent values, 7 columns of padding, the rope key's 13
+    code_bytes = -(-sum(b * n for b, n, _, _ in groups) // 8)
+    codes = torch.randint(0, 256, (6, bs, code_bytes), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(6, bs, len(groups), generator=gen) + 0.5).half()
+    cs = torch.randn(64, 8, generator=gen)
+    values = 61
+    for q_len in (1, 2):
+        query = torch.randn(2, q_len * heads, values + 8, generator=gen)
+        query[..., 41:48] = 0  # the padding's columns: junk in the widened rows, weight 0
+        pos = torch.tensor([[39, 38], [16, 15]])[:, :q_len] if q_len > 1 else torch.empty(0, dtype=torch.long)
+        for qdt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):  # bf16: the dot-product and tile loops
+            got = module.mla_decode_coded(
+                query.to(qdt), codes, scales, runs, steps, cs, 48, tables, lens, pos, heads, bs, caps, 1
+            )
+            out.append((f"mla_decode_coded {qdt} Q={q_len}", got[..., :41], tol))
     # a latent that ends mid-chunk (rank % 32 == 16, as the default conversion's 240): bf16 queries
     # over a bf16 and an int8 cache take the chunk in two halves (mla_decode_bf16.h)
     rank16, dr16 = 48, 16
@@ -203,6 +223,69 @@ def mla_decode(
         heads,
         cache.kv_rank,
         cache.block_size,
+        caps_mask(path),
+        threads or torch.get_num_threads(),
+    )
+
+
+TC_RUN = 6  # csrc/attention/mla_job.h TC_RUN: a run's int32 fields
+
+
+def coded_runs(groups: list[tuple[int, int, float, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transform code's packed groups (bits, values, step, first column in the widened row) in packed order
+    (their codes back to back, no padding) -> the kernel's runs int32 [n, TC_RUN] (byte, shift, bits, count,
+    column, group) and steps float32 [n, 2] (step, offset 2^(bits-1) - 1/2): at most 8 values of one group
+    a run, all inside the 64 bits one load at `byte` gives."""
+    runs, steps, bit = [], [], 0
+    for g, (bits, values, step, col) in enumerate(groups):
+        if not 1 <= bits <= 8:
+            raise ValueError(f"a coded group of {bits} bits: the kernel reads 1 to 8")
+        left = values
+        while left:
+            byte, shift = divmod(bit, 8)
+            count = min(8, left, (64 - shift) // bits)
+            runs.append((byte, shift, bits, count, col, g))
+            steps.append((step, (1 << (bits - 1)) - 0.5))
+            bit, col, left = bit + count * bits, col + count, left - count
+    return (
+        torch.tensor(runs, dtype=torch.int32).view(-1, TC_RUN),
+        torch.tensor(steps, dtype=torch.float32).view(-1, 2),
+    )
+
+
+def mla_decode_coded(
+    query,
+    codes,
+    scales,
+    runs,
+    steps,
+    cs,
+    latent_values: int,
+    block_tables,
+    context_lens,
+    query_pos=None,
+    heads: int = 1,
+    path: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """query [B, M, values + cs width] float32 (turned into the code's groups; its last columns weigh cos and sin
+    of each key's position, cs [positions, cs width]) over one transform-coded layer: codes uint8 [blocks,
+    bs, code bytes], scales float16 [blocks, bs, groups], read by `coded_runs`' runs and steps -> [B, M,
+    latent_values] float32 in the packed, turned basis. query_pos, heads, path, threads: as mla_decode."""
+    pos = query_pos if query_pos is not None else context_lens.new_empty(0)
+    return extension().mla_decode_coded(
+        query,
+        codes,
+        scales,
+        runs,
+        steps,
+        cs,
+        latent_values,
+        block_tables,
+        context_lens,
+        pos,
+        heads,
+        codes.shape[1],
         caps_mask(path),
         threads or torch.get_num_threads(),
     )

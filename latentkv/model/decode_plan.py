@@ -97,7 +97,7 @@ def unsupported(model, caches) -> str | None:
     if route.device != "cpu" or route.dtype not in KERNEL_DTYPES:
         return f"runs on CPU float32 / bf16 only (model: {route.device}, {route.dtype})"
     if not route.cache_format.native_read:
-        return f"no native kernel reads a {route.cache_format.label} cache yet: the reference backend dequantizes it"
+        return f"the plan reads no {route.cache_format.label} cache yet: its decode kernel runs layer by layer"
     if not route.fused:
         return f"the fused ops do not run ({decode_ops.unavailable_reason()})"
     if route.attention != "native":

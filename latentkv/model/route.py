@@ -116,13 +116,6 @@ def decide_route(
             stacklevel=2,
         )
         weights = INT_DOT[weights]
-    if not cache_format(cache_dtype, dtype).native_read:  # the reference backend dequantizes it (cache/coded.py)
-        if attention_backend == "native":
-            raise ValueError(
-                f"attention_backend 'native': no native kernel reads a {cache_dtype} cache yet; "
-                "use 'auto' (the reference backend serves it)"
-            )
-        asked["attention"], attention_backend = False, "torch"
     isas = tuple(
         (ext.family, ext.choose() if ext.available() else "unavailable")
         for ext in (attention_kernels.EXT, decode_ops.EXT, qlinear.EXT)

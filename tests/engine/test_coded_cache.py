@@ -1,5 +1,5 @@
 """A folder that records a transform-coded cache (latentkv.cache_format) served by the engine: the format
-comes from the folder, the cache holds its bytes, the reference backend reads it, and what it computes is
+comes from the folder, the cache holds its bytes, its native decode kernel reads it, and what it computes is
 the simulated reference's (convert/simulated.py, the conversion's measurements): prompt logprobs within
 float noise, greedy tokens identical alone / batched / chunked / prefix-cached, and through the KV store."""
 
@@ -73,15 +73,15 @@ def test_the_folder_is_served_in_its_format_with_its_bytes(coded_folder, capsys)
     folder, code = coded_folder
     llm = make_llm(folder)
     engine = llm.llm_engine
-    assert engine.args.kv_cache_dtype == TRANSFORM_CODE and engine.model.route.attention == "torch"
+    assert engine.args.kv_cache_dtype == TRANSFORM_CODE and engine.model.route.attention == "native"
     assert engine.runner.plan is None
     assert engine.kv_bytes_per_token == code.bytes_per_token() == latent_bytes_per_token(engine.cfg, TRANSFORM_CODE)
     assert [c.nbytes() // engine.capacity_tokens for c in engine.runner.caches] == [
         code.layer_bytes(i) for i in range(len(code.latent_bits))
     ]
     route = [line for line in capsys.readouterr().err.splitlines() if "route:" in line][-1]
-    assert "cache transform_code" in route and "attention torch" in route
-    assert "decode plan off (no native kernel reads a transform_code cache yet" in route
+    assert "cache transform_code" in route and "decode native coded kernel" in route
+    assert "decode plan off (the plan reads no transform_code cache yet" in route
 
 
 def test_prompt_logprobs_and_greedy_tokens_are_the_simulated_references(coded_folder):
@@ -136,8 +136,10 @@ def test_a_cache_asked_by_name_is_refused_and_the_native_backend_too(coded_folde
         with pytest.raises(ValueError, match=f"kv_cache_dtype '{asked}': this folder's cache is a transform code"):
             make_llm(folder, kv_cache_dtype=asked)
     assert make_llm(folder, kv_cache_dtype=TRANSFORM_CODE).llm_engine.args.kv_cache_dtype == TRANSFORM_CODE
-    with pytest.raises(ValueError, match="no native kernel reads a transform_code cache"):
-        make_llm(folder, attention_backend="native")
+    prompts, params = requests(3)
+    assert greedy(make_llm(folder, attention_backend="native"), prompts, params) == greedy(
+        make_llm(folder, attention_backend="torch"), prompts, params
+    )
     plain = tmp_path / "plain"
     plain.mkdir()
     for f in folder.iterdir():

@@ -130,15 +130,8 @@ void cache_job(const CacheKind& kind, const at::Tensor& kv, const at::Tensor& la
   job.rope = rope.data_ptr();
 }
 
-}  // namespace
-
-at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope,
-                      int64_t cache_kind, at::Tensor block_tables, at::Tensor context_lens, at::Tensor query_pos,
-                      int64_t heads, int64_t kv_rank, int64_t block_size, int64_t caps, int64_t threads) {
-  check_caps(caps, "mla_decode");
-  TORCH_CHECK(cache_kind >= 0 && cache_kind < CACHE_KIND_COUNT, "mla_decode: cache kind ", cache_kind,
-              " is none of the kernel's (0 to ", CACHE_KIND_COUNT - 1, ": cache_kinds())");
-  const CacheKind& kind = CACHE_KINDS[cache_kind];
+// The checks every decode entry makes of the query and the tables; query rows made contiguous.
+void check_decode_args(at::Tensor& query, at::Tensor& block_tables, at::Tensor& context_lens, int64_t heads) {
   TORCH_CHECK(query.dim() == 3, "mla_decode: query must be [B, M, D]");
   TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
               "mla_decode: query must be float32 or bfloat16");
@@ -147,14 +140,19 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
   query = query.contiguous();
   block_tables = block_tables.contiguous();
   context_lens = context_lens.contiguous();
-  const int64_t B = query.size(0), M = query.size(1), D = query.size(2), r = kv_rank;
-  TORCH_CHECK(M % heads == 0, "mla_decode: query rows must be a multiple of the heads");
+  TORCH_CHECK(query.size(1) % heads == 0, "mla_decode: query rows must be a multiple of the heads");
+}
 
-  Job job{};
-  job.M = (int)M, job.D = (int)D, job.r = (int)r, job.bs = (int)block_size;
+// A decode whose job holds its cache (kind, tensors, r, block size): the work items, the loops the
+// capabilities pick, and the merge -> out [B, M, r] in the query dtype.
+at::Tensor run_decode(const at::Tensor& query, Job& job, const CacheKind& kind, const at::Tensor& block_tables,
+                      const at::Tensor& context_lens, at::Tensor query_pos, int64_t heads, int64_t caps,
+                      int64_t threads) {
+  const int64_t B = query.size(0), M = query.size(1), D = query.size(2), r = job.r;
+  const int64_t block_size = job.bs;
+  job.M = (int)M, job.D = (int)D;
   job.nb = block_tables.size(1);
   job.block_tables = block_tables.data_ptr<int64_t>();
-  cache_job(kind, kv, latent, scale, rope, D, r, job);
 
   // Visible keys per row: query_pos + 1 (causal), else the whole context.
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
@@ -226,6 +224,66 @@ at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Te
     }
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor mla_decode(at::Tensor query, at::Tensor kv, at::Tensor latent, at::Tensor scale, at::Tensor rope,
+                      int64_t cache_kind, at::Tensor block_tables, at::Tensor context_lens, at::Tensor query_pos,
+                      int64_t heads, int64_t kv_rank, int64_t block_size, int64_t caps, int64_t threads) {
+  check_caps(caps, "mla_decode");
+  TORCH_CHECK(cache_kind >= 0 && cache_kind < CACHE_KIND_COUNT, "mla_decode: cache kind ", cache_kind,
+              " is none of the kernel's (0 to ", CACHE_KIND_COUNT - 1, ": cache_kinds())");
+  const CacheKind& kind = CACHE_KINDS[cache_kind];
+  check_decode_args(query, block_tables, context_lens, heads);
+  Job job{};
+  job.r = (int)kv_rank, job.bs = (int)block_size;
+  cache_job(kind, kv, latent, scale, rope, query.size(2), kv_rank, job);
+  return run_decode(query, job, kind, block_tables, context_lens, query_pos, heads, caps, threads);
+}
+
+// A transform-coded layer (cache/coded.py; TcLayout in mla_job.h): query [B, M, values + cs_width]
+// (turned into the code's groups, its rope key's mean as weights of cos and sin: attention/coded.py),
+// codes uint8 [blocks, bs, code_bytes], scales float16 [blocks, bs, groups], runs int32 [n, TC_RUN],
+// steps float32 [n, 2], cs float32 [positions, cs_width] -> out [B, M, latent values] in the packed,
+// turned basis (the caller turns it back).
+at::Tensor mla_decode_coded(at::Tensor query, at::Tensor codes, at::Tensor scales, at::Tensor runs, at::Tensor steps,
+                            at::Tensor cs, int64_t latent_values, at::Tensor block_tables, at::Tensor context_lens,
+                            at::Tensor query_pos, int64_t heads, int64_t block_size, int64_t caps, int64_t threads) {
+  check_caps(caps, "mla_decode_coded");
+  check_decode_args(query, block_tables, context_lens, heads);
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 && codes.size(1) == block_size,
+              "mla_decode_coded: codes must be contiguous uint8 [blocks, block_size, code_bytes]");
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(0) == codes.size(0) && scales.size(1) == block_size,
+              "mla_decode_coded: scales must be contiguous float16 [blocks, block_size, groups]");
+  TORCH_CHECK(runs.scalar_type() == at::kInt && runs.is_contiguous() && runs.dim() == 2 && runs.size(1) == TC_RUN &&
+                  steps.scalar_type() == at::kFloat && steps.is_contiguous() && steps.numel() == 2 * runs.size(0),
+              "mla_decode_coded: runs int32 [n, ", TC_RUN, "] and steps float32 [n, 2]");
+  TORCH_CHECK(cs.scalar_type() == at::kFloat && cs.is_contiguous() && cs.dim() == 2, "mla_decode_coded: cs float32 [positions, width]");
+  Job job{};
+  job.kind = KIND_TC;
+  job.r = (int)latent_values, job.bs = (int)block_size;
+  job.latent = codes.data_ptr();
+  job.scale16 = (const uint16_t*)scales.data_ptr();
+  TcLayout& tc = job.tc;
+  tc.runs = runs.data_ptr<int32_t>(), tc.steps = steps.data_ptr<float>(), tc.n_runs = (int)runs.size(0);
+  tc.code_bytes = (int)codes.size(2), tc.groups = (int)scales.size(2);
+  tc.cs = cs.data_ptr<float>(), tc.cs_width = (int)cs.size(1), tc.cs_rows = cs.size(0);
+  tc.values = (int)(query.size(2) - tc.cs_width);
+  TORCH_CHECK(0 < latent_values && latent_values <= tc.values, "mla_decode_coded: ", latent_values,
+              " latent values of a row of ", tc.values);
+  const int32_t* rp = tc.runs;
+  for (int k = 0; k < tc.n_runs; ++k, rp += TC_RUN)  // every run's load, bits and columns inside the row
+    TORCH_CHECK(rp[0] >= 0 && rp[0] < tc.code_bytes && rp[1] >= 0 && rp[1] < 8 && rp[2] >= 1 && rp[2] <= 8 &&
+                    rp[3] >= 1 && rp[3] <= 8 && rp[1] + rp[2] * rp[3] <= 8 * std::min(8, tc.code_bytes - rp[0]) &&
+                    rp[4] >= 0 && rp[4] + rp[3] <= tc.values && rp[5] >= 0 && rp[5] < tc.groups,
+                "mla_decode_coded: run ", k, " lies outside the token's codes, scales or row");
+  const int64_t* ctx = context_lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < context_lens.numel(); ++b)
+    TORCH_CHECK(ctx[b] <= tc.cs_rows, "mla_decode_coded: a context of ", ctx[b], " beyond cs's ", tc.cs_rows, " positions");
+  static constexpr CacheKind CODED{"transform_code", KIND_TC, ROPE_IN_ROW, {}};
+  return run_decode(query, job, CODED, block_tables, context_lens, query_pos, heads, caps, threads);
 }
 
 // One prefill span (mla_prefill_bf16.h / mla_prefill_f32.h have the shapes); updates m, l, acc in
@@ -302,6 +360,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_prefill", &mla_prefill, py::call_guard<py::gil_scoped_release>(), "one span of the batch-invariant MLA prefill (see mla_prefill_f32.h)");
   m.def("prefill_finish", &prefill_finish, py::call_guard<py::gil_scoped_release>(), "out = acc[..., :dv] / l in out's dtype (the prefill's last step)");
   m.def("mla_decode", &mla_decode, py::call_guard<py::gil_scoped_release>(), "paged MLA decode attention (see mla_attention.cpp)");
+  m.def("mla_decode_coded", &mla_decode_coded, py::call_guard<py::gil_scoped_release>(),
+        "paged MLA decode over a transform-coded layer (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.cpp), which calls the kernel without Python between
   m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
   m.def("cache_kinds", [] {

@@ -164,6 +164,10 @@ static inline void prefetch_row(const Job& job, const int64_t* table, int64_t j)
   switch (job.kind) {
     case KIND_F32: prefetch_bytes((const float*)job.kv + slot * D, 4 * D); break;
     case KIND_BF16: prefetch_bytes((const uint16_t*)job.kv + slot * D, 2 * D); break;
+    case KIND_TC:
+      prefetch_bytes((const uint8_t*)job.latent + slot * job.tc.code_bytes, job.tc.code_bytes);
+      prefetch_l1(job.scale16 + slot * job.tc.groups);
+      break;
     case KIND_Q4:
       prefetch_bytes((const uint8_t*)job.latent + slot * q4_bytes(r), q4_bytes(r));
       prefetch_bytes((const uint8_t*)job.rope + slot * q4_bytes(dr), q4_bytes(dr));

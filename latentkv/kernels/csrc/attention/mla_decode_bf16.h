@@ -28,13 +28,16 @@ struct Bf16Scratch {
   uint16_t* tile;   // [BT, Dp] widened rows (quantized caches)
   uint16_t* pairs;  // [BT/2, 2r] interleaved pairs
   const uint16_t* zero;  // [Dp] zeros: the rows past the span
+  float* row;       // [Dp + TC_SLACK]: a transform-coded row in float32 before its rounding to bf16
 };
 
 // A thread's Bf16Scratch, owned: Dp = D rounded up to 32.
 struct Bf16Buffers {
   std::vector<uint16_t> tile, pairs, zero;
-  Bf16Buffers(int64_t D, int64_t r) : tile(64 * ((D + 31) / 32 * 32)), pairs(64 * r), zero((D + 31) / 32 * 32, 0) {}
-  Bf16Scratch scratch() { return {tile.data(), pairs.data(), zero.data()}; }
+  std::vector<float> row;
+  Bf16Buffers(int64_t D, int64_t r)
+      : tile(64 * ((D + 31) / 32 * 32)), pairs(64 * r), zero((D + 31) / 32 * 32, 0), row((D + 31) / 32 * 32 + TC_SLACK, 0.0f) {}
+  Bf16Scratch scratch() { return {tile.data(), pairs.data(), zero.data(), row.data()}; }
 };
 
 static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)
@@ -151,6 +154,14 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
       for (int i = 0; i < D; ++i) dst[i] = to_bf16(src[i]);
       continue;
     }
+    if (job.kind == KIND_TC) {  // values rounded to bf16, as the reference dequantizes into a bf16 model's rows
+      const TcLayout& tc = job.tc;
+      widen_tc(tc, (const uint8_t*)job.latent + slot * tc.code_bytes, job.scale16 + slot * tc.groups, s.row);
+      const float* cs = tc.cs + (j0 + t) * tc.cs_width;
+      for (int i = 0; i < tc.cs_width; ++i) s.row[tc.values + i] = cs[i];
+      for (int i = 0; i < D; ++i) dst[i] = to_bf16(s.row[i]);
+      continue;
+    }
     widen_codes((const char*)job.latent + slot * r, dst, r, job.kind == KIND_FP8);
     if (job.rope_bf16) __builtin_memcpy(dst + r, (const uint16_t*)job.rope + slot * dr, sizeof(uint16_t) * dr);
     else if (job.rope_i8 && rscale) {
@@ -171,14 +182,14 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
 static inline void prefetch_rows(const Job& job, const int64_t* table, int64_t j0, int64_t j1, int part, int parts) {
   const int bs = job.bs;
   const bool quant = job.kind == KIND_I8 || job.kind == KIND_FP8;
-  const int64_t row = quant ? job.r : (int64_t)job.D * (job.kind == KIND_F32 ? 4 : 2);
+  const int64_t row = job.kind == KIND_TC ? job.tc.code_bytes : quant ? job.r : (int64_t)job.D * (job.kind == KIND_F32 ? 4 : 2);
   const int64_t rope_row = quant ? (int64_t)(job.D - job.r) * (job.rope_i8 ? 1 : job.rope_bf16 ? 2 : 4) : 0;
   const int64_t n = j1 - j0, first = j0 + n * part / parts;
   int64_t blk = first / bs, off = first % bs;
   for (int64_t j = first; j < j0 + n * (part + 1) / parts; ++j) {
     const int64_t slot = table[blk] * bs + off;
     if (++off == bs) off = 0, ++blk;
-    const char* p = quant ? (const char*)job.latent + slot * row : (const char*)job.kv + slot * row;
+    const char* p = quant || job.kind == KIND_TC ? (const char*)job.latent + slot * row : (const char*)job.kv + slot * row;
     for (int64_t o = 0; o < row; o += 64) prefetch_l2(p + o);
     if (rope_row) {
       const char* pr = (const char*)job.rope + slot * rope_row;

@@ -70,6 +70,29 @@ static inline void widen_q4(const uint8_t* __restrict src, const uint16_t* __res
   }
 }
 
+// A transform-coded token (TcLayout): codes [code_bytes], scales float16 [groups] -> dst [values]
+// float32 in packed order, each value (code - offset) x step x its group's scale, as cache/coded.py decodes
+// before its groups are turned back (the query was turned instead). A run's 8 lanes are always written:
+// the lanes past its count land on the next run's columns, which that run writes after (the row has
+// TC_SLACK floats of room at its end for the last).
+static inline void widen_tc(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc,
+                            float* __restrict dst) {
+  for (int k = 0; k < tc.n_runs; ++k) {
+    const int32_t* run = tc.runs + (int64_t)k * TC_RUN;
+    const int at = run[0], b = run[2];
+    uint64_t w = 0;
+    if (at + 8 <= tc.code_bytes) __builtin_memcpy(&w, codes + at, 8);
+    else  // the token's last bytes: no read past its codes (the cache's last slot ends there)
+      for (int i = 0; at + i < tc.code_bytes; ++i) w |= (uint64_t)codes[at + i] << (8 * i);
+    w >>= run[1];
+    const uint64_t mask = (1ull << b) - 1;
+    const float step = tc.steps[2 * k] * f16_to_f32(sc[run[5]]), off = tc.steps[2 * k + 1];
+    float* __restrict o = dst + run[4];
+#pragma omp simd
+    for (int i = 0; i < 8; ++i) o[i] = ((float)(uint32_t)((w >> (i * b)) & mask) - off) * step;
+  }
+}
+
 // Widen token j of sequence `table` into dst [D] float32. Not through memmove: GCC turns the
 // float32 rope's copy into a libc call per token (~10% of the AVX2 kernel at 8K), where the
 // vector loop is a dozen loads and stores.
@@ -81,6 +104,12 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) static inline void
   switch (job.kind) {
     case KIND_F32: widen_f32((const float*)job.kv + slot * D, dst, D, 1.0f); break;
     case KIND_BF16: widen_bf16((const uint16_t*)job.kv + slot * D, dst, D, 1.0f); break;
+    case KIND_TC: {
+      const TcLayout& tc = job.tc;
+      widen_tc(tc, (const uint8_t*)job.latent + slot * tc.code_bytes, job.scale16 + slot * tc.groups, dst);
+      widen_f32(tc.cs + j * tc.cs_width, dst + tc.values, tc.cs_width, 1.0f);
+      break;
+    }
     case KIND_Q4: {
       const uint16_t* sc = job.scale16 + slot * job.scale_stride;
       widen_q4((const uint8_t*)job.latent + slot * q4_bytes(r), sc, dst, r);

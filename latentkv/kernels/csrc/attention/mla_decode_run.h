@@ -22,7 +22,7 @@ template <AttendF32 Attend>
 static void decode_f32(const DecodeWork& w) {
   struct Scratch {
     std::vector<float> tile, sc;  // TILE rows widened to float32; a tile's scores and weights
-    explicit Scratch(const DecodeWork& w) : tile(TILE * w.D), sc(TILE + 64 + w.r) {}
+    explicit Scratch(const DecodeWork& w) : tile(TILE * w.D + TC_SLACK), sc(TILE + 64 + w.r) {}
   };
   run_items<Scratch>(w, [&w](Scratch& s, int64_t it) {
     const int64_t b = w.item_b[it];

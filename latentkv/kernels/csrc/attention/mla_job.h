@@ -5,8 +5,9 @@
 #pragma once
 #include <cstdint>
 
-// KIND_Q4: llama.cpp's q4_0 blocks for the latent and the (turned) rope key (latentkv/cache/q4.py)
-enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3, KIND_Q4 = 4 };
+// KIND_Q4: llama.cpp's q4_0 blocks for the latent and the (turned) rope key (latentkv/cache/q4.py);
+// KIND_TC: a transform code's packed codes of mixed widths (latentkv/cache/coded.py; TcLayout below)
+enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_I8 = 2, KIND_FP8 = 3, KIND_Q4 = 4, KIND_TC = 5 };
 constexpr int Q4_GROUP = 32;  // values per float16 scale (cache/q4.py: facts.Q4_GROUP)
 // a q4_0 row of n values (cache/q4.py packed_bytes, groups): its code bytes and its scales
 constexpr int64_t q4_bytes(int64_t n) { return (n + 1) / 2; }
@@ -29,6 +30,20 @@ inline void prefetch_l2(const void* p) {
 #endif
 }
 
+// How a transform-coded token is read (cache/coded.py kernel_layout): its codes cut into runs of at most 8
+// values of one width, each run one 64-bit load; a token's row widens to [the stored values in packed
+// order, then cos and sin of its position] (the query was turned to match: its rope key's mean term).
+constexpr int TC_RUN = 6;
+constexpr int TC_SLACK = 8;  // floats past a tile a run's unused lanes may write  // int32 fields of a run: byte, shift, bits, count, column, scale group
+struct TcLayout {
+  const int32_t* runs;  // [n_runs, TC_RUN]
+  const float* steps;   // [n_runs, 2]: the code's step (STEP[bits]) and its offset (2^(bits-1) - 1/2)
+  int n_runs, code_bytes, groups, values;  // values: the stored values of both sides (the row's first columns)
+  const float* cs;      // [cs_rows, cs_width] float32: cos then sin (times the RoPE factor) of position j
+  int cs_width;
+  int64_t cs_rows;
+};
+
 struct Job {
   int M, D, r, bs, kind;
   int64_t nb;
@@ -41,6 +56,7 @@ struct Job {
   const void* rope;
   const uint16_t* scale16;  // KIND_Q4: float16 scales, scale_stride per token (the latent's groups, then the rope's)
   const int64_t* block_tables;
+  TcLayout tc;  // KIND_TC only; its codes are `latent`, its float16 scales `scale16` (tc.groups per token)
 };
 
 // Work item `it` of a prefill span's parallel loop over (head, block of rows): heads outer, so a

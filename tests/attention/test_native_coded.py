@@ -1,0 +1,130 @@
+"""The native decode over a transform-coded layer (kernels/attention.py mla_decode_coded, attention/native_backend.py
+coded_latent_attention) against the reference backend, which dequantizes the same cache (cache/coded.py
+decode): every path this machine runs, float32 and bf16 rows, one and several query tokens, the same bits
+alone as batched."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from latentkv.attention.metadata import build_metadata
+from latentkv.attention.native_backend import coded_latent_attention
+from latentkv.attention.paged import write
+from latentkv.attention.torch_ref import TorchBackend
+from latentkv.cache import coded
+from latentkv.cache.coded import LayerCode
+from latentkv.cache.latent_cache import LatentCache
+from latentkv.facts import TRANSFORM_CODE
+from latentkv.kernels import attention as attention_kernels
+from latentkv.rope import cos_sin
+
+pytestmark = pytest.mark.skipif(
+    not attention_kernels.available(), reason=f"native backend not built: {attention_kernels.unavailable_reason()}"
+)
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # of the largest output value (measured: 5e-7, 1e-2)
+RANK, DR, HEADS, BS = 40, 16, 4, 16
+
+
+def layer_code(seed: int, centred: bool = True, group: int = 8) -> LayerCode:
+    """Bits 0-8 over a latent of RANK and a rope key of DR, two frequencies repeated (the kernel keeps one
+    cos and sin per distinct frequency), a YaRN-like factor on cos / sin."""
+    rng = random.Random(seed)
+    latent = tuple(rng.choice((0, 1, 2, 3, 4, 5, 6, 7, 8)) for _ in range(RANK))
+    rope = tuple(rng.choice((0, 2, 5, 8)) for _ in range(DR))
+    freqs = [1.0, 0.3, 0.1, 0.03, 0.01, 0.3, 0.003, 1.0]  # DR / 2, two of them twice
+    means = (
+        tuple(rng.uniform(-0.3, 0.3) for _ in range(RANK)) if centred else None,
+        tuple(rng.uniform(-1, 1) for _ in range(DR)) if centred else None,
+    )
+    return LayerCode(latent, rope, group, *means, tuple(freqs), 1.1)
+
+
+def filled(code, lengths, dtype, seed=0):
+    """A coded cache holding random rows of sequences of `lengths` on shuffled blocks -> (cache, tables)."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // BS) for n in lengths]
+    ids = list(range(1, sum(need) + 2))
+    random.Random(seed).shuffle(ids)
+    tables, at = [], 0
+    for n in need:
+        tables.append(ids[at : at + n])
+        at += n
+    cache = LatentCache(len(ids) + 1, BS, RANK, DR, dtype, TRANSFORM_CODE, code=code)
+    for n, table in zip(lengths, tables):
+        pos = torch.arange(n)
+        c = torch.randn(n, RANK, generator=gen) * torch.logspace(0.5, -1, RANK)
+        cos, sin = cos_sin(pos, torch.tensor(code.inv_freq))
+        angles = (cos * code.rope_factor, sin * code.rope_factor)
+        k_r = torch.randn(n, DR, generator=gen)
+        slots = torch.tensor(table)[pos // BS] * BS + pos % BS
+        write(cache, c.to(dtype), k_r.to(dtype), slots, angles)
+    return cache, tables
+
+
+def query_for(lengths, q_len, dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(len(lengths), q_len * HEADS, RANK + DR, generator=gen) * 0.4).to(dtype)
+
+
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("centred", [True, False])
+def test_every_path_reads_the_codes_as_the_reference_dequantizes_them(isa, dtype, centred):
+    code = layer_code(3, centred)
+    lengths = [1, 17, 300, 45]  # one token, mid-block ends, two spans
+    cache, tables = filled(code, lengths, dtype)
+    meta, _ = build_metadata([1] * len(lengths), lengths, tables, BS, split=False)
+    query = query_for(lengths, 1, dtype)
+    got = coded_latent_attention(query, cache, meta, path=isa)
+    want = TorchBackend().whole_latent_attention(query, cache, meta).float()
+    assert got.dtype == dtype and got.shape == want.shape == (len(lengths), HEADS, RANK)
+    err = ((got.float() - want).abs().max() / want.abs().max()).item()
+    assert err <= TOL[dtype], f"{isa} {dtype}: {err:.2e}"
+
+
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
+def test_several_query_tokens_see_their_own_positions(isa):
+    code = layer_code(5, group=64)
+    lengths = [40, 23]
+    cache, tables = filled(code, lengths, torch.float32, seed=2)
+    meta, _ = build_metadata([3, 2], lengths, tables, BS, split=False)
+    query = query_for(lengths, meta.max_query_len, torch.float32)
+    got = coded_latent_attention(query, cache, meta, path=isa)
+    want = TorchBackend().whole_latent_attention(query, cache, meta)
+    valid = meta.query_valid.repeat_interleave(HEADS, dim=1)
+    assert ((got - want).abs()[valid].max() / want.abs().max()).item() <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_sequence_gets_the_same_bits_alone_and_batched(isa, dtype):
+    code = layer_code(7)
+    lengths = [290, 33, 5]
+    cache, tables = filled(code, lengths, dtype, seed=4)
+    meta, _ = build_metadata([1] * 3, lengths, tables, BS, split=False)
+    query = query_for(lengths, 1, dtype)
+    batched = coded_latent_attention(query, cache, meta, path=isa)
+    for b in range(3):
+        alone, _ = build_metadata([1], [lengths[b]], [tables[b]], BS, split=False)
+        assert torch.equal(coded_latent_attention(query[b : b + 1], cache, alone, path=isa)[0], batched[b])
+
+
+def test_the_runs_cover_every_code_once_inside_its_load():
+    """coded_runs: each stored value in exactly one run, at its bit offset, no run reading past 64 bits."""
+    code = layer_code(11)
+    view = coded.kernel_view(code)
+    widths, seen = code.widths, {}
+    offsets = [sum(widths[:i]) for i in range(len(widths))]
+    for byte, shift, bits, count, col, _ in view.runs.tolist():
+        assert shift + bits * count <= 64 and 1 <= count <= 8
+        for i in range(count):
+            seen[col + i] = 8 * byte + shift + i * bits
+    columns = sorted(seen)
+    assert [seen[c] for c in columns] == offsets  # packed order, back to back
+    latent = sum(1 for b in code.latent_bits if b)
+    assert columns[:latent] == list(range(latent)) and columns[latent] == view.latent_columns
+    assert view.latent_columns % 32 == 0 and view.query_map.shape[0] % 32 == 0
