@@ -11,7 +11,8 @@ batch-invariant prefill span. attention/native_backend.py's NativeBackend decide
   DECODE_MAX_SPANS tokens (longer ones: at most DECODE_MAX_SPANS items), merged in order: the same bits
   alone, batched, on any thread count.
 - `mla_decode_coded`: the same over a transform-coded layer (cache/coded.py): each token's mixed-width codes
-  widened in runs of up to 8 values of one width (`coded_runs`), on the float32 loops of every path; the
+  widened in runs of up to 16 values of one width (`coded_runs`; on AVX-512 one byte shuffle and one shift
+  a run) into the float32 or bf16 tile of every path; the
   query arrives turned into the code's groups (attention/native_backend.py CodedBackend).
 - `mla_prefill`: one span of attention/prefill.py's span_prefill, for PREFILL_DTYPES on every ISA:
   float32 FMAs at the ISA's width (mla_prefill_f32.h; bf16 tensors widened), bf16 dot products for
@@ -234,8 +235,8 @@ TC_RUN = 6  # csrc/attention/mla_job.h TC_RUN: a run's int32 fields
 def coded_runs(groups: list[tuple[int, int, float, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """A transform code's packed groups (bits, values, step, first column in the widened row) in packed order
     (their codes back to back, no padding) -> the kernel's runs int32 [n, TC_RUN] (byte, shift, bits, count,
-    column, group) and steps float32 [n, 2] (step, offset 2^(bits-1) - 1/2): at most 8 values of one group
-    a run, all inside the 64 bits one load at `byte` gives."""
+    column, group) and steps float32 [n, 2] (step, offset 2^(bits-1) - 1/2): at most 16 values of one
+    group a run, all inside the 16 bytes from `byte` (shift < 8)."""
     runs, steps, bit = [], [], 0
     for g, (bits, values, step, col) in enumerate(groups):
         if not 1 <= bits <= 8:
@@ -243,7 +244,7 @@ def coded_runs(groups: list[tuple[int, int, float, int]]) -> tuple[torch.Tensor,
         left = values
         while left:
             byte, shift = divmod(bit, 8)
-            count = min(8, left, (64 - shift) // bits)
+            count = min(16, left, (128 - shift) // bits)
             runs.append((byte, shift, bits, count, col, g))
             steps.append((step, (1 << (bits - 1)) - 0.5))
             bit, col, left = bit + count * bits, col + count, left - count

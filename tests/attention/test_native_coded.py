@@ -87,6 +87,23 @@ def test_every_path_reads_the_codes_as_the_reference_dequantizes_them(isa, dtype
 
 
 @pytest.mark.parametrize("isa", attention_kernels.supported_isas())
+def test_every_width_is_read_at_every_bit_offset(isa):
+    """Each width's runs start at each of the 8 bit offsets in turn (a run of 8-bit codes off a byte boundary
+    spans 9 bytes; one of 16 values, 17)."""
+    for lead in range(8):
+        for b in range(2, 9):
+            latent = (1,) * lead + (b,) * 31 + (0,) * (RANK - 31 - lead)
+            code = LayerCode(latent, (7,) * DR, 64, None, None, tuple([0.1] * (DR // 2)), 1.0)
+            lengths = [20, 3]
+            cache, tables = filled(code, lengths, torch.float32, seed=lead)
+            meta, _ = build_metadata([1, 1], lengths, tables, BS, split=False)
+            query = query_for(lengths, 1, torch.float32)
+            got = coded_latent_attention(query, cache, meta, path=isa)
+            want = TorchBackend().whole_latent_attention(query, cache, meta)
+            assert ((got - want).abs().max() / want.abs().max()).item() <= TOL[torch.float32], (lead, b)
+
+
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
 def test_several_query_tokens_see_their_own_positions(isa):
     code = layer_code(5, group=64)
     lengths = [40, 23]
@@ -120,7 +137,7 @@ def test_the_runs_cover_every_code_once_inside_its_load():
     widths, seen = code.widths, {}
     offsets = [sum(widths[:i]) for i in range(len(widths))]
     for byte, shift, bits, count, col, _ in view.runs.tolist():
-        assert shift + bits * count <= 64 and 1 <= count <= 8
+        assert shift < 8 and shift + bits * count <= 128 and 1 <= count <= 16
         for i in range(count):
             seen[col + i] = 8 * byte + shift + i * bits
     columns = sorted(seen)

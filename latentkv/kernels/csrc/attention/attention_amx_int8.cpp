@@ -16,6 +16,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,amx-tile,amx-bf16,amx-int8,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_amx_int8 {
 #include "exp_poly.h"
+#define LATENTKV_TC_AVX512 1  // widen_tc's vpshufb / vpsrlvw runs (avx512bw, avx512vl)
 #include "mla_decode_impl.h"
 #include "mla_decode_bf16.h"
 #include "mla_decode_vnni.h"  // quantize_two_part

@@ -14,6 +14,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 namespace isa_avx512 {
 #include "exp_poly.h"
+#define LATENTKV_TC_AVX512 1  // widen_tc's vpshufb / vpsrlvw runs (avx512bw, avx512vl)
 #include "mla_decode_impl.h"
 #include "mla_prefill_f32.h"
 #include "mla_decode_run.h"

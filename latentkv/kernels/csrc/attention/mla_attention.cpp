@@ -269,6 +269,7 @@ at::Tensor mla_decode_coded(at::Tensor query, at::Tensor codes, at::Tensor scale
   TcLayout& tc = job.tc;
   tc.runs = runs.data_ptr<int32_t>(), tc.steps = steps.data_ptr<float>(), tc.n_runs = (int)runs.size(0);
   tc.code_bytes = (int)codes.size(2), tc.groups = (int)scales.size(2);
+  TORCH_CHECK(tc.groups <= TC_MAX_GROUPS, "mla_decode_coded: ", tc.groups, " scale groups a token, the kernel's most ", TC_MAX_GROUPS);
   tc.cs = cs.data_ptr<float>(), tc.cs_width = (int)cs.size(1), tc.cs_rows = cs.size(0);
   tc.values = (int)(query.size(2) - tc.cs_width);
   TORCH_CHECK(0 < latent_values && latent_values <= tc.values, "mla_decode_coded: ", latent_values,
@@ -276,7 +277,7 @@ at::Tensor mla_decode_coded(at::Tensor query, at::Tensor codes, at::Tensor scale
   const int32_t* rp = tc.runs;
   for (int k = 0; k < tc.n_runs; ++k, rp += TC_RUN)  // every run's load, bits and columns inside the row
     TORCH_CHECK(rp[0] >= 0 && rp[0] < tc.code_bytes && rp[1] >= 0 && rp[1] < 8 && rp[2] >= 1 && rp[2] <= 8 &&
-                    rp[3] >= 1 && rp[3] <= 8 && rp[1] + rp[2] * rp[3] <= 8 * std::min(8, tc.code_bytes - rp[0]) &&
+                    rp[3] >= 1 && rp[3] <= 16 && rp[1] + rp[2] * rp[3] <= 8 * std::min(16, tc.code_bytes - rp[0]) &&
                     rp[4] >= 0 && rp[4] + rp[3] <= tc.values && rp[5] >= 0 && rp[5] < tc.groups,
                 "mla_decode_coded: run ", k, " lies outside the token's codes, scales or row");
   const int64_t* ctx = context_lens.data_ptr<int64_t>();

@@ -72,24 +72,87 @@ static inline void widen_q4(const uint8_t* __restrict src, const uint16_t* __res
 
 // A transform-coded token (TcLayout): codes [code_bytes], scales float16 [groups] -> dst [values]
 // float32 in packed order, each value (code - offset) x step x its group's scale, as cache/coded.py decodes
-// before its groups are turned back (the query was turned instead). A run's 8 lanes are always written:
+// before its groups are turned back (the query was turned instead). A run's 16 lanes are always written:
 // the lanes past its count land on the next run's columns, which that run writes after (the row has
 // TC_SLACK floats of room at its end for the last).
+
+// The shifts of 8 values of b bits in one word (value i at bit i * b), one vector load.
+alignas(64) static const uint64_t TC_SHIFTS[9][8] = {
+    {0, 0, 0, 0, 0, 0, 0, 0},          {0, 1, 2, 3, 4, 5, 6, 7},          {0, 2, 4, 6, 8, 10, 12, 14},
+    {0, 3, 6, 9, 12, 15, 18, 21},      {0, 4, 8, 12, 16, 20, 24, 28},     {0, 5, 10, 15, 20, 25, 30, 35},
+    {0, 6, 12, 18, 24, 30, 36, 42},    {0, 7, 14, 21, 28, 35, 42, 49},    {0, 8, 16, 24, 32, 40, 48, 56}};
+
+// 8 values of b bits from bit `shift` of the bytes at src (src holds 24: a run's 16 and 8 of room) -> o[0..8).
+static inline void widen_tc8(const uint8_t* src, int shift, int b, float off, float step, float* __restrict o) {
+  const int at = shift >> 3, low = shift & 7;
+  if (b == 8 && low) {  // 64 bits from bit `low`: past one word, so byte by byte
+#pragma omp simd
+    for (int i = 0; i < 8; ++i)
+      o[i] = ((float)((((uint32_t)src[at + i] | (uint32_t)src[at + i + 1] << 8) >> low) & 255u) - off) * step;
+    return;
+  }
+  uint64_t w;
+  __builtin_memcpy(&w, src + at, 8);
+  w >>= low;
+  const uint64_t mask = (1ull << b) - 1;
+  const uint64_t* __restrict shifts = TC_SHIFTS[b];
+#pragma omp simd
+  for (int i = 0; i < 8; ++i) o[i] = ((float)(uint32_t)((w >> shifts[i]) & mask) - off) * step;
+}
+
+#ifdef LATENTKV_TC_AVX512
+// Where each of 16 values of b bits starting at bit `shift` of 16 bytes lies: the pair of bytes vpshufb
+// gathers into its 16-bit lane (0x80: none, the byte past the 16) and the shift vpsrlvw takes it down by.
+struct TcLanes {
+  alignas(32) uint8_t index[9][8][32];
+  alignas(32) uint16_t shift[9][8][16];
+  constexpr TcLanes() : index{}, shift{} {
+    for (int b = 1; b <= 8; ++b)
+      for (int s = 0; s < 8; ++s)
+        for (int i = 0; i < 16; ++i) {
+          const int bit = s + i * b, k = bit >> 3;
+          const int lane = 2 * i;  // vpshufb: each 128-bit half picks from its own copy of the 16 bytes
+          index[b][s][lane] = (uint8_t)(k < 16 ? k : 0x80);
+          index[b][s][lane + 1] = (uint8_t)(k + 1 < 16 ? k + 1 : 0x80);
+          shift[b][s][i] = (uint16_t)(bit & 7);
+        }
+  }
+};
+static constexpr TcLanes TC_LANES{};
+
+// 16 values of b bits from bit `shift` (< 8) of the 16 bytes at src -> o[0..16): one shuffle, one shift.
+static inline void widen_tc16(const uint8_t* src, int shift, int b, float off, float step, float* __restrict o) {
+  const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)src));
+  __m256i words = _mm256_shuffle_epi8(bytes, _mm256_load_si256((const __m256i*)TC_LANES.index[b][shift]));
+  words = _mm256_srlv_epi16(words, _mm256_load_si256((const __m256i*)TC_LANES.shift[b][shift]));
+  words = _mm256_and_si256(words, _mm256_set1_epi16((short)((1 << b) - 1)));
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(words));
+  _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_sub_ps(v, _mm512_set1_ps(off)), _mm512_set1_ps(step)));
+}
+#endif
+
 static inline void widen_tc(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc,
                             float* __restrict dst) {
+  float scale[TC_MAX_GROUPS];  // the token's group scales, widened once (not once per run)
+#pragma omp simd
+  for (int g = 0; g < tc.groups; ++g) scale[g] = f16_to_f32(sc[g]);
   for (int k = 0; k < tc.n_runs; ++k) {
     const int32_t* run = tc.runs + (int64_t)k * TC_RUN;
-    const int at = run[0], b = run[2];
-    uint64_t w = 0;
-    if (at + 8 <= tc.code_bytes) __builtin_memcpy(&w, codes + at, 8);
-    else  // the token's last bytes: no read past its codes (the cache's last slot ends there)
-      for (int i = 0; at + i < tc.code_bytes; ++i) w |= (uint64_t)codes[at + i] << (8 * i);
-    w >>= run[1];
-    const uint64_t mask = (1ull << b) - 1;
-    const float step = tc.steps[2 * k] * f16_to_f32(sc[run[5]]), off = tc.steps[2 * k + 1];
-    float* __restrict o = dst + run[4];
-#pragma omp simd
-    for (int i = 0; i < 8; ++i) o[i] = ((float)(uint32_t)((w >> (i * b)) & mask) - off) * step;
+    const int at = run[0], shift = run[1], b = run[2];
+    const float step = tc.steps[2 * k] * scale[run[5]], off = tc.steps[2 * k + 1];
+    float* o = dst + run[4];
+    alignas(16) uint8_t tail[24] = {};
+    const uint8_t* src = codes + at;
+    if (at + 24 > tc.code_bytes) {  // the token's last bytes: no read past its codes (the cache's last slot ends there)
+      for (int i = 0; at + i < tc.code_bytes && i < 16; ++i) tail[i] = codes[at + i];
+      src = tail;
+    }
+#ifdef LATENTKV_TC_AVX512
+    widen_tc16(src, shift, b, off, step, o);
+#else
+    widen_tc8(src, shift, b, off, step, o);
+    widen_tc8(src, shift + 8 * b, b, off, step, o + 8);
+#endif
   }
 }
 

@@ -30,11 +30,12 @@ inline void prefetch_l2(const void* p) {
 #endif
 }
 
-// How a transform-coded token is read (cache/coded.py kernel_layout): its codes cut into runs of at most 8
-// values of one width, each run one 64-bit load; a token's row widens to [the stored values in packed
-// order, then cos and sin of its position] (the query was turned to match: its rope key's mean term).
-constexpr int TC_RUN = 6;
-constexpr int TC_SLACK = 8;  // floats past a tile a run's unused lanes may write  // int32 fields of a run: byte, shift, bits, count, column, scale group
+// How a transform-coded token is read (cache/coded.py kernel_view): its codes cut into runs of at most 16
+// values of one width, each inside 16 bytes from its first; a token's row widens to [the stored values,
+// then cos and sin of its position] (the query was turned to match: its rope key's mean term).
+constexpr int TC_RUN = 6;            // int32 fields of a run: byte, shift, bits, count, column, scale group
+constexpr int TC_SLACK = 16;         // floats past a row that a run's unused lanes may write
+constexpr int TC_MAX_GROUPS = 512;   // scale groups a coded token may have (mla_decode_coded checks)
 struct TcLayout {
   const int32_t* runs;  // [n_runs, TC_RUN]
   const float* steps;   // [n_runs, 2]: the code's step (STEP[bits]) and its offset (2^(bits-1) - 1/2)
