@@ -258,7 +258,7 @@ static void attend_span_amx(const Job& job, int64_t b, int64_t t0, int64_t t1, c
   // Two tiles of rows: tile k + 1 is widened before tile k's scores, so the tile loads never read
   // rows whose stores are still in flight (s.tile holds 2 x BT rows).
   const uint16_t* rows_buf[2][BT];
-  const Bf16Scratch half[2] = {s, {s.tile + (int64_t)BT * Dp, s.pairs, s.zero, s.row}};
+  const Bf16Scratch half[2] = {s, {s.tile + (int64_t)BT * Dp, s.pairs, s.zero}};
   amx_item(job, t0, t1, lim, split, acc, mx, sum, a, [&](int m0, int64_t c0, int nt, int tiles) {
     const uint32_t* q_lat = qpack + (int64_t)(m0 / AMX_DECODE_ROWS) * (split ? 2 : 1) * amx_query_block(D);
     const uint32_t* q_rope = q_lat + amx_query_block(D);

@@ -28,16 +28,13 @@ struct Bf16Scratch {
   uint16_t* tile;   // [BT, Dp] widened rows (quantized caches)
   uint16_t* pairs;  // [BT/2, 2r] interleaved pairs
   const uint16_t* zero;  // [Dp] zeros: the rows past the span
-  float* row;       // [Dp + TC_SLACK]: a transform-coded row in float32 before its rounding to bf16
 };
 
 // A thread's Bf16Scratch, owned: Dp = D rounded up to 32.
 struct Bf16Buffers {
   std::vector<uint16_t> tile, pairs, zero;
-  std::vector<float> row;
-  Bf16Buffers(int64_t D, int64_t r)
-      : tile(64 * ((D + 31) / 32 * 32)), pairs(64 * r), zero((D + 31) / 32 * 32, 0), row((D + 31) / 32 * 32 + TC_SLACK, 0.0f) {}
-  Bf16Scratch scratch() { return {tile.data(), pairs.data(), zero.data(), row.data()}; }
+  Bf16Buffers(int64_t D, int64_t r) : tile(64 * ((D + 31) / 32 * 32)), pairs(64 * r), zero((D + 31) / 32 * 32, 0) {}
+  Bf16Scratch scratch() { return {tile.data(), pairs.data(), zero.data()}; }
 };
 
 static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)
@@ -156,10 +153,13 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
     }
     if (job.kind == KIND_TC) {  // values rounded to bf16, as the reference dequantizes into a bf16 model's rows
       const TcLayout& tc = job.tc;
-      widen_tc(tc, (const uint8_t*)job.latent + slot * tc.code_bytes, job.scale16 + slot * tc.groups, s.row);
+      tc_runs(tc, (const uint8_t*)job.latent + slot * tc.code_bytes, job.scale16 + slot * tc.groups,
+              [dst](const int32_t* r, const uint8_t* src, float off, float step) {
+                const __m256i v = (__m256i)_mm512_cvtneps_pbh(tc_run16(src, r[1], r[2], off, step));
+                _mm256_mask_storeu_epi16(dst + r[4], (__mmask16)((1u << r[3]) - 1), v);
+              });
       const float* cs = tc.cs + (j0 + t) * tc.cs_width;
-      for (int i = 0; i < tc.cs_width; ++i) s.row[tc.values + i] = cs[i];
-      for (int i = 0; i < D; ++i) dst[i] = to_bf16(s.row[i]);
+      for (int i = 0; i < tc.cs_width; ++i) dst[tc.values + i] = to_bf16(cs[i]);
       continue;
     }
     widen_codes((const char*)job.latent + slot * r, dst, r, job.kind == KIND_FP8);

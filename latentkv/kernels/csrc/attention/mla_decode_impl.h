@@ -72,9 +72,9 @@ static inline void widen_q4(const uint8_t* __restrict src, const uint16_t* __res
 
 // A transform-coded token (TcLayout): codes [code_bytes], scales float16 [groups] -> dst [values]
 // float32 in packed order, each value (code - offset) x step x its group's scale, as cache/coded.py decodes
-// before its groups are turned back (the query was turned instead). A run's 16 lanes are always written:
-// the lanes past its count land on the next run's columns, which that run writes after (the row has
-// TC_SLACK floats of room at its end for the last).
+// before its groups are turned back (the query was turned instead). On AVX-512 a run writes its count of
+// values (masked); elsewhere its 16 lanes always: the lanes past its count land on the next run's
+// columns, which that run writes after (the row has TC_SLACK floats of room at its end for the last).
 
 // The shifts of 8 values of b bits in one word (value i at bit i * b), one vector load.
 alignas(64) static const uint64_t TC_SHIFTS[9][8] = {
@@ -111,49 +111,64 @@ struct TcLanes {
       for (int s = 0; s < 8; ++s)
         for (int i = 0; i < 16; ++i) {
           const int bit = s + i * b, k = bit >> 3;
-          const int lane = 2 * i;  // vpshufb: each 128-bit half picks from its own copy of the 16 bytes
-          index[b][s][lane] = (uint8_t)(k < 16 ? k : 0x80);
-          index[b][s][lane + 1] = (uint8_t)(k + 1 < 16 ? k + 1 : 0x80);
+          // vpshufb: each 128-bit half picks from its own copy of the 16 bytes
+          index[b][s][2 * i] = (uint8_t)(k < 16 ? k : 0x80);
+          index[b][s][2 * i + 1] = (uint8_t)(k + 1 < 16 ? k + 1 : 0x80);
           shift[b][s][i] = (uint16_t)(bit & 7);
         }
   }
 };
 static constexpr TcLanes TC_LANES{};
 
-// 16 values of b bits from bit `shift` (< 8) of the 16 bytes at src -> o[0..16): one shuffle, one shift.
-static inline void widen_tc16(const uint8_t* src, int shift, int b, float off, float step, float* __restrict o) {
+// 16 values of b bits from bit `shift` (< 8) of the 16 bytes at src, (code - off) x step: one byte shuffle,
+// one 16-bit shift.
+static inline __m512 tc_run16(const uint8_t* src, int shift, int b, float off, float step) {
   const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)src));
   __m256i words = _mm256_shuffle_epi8(bytes, _mm256_load_si256((const __m256i*)TC_LANES.index[b][shift]));
   words = _mm256_srlv_epi16(words, _mm256_load_si256((const __m256i*)TC_LANES.shift[b][shift]));
   words = _mm256_and_si256(words, _mm256_set1_epi16((short)((1 << b) - 1)));
   const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(words));
-  _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_sub_ps(v, _mm512_set1_ps(off)), _mm512_set1_ps(step)));
+  return _mm512_mul_ps(_mm512_sub_ps(v, _mm512_set1_ps(off)), _mm512_set1_ps(step));
 }
 #endif
 
-static inline void widen_tc(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc,
-                            float* __restrict dst) {
+// Calls run(r, src, off, step) for each run r (TC_RUN fields) of a token: src its bytes (24 readable),
+// off and step (STEP[bits] x its group's scale) its values' arithmetic.
+template <class Run>
+static inline void tc_runs(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc, Run run) {
   float scale[TC_MAX_GROUPS];  // the token's group scales, widened once (not once per run)
+#ifdef LATENTKV_TC_AVX512
+  for (int g = 0; g < tc.groups; g += 16) {
+    const __mmask16 m = (__mmask16)(tc.groups - g >= 16 ? 0xFFFF : (1u << (tc.groups - g)) - 1);
+    _mm512_mask_storeu_ps(scale + g, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, sc + g)));
+  }
+#else
 #pragma omp simd
   for (int g = 0; g < tc.groups; ++g) scale[g] = f16_to_f32(sc[g]);
+#endif
   for (int k = 0; k < tc.n_runs; ++k) {
-    const int32_t* run = tc.runs + (int64_t)k * TC_RUN;
-    const int at = run[0], shift = run[1], b = run[2];
-    const float step = tc.steps[2 * k] * scale[run[5]], off = tc.steps[2 * k + 1];
-    float* o = dst + run[4];
+    const int32_t* r = tc.runs + (int64_t)k * TC_RUN;
+    const int at = r[0];
     alignas(16) uint8_t tail[24] = {};
     const uint8_t* src = codes + at;
     if (at + 24 > tc.code_bytes) {  // the token's last bytes: no read past its codes (the cache's last slot ends there)
       for (int i = 0; at + i < tc.code_bytes && i < 16; ++i) tail[i] = codes[at + i];
       src = tail;
     }
-#ifdef LATENTKV_TC_AVX512
-    widen_tc16(src, shift, b, off, step, o);
-#else
-    widen_tc8(src, shift, b, off, step, o);
-    widen_tc8(src, shift + 8 * b, b, off, step, o + 8);
-#endif
+    run(r, src, tc.steps[2 * k + 1], tc.steps[2 * k] * scale[r[5]]);
   }
+}
+
+static inline void widen_tc(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc,
+                            float* __restrict dst) {
+  tc_runs(tc, codes, sc, [dst](const int32_t* r, const uint8_t* src, float off, float step) {
+#ifdef LATENTKV_TC_AVX512
+    _mm512_mask_storeu_ps(dst + r[4], (__mmask16)((1u << r[3]) - 1), tc_run16(src, r[1], r[2], off, step));
+#else
+    widen_tc8(src, r[1], r[2], off, step, dst + r[4]);
+    widen_tc8(src, r[1] + 8 * r[2], r[2], off, step, dst + r[4] + 8);
+#endif
+  });
 }
 
 // Widen token j of sequence `table` into dst [D] float32. Not through memmove: GCC turns the
