@@ -135,3 +135,19 @@ def test_the_rope_mean_turns_as_the_model_turns_its_key():
     turned = code.turned_mean(*code.angles(positions))
     assert torch.allclose(turned[0], torch.tensor(code.rope_mean))  # position 0: unturned
     assert torch.allclose(turned.norm(dim=-1), turned[0].norm().expand(3), rtol=1e-5)  # a rotation
+
+
+def test_a_tokens_codes_do_not_depend_on_the_rows_written_with_it():
+    """The writer's turn is one fixed-order product per side: a token written alone or among 37 others
+    gets the same bytes (what greedy text identical alone and batched rests on)."""
+    rng = random.Random(4)
+    r, dr = 48, 16
+    bits = (tuple(rng.choice((0, 2, 3, 5, 8)) for _ in range(r)), tuple(rng.choice((3, 6)) for _ in range(dr)))
+    code = coded.LayerCode(*bits, 16, None, None, tuple([0.5] * (dr // 2)))
+    gen = torch.Generator().manual_seed(0)
+    c, k_r = torch.randn(38, r, generator=gen), torch.randn(38, dr, generator=gen)
+    cos, sin = cos_sin(torch.arange(38), torch.tensor(code.inv_freq))
+    codes, scales = coded.encode(code, c, k_r, cos, sin)
+    for i in (0, 7, 37):
+        one = coded.encode(code, c[i : i + 1], k_r[i : i + 1], cos[i : i + 1], sin[i : i + 1])
+        assert torch.equal(one[0][0], codes[i]) and torch.equal(one[1][0], scales[i])
