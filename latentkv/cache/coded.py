@@ -172,6 +172,7 @@ def _pad32(n: int) -> int:
 
 
 @functools.cache
+@torch.inference_mode(False)  # (kept across calls, as transform_code._maps)
 def kernel_view(code: LayerCode) -> KernelView:
     r, dr = len(code.latent_bits), len(code.rope_bits)
     latent = tc.groups(list(code.latent_bits), code.group)

@@ -179,6 +179,9 @@ class _Maps:
 
 
 @functools.cache
+@torch.inference_mode(
+    False
+)  # kept across calls: first made under the engine's inference mode, still usable with autograd
 def _maps(bits: tuple[int, ...], group: int) -> _Maps:
     parts = groups(list(bits), group)
     stored = sum(len(idx) for _, idx in parts)

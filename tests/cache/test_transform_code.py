@@ -102,3 +102,14 @@ def test_a_centred_code_codes_the_rows_less_their_mean():
     err_centred = (centred - x).square().mean()
     assert err_centred <= 2 * tc.DISTORTION[3]  # about the Gaussian quantizer's error on the unit spread
     assert (tc.round_trip(x, bits) - x).square().mean() > 20 * err_centred
+
+
+def test_maps_first_made_under_inference_mode_still_serve_autograd():
+    """The per-bits maps are cached: the engine (inference mode) may make them first, the simulation's
+    heal (autograd) use them next."""
+    bits = [3, 0, 5, 5, 2, 7, 1, 4, 4, 6, 8, 3, 2]
+    with torch.inference_mode():
+        tc.round_trip(torch.randn(2, len(bits)), bits, 4)
+    x = torch.randn(3, len(bits), requires_grad=True)
+    tc.round_trip(x, bits, 4).sum().backward()
+    assert x.grad is not None
