@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from latentkv.cache import q4
 from latentkv.cache import transform_code as tc
 from latentkv.config import ModelConfig
 from latentkv.kernels.attention import coded_runs
@@ -121,8 +120,8 @@ def decode(
     in `dtype`, the means added back as transform_code.round_trip adds them (in `dtype`)."""
     r = len(code.latent_bits)
     values = unpack(packed, code.widths).to(torch.uint8) if code.widths else packed[:, :0]
-    latent_values = sum(1 for b in code.latent_bits if b)
-    latent_groups = len(tc.groups(list(code.latent_bits), code.group))
+    latent = tc.side_maps(code.latent_bits, code.group)
+    latent_values, latent_groups = latent.turn.shape[0], len(latent.sizes)
     out = torch.cat(
         (
             tc.decode(values[:, :latent_values], scales[:, :latent_groups], list(code.latent_bits), code.group),
@@ -172,23 +171,22 @@ def _pad32(n: int) -> int:
 
 
 @functools.cache
-@torch.inference_mode(False)  # (kept across calls, as transform_code._maps)
+@torch.inference_mode(False)  # (kept across calls, as transform_code.side_maps)
 def kernel_view(code: LayerCode) -> KernelView:
     r, dr = len(code.latent_bits), len(code.rope_bits)
-    latent = tc.groups(list(code.latent_bits), code.group)
-    rope = tc.groups(list(code.rope_bits), code.group)
-    latent_values = sum(len(idx) for _, idx in latent)
-    latent_columns = _pad32(latent_values)
-    rope_values = sum(len(idx) for _, idx in rope)
+    latent, rope = tc.side_maps(code.latent_bits, code.group), tc.side_maps(code.rope_bits, code.group)
+    latent_columns = _pad32(latent.turn.shape[0])
     freqs, slot = torch.tensor(code.inv_freq).unique(return_inverse=True)
-    cs_at = _pad32(latent_columns + rope_values + 2 * len(freqs)) - 2 * len(freqs)
+    cs_at = _pad32(latent_columns + rope.turn.shape[0] + 2 * len(freqs)) - 2 * len(freqs)
     qmap = torch.zeros(r + dr, cs_at + 2 * len(freqs))
-    parts, col = [], 0
-    for groups, first in ((latent, 0), (rope, r)):
-        col = 0 if first == 0 else latent_columns
-        for bits, idx in groups:  # rows idx of R x's group: turn(I)[i, k] = R[k, i]
-            qmap[[first + i for i in idx], col : col + len(idx)] = q4.turn(torch.eye(len(idx)))
-            parts.append((bits, len(idx), tc.STEP[bits], col))
+    parts = []
+    for bits, maps, rows, col in (
+        (code.latent_bits, latent, slice(0, r), 0),
+        (code.rope_bits, rope, slice(r, None), latent_columns),
+    ):
+        qmap[rows, col : col + maps.turn.shape[0]] = maps.back  # q . turnᵀ y: the query turned as the codes were
+        for b, idx in tc.groups(list(bits), code.group):
+            parts.append((b, len(idx), tc.STEP[b], col))
             col += len(idx)
     if code.rope_mean is not None:  # q_r . turned mean = (cos ; sin) . (A q_r): A's rows the mean at unit angles
         half = dr // 2

@@ -20,8 +20,9 @@ format constants (in the record), not bytes per token.
 Bytes a token takes in one layer: ceil(code bits / 8) + SCALE_BYTES per group (`layer_bytes`).
 The record (`TransformCode.to_dict`) is what config.json holds under latentkv.cache_format and
 `from_dict` reads it back exactly. A folder that records one is served in it (cache/coded.py: a layer's
-tokens in the paged cache, written quantized, read dequantized by the reference attention backend; no
-native kernel reads it yet); convert/simulated.py measures it by `round_trip` in the reference model.
+tokens in the paged cache, written quantized by `encode`, read by the native decode kernel through
+coded.kernel_view and dequantized by `decode` for the other readers); convert/simulated.py measures it by
+`round_trip` in the reference model.
 """
 
 from __future__ import annotations
@@ -166,23 +167,23 @@ class TransformCode:
 
 
 @dataclass(frozen=True)
-class _Maps:
+class SideMaps:
     """One side's groups as whole-row maps: turn [stored values, n] (R per group in its rows and columns: y =
-    x @ turnᵀ, x = y @ turn), group [stored values] (each value's group), step and half [stored values]
-    (STEP[b] and 2^(b-1) of each value's bits), sizes [groups] (values per group)."""
+    x @ turnᵀ, x = y @ turn) and back (turnᵀ, contiguous), group [stored values] (each value's group), step
+    and half [stored values] (STEP[b] and 2^(b-1) of each value's bits), sizes [groups] (values per group)."""
 
     turn: torch.Tensor
+    back: torch.Tensor
     group: torch.Tensor
     step: torch.Tensor
     half: torch.Tensor
     sizes: torch.Tensor
 
 
+# kept across calls: first made under the engine's inference mode, still usable with autograd
 @functools.cache
-@torch.inference_mode(
-    False
-)  # kept across calls: first made under the engine's inference mode, still usable with autograd
-def _maps(bits: tuple[int, ...], group: int) -> _Maps:
+@torch.inference_mode(False)
+def side_maps(bits: tuple[int, ...], group: int) -> SideMaps:
     parts = groups(list(bits), group)
     stored = sum(len(idx) for _, idx in parts)
     turn = torch.zeros(stored, len(bits))
@@ -194,13 +195,14 @@ def _maps(bits: tuple[int, ...], group: int) -> _Maps:
         half += [float(1 << (b - 1))] * len(idx)
         at += len(idx)
     sizes = torch.tensor([float(len(idx)) for _, idx in parts])
-    return _Maps(turn, torch.tensor(owner, dtype=torch.long), torch.tensor(step), torch.tensor(half), sizes)
+    owner = torch.tensor(owner, dtype=torch.long)
+    return SideMaps(turn, turn.T.contiguous(), owner, torch.tensor(step), torch.tensor(half), sizes)
 
 
 def encode(x: torch.Tensor, bits: list[int], group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, n] -> (codes uint8 [T, stored values] in the order of `groups(bits)`, scales float16 [T,
     groups]): every group turned by one fixed-order product (rows independent of T), its RMS the scale."""
-    maps = _maps(tuple(bits), group)
+    maps = side_maps(tuple(bits), group)
     y = invariant.linear(x.float(), maps.turn.to(x.device))
     ms = torch.zeros(x.shape[0], len(maps.sizes), device=x.device).index_add_(1, maps.group.to(x.device), y.square())
     scale = (ms / maps.sizes.to(x.device)).sqrt().half()
@@ -213,12 +215,12 @@ def encode(x: torch.Tensor, bits: list[int], group: int = GROUP) -> tuple[torch.
 
 def decode(codes: torch.Tensor, scale: torch.Tensor, bits: list[int], group: int = GROUP) -> torch.Tensor:
     """encode's output -> x [T, n] float32 (0 where a direction has no bits)."""
-    maps = _maps(tuple(bits), group)
+    maps = side_maps(tuple(bits), group)
     device = codes.device
     y = (codes.float() - maps.half.to(device) + 0.5) * (
         scale.float().index_select(1, maps.group.to(device)) * maps.step.to(device)
     )
-    return invariant.linear(y, maps.turn.T.contiguous().to(device))
+    return invariant.linear(y, maps.back.to(device))
 
 
 def round_trip(x: torch.Tensor, bits: list[int], group: int = GROUP, mean: torch.Tensor | None = None) -> torch.Tensor:
