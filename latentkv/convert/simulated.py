@@ -6,7 +6,8 @@ model's behaviour, each layer's fresh latent c and rope key k_r (after RoPE) are
 read back (`transform_code.round_trip`) right where the attention would write them to its cache,
 in latentkv's own model with an unquantized cache: every reader (prefill and decode alike) then
 sees exactly the values the format would give back. SIMULATED: the codes are never stored, the
-cache keeps floats, and the speed says nothing about a native kernel's.
+cache keeps floats, and the speed says nothing about a native kernel's. Under autograd (`latentkv heal`
+of a coded folder) the read-back is straight-through.
 """
 
 from __future__ import annotations
@@ -60,12 +61,35 @@ def _coded_project(project, latent_bits, rope_bits, group: int, means=None, inte
             if rotate_key:
                 k_mean = apply_rope(k_mean.expand(x.shape[0], 1, -1), *rope, interleaved)[:, 0]
         if latent_bits is not None:
-            c = tc.round_trip(c, latent_bits, group, c_mean)
+            c = read_back(c, latent_bits, group, c_mean)
         if rope_bits is not None:
-            k_r = tc.round_trip(k_r, rope_bits, group, k_mean)
+            k_r = read_back(k_r, rope_bits, group, k_mean)
         return q_nope, q_rope, c, k_r
 
     return coded
+
+
+def read_back(x: torch.Tensor, bits, group: int, mean=None) -> torch.Tensor:
+    """x [T, n] as the cache gives it back (transform_code.round_trip, the same bits); under autograd
+    straight-through: the gradient of x itself (the rounding's is zero almost everywhere, so a heal
+    through the codes would not move what writes them)."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return tc.round_trip(x, bits, group, mean)
+    with torch.no_grad(), torch.autocast(x.device.type, enabled=False):  # the codes in float32, as served
+        read = tc.round_trip(x.float(), bits, group, mean).to(x.dtype)
+    return _StraightThrough.apply(x, read)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """forward(x, read) -> read; backward: the gradient passes to x unchanged."""
+
+    @staticmethod
+    def forward(ctx, x, read):
+        return read.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 def coded_chat_model(model, code: tc.TransformCode, tokenizer, folder: str) -> ChatModel:

@@ -1,5 +1,6 @@
 """Distillation loop: KL from the teacher's next-token distribution (optionally mixed with
 the language-model loss), AdamW with warmup + cosine decay, gradient clipping at 1.0,
+a transform-coded folder's latent read through its codes (straight-through: convert/simulated.py),
 bf16 autocast where bf16 is native (CUDA; CPUs with avx512_bf16 / AMX), a fixed seed, NaN/Inf steps
 skipped, checkpoints that resume the same trajectory."""
 
@@ -21,6 +22,8 @@ from ..eval.chat import format_table
 from ..sources.reference import source_logits
 from ..sources.readers import read_source
 from ..model.loader import load_model
+from ..cache.transform_code import folder_code
+from ..convert.simulated import simulate
 from .checkpoint import input_dtype, load_state, save_model, save_state
 from .behaviour import ChatProbe, report
 from .windows import batch_indices, calib_chat, training_windows
@@ -139,6 +142,10 @@ def heal(cfg: HealConfig, on_loss: Callable[[int, torch.Tensor], torch.Tensor] |
     torch.manual_seed(cfg.seed)
     dtype = input_dtype(source)
     student = load_model(out if cfg.resume else source, torch.float32).train()
+    code = folder_code(student.config)
+    if code is not None:  # a transform-coded folder: it trains on the latent its cache gives back
+        simulate(student, code)
+        tqdm.write(f"heal: the latent read through the folder's cache format ({code.describe()}), straight-through")
     params = select_trainable(student, cfg.train)
     teacher = make_teacher(cfg.teacher, student.config.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(source)

@@ -11,7 +11,7 @@ from latentkv.convert.calibrate import collect_stats
 from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model
-from latentkv.convert.simulated import simulate
+from latentkv.convert.simulated import read_back, simulate
 from latentkv.sources.readers import read_source
 from latentkv.sources.reference import source_logits
 
@@ -109,3 +109,27 @@ def test_a_side_alone_is_read_through_the_code_the_rest_exact(tmp_path):
     plain = converted_model(cfg, tensors).model.layers[1].self_attn.project(x, (cos[1], sin[1]))
     got = model.model.layers[1].self_attn.project(x, (cos[1], sin[1]))
     assert all(torch.equal(a, b) for a, b in zip(got, plain))
+
+
+def test_under_autograd_the_read_back_is_straight_through():
+    """The values read back are the format's bits; the gradient is the incoming one unchanged, where the
+    rounding's own is zero almost everywhere; under bf16 autocast the codes are still made in float32."""
+    bits = [8, 6, 4, 3, 2, 0, 5, 1]
+    mean = torch.randn(len(bits)) * 0.1
+    x = torch.randn(5, len(bits), requires_grad=True)
+    read = read_back(x, bits, 4, mean)
+    want = tc.round_trip(x.detach(), bits, 4, mean)
+    assert torch.equal(read, want) and not torch.equal(want, x.detach())
+    upstream = torch.randn_like(read)
+    read.backward(upstream)
+    assert torch.equal(x.grad, upstream)
+    rounding = torch.randn(5, len(bits), requires_grad=True)
+    tc.round_trip(rounding, bits, 4, mean).backward(upstream)  # the quantizer's own gradient: not the identity
+    assert not torch.allclose(rounding.grad, upstream)
+    with torch.no_grad():
+        assert torch.equal(read_back(x, bits, 4, mean), want)
+    y = x.detach().bfloat16().requires_grad_()
+    want = tc.round_trip(y.detach().float(), bits, 4, mean).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the codes in float32 under autocast, as served
+        read = read_back(y, bits, 4, mean)
+    assert read.dtype == torch.bfloat16 and torch.equal(read, want)
