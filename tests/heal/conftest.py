@@ -5,6 +5,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from latentkv.heal import HealConfig
+
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
@@ -35,3 +37,28 @@ def tiny_pair(tmp_path_factory):
     native = convert(str(root / "llama"), str(root / "native"), options)
     stock = convert(str(root / "llama"), str(root / "stock"), replace(options, stock=True, target="any"))
     return root / "llama", native, stock, text
+
+
+@pytest.fixture
+def heal_settings(tiny_pair):
+    """(out, **changes) -> the tests' HealConfig: 20 steps of the native conversion on the text file, documents only."""
+    teacher, native, _, text = tiny_pair
+
+    def settings(out, **changes) -> HealConfig:
+        cfg = dict(
+            converted=str(native),
+            teacher=str(teacher),
+            data=[str(text)],
+            out=str(out),
+            steps=20,
+            lr=3e-3,
+            warmup=2,
+            seq_len=32,
+            batch=4,
+            save_every=10,
+            chat_share=0.0,  # documents only: chat in test_heal_chat.py
+            eval_examples=0,
+        )
+        return HealConfig(**{**cfg, **changes})
+
+    return settings

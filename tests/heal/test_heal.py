@@ -4,28 +4,13 @@ NaN steps are skipped, the output loads in LLM and (stock) in transformers."""
 import pytest
 import torch
 
-from latentkv.heal import HealConfig, heal
+from latentkv.heal import heal
 
-STEPS = 20
+STEPS = 20  # heal_settings' (conftest.py)
 
 
-def run_heal(tiny_pair, out, **kwargs):
-    teacher, native, _, text = tiny_pair
-    cfg = dict(
-        converted=str(native),
-        teacher=str(teacher),
-        data=[str(text)],
-        out=str(out),
-        steps=STEPS,
-        lr=3e-3,
-        warmup=2,
-        seq_len=32,
-        batch=4,
-        save_every=10,
-        chat_share=0.0,
-        eval_examples=0,
-    )  # documents only: chat in test_heal_chat.py
-    return heal(HealConfig(**{**cfg, **kwargs}))
+def run_heal(heal_settings, out, **kwargs):
+    return heal(heal_settings(out, **kwargs))
 
 
 @torch.inference_mode()
@@ -46,37 +31,23 @@ def heldout_kl(tiny_pair, model_dir) -> float:
     return F.kl_div(s, t, log_target=True, reduction="batchmean").item()
 
 
-def test_kl_falls(tiny_pair, tmp_path):
-    result = run_heal(tiny_pair, tmp_path / "healed")
+def test_kl_falls(tiny_pair, heal_settings, tmp_path):
+    result = run_heal(heal_settings, tmp_path / "healed")
     assert result.steps_done == STEPS and result.skipped == 0
     before, after = heldout_kl(tiny_pair, tiny_pair[1]), heldout_kl(tiny_pair, tmp_path / "healed")
     assert after < 0.9 * before, f"KL {before:.4f} -> {after:.4f}"  # deterministic: fixed seeds and data
     assert (tmp_path / "healed" / "loss_curve.png").exists()
 
 
-def test_resume_reproduces_the_uninterrupted_run(tiny_pair, tmp_path):
-    full = run_heal(tiny_pair, tmp_path / "full")
+def test_resume_reproduces_the_uninterrupted_run(tiny_pair, heal_settings, tmp_path):
+    full = run_heal(heal_settings, tmp_path / "full")
 
     def interrupt(step, loss):
         if step == 10:
             raise KeyboardInterrupt  # killed after the step-10 checkpoint
         return loss
 
-    teacher, native, _, text = tiny_pair
-    cfg = HealConfig(
-        converted=str(native),
-        teacher=str(teacher),
-        data=[str(text)],
-        out=str(tmp_path / "cut"),
-        steps=STEPS,
-        lr=3e-3,
-        warmup=2,
-        seq_len=32,
-        batch=4,
-        save_every=10,
-        chat_share=0.0,
-        eval_examples=0,
-    )
+    cfg = heal_settings(tmp_path / "cut")
     with pytest.raises(KeyboardInterrupt):
         heal(cfg, on_loss=interrupt)
     cfg.resume = True
@@ -85,53 +56,39 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_pair, tmp_path):
     assert resumed.losses[10:] == pytest.approx(full.losses[10:], rel=1e-5, abs=1e-7)
 
 
-def test_injected_nan_is_skipped_and_counted(tiny_pair, tmp_path):
-    result = heal_with_nans(tiny_pair, tmp_path / "nan", {3})
+def test_injected_nan_is_skipped_and_counted(tiny_pair, heal_settings, tmp_path):
+    result = heal_with_nans(heal_settings, tmp_path / "nan", {3})
     assert result.skipped == 1 and result.steps_done == STEPS and len(result.losses) == STEPS - 1
     assert all(torch.isfinite(torch.tensor(result.losses)))
 
 
-def test_too_many_nans_in_a_row_stop_and_keep_the_last_good_checkpoint(tiny_pair, tmp_path):
+def test_too_many_nans_in_a_row_stop_and_keep_the_last_good_checkpoint(tiny_pair, heal_settings, tmp_path):
     from latentkv.model.loader import load_model
 
-    result = heal_with_nans(tiny_pair, tmp_path / "nan", set(range(12, 20)))
+    result = heal_with_nans(heal_settings, tmp_path / "nan", set(range(12, 20)))
     assert result.stopped.startswith("stopped") and result.skipped == 6
     model = load_model(tmp_path / "nan")  # the step-10 checkpoint
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def heal_with_nans(tiny_pair, out, bad_steps):
-    teacher, native, _, text = tiny_pair
-    cfg = HealConfig(
-        converted=str(native),
-        teacher=str(teacher),
-        data=[str(text)],
-        out=str(out),
-        steps=STEPS,
-        lr=1e-2,
-        warmup=2,
-        seq_len=32,
-        batch=4,
-        save_every=10,
-        chat_share=0.0,
-        eval_examples=0,
-    )
+def heal_with_nans(heal_settings, out, bad_steps):
+    cfg = heal_settings(out, lr=1e-2)
     return heal(cfg, on_loss=lambda step, loss: loss * float("nan") if step in bad_steps else loss)
 
 
-def test_healed_outputs_load_in_llm_and_stock_in_transformers(tiny_pair, tmp_path):
+def test_healed_outputs_load_in_llm_and_stock_in_transformers(tiny_pair, heal_settings, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from latentkv import LLM, SamplingParams
     from latentkv.model.loader import load_model
 
-    native_out = run_heal(tiny_pair, tmp_path / "native", steps=4)
+    native_out = run_heal(heal_settings, tmp_path / "native", steps=4)
     llm = LLM(model=str(native_out.out), kv_cache_memory="4MiB")
     text = llm.generate(["the quick brown"], SamplingParams(max_tokens=5, temperature=0))[0].outputs[0]
     assert len(text.token_ids) == 5
 
     _, _, stock, _ = tiny_pair
-    stock_out = run_heal(tiny_pair, tmp_path / "stock", steps=4, converted=str(stock)).out
+    stock_out = run_heal(heal_settings, tmp_path / "stock", steps=4, converted=str(stock)).out
     hf = AutoModelForCausalLM.from_pretrained(stock_out, dtype=torch.float32).eval()
     ids = torch.randint(3, 300, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -139,7 +96,7 @@ def test_healed_outputs_load_in_llm_and_stock_in_transformers(tiny_pair, tmp_pat
     assert diff <= 1e-4
 
 
-def test_a_timed_run_resizes_its_schedule_when_steps_slow_down(tiny_pair, tmp_path, monkeypatch):
+def test_a_timed_run_resizes_its_schedule_when_steps_slow_down(tiny_pair, heal_settings, tmp_path, monkeypatch):
     """--minutes only: the cosine schedule is re-sized from the measured speed, so a run whose
     steps get slower (a busier machine) still ends its schedule at the deadline."""
     import json
@@ -154,7 +111,7 @@ def test_a_timed_run_resizes_its_schedule_when_steps_slow_down(tiny_pair, tmp_pa
         return clock["now"]
 
     monkeypatch.setattr(trainer.time, "monotonic", fake_monotonic)
-    result = run_heal(tiny_pair, tmp_path / "timed", steps=None, minutes=1.0, save_every=1000)
+    result = run_heal(heal_settings, tmp_path / "timed", steps=None, minutes=1.0, save_every=1000)
     assert result.stopped == "time budget reached" and result.steps_done > 5
     state = json.loads((tmp_path / "timed" / "training_state" / "state.json").read_text())
     assert state["counters"]["total"] - result.steps_done <= 3, state["counters"]["total"]

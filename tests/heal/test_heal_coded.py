@@ -7,13 +7,15 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import AutoTokenizer
 
 from latentkv.cache import transform_code as tc
 from latentkv.convert.simulated import simulate
-from latentkv.heal import HealConfig, heal
+from latentkv.heal import heal
+from latentkv.heal.windows import training_windows
 from latentkv.model.loader import load_model
-
-STEPS = 20
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 
 @pytest.fixture(scope="module")
@@ -33,47 +35,26 @@ def coded(tiny_pair, tmp_path_factory):
     return folder
 
 
-def healed(tiny_pair, converted, out):
-    teacher, _, _, text = tiny_pair
-    cfg = HealConfig(
-        converted=str(converted),
-        teacher=str(teacher),
-        data=[str(text)],
-        out=str(out),
-        steps=STEPS,
-        lr=3e-3,
-        warmup=2,
-        seq_len=32,
-        batch=4,
-        save_every=10,
-        chat_share=0.0,
-        eval_examples=0,
-    )
-    heal(cfg)
+def healed(heal_settings, converted, out):
+    heal(heal_settings(out, converted=str(converted)))
     return out
 
 
 @torch.inference_mode()
 def served_kl(tiny_pair, folder, code) -> float:
     """KL(teacher ‖ the folder's model reading its latent through `code`) on fixed windows of the text."""
-    from transformers import AutoTokenizer
-
-    from latentkv.heal.windows import training_windows
-    from latentkv.sources.readers import read_source
-    from latentkv.sources.reference import source_logits
-
     ids = training_windows(AutoTokenizer.from_pretrained(tiny_pair[0]), [str(tiny_pair[3])], 32, 4 * 32, seed=7)
     s = F.log_softmax(simulate(load_model(folder), code).full_logits(ids), -1).flatten(0, 1)
     t = F.log_softmax(source_logits(read_source(tiny_pair[0]), ids), -1).flatten(0, 1)
     return F.kl_div(s, t, log_target=True, reduction="batchmean").item()
 
 
-def test_the_heal_trains_through_the_codes_and_keeps_the_format(tiny_pair, coded, tmp_path):
+def test_the_heal_trains_through_the_codes_and_keeps_the_format(tiny_pair, heal_settings, coded, tmp_path):
     code = tc.folder_code(load_model(coded).config)
-    through = healed(tiny_pair, coded, tmp_path / "through")
+    through = healed(heal_settings, coded, tmp_path / "through")
     assert tc.folder_code(load_model(through).config) == code  # served in the same format
     # the same heal of the same weights without the codes in the loop (the folder's plain conversion)
-    around = healed(tiny_pair, tiny_pair[1], tmp_path / "around")
+    around = healed(heal_settings, tiny_pair[1], tmp_path / "around")
     before = served_kl(tiny_pair, coded, code)
     after_through, after_around = served_kl(tiny_pair, through, code), served_kl(tiny_pair, around, code)
     assert after_through < 0.9 * before, (before, after_through)
