@@ -46,6 +46,7 @@ def simulate(model, code: tc.TransformCode, only: tuple[int, str] | None = None)
         if code.latent_mean is not None:
             means = (torch.tensor(code.latent_mean[i]), torch.tensor(code.rope_mean[i]))
         attn.project = _coded_project(attn.plain_project, latent, rope, code.group, means, attn.interleaved)
+    model.simulated = True  # its readers keep a float cache (eval: heal/behaviour.py)
     return model
 
 

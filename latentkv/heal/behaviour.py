@@ -13,13 +13,27 @@ from pathlib import Path
 
 from ..plots import new_figure, save_figure
 from ..sources.chat_data import load_chat
-from ..eval.chat import ChatModel, chat_metrics, format_table, render_cases
+from ..eval.chat import ChatModel, chat_metrics, format_table, greedy_uncached, render_cases
+from ..facts import TRANSFORM_CODE
+
+
+def student_model(student, tokenizer, folder: Path) -> ChatModel:
+    """The student as `eval chat` scores it. A transform-coded student already reads its latent through the
+    codes (convert/simulated.py, the heal's loop): it is scored over a float cache and answers greedily by
+    full forwards, never through the coded cache as well (that would quantize its latent twice)."""
+    if not getattr(student, "simulated", False):
+        return ChatModel.from_mla(student, tokenizer, str(folder))
+    logits = lambda ids: student.full_logits(ids, cache_dtype="auto")  # noqa: E731
+    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    greedy = lambda prompts, limits: greedy_uncached(logits, prompts, limits, stop)  # noqa: E731
+    name = "mla (latentkv model, transform-coded cache simulated)"
+    return ChatModel(logits, tokenizer, name, str(folder), greedy, cache_dtype=TRANSFORM_CODE)
 
 
 class ChatProbe:
     def __init__(self, student, tokenizer, folder: Path, teacher_logits, teacher: str | None, examples: int):
         self.cases = render_cases(tokenizer, load_chat(teacher, "heldout")[:examples])
-        self.student = ChatModel.from_mla(student, tokenizer, str(folder))
+        self.student = student_model(student, tokenizer, folder)
         self.reference = ChatModel(
             teacher_logits, tokenizer, "teacher", str(teacher or "bundled SmolLM2 GGUF"), memoize=True
         )

@@ -11,7 +11,9 @@ from transformers import AutoTokenizer
 
 from latentkv.cache import transform_code as tc
 from latentkv.convert.simulated import simulate
+from latentkv.facts import TRANSFORM_CODE
 from latentkv.heal import heal
+from latentkv.heal.behaviour import student_model
 from latentkv.heal.windows import training_windows
 from latentkv.model.loader import load_model
 from latentkv.sources.readers import read_source
@@ -60,3 +62,18 @@ def test_the_heal_trains_through_the_codes_and_keeps_the_format(tiny_pair, heal_
     assert after_through < 0.9 * before, (before, after_through)
     # measured 0.290 -> 0.194 through the codes, 0.202 around them: the codes' own error healed too
     assert after_through < 0.98 * after_around, (after_through, after_around)
+
+
+def test_eval_chat_scores_a_coded_student_through_its_codes_once(coded):
+    """The heal's student already reads its latent through the codes: `eval chat` scores it over a float cache
+    (what the served coded cache gives, within float noise), never through the coded cache as well."""
+    code = tc.folder_code(load_model(coded).config)
+    student = simulate(load_model(coded), code)
+    probe = student_model(student, AutoTokenizer.from_pretrained(coded), coded)
+    ids = torch.randint(3, 300, (1, 24), generator=torch.Generator().manual_seed(5))
+    assert probe.cache_dtype == TRANSFORM_CODE
+    assert torch.equal(probe.logits(ids), student.full_logits(ids, cache_dtype="auto"))
+    served = load_model(coded).full_logits(ids, cache_dtype=TRANSFORM_CODE)
+    assert (probe.logits(ids) - served).abs().max() <= 1e-4 * served.abs().max()
+    answer = probe.greedy([ids[0].tolist()], [3])[0]
+    assert 1 <= len(answer) <= 3 and answer[0] == int(served[0, -1].argmax())
