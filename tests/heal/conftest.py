@@ -4,18 +4,16 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny_lm import CORPUS, VOCAB, build_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from latentkv.convert import ConvertOptions, convert
 from latentkv.heal import HealConfig
 
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """(tiny Llama folder with tokenizer, its native conversion, its stock conversion, a text file)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tiny_lm import CORPUS, VOCAB, build_tokenizer
-    from latentkv.convert import ConvertOptions, convert
-
     root = tmp_path_factory.mktemp("heal")
     torch.manual_seed(0)
     cfg = LlamaConfig(

@@ -1,10 +1,20 @@
 """Healing on a tiny Llama converted to MLA at a small rank: KL falls, resume is exact,
 NaN steps are skipped, the output loads in LLM and (stock) in transformers."""
 
+import json
+
 import pytest
 import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import latentkv.heal.trainer as trainer
+from latentkv import LLM, SamplingParams
 from latentkv.heal import heal
+from latentkv.heal.windows import training_windows
+from latentkv.model.loader import load_model
+from latentkv.sources.readers import read_source
+from latentkv.sources.reference import source_logits
 
 STEPS = 20  # heal_settings' (conftest.py)
 
@@ -16,14 +26,6 @@ def run_heal(heal_settings, out, **kwargs):
 @torch.inference_mode()
 def heldout_kl(tiny_pair, model_dir) -> float:
     """KL(teacher ‖ model) on fixed windows of the training text."""
-    import torch.nn.functional as F
-    from transformers import AutoTokenizer
-
-    from latentkv.sources.reference import source_logits
-    from latentkv.sources.readers import read_source
-    from latentkv.heal.windows import training_windows
-    from latentkv.model.loader import load_model
-
     teacher = read_source(tiny_pair[0])
     ids = training_windows(AutoTokenizer.from_pretrained(tiny_pair[0]), [str(tiny_pair[3])], 32, 4 * 32, seed=7)
     s = F.log_softmax(load_model(model_dir).full_logits(ids), -1).flatten(0, 1)
@@ -63,8 +65,6 @@ def test_injected_nan_is_skipped_and_counted(tiny_pair, heal_settings, tmp_path)
 
 
 def test_too_many_nans_in_a_row_stop_and_keep_the_last_good_checkpoint(tiny_pair, heal_settings, tmp_path):
-    from latentkv.model.loader import load_model
-
     result = heal_with_nans(heal_settings, tmp_path / "nan", set(range(12, 20)))
     assert result.stopped.startswith("stopped") and result.skipped == 6
     model = load_model(tmp_path / "nan")  # the step-10 checkpoint
@@ -77,11 +77,6 @@ def heal_with_nans(heal_settings, out, bad_steps):
 
 
 def test_healed_outputs_load_in_llm_and_stock_in_transformers(tiny_pair, heal_settings, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from latentkv import LLM, SamplingParams
-    from latentkv.model.loader import load_model
-
     native_out = run_heal(heal_settings, tmp_path / "native", steps=4)
     llm = LLM(model=str(native_out.out), kv_cache_memory="4MiB")
     text = llm.generate(["the quick brown"], SamplingParams(max_tokens=5, temperature=0))[0].outputs[0]
@@ -99,10 +94,6 @@ def test_healed_outputs_load_in_llm_and_stock_in_transformers(tiny_pair, heal_se
 def test_a_timed_run_resizes_its_schedule_when_steps_slow_down(tiny_pair, heal_settings, tmp_path, monkeypatch):
     """--minutes only: the cosine schedule is re-sized from the measured speed, so a run whose
     steps get slower (a busier machine) still ends its schedule at the deadline."""
-    import json
-
-    import latentkv.heal.trainer as trainer
-
     clock = {"now": 0.0, "calls": 0}
 
     def fake_monotonic():  # each clock read advances 0.5 s, 1.5 s once the machine "gets busy"

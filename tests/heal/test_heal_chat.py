@@ -60,21 +60,10 @@ def test_chat_mix_has_calib_conversations_and_never_heldout(tiny_pair, fake_chat
     assert docs_only.shape == (40, 32) and not any(contains(docs_only.flatten().tolist(), c) for c in calib)
 
 
-def test_heal_reports_eval_chat_before_during_after(tiny_pair, fake_chat, tmp_path):
-    teacher, native, _, text = tiny_pair
-    cfg = HealConfig(
-        converted=str(native),
-        teacher=str(teacher),
-        data=[str(text)],
-        out=str(tmp_path / "healed"),
-        steps=10,
-        lr=1e-2,
-        warmup=2,
-        seq_len=32,
-        batch=4,
-        save_every=10,
-        eval_examples=2,
-        eval_every=5,
+def test_heal_reports_eval_chat_before_during_after(heal_settings, fake_chat, tmp_path):
+    # the chat mix at its default share, eval chat on 2 held-out prompts every 5 steps
+    cfg = heal_settings(
+        tmp_path / "healed", steps=10, lr=1e-2, chat_share=HealConfig.chat_share, eval_examples=2, eval_every=5
     )
     result = heal(cfg)
     assert set(fake_chat) == {"calib", "heldout"}
