@@ -90,7 +90,8 @@ class Settings:
     )
     quantization: str | None = option(
         None,
-        "quantized linears: none, int8, int4 (weights); w4a8, w8a8 (int8 activations too); int4, w4a8, w8a8: CPU",
+        "quantized linears: none, int8, int4 (weights); w4a8, w4a8_g128 (groups of 128), w8a8 (int8 activations "
+        "too); int4, w4a8*, w8a8: CPU",
         "precision.weights",
         short="-q",
     )

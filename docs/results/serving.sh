@@ -6,7 +6,7 @@
 #   MODEL=<an MLA folder> (e.g. `latentkv bench random-model --shape deepseek-v3-mini --out DIR`): latentkv in
 #   bf16, latentkv with --kv-cache-dtype int8 --quantization w4a8, and vLLM on the same folder (bf16,
 #   block 32 on AMX): 64 prompts at 32 in flight and 6 at 1.
-# SYSTEMS picks among the MODEL runs: latentkv-bf16 latentkv-w4a8 vllm (default: all three).
+# SYSTEMS picks among the MODEL runs: latentkv-bf16 latentkv-w4a8 latentkv-w4a8_g128 vllm (default: bf16, w4a8, vllm).
 # Usage: bash docs/results/serving.sh [smollm2|model] > out.txt
 cd "$(dirname "$0")/../.."  # the repository root
 grep -m1 -o 'flags.*' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512[a-z_0-9]*|amx[a-z_0-9]*)$' | tr '\n' ' '; echo
@@ -52,7 +52,12 @@ else
   MODEL=${MODEL:?set MODEL to an MLA folder}
   SYSTEMS=${SYSTEMS:-latentkv-bf16 latentkv-w4a8 vllm}
   for SYSTEM in $SYSTEMS; do
-    case $SYSTEM in latentkv-bf16) FLAGS="" ;; latentkv-w4a8) FLAGS="--kv-cache-dtype int8 --quantization w4a8" ;; *) continue ;; esac
+    case $SYSTEM in
+      latentkv-bf16) FLAGS="" ;;
+      latentkv-w4a8) FLAGS="--kv-cache-dtype int8 --quantization w4a8" ;;
+      latentkv-w4a8_g128) FLAGS="--kv-cache-dtype int8 --quantization w4a8_g128" ;;
+      *) continue ;;
+    esac
     echo "== latentkv serve $MODEL ${FLAGS:-(bf16)}"
     PID=$(latentkv "$MODEL" --kv-cache-memory 1GiB --max-model-len 2048 $FLAGS)
     wait_up && for S in $SAMPLINGS; do echo "-- sampling $S, 32 in flight"; client "$MODEL" 64 32 $S;

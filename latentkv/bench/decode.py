@@ -40,7 +40,8 @@ from .systems import (
 )
 
 
-WEIGHT_ROWS = {"none": "", "int4": "w4", "w4a8": "w4a8"}  # --weights -> the row name's weight part
+# --weights -> the row name's weight part
+WEIGHT_ROWS = {"none": "", "int4": "w4", "w4a8": "w4a8", "w4a8_g128": "w4a8_g128"}
 HEADROOM = 0.9  # of the memory available: what the engines and baselines may take (as transformers_cannot_load)
 
 

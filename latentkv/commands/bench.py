@@ -122,7 +122,7 @@ def register(subparsers) -> None:
         "--weights",
         nargs="+",
         default=["none", "int4"],
-        choices=["none", "int4", "w4a8"],
+        choices=["none", "int4", "w4a8", "w4a8_g128"],
         help="latentkv weight precisions to run: none (the model dtype), int4 (the w4 rows) and/or w4a8 "
         "(int4 weights, int8 activations: integer dot products); int4 / w4a8 on CPU",
     )
@@ -164,7 +164,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--weights",
         default="w4a8",
-        choices=["none", "int4", "w4a8"],
+        choices=["none", "int4", "w4a8", "w4a8_g128"],
         help="latentkv weights (default w4a8: int4 weights x int8 activations, as llama.cpp's Q4_1 x Q8)",
     )
     p.set_defaults(func=lambda a: run("contention", a))

@@ -16,7 +16,7 @@ from latentkv.sizes import parse_memory
 def register(sub) -> None:
     p = sub.add_parser("step", help="the decode step at N sequences vs the bandwidth floor of what it reads")
     p.add_argument("--model", help="MLA folder (default: the bundled SmolLM2, converted and cached)")
-    p.add_argument("--weights", default="none", choices=["none", "int4", "w4a8"], help="weight precision")
+    p.add_argument("--weights", default="none", choices=["none", "int4", "w4a8", "w4a8_g128"], help="weight precision")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(ENGINE_CACHE_DTYPES))
     p.add_argument("--kv-cache-memory", help="latent cache size, e.g. 2GiB (default: the engine's)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="sequences per step")

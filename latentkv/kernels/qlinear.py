@@ -14,10 +14,14 @@ kernels/build.py; `LATENTKV_QLINEAR=0` switches it off (ATen's kernels, on purpo
 and a machine where it cannot be built falls back to them with one warning.
 
 The integer-dot linears (`dot_linear`, csrc/qlinear/qlinear_dot_impl.h) quantize the activations too: int8
-per row and group of 32 (scale max|x| / 127), times int4 (w4a8) or int8 (w8a8) weights with u8 x s8
+per row and group of the weight's (scale max|x| / 127), times int4 (w4a8: scale and min per group of 32, as
+Q4_1; w4a8_g128: per group of 128) or int8 (w8a8: a scale per row, groups of 32) weights with u8 x s8
 byte products: AVX-512 VNNI's vpdpbusd where the CPU has it (64 multiply-adds an instruction, into
 int32), else AVX2's maddubs (32, against 8 float FMAs); the same fixed reduction order per output
-element on every path (`dot_path()` says which runs).
+element on every path (`dot_path()` says which runs). Each group's integer sum is exact, so its float
+steps (a convert, a multiply, two FMAs per output and row) run once per group: per 32 inputs those steps and
+AMX's C-tile stores, not the products, bound the kernel at many rows (w4a8's prefill ~2x bf16's time), per
+128 a quarter as many (w4a8_g128: 1.5x w4a8's prefill, at the cost of coarser weights).
 """
 
 from __future__ import annotations
@@ -28,16 +32,18 @@ import torch.nn.functional as F
 from .build import Extension
 
 BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
+W4A8_G128, G128 = 114, 128  # the kernel's kind for w4a8 on groups of 128 inputs (sub-blocks of GROUP)
 ACT8 = 100  # the kernel's kind for int8 activations: 100 + weight bits (104: w4a8, 108: w8a8)
 
 
 def probe_weight(kind: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     """A random packed weight [n, k] of record `kind` (the self-check's and the tests')."""
-    kp = -(-k // GROUP) * GROUP
-    if kind in (4, ACT8 + 4):
+    group = G128 if kind == W4A8_G128 else GROUP
+    kp = -(-k // group) * group
+    if kind in (4, ACT8 + 4, W4A8_G128):
         codes = torch.randint(0, 16, (n, kp), generator=gen)
         scale_zero = torch.stack(
-            (torch.rand(kp // GROUP, n, generator=gen) / 8, torch.randn(kp // GROUP, n, generator=gen)), -1
+            (torch.rand(kp // group, n, generator=gen) / 8, torch.randn(kp // group, n, generator=gen)), -1
         )
         return (pack_int4 if kind == 4 else pack_w4a8)(codes, scale_zero)
     if kind in (8, ACT8 + 8):
@@ -49,7 +55,7 @@ def probe_weight(kind: int, n: int, k: int, gen: torch.Generator) -> torch.Tenso
     return (pack_bf16 if kind == 16 else pack_f32)(torch.randn(n, k, generator=gen))
 
 
-KINDS = (4, 8, 16, 32, ACT8 + 4, ACT8 + 8)  # every record kind the kernel runs
+KINDS = (4, 8, 16, 32, ACT8 + 4, ACT8 + 8, W4A8_G128)  # every record kind the kernel runs
 
 
 def probe_moe(module, caps: int, gen: torch.Generator) -> list:
@@ -203,16 +209,18 @@ def w4a8_scale_min(scale_zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def pack_w4a8(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
-    """quant.quantize_int4's codes [N, Kp] (0..15) and scale_zero [Kp/32, N, 2] -> packed int32
-    [NB, G, 80] for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in 16
-    bytes (byte j: input j in the low nibble, input j + 16 in the high; rows in W4A8_SLOTS order),
-    then 16 scales and 16 minimums as float16 (w4a8_scale_min)."""
+    """quant.quantize_int4's codes [N, Kp] (0..15) and scale_zero [G, N, 2] (groups of Kp / G: 32 or 128) ->
+    packed int32 [NB, G, 80 or 272] for the integer-dot kernel (kind ACT8 + 4 or W4A8_G128): per (block of
+    16 rows, group) the group's sub-blocks of 32 inputs, each row's 32 codes of a sub-block in 16 bytes
+    (byte j: input j in the low nibble, input j + 16 in the high; rows in W4A8_SLOTS order), then 16
+    scales and 16 minimums as float16 (w4a8_scale_min)."""
     n, kp = codes.shape
-    g, pad = kp // GROUP, -n % ROW_PAD
+    g, pad = scale_zero.shape[0], -n % ROW_PAD
+    subs = kp // g // GROUP
     nb = (n + pad) // BLOCK
-    c = _pad(codes, pad, 0).to(torch.uint8).view(nb, BLOCK, g, 2, 16)
+    c = _pad(codes, pad, 0).to(torch.uint8).view(nb, BLOCK, g, subs, 2, 16)
     rows = torch.tensor(W4A8_SLOTS + tuple(8 + s for s in W4A8_SLOTS))
-    nib = (c[..., 0, :] | (c[..., 1, :] << 4))[:, rows].permute(0, 2, 1, 3).reshape(nb, g, BLOCK * 16)
+    nib = (c[..., 0, :] | (c[..., 1, :] << 4))[:, rows].permute(0, 2, 3, 1, 4).reshape(nb, g, subs * BLOCK * 16)
     sm = (
         F.pad(torch.stack(w4a8_scale_min(scale_zero)), (0, pad)).view(2, g, nb, BLOCK).permute(2, 1, 0, 3)
     )  # [G, N] each
@@ -223,7 +231,7 @@ def pack_w4a8(codes: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:
 
 def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """quant.quantize_int8's codes q [N, K] (-127..127) and scales [N] -> packed int32 [NB, G, 144]
-    for the integer-dot kernel: per (block of 16 rows, group) each row's 32 codes in input order,
+    for the integer-dot kernel: per (block of 16 rows, group of 32) each row's 32 codes in input order,
     then the 16 rows' scales (repeated per group), float32."""
     n, k = q.shape
     pad, kpad = -n % ROW_PAD, -k % GROUP
@@ -233,10 +241,10 @@ def pack_w8a8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat((codes.contiguous().view(torch.int32), s.view(torch.int32)), dim=-1).contiguous()
 
 
-def dot_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """x [M, K] float32 / bf16, quantized to int8 per row and group of 32 inside, times a packed
-    weight (bits 4: pack_w4a8, 8: pack_w8a8) -> [M, out_features] in x's dtype."""
-    return extension().linear(x, packed, ACT8 + bits, out_features, EXT.caps.mask)
+def dot_linear(x: torch.Tensor, packed: torch.Tensor, kind: int, out_features: int) -> torch.Tensor:
+    """x [M, K] float32 / bf16, quantized to int8 per row and group inside, times a packed weight of record
+    `kind` (ACT8 + 4, W4A8_G128: pack_w4a8; ACT8 + 8: pack_w8a8) -> [M, out_features] in x's dtype."""
+    return extension().linear(x, packed, kind, out_features, EXT.caps.mask)
 
 
 def dot_path() -> str:
@@ -245,10 +253,11 @@ def dot_path() -> str:
     return extension().dot_path(EXT.caps.mask)
 
 
-def quantize_activations(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
-    """x [M, K] -> what dot_linear multiplies: int8 codes [M, 32 groups], d_x and s_x [M, groups] float32,
+def quantize_activations(x: torch.Tensor, groups: int, kind: int = ACT8 + 8) -> tuple[torch.Tensor, ...]:
+    """x [M, K] -> what dot_linear of record `kind` multiplies: int8 codes [M, group * groups], d_x and s_x
+    [M, groups] float32,
     the codes' sums [M, groups] int32."""
-    return tuple(extension().quantize_activations(x, groups, EXT.caps.mask))
+    return tuple(extension().quantize_activations(x, groups, kind, EXT.caps.mask))
 
 
 def moe(
@@ -267,7 +276,7 @@ def moe(
     float32 and ids [T, k] int64 (the router's); gate_up [E, NB, G, REC] and down [E, NB', G', REC]: the
     routed experts' packed gate_up (2 * inter outputs, gate then up) and down (D outputs), stacked;
     shared_gate_up / shared_down: the shared experts' (None: none), shared_inter their width; records
-    of `kind` (4, 8, 16, 32, ACT8 + 4, ACT8 + 8) -> [T, D] in x's dtype: per token, the sum over its
+    of `kind` (KINDS) -> [T, D] in x's dtype: per token, the sum over its
     slots in order of weights[t, s] times expert ids[t, s]'s MLP (its modules' bits), then the shared
     experts' output, in float32 (model/deepseek.py moe_reference: the same steps)."""
     none = gate_up.new_empty(0)

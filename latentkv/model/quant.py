@@ -12,6 +12,12 @@ ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`
   and group of 32, scale max|x| / 127), integer dot products (qlinear.dot_linear: CPU only,
   batch-invariant). Where latentkv's kernel is not built they fall back to int4 / int8 (float
   activations) with one warning (model/route.py decides).
+- w4a8_g128: w4a8 with weights and activations in groups of 128 (4.25 bits a weight): the integer
+  sums run 128 deep before each float step, so at many rows (prefill, 32-sequence steps) it runs
+  ~1.5x w4a8's speed, but coarser groups cost accuracy; a model whose weights are already int4 on
+  groups of 32 (a Q4_1 GGUF's, the bundled one) keeps them nearly exactly only at 32
+  (docs/results/amx-xeon/w4a8-limits: top-1 agreement with float32 0.77 at 32, 0.55 at 128).
+  Without the kernel it falls back to int4 (groups of 32) as w4a8 does.
 - FixedOrderLinear: float32 / bf16 weights through the same kernel, for batch invariance.
 
 The model is built with these classes (model/route.py `Route.linear`: the route says which); each
@@ -31,9 +37,10 @@ from ..kernels import qlinear
 
 SKIP = ("kv_b_proj",)  # the absorbed path reads W_UK / W_UV directly; keep them exact
 INT4_GROUP = 32
-QUANTIZATIONS = ("int8", "int4", "w4a8", "w8a8")
+QUANTIZATIONS = ("int8", "int4", "w4a8", "w4a8_g128", "w8a8")
 INT_DOT = {
     "w4a8": "int4",
+    "w4a8_g128": "int4",
     "w8a8": "int8",
 }  # integer-dot kinds (CPU, the native kernel) -> the weight-only kind without it
 PACK_ELEMENTS = 1 << 22  # weights packed at a time (pack_weights): 16 MiB of float32 temporaries per step
@@ -200,18 +207,26 @@ class Int4Linear(QuantLinear):
 
 
 class W4A8Linear(QuantLinear):
-    """Int4Linear's codes (quantize_int4, K padded to whole groups) in the integer-dot layout
-    (qlinear.pack_w4a8), each group's scale and lowest weight stored as float16 (5 bits a weight,
-    as Q4_1); activations quantized to int8 per row and group of 32 inside the kernel."""
+    """Int4Linear's codes (quantize_int4 on groups of `group`, K padded to whole groups) in the integer-dot
+    layout (qlinear.pack_w4a8), each group's scale and lowest weight stored as float16 (5 bits a weight
+    on groups of 32, as Q4_1); activations quantized to int8 per row and group inside the kernel."""
 
     record = qlinear.ACT8 + 4
+    group = INT4_GROUP
 
     def pack(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % INT4_GROUP)))
+        codes, scale_zero = quantize_int4(F.pad(w, (0, -self.in_features % self.group)), self.group)
         return {"weight_packed": qlinear.pack_w4a8(codes, scale_zero.to(w.dtype))}
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return qlinear.dot_linear(flat, self.weight_packed, 4, self.out_features)
+        return qlinear.dot_linear(flat, self.weight_packed, self.record, self.out_features)
+
+
+class W4A8G128Linear(W4A8Linear):
+    """W4A8Linear on groups of 128 inputs (4.25 bits a weight; activations per 128 too)."""
+
+    record = qlinear.W4A8_G128
+    group = qlinear.G128
 
 
 class W8A8Linear(QuantLinear):
@@ -224,7 +239,7 @@ class W8A8Linear(QuantLinear):
         return {"weight_packed": qlinear.pack_w8a8(codes, scale.to(w.dtype))}
 
     def matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return qlinear.dot_linear(flat, self.weight_packed, 8, self.out_features)
+        return qlinear.dot_linear(flat, self.weight_packed, self.record, self.out_features)
 
 
 class FixedOrderLinear(QuantLinear):
@@ -274,6 +289,7 @@ LINEAR_CLASSES = {
     "int8": Int8Linear,
     "int4": Int4Linear,
     "w4a8": W4A8Linear,
+    "w4a8_g128": W4A8G128Linear,
     "w8a8": W8A8Linear,
 }
 
@@ -284,7 +300,8 @@ def linear_kind(linear: nn.Module) -> str:
     if isinstance(linear, FixedOrderLinear):
         return f"{'bf16' if linear.bits == 16 else 'float32'} fixed-order (native)"
     if isinstance(linear, (W4A8Linear, W8A8Linear)):
-        return f"{'w4a8' if isinstance(linear, W4A8Linear) else 'w8a8'} (native)"
+        names = {W4A8Linear: "w4a8", W4A8G128Linear: "w4a8_g128", W8A8Linear: "w8a8"}
+        return f"{names[type(linear)]} (native)"
     if isinstance(linear, (Int4Linear, Int8Linear)):
         return f"{'int4' if isinstance(linear, Int4Linear) else 'int8'} ({'native' if linear.uses_qlinear else 'ATen'})"
     padded = " padded" if getattr(linear, "_invariant_hooked", False) else ""

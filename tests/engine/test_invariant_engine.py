@@ -39,7 +39,8 @@ def test_greedy_is_identical_alone_batched_chunked_and_cached(tiny_lm, name, dty
 
 
 @pytest.mark.parametrize(
-    "quantization,dtype", [("int4", "float32"), ("int8", "float32"), ("w4a8", "float32"), ("w4a8", "bfloat16")]
+    "quantization,dtype",
+    [("int4", "float32"), ("int8", "float32"), ("w4a8", "float32"), ("w4a8", "bfloat16"), ("w4a8_g128", "bfloat16")],
 )
 def test_weight_quantized_greedy_is_identical_alone_batched_chunked_and_cached(
     tiny_lm, quantization, dtype, attention_backend

@@ -92,6 +92,7 @@ def cache_tensors(caches):
         ("v2_lite_moe", "float32", "w4a8", "auto", False, False),
         ("v3_lite_moe", "bfloat16", "fixed-order", "auto", True, False),
         ("v3_lite_moe", "float32", "int8", "auto", True, False),
+        ("v3_lite_moe", "bfloat16", "w4a8_g128", "int8", True, False),  # groups of 128 (kind 114)
     ],
 )
 @pytest.mark.parametrize("invariant_meta", [True, False])

@@ -26,7 +26,7 @@ E, D, INTER, SHARED = 8, 96, 40, 2  # 8 routed experts of width 40 (not whole gr
 # widths: 40 (groups padded; SwiGLU after gate_up) and 64 (whole groups: on AMX the SwiGLU in gate_up's
 # last step and down reading its output in place)
 INTERS = [INTER, 64]
-# (dtype, weights): every record kind (32, 16, 4, 8, 104, 108) and bf16 activations on quantized weights
+# (dtype, weights): every record kind (32, 16, 4, 8, 104, 108, 114) and bf16 activations on quantized weights
 WEIGHTS = [
     ("float32", "fixed-order"),
     ("bfloat16", "fixed-order"),
@@ -36,8 +36,9 @@ WEIGHTS = [
     ("float32", "w8a8"),
     ("bfloat16", "int4"),
     ("bfloat16", "w8a8"),
+    ("bfloat16", "w4a8_g128"),
 ]
-RECORDS = {"int4": 4, "int8": 8, "w4a8": qlinear.ACT8 + 4, "w8a8": qlinear.ACT8 + 8}
+RECORDS = {"int4": 4, "int8": 8, "w4a8": qlinear.ACT8 + 4, "w8a8": qlinear.ACT8 + 8, "w4a8_g128": qlinear.W4A8_G128}
 
 
 def config(k: int = 6, inter: int = INTER, **changes) -> ModelConfig:

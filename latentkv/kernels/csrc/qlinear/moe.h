@@ -150,14 +150,14 @@ at::Tensor moe(at::Tensor x, at::Tensor weights, at::Tensor ids, at::Tensor gate
   const int64_t E = gate_up.size(0), k = ids.size(1);
   TORCH_CHECK(down.size(0) == E, "qlinear moe: gate_up holds ", E, " experts, down ", down.size(0));
   const Kernel kernel(kind, caps, x.scalar_type() == at::kBFloat16);
-  check_fit(gate_up.size(1), gate_up.size(2), gate_up.size(3), kernel.rec(), D, 2 * inter, "moe gate_up");
-  check_fit(down.size(1), down.size(2), down.size(3), kernel.rec(), inter, D, "moe down");
+  check_fit(gate_up.size(1), gate_up.size(2), gate_up.size(3), kernel.rec(), kernel.group(), D, 2 * inter, "moe gate_up");
+  check_fit(down.size(1), down.size(2), down.size(3), kernel.rec(), kernel.group(), inter, D, "moe down");
   const bool shared = shared_gate_up.numel() > 0;
   if (shared) {
     check_experts(shared_gate_up, 3, "shared_gate_up"), check_experts(shared_down, 3, "shared_down");
-    check_fit(shared_gate_up.size(0), shared_gate_up.size(1), shared_gate_up.size(2), kernel.rec(), D, 2 * shared_inter,
+    check_fit(shared_gate_up.size(0), shared_gate_up.size(1), shared_gate_up.size(2), kernel.rec(), kernel.group(), D, 2 * shared_inter,
               "moe shared_gate_up");
-    check_fit(shared_down.size(0), shared_down.size(1), shared_down.size(2), kernel.rec(), shared_inter, D,
+    check_fit(shared_down.size(0), shared_down.size(1), shared_down.size(2), kernel.rec(), kernel.group(), shared_inter, D,
               "moe shared_down");
   }
   if (T == 0) return at::empty({0, D}, x.options());

@@ -40,11 +40,12 @@ void check_x(const at::Tensor& x, const at::Tensor& packed, int64_t caps) {
 constexpr IsaPath PATHS[] = {{"avx2", NEEDS_AVX2},           {"avx512", NEEDS_AVX512},     {"avx512_vnni", NEEDS_AVX512_VNNI},
                              {"avx512_bf16", NEEDS_AVX512_BF16}, {"amx_bf16", NEEDS_AMX_BF16}, {"amx_int8", NEEDS_AMX_INT8}};
 
-// A packed weight [NB, G, rec] (packed.py pads its rows to a multiple of 64 and K to whole groups)
-// fits K inputs and N outputs: the shape rule of every entry. `what` names the weight.
-static void check_fit(int64_t NB, int64_t G, int64_t rec_found, int64_t rec, int64_t K, int64_t N, const char* what) {
-  const int64_t Kp = G * 32;
-  TORCH_CHECK(rec_found == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - 32, "qlinear: ",
+// A packed weight [NB, G, rec] (packed.py pads its rows to a multiple of 64 and K to whole groups of
+// `group` inputs: Kernel::group) fits K inputs and N outputs: the shape rule of every entry. `what` names the weight.
+static void check_fit(int64_t NB, int64_t G, int64_t rec_found, int64_t rec, int64_t group, int64_t K, int64_t N,
+                      const char* what) {
+  const int64_t Kp = G * group;
+  TORCH_CHECK(rec_found == rec && NB % 4 == 0 && N <= NB * 16 && N > NB * 16 - 64 && K <= Kp && K > Kp - group, "qlinear: ",
               what, " [", NB, ", ", G, ", ", rec_found, "] does not fit ", K, " inputs and ", N, " outputs (records of ",
               rec, " words)");
 }
@@ -54,7 +55,7 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t kind, int64_t N, int6
   check_x(x, packed, caps);
   const Kernel kernel(kind, caps, x.scalar_type() == at::kBFloat16);
   const int64_t M = x.size(0), G = packed.size(1);
-  check_fit(packed.size(0), G, packed.size(2), kernel.rec(), x.size(1), N, "packed weight");
+  check_fit(packed.size(0), G, packed.size(2), kernel.rec(), kernel.group(), x.size(1), N, "packed weight");
   auto out = at::empty({M, N}, x.options().dtype(kernel.out_type()));
   if (M > 0 && N > 0) {
     const Act a = kernel.prepare(x, G, true);
@@ -75,7 +76,7 @@ at::Tensor swiglu_linear(at::Tensor x, at::Tensor packed, int64_t I, int64_t cap
   TORCH_CHECK(kernel.amx() && I > 0 && I % 16 == 0,
               "qlinear: the fused SwiGLU runs bf16 rows on AMX (amx_bf16) with I a multiple of 16, got I = ", I);
   const int64_t M = x.size(0), G = packed.size(1);
-  check_fit(packed.size(0), G, packed.size(2), kernel.rec(), x.size(1), 2 * I, "packed gate_up weight");
+  check_fit(packed.size(0), G, packed.size(2), kernel.rec(), kernel.group(), x.size(1), 2 * I, "packed gate_up weight");
   auto out = at::empty({M, I}, x.options());
   if (M > 0) {
     const Act a = kernel.prepare(x, G, true);
@@ -88,11 +89,13 @@ at::Tensor swiglu_linear(at::Tensor x, at::Tensor packed, int64_t I, int64_t cap
 }
 
 // x [M, K] -> int8 codes [M, Kp], d_x [M, G], s_x [M, G] and the codes' sums [M, G] int32 as the
-// integer-dot linears quantize it (qlinear_dot_impl.h; exposed for the tests' reference).
-std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t caps) {
+// integer-dot linears of record `kind` quantize it (qlinear_dot_impl.h; exposed for the tests' reference).
+std::vector<at::Tensor> quantize_activations(at::Tensor x, int64_t G, int64_t kind, int64_t caps) {
   check_x(x, at::empty({1, 1, 1}, at::kInt), caps);
-  TORCH_CHECK(x.size(1) <= G * 32, "qlinear: x has more than G * 32 inputs");
-  const Act a = Kernel(108, caps, false).prepare(x, G, false);
+  const Kernel kernel(kind, caps, false);
+  TORCH_CHECK(kernel.dot() && x.size(1) <= G * kernel.group(), "qlinear: x has more than G * ", kernel.group(),
+              " inputs or kind ", kind, " has no int8 activations");
+  const Act a = kernel.prepare(x, G, false);
   return {a.rows, a.sums, a.sx, a.qsum};
 }
 

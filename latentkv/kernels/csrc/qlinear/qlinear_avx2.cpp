@@ -15,7 +15,8 @@ LinearPath linear_path() {
   return {linear_units<Int4>, linear_units<Int8>, linear_units<BF16>, linear_units<F32>, linear_unit_count};
 }
 DotPath dot_path() {
-  return {dot_units<W4>, dot_units<W8>, [](int64_t, int64_t N) { return dot_unit_count(N); }, quantize_rows};
+  return {dot_units<W4>, dot_units<W8>, dot_units<W4G>, [](int64_t, int64_t N) { return dot_unit_count(N); },
+          quantize_rows};
 }
 #include "exp_poly.h"     // common/: e^x (SwiGLU's)
 #include "swiglu_rows.h"  // common/: SwiGLU's rows (decode_ops' silu_mul runs the same)

@@ -61,7 +61,8 @@ using isa_avx2::quantize_group;
 #include "qlinear_dot_vnni.h"
 #include "qlinear_dot_impl.h"
 DotPath dot_path() {
-  return {dot_units<W4>, dot_units<W8>, [](int64_t, int64_t N) { return dot_unit_count(N); }, quantize_rows};
+  return {dot_units<W4>, dot_units<W8>, dot_units<W4G>, [](int64_t, int64_t N) { return dot_unit_count(N); },
+          quantize_rows};
 }
 }  // namespace isa_avx512vnni
 #pragma GCC pop_options

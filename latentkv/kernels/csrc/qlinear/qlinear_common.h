@@ -16,6 +16,13 @@
 #include <type_traits>
 #include <vector>
 
+// The integer-dot kinds (qlinear_dot_impl.h) scale weights and activations per group: 32 inputs for w4a8
+// and w8a8 (kinds 104, 108), 128 for w4a8_g128 (114), whose records hold a group's codes as four
+// sub-blocks of 32 in the 32-input layout. A group's integer sum is exact in int32 (at most 128 x 15 x
+// 127), so its float steps run once per group: per 128 inputs a quarter as many, and a C tile on AMX
+// sums two 64-deep products before its one store (qlinear_amx_int8.cpp).
+constexpr int DOT_SUB = 32;  // inputs per sub-block of a record
+
 // A record's scales (and mins) at byte offset `at`: float16 (w4a8) or float32 (w8a8).
 static inline const uint16_t* halves(const uint8_t* rec, int at) { return reinterpret_cast<const uint16_t*>(rec + at); }
 static inline const float* floats(const uint8_t* rec, int at) { return reinterpret_cast<const float*>(rec + at); }
@@ -40,8 +47,8 @@ static inline float half_to_float(uint16_t h) {
 
 // quantize_group's answer (every ISA) for a group holding a NaN: codes 0, sum 0, max|v| NaN, so
 // d_x and s_x are NaN and the NaN reaches every output of the row, as in a float linear.
-static inline float nan_group(int8_t* q, int32_t* sum) {
-  for (int j = 0; j < 32; ++j) q[j] = 0;
+static inline float nan_group(int8_t* q, int32_t* sum, int n) {
+  for (int j = 0; j < n; ++j) q[j] = 0;
   *sum = 0;
   return __builtin_nanf("");
 }

@@ -1,26 +1,29 @@
-// Integer-dot linears y = x · Wᵀ with int8 activations (w4a8: int4 weights; w8a8: int8 weights),
-// one instruction set. Included by each qlinear_<isa>.cpp inside `namespace <isa>` after qlinear_impl.h (BLOCK,
-// GROUP, AHEAD, Vec with mul, store_lanes) and that namespace's quantize_group and weight formats
-// W4 / W8, each giving
-//   REC (bytes per record), MIN (a min term follows the scales), scale(rec, lane) and min(rec, lane)
-//   -> Vec::T: the W rows lane.. of the record's scales d_w (and mins m_w) as floats,
-//   Codes, codes(rec, lane): the W rows lane.. of the record's codes as isum reads them (taken once
-//                            per record for all the activation rows of a pass),
-//   isum(codes, xq, xsum) -> Vec::T: for those rows, the exact integer dot product of their 32 codes
-//                                    with the group's 32 int8 activations xq (xsum: their sum), as floats.
+// Integer-dot linears y = x · Wᵀ with int8 activations (w4a8, w4a8_g128: int4 weights; w8a8: int8
+// weights), one instruction set. Included by each qlinear_<isa>.cpp inside `namespace <isa>` after
+// qlinear_impl.h (BLOCK, AHEAD, Vec with mul, store_lanes; qlinear_common.h: DOT_SUB) and that namespace's
+// quantize_group and weight formats W4 (groups of 32), W4G (of 128), W8, each giving
+//   SUBS (sub-blocks of 32 inputs a group), SUB (code bytes a sub-block), REC (bytes a record), MIN (a min
+//   term follows the scales), scale(rec, lane) and min(rec, lane) -> Vec::T: the W rows lane.. of the
+//   record's scales d_w (and mins m_w) as floats,
+//   Codes, codes(sub, lane): the W rows lane.. of a sub-block's codes as `add` reads them (taken once
+//                            per sub-block for all the activation rows of a pass),
+//   Int, first(xsum), add(acc, codes, xq), to_float(acc): for those rows, the exact integer dot product
+//        of the group's codes with its int8 activations, a sub-block (32 inputs xq) at a time (xsum: the
+//        group's code sum), as an integer vector, then floats.
 // Nothing here may include a header.
 //
-// Activations (quantized by quantize_rows below, one row at a time): per row and group of 32 inputs
-// int8 codes q_x = round(x * 127 / max|x|) (-127..127), d_x = max|x| / 127, s_x = d_x * sum(q_x) and
-// the integer sum(q_x) itself.
+// Activations (quantized by quantize_rows below, one row at a time): per row and group (32 or 128
+// inputs, the weight's) int8 codes q_x = round(x * 127 / max|x|) (-127..127), d_x = max|x| / 127,
+// s_x = d_x * sum(q_x) and the integer sum(q_x) itself.
 // Packed weights (kernels/qlinear.py pack_w4a8 / pack_w8a8): output rows in blocks of 16, one record
-// per (block, group): the 16 rows' codes, then [16] scale d_w and (w4a8) [16] min m_w: float16 for
-// w4a8 (Q4_1's 5 bits a weight; widened exactly), float32 for w8a8.
+// per (block, group): the 16 rows' codes as SUBS sub-blocks of 32 inputs, then [16] scale d_w and (w4a8)
+// [16] min m_w: float16 for w4a8 (Q4_1's 5 bits a weight on groups of 32, 4.25 on 128; widened exactly),
+// float32 for w8a8.
 // Each output element reduces in this fixed order:
 //   for each group g: tot = fma(float(isum_g), d_w * d_x, tot); w4a8: tot = fma(m_w, s_x, tot)
-// isum_g is an integer (exact, whatever order the SIMD lanes add it in) and every float step is one
-// IEEE operation per output element, the same whatever M, the thread split or the ISA (the scalar
-// path gives the same bits): batch-invariant by construction.
+// isum_g is an integer (exact, whatever order the SIMD lanes and sub-blocks add it in) and every float
+// step is one IEEE operation per output element, the same whatever M, the thread split or the ISA (the
+// scalar path gives the same bits): batch-invariant by construction.
 
 constexpr int DOT_MB = 4;  // activation rows per pass
 // The records stream from memory once a step: each is prefetched into L2 (prefetcht1: the L1's few
@@ -53,13 +56,18 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {  // unrolled: the totals stay in registers
       const uint8_t* rec = base[p] + g * D::REC;
-      const typename D::Codes codes = D::codes(rec, lane[p]);
+      typename D::Int acc[MB];
+      for (int m = 0; m < MB; ++m) acc[m] = D::first(xi[m * G + g]);
+      for (int s = 0; s < D::SUBS; ++s) {  // the group's integer sums: exact, so any order of the sub-blocks
+        const typename D::Codes codes = D::codes(rec + s * D::SUB, lane[p]);
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; ++m) acc[m] = D::add(acc[m], codes, xq + m * ldq + (g * D::SUBS + s) * DOT_SUB);
+      }
       const typename Vec::T scale = D::scale(rec, lane[p]);
       const typename Vec::T mins = D::MIN ? D::min(rec, lane[p]) : Vec::zero();
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
-        const typename Vec::T isum = D::isum(codes, xq + m * ldq + g * GROUP, xi[m * G + g]);
-        tot[p][m] = Vec::fma(isum, Vec::mul(scale, Vec::set1(xd[m * G + g])), tot[p][m]);
+        tot[p][m] = Vec::fma(D::to_float(acc[m]), Vec::mul(scale, Vec::set1(xd[m * G + g])), tot[p][m]);
         if constexpr (D::MIN) tot[p][m] = Vec::fma(mins, Vec::set1(xs[m * G + g]), tot[p][m]);
       }
     }
@@ -107,14 +115,15 @@ static void dot_units(const uint8_t* packed, int64_t G, const int8_t* xq, int64_
   for (int64_t u = u0; u < u1; ++u) dot_unit<D, DOT_U>(packed, G, u * DOT_U, xq, M, ldq, xd, xs, xi, out, ldo, N);
 }
 
-// x [M rows, stride ldx] float32 (zeros past K, G groups a row) -> codes q [M, 32 G], d_x, s_x and
-// sum(q_x) [M, G].
-static void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t G, int8_t* q, float* d, float* s, int32_t* qs) {
+// x [M rows, stride ldx] float32 (zeros past K, G groups of `group` inputs a row) -> codes q [M, group G],
+// d_x, s_x and sum(q_x) [M, G].
+static void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t G, int64_t group, int8_t* q, float* d,
+                          float* s, int32_t* qs) {
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       for (int64_t g = 0; g < G; ++g) {
         int32_t sum;
-        const float dx = quantize_group(x + m * ldx + g * GROUP, q + (m * G + g) * GROUP, &sum) / 127.0f;
+        const float dx = quantize_group(x + m * ldx + g * group, q + (m * G + g) * group, &sum, (int)group) / 127.0f;
         d[m * G + g] = dx, s[m * G + g] = dx * (float)sum, qs[m * G + g] = sum;
       }
   });

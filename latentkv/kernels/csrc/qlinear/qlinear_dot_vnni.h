@@ -12,8 +12,8 @@
 //   w4a8: nibbles unsigned, activations signed (as AVX2's maddubs takes them); chunk c of the low
 //         nibbles meets inputs 4c..4c+3, of the high nibbles inputs 16 + 4c.. (pack_w4a8's bytes).
 //   w8a8: the codes xor 0x80 (code + 128, 1..255) are the unsigned operand, so a lane's sum
-//         exceeds the dot product by 128 * sum(q_x): the accumulator starts at -128 * sum(q_x)
-//         (every partial sum under 2^21 in magnitude: exact).
+//         exceeds the dot product by 128 * sum(q_x): the group's accumulator starts at -128 * sum(q_x)
+//         (every partial sum under 2^23 in magnitude: exact).
 
 // The 4 activation bytes at x in every lane: a broadcast load (vpdpbusd's embedded {1to16} broadcast
 // instead, by inline asm, was no faster in an A/B on a shared Zen 4).
@@ -23,9 +23,14 @@ static inline __m512i quad(const int8_t* x) {
   return _mm512_set1_epi32(v);
 }
 
-struct W4 {
-  static constexpr int REC = isa_avx2::W4::REC, SCALE = isa_avx2::W4::SCALE;
+template <int S>
+struct W4T {
+  static constexpr int SUBS = S;  // sub-blocks of 32 inputs a group
+  static constexpr int SUB = isa_avx2::W4T<S>::SUB, REC = isa_avx2::W4T<S>::REC, SCALE = isa_avx2::W4T<S>::SCALE;
   static constexpr bool MIN = true;
+  using Int = __m512i;
+  static inline Int first(int32_t) { return _mm512_setzero_si512(); }
+  static inline __m512 to_float(Int acc) { return _mm512_cvtepi32_ps(acc); }
   struct Codes {
     __m512i lo[4], hi[4];  // chunk c of the low / high nibbles, row r in lane r
   };
@@ -53,17 +58,22 @@ struct W4 {
     return c;
   }
   // two chains (low, high nibbles) for the latency, one integer add: exact
-  __attribute__((always_inline)) static inline __m512 isum(const Codes& c, const int8_t* x, int32_t) {
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+  __attribute__((always_inline)) static inline Int add(Int acc, const Codes& c, const int8_t* x) {
+    __m512i lo = acc, hi = _mm512_setzero_si512();
     for (int d = 0; d < 4; ++d)
       lo = _mm512_dpbusd_epi32(lo, c.lo[d], quad(x + 4 * d)), hi = _mm512_dpbusd_epi32(hi, c.hi[d], quad(x + 16 + 4 * d));
-    return _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+    return _mm512_add_epi32(lo, hi);
   }
 };
+using W4 = W4T<1>;   // w4a8: groups of 32
+using W4G = W4T<4>;  // w4a8_g128: groups of 128
 
 struct W8 {
-  static constexpr int REC = isa_avx2::W8::REC, SCALE = isa_avx2::W8::SCALE;
+  static constexpr int SUBS = 1, SUB = isa_avx2::W8::SUB, REC = isa_avx2::W8::REC, SCALE = isa_avx2::W8::SCALE;
   static constexpr bool MIN = false;
+  using Int = __m512i;
+  static inline Int first(int32_t xsum) { return _mm512_set1_epi32(-128 * xsum); }  // the bias of the group's codes
+  static inline __m512 to_float(Int acc) { return _mm512_cvtepi32_ps(acc); }
   struct Codes {
     __m512i q[8];  // chunk c of the codes + 128, row r in lane r
   };
@@ -98,11 +108,11 @@ struct W8 {
     return c;
   }
   // two chains (even, odd chunks) for the latency, one integer add: exact
-  __attribute__((always_inline)) static inline __m512 isum(const Codes& c, const int8_t* x, int32_t xsum) {
-    __m512i even = _mm512_set1_epi32(-128 * xsum), odd = _mm512_setzero_si512();
+  __attribute__((always_inline)) static inline Int add(Int acc, const Codes& c, const int8_t* x) {
+    __m512i even = acc, odd = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j)
       even = _mm512_dpbusd_epi32(even, c.q[2 * j], quad(x + 8 * j)),
       odd = _mm512_dpbusd_epi32(odd, c.q[2 * j + 1], quad(x + 8 * j + 4));
-    return _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+    return _mm512_add_epi32(even, odd);
   }
 };

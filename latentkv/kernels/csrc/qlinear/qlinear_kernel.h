@@ -77,12 +77,12 @@ struct Kernel {
 
   Kernel(int64_t kind_, int64_t caps_, bool bf16_x_) : kind(kind_), caps(caps_), bf16_x(bf16_x_) {
     TORCH_CHECK(kind == 4 || kind == 8 || kind == 16 || kind == 32 || dot(),
-                "qlinear: kind must be 4, 8, 16, 32, 104 or 108, got ", kind);
+                "qlinear: kind must be 4, 8, 16, 32, 104, 108 or 114, got ", kind);
     if (dot()) {  // AVX-512 without VNNI (Skylake) runs the AVX2 path
       const DotPath path = vnni()                        ? isa_avx512vnni::dot_path()
                            : has(caps, NEEDS_AVX2) ? isa_avx2::dot_path()
                                                    : isa_scalar::dot_path();
-      dot_fn = kind == 104 ? path.w4 : path.w8, count = path.count, quantize = path.quantize;
+      dot_fn = kind == 104 ? path.w4 : kind == 114 ? path.w4g : path.w8, count = path.count, quantize = path.quantize;
     } else if (amx()) {
       count = [](int64_t, int64_t N) { return isa_amx::unit_count(N); };
     } else {  // pairs(): bf16 rows times bf16 weights by vdpbf16ps
@@ -95,26 +95,31 @@ struct Kernel {
     }
   }
 
-  bool dot() const { return kind == 104 || kind == 108; }
+  bool dot() const { return kind == 104 || kind == 108 || kind == 114; }
   bool vnni() const { return dot() && has(caps, NEEDS_AVX512_VNNI); }  // the integer sums by vpdpbusd
   // the integer-dot kinds' path (the constructor's choice, by name)
   const char* dot_path() const { return vnni() ? "avx512_vnni" : has(caps, NEEDS_AVX2) ? "avx2" : "scalar"; }
   bool amx() const { return has(caps, NEEDS_AMX_BF16) && kind == 16 && bf16_x; }  // AMX tiles (qlinear_amx.cpp)
   // w4a8 products of many rows on AMX int8 tiles (qlinear_amx_int8.cpp: the VNNI path's bits)
-  bool amx_dot(int64_t M) const { return kind == 104 && has(caps, NEEDS_AMX_INT8) && M >= isa_amx::AMX_DOT_ROWS; }
+  bool amx_dot(int64_t M) const {
+    return (kind == 104 || kind == 114) && has(caps, NEEDS_AMX_INT8) && M >= isa_amx::AMX_DOT_ROWS;
+  }
   bool pairs() const { return has(caps, NEEDS_AVX512_BF16) && kind == 16 && bf16_x; }  // x as words of two bf16
   // words per record of the packed weight
   int64_t rec() const {
     return kind == 4 ? isa_scalar::Int4::REC : kind == 8 ? isa_scalar::Int8::REC : kind == 16 ? isa_scalar::BF16::REC
-           : kind == 32 ? isa_scalar::F32::REC : kind == 104 ? isa_scalar::W4::REC / 4 : isa_scalar::W8::REC / 4;
+           : kind == 32 ? isa_scalar::F32::REC : kind == 104 ? isa_scalar::W4::REC / 4
+           : kind == 114 ? isa_scalar::W4G::REC / 4 : isa_scalar::W8::REC / 4;
   }
+  // inputs per group of the packed weight (its records: one per 16 outputs and group)
+  int64_t group() const { return kind == 114 ? 4 * DOT_SUB : 32; }
   // what `run` writes: float32, or bf16 (the AMX tiles round once, inside)
   at::ScalarType out_type() const { return amx() ? at::kBFloat16 : at::kFloat; }
   int64_t units(int64_t M, int64_t N) const { return count(M, N); }
 
-  // x [M, K] float32 / bf16 (K <= G * 32) -> its Act. in_place: AMX may read whole tiles of x where they lie.
+  // x [M, K] float32 / bf16 (K <= G * group()) -> its Act. in_place: AMX may read whole tiles of x where they lie.
   Act prepare(const at::Tensor& x, int64_t G, bool in_place) const {
-    const int64_t M = x.size(0), Kp = G * 32;
+    const int64_t M = x.size(0), Kp = G * group();
     Act a;
     if (amx()) {
       // rows whose 32-bit words are already the pairs (contiguous inputs, whole groups) are read in
@@ -137,7 +142,7 @@ struct Kernel {
       a.rows = at::empty({M, Kp}, x.options().dtype(at::kChar));
       a.sums = at::empty({M, G}, x.options().dtype(at::kFloat)), a.sx = at::empty({M, G}, x.options().dtype(at::kFloat));
       a.qsum = at::empty({M, G}, x.options().dtype(at::kInt));
-      quantize(xp, ldx, M, G, a.rows.data_ptr<int8_t>(), a.sums.data_ptr<float>(), a.sx.data_ptr<float>(),
+      quantize(xp, ldx, M, G, group(), a.rows.data_ptr<int8_t>(), a.sums.data_ptr<float>(), a.sx.data_ptr<float>(),
                a.qsum.data_ptr<int32_t>());
     } else if (kind == 4) {
       // each row's sum per group (in input order: a fixed order per row) for the min term, and
@@ -187,7 +192,7 @@ struct Kernel {
            int64_t u0, int64_t u1) const {
     const int64_t ld = a.rows.stride(0);
     if (dot()) {
-      const DotUnits fn = amx_dot(M) ? isa_amx::dot_w4_units : dot_fn;  // the same bits either way
+      const DotUnits fn = !amx_dot(M) ? dot_fn : kind == 114 ? isa_amx::dot_w4g_units : isa_amx::dot_w4_units;  // same bits
       fn(reinterpret_cast<const uint8_t*>(packed), G, a.rows.data_ptr<int8_t>() + m0 * ld, M, ld,
              a.sums.data_ptr<float>() + m0 * G, a.sx.data_ptr<float>() + m0 * G, a.qsum.data_ptr<int32_t>() + m0 * G,
              static_cast<float*>(out), ldo, N, u0, u1);

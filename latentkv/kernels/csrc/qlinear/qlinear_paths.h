@@ -26,15 +26,16 @@ using Units = void (*)(const int32_t* packed, int64_t G, const float* x, int64_t
 using DotUnits = void (*)(const uint8_t* packed, int64_t G, const int8_t* xq, int64_t M, int64_t ldq, const float* xd,
                           const float* xs, const int32_t* xi, float* y, int64_t ldy, int64_t N, int64_t u0, int64_t u1);
 using Count = int64_t (*)(int64_t M, int64_t N);  // (M, N) -> work units
-// x [M, ldx floats] -> int8 codes [M, G * 32], d_x, s_x [M, G], the codes' sums [M, G]
-using Quantize = void (*)(const float* x, int64_t ldx, int64_t M, int64_t G, int8_t* q, float* d, float* s, int32_t* qs);
+// x [M, ldx floats] -> int8 codes [M, G * group], d_x, s_x [M, G], the codes' sums [M, G]
+using Quantize = void (*)(const float* x, int64_t ldx, int64_t M, int64_t G, int64_t group, int8_t* q, float* d, float* s,
+                          int32_t* qs);
 
 struct LinearPath {
   Units int4, int8, bf16, f32;  // record kinds 4, 8, 16, 32
   Count count;
 };
 struct DotPath {
-  DotUnits w4, w8;  // record kinds 104, 108
+  DotUnits w4, w8, w4g;  // record kinds 104, 108, 114
   Count count;
   Quantize quantize;
 };
@@ -67,9 +68,11 @@ void units(const int32_t* packed, int64_t G, const int32_t* x, int64_t M, int64_
 // multiple of 64): pairs of 16-column blocks; with SwiGLU (N = I outputs of a [gate; up] weight of 2I
 // rows, I a multiple of 16) one block of gate and the block of up 16 columns each that gives the same outputs.
 inline int64_t unit_count(int64_t N, bool swiglu = false) { return swiglu ? N / 16 : (N + 31) / 32; }
-// w4a8 (record kind 104) on AMX int8 tiles: dot_units<W4>'s contract and bits (qlinear_amx_int8.cpp), for
-// products of many rows (AMX_DOT_ROWS and up); fewer rows keep the VNNI path.
+// w4a8 / w4a8_g128 (record kinds 104 / 114) on AMX int8 tiles: dot_units<W4> / <W4G>'s contract and bits
+// (qlinear_amx_int8.cpp), for products of many rows (AMX_DOT_ROWS and up); fewer rows keep the VNNI path.
 void dot_w4_units(const uint8_t* packed, int64_t G, const int8_t* xq, int64_t M, int64_t ldq, const float* xd,
                   const float* xs, const int32_t* xi, float* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1);
+void dot_w4g_units(const uint8_t* packed, int64_t G, const int8_t* xq, int64_t M, int64_t ldq, const float* xd,
+                   const float* xs, const int32_t* xi, float* out, int64_t ldo, int64_t N, int64_t u0, int64_t u1);
 constexpr int64_t AMX_DOT_ROWS = 16;
 }  // namespace isa_amx

@@ -19,6 +19,7 @@ LinearPath linear_path() {
   return {linear_units<Int4>, linear_units<Int8>, linear_units<BF16>, linear_units<F32>, linear_unit_count};
 }
 DotPath dot_path() {
-  return {dot_units<W4>, dot_units<W8>, [](int64_t, int64_t N) { return dot_unit_count(N); }, quantize_rows};
+  return {dot_units<W4>, dot_units<W8>, dot_units<W4G>, [](int64_t, int64_t N) { return dot_unit_count(N); },
+          quantize_rows};
 }
 }  // namespace isa_scalar
