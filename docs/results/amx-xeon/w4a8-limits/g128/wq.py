@@ -14,7 +14,7 @@ with torch.no_grad():
     lr = ref.full_logits(ids).float().log_softmax(-1)
 del ref
 out = {}
-for q in ["w4a8", "int4"]:
+for q in sys.argv[2:] or ["w4a8", "int4"]:
     m = load_model(folder, dtype=torch.float32, quantization=q)
     with torch.no_grad():
         lq = m.full_logits(ids).float().log_softmax(-1)
