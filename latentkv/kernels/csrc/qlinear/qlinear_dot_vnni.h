@@ -13,7 +13,7 @@
 //         nibbles meets inputs 4c..4c+3, of the high nibbles inputs 16 + 4c.. (pack_w4a8's bytes).
 //   w8a8: the codes xor 0x80 (code + 128, 1..255) are the unsigned operand, so a lane's sum
 //         exceeds the dot product by 128 * sum(q_x): the group's accumulator starts at -128 * sum(q_x)
-//         (every partial sum under 2^23 in magnitude: exact).
+//         (every partial sum under 2^21 in magnitude: exact; w8a8 stays on groups of 32).
 
 // The 4 activation bytes at x in every lane: a broadcast load (vpdpbusd's embedded {1to16} broadcast
 // instead, by inline asm, was no faster in an A/B on a shared Zen 4).
