@@ -21,7 +21,7 @@ int32), else AVX2's maddubs (32, against 8 float FMAs); the same fixed reduction
 element on every path (`dot_path()` says which runs). Each group's integer sum is exact, so its float
 steps (a convert, a multiply, two FMAs per output and row) run once per group: per 32 inputs those steps and
 AMX's C-tile stores, not the products, bound the kernel at many rows (w4a8's prefill ~2x bf16's time), per
-128 a quarter as many (w4a8_g128: 1.5x w4a8's prefill, at the cost of coarser weights).
+128 a quarter as many (w4a8_g128: ~1.4x w4a8's prefill on V3-mini's shape, at the cost of coarser weights).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from .build import Extension
 
 BLOCK, GROUP, ROW_PAD = 16, 32, 64  # rows per packed block; inputs per group; packed rows: a multiple of this
-W4A8_G128, G128 = 114, 128  # the kernel's kind for w4a8 on groups of 128 inputs (sub-blocks of GROUP)
 ACT8 = 100  # the kernel's kind for int8 activations: 100 + weight bits (104: w4a8, 108: w8a8)
+W4A8_G128, G128 = 114, 128  # the kernel's kind for w4a8 on groups of 128 inputs (sub-blocks of GROUP)
 
 
 def probe_weight(kind: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -255,8 +255,7 @@ def dot_path() -> str:
 
 def quantize_activations(x: torch.Tensor, groups: int, kind: int = ACT8 + 8) -> tuple[torch.Tensor, ...]:
     """x [M, K] -> what dot_linear of record `kind` multiplies: int8 codes [M, group * groups], d_x and s_x
-    [M, groups] float32,
-    the codes' sums [M, groups] int32."""
+    [M, groups] float32, the codes' sums [M, groups] int32."""
     return tuple(extension().quantize_activations(x, groups, kind, EXT.caps.mask))
 
 

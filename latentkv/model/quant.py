@@ -13,9 +13,10 @@ ATen's (`_weight_int4pack_mm_for_cpu`: K a multiple of 32; `_weight_int8pack_mm`
   batch-invariant). Where latentkv's kernel is not built they fall back to int4 / int8 (float
   activations) with one warning (model/route.py decides).
 - w4a8_g128: w4a8 with weights and activations in groups of 128 (4.25 bits a weight): the integer
-  sums run 128 deep before each float step, so at many rows (prefill, 32-sequence steps) it runs
-  ~1.5x w4a8's speed, but coarser groups cost accuracy; a model whose weights are already int4 on
-  groups of 32 (a Q4_1 GGUF's, the bundled one) keeps them nearly exactly only at 32
+  sums run 128 deep before each float step, so at many rows it runs faster (V3-mini's shape: prefill
+  ~1.4x w4a8's, a 32-sequence step ~9% shorter), but coarser groups cost accuracy; a model whose
+  weights are already int4 on groups of 32 (a Q4_1 GGUF's, the bundled one) keeps them nearly exactly
+  only at 32
   (docs/results/amx-xeon/w4a8-limits: top-1 agreement with float32 0.77 at 32, 0.55 at 128).
   Without the kernel it falls back to int4 (groups of 32) as w4a8 does.
 - FixedOrderLinear: float32 / bf16 weights through the same kernel, for batch invariance.
