@@ -14,3 +14,9 @@ latentkv heal kv2880 --minutes 30 --eval-examples 0 --out kv2880-healed     # ->
 latentkv heal kv5760 --minutes 30 --eval-examples 0 --out kv5760-healed     # -> heal5760-loss.png
 python judge.py 2 kv2880 kv2880-healed kv5760 kv5760-healed > judge.jsonl
 python plot.py                                                             # -> frontier-heal.png
+# Longer, 2026-12-07 (commit 6079991): the 25% folder's heal continued from kv5760-healed. At lr 1e-4 the training
+# KL rose from 0.024 to 0.06-0.08 within 140 steps, so that run was stopped; at the default rate, 25 minutes more
+# (341 steps, KL 0.0236 -> 0.0226):
+latentkv heal kv5760-healed --minutes 25 --eval-examples 0 --out kv5760-healed2
+python judge.py 2 kv5760-healed2 > judge-continued.jsonl
+
