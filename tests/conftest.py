@@ -6,8 +6,10 @@ import tempfile
 import pytest
 import torch
 
+from latentkv.bench.random_model import write_random_model
 from latentkv.kernels import attention as attention_kernels, build, decode_ops, qlinear, sample as sample_kernel
 from latentkv.sources import chat_data
+from latentkv.sources.readers import read_source
 from tiny import CONFIGS, save_hf_model
 from tiny_lm import save_tiny_lm
 
@@ -94,8 +96,6 @@ def tiny_name(request):
 @pytest.fixture(scope="session")
 def bundled_source():
     """The bundled SmolLM2 GGUF as a source, its tokenizer loaded once (random-model folders carry it)."""
-    from latentkv.sources.readers import read_source
-
     source = read_source()
     source.tokenizer()
     return source
@@ -105,8 +105,6 @@ def bundled_source():
 def random_checkpoints(tmp_path_factory, bundled_source):
     """shape -> a `latentkv bench random-model` folder of that shape (seed 0; 32 MiB shards, so `mid`
     has several), written once per run."""
-    from latentkv.bench.random_model import write_random_model
-
     root = tmp_path_factory.mktemp("random")
     cache = {}
 

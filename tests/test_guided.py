@@ -11,7 +11,7 @@ import torch
 from tiny_lm import save_tiny_lm
 
 from latentkv import LLM, SamplingParams
-from latentkv.guided import GuidedDecodingError, GuidedDecodingParams, escape_regex
+from latentkv.guided import GuidedDecodingError, GuidedDecodingParams, closed_objects, escape_regex
 
 # bounded everywhere, so even a random model finishes the object within max_tokens
 SCHEMA = {
@@ -103,8 +103,6 @@ def test_exactly_one_kind():
 
 
 def test_objects_that_list_properties_are_closed():
-    from latentkv.guided import closed_objects
-
     schema = {
         "type": "object",
         "properties": {

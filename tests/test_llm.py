@@ -4,13 +4,12 @@
 import pytest
 
 import latentkv
+from latentkv.engine.outputs import RequestOutput
+from latentkv.llm import LLM
+from latentkv.sampling_params import SamplingParams
 
 
 def test_public_names():
-    from latentkv.engine.outputs import RequestOutput
-    from latentkv.llm import LLM
-    from latentkv.sampling_params import SamplingParams
-
     assert latentkv.LLM is LLM and latentkv.SamplingParams is SamplingParams and latentkv.RequestOutput is RequestOutput
     with pytest.raises(AttributeError):
         latentkv.NoSuchThing

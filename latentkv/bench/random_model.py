@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from latentkv.config import ModelConfig
 from latentkv.convert.export import export
+from latentkv.export.gguf_writer import export_gguf
 from latentkv.model.deepseek import MLAForCausalLM
 from latentkv.model.loader import checkpoint_slots, slot_shape
 from latentkv.model.quant import INT4_GROUP as BLOCK  # Q4_0's block too: 32 inputs share one d
@@ -146,10 +147,6 @@ def write_random_model(
 
 def write_gguf_twin(folder: Path, out: Path | None = None) -> Path:
     """The folder as a Q4_0 GGUF (default: beside it, `<folder>-Q4_0.gguf`), holding the same values."""
-    # latentkv/export/gguf_writer.py comes with the GGUF exporter's branch; imported here so the
-    # rest of random-model runs without it
-    from latentkv.export.gguf_writer import export_gguf
-
     return export_gguf(
         Path(folder), Path(out) if out else Path(folder).with_name(Path(folder).name + "-Q4_0.gguf"), outtype="q4_0"
     )

@@ -1,11 +1,11 @@
 import pytest
 
+from latentkv.sources.readers import read_source
+
 
 @pytest.fixture(scope="session")
 def smollm2():
     """The bundled SmolLM2 GGUF read once per run."""
-    from latentkv.sources.readers import read_source
-
     return read_source()
 
 

@@ -12,7 +12,7 @@ from latentkv.convert.layout import converted_model
 from latentkv.convert.options import ConvertOptions
 from latentkv.convert.pipeline import build_model
 from latentkv.model.loader import checkpoint_tensors, load_model
-from latentkv.sources.readers import read_source
+from latentkv.sources.readers import default_gguf_path, read_source
 from latentkv.sources.reference import source_logits
 
 import llama_tiny
@@ -50,8 +50,6 @@ def test_tiny_full_rank_matches_transformers(tmp_path, kind):
 @pytest.mark.slow  # the real SmolLM2, converted
 def test_smollm2_full_rank_matches_transformers(tmp_path, smollm2, smollm2_tokenizer):
     from transformers import AutoModelForCausalLM
-
-    from latentkv.sources.readers import default_gguf_path
 
     path = default_gguf_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()

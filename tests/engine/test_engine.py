@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from latentkv import LLM, SamplingParams
+from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
 
 GREEDY = dict(temperature=0.0)
 
@@ -182,8 +183,6 @@ def test_default_cache_budget_is_capped_by_what_can_be_used(tiny_lm, capsys):
 def test_weight_quantized_engine_batches_like_alone(tiny_lm, kind):
     """Quantized linears change the numbers, not the engine: concurrent greedy requests give
     what each gives alone, and most tokens still match the float model."""
-    from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
-
     folder, _, _ = tiny_lm("v3_dense_qlora")
     prompts, params = random_requests(12, seed=3)
     llm = make_llm(folder, quantization=kind, max_num_batched_tokens=48)

@@ -10,6 +10,9 @@ from tokenizers import pre_tokenizers
 from gguf_files import read_gguf, save_deepseek
 from latentkv.export import export_gguf
 from latentkv.export.gguf_check import ExportError
+from latentkv.export.gguf_vocab import pre_tokenizer, tokenizer_spec
+from latentkv.sources.gguf_reader import open_reader, read_field
+from latentkv.sources.readers import default_gguf_path
 from tiny_lm import VOCAB
 
 
@@ -48,10 +51,6 @@ def test_an_unknown_pre_tokenizer_asks_for_its_name(tmp_path, tiny_tokenizer):
 
 def test_smollm2_is_recognized_as_llama_cpp_recognizes_it(tmp_path, smollm2_tokenizer):
     """The hash of convert_hf_to_gguf's check text: what the bundled GGUF itself says (smollm)."""
-    from latentkv.export.gguf_vocab import tokenizer_spec, pre_tokenizer
-    from latentkv.sources.gguf_reader import open_reader, read_field
-    from latentkv.sources.readers import default_gguf_path
-
     smollm2_tokenizer.save_pretrained(str(tmp_path))
     written = pre_tokenizer(smollm2_tokenizer, tokenizer_spec(tmp_path), tmp_path)
     assert written == read_field(open_reader(default_gguf_path()), "tokenizer.ggml.pre") == "smollm"

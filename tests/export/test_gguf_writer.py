@@ -16,10 +16,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gguf_files import EXPORTABLE, expected_tensors, read_gguf
+from latentkv.config import ModelConfig
 from latentkv.export import export_gguf
 from latentkv.export.gguf_check import ExportError
+from latentkv.export.gguf_metadata import latent_scale
 from latentkv.export.gguf_writer import OUTTYPE_CHOICES
 from latentkv.model.shards import CheckpointError
+from latentkv.model.spec import LATENT_NORM_EPS
 
 
 @pytest.mark.parametrize("name", EXPORTABLE)
@@ -242,10 +245,6 @@ def test_bad_inputs_are_refused_and_leave_no_file(tiny_lm, tmp_path):
 
 def test_latent_scale_matches_the_norm_it_replaces():
     """RMSNorm(k·x, eps') = RMSNorm(x, eps' / k²): the identity the latent row scaling rests on."""
-    from latentkv.config import ModelConfig
-    from latentkv.export.gguf_metadata import latent_scale
-    from latentkv.model.spec import LATENT_NORM_EPS
-
     x = torch.randn(5, 16, dtype=torch.float64) * 1e-3  # small, so the eps matters
     eps = 1e-2
     k = latent_scale(

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from latentkv.engine.chat_template import render_chat
+from latentkv.server.guard import resolve_api_key
 from server_helpers import MODEL_NAME, start_server
 from test_errors import COMPLETION, CHAT, error_of, post
 from test_streaming import metric
@@ -192,8 +193,6 @@ def test_metrics_public_serves_metrics_without_the_key(tiny_model_dir):
 
 
 def test_the_key_comes_from_flag_file_or_environment(tmp_path):
-    from latentkv.server.guard import resolve_api_key
-
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
     env = {"LATENTKV_API_KEY": "from-env"}
