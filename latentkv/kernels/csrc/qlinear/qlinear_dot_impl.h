@@ -25,7 +25,9 @@
 // step is one IEEE operation per output element, the same whatever M, the thread split or the ISA (the
 // scalar path gives the same bits): batch-invariant by construction.
 
-constexpr int DOT_MB = 4;  // activation rows per pass
+// Activation rows per pass: with AVX-512's 32 registers a sub-block's codes, 8 rows' totals and their
+// integer sums fit, so each code transpose (qlinear_dot_vnni.h `codes`) feeds twice the rows; AVX2's 16 hold 4.
+constexpr int DOT_MB = Vec::W == 16 ? 8 : 4;
 // The records stream from memory once a step: each is prefetched into L2 (prefetcht1: the L1's few
 // fill buffers held too few lines in flight) this many bytes ahead, past the end of its block too (the
 // next block's records follow). On the AMX Xeon, `bench kernel --moe 1024x512x64x6+1 --moe-weights w4a8`
@@ -93,6 +95,8 @@ static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8
       dot_panels<D, PB, decltype(rows)::value>(packed, G, first + u * PB, xq + m * ldq, ldq, xd + m * G, xs + m * G,
                                                xi + m * G, out + m * ldo, ldo, N);
   };
+  if constexpr (DOT_MB > 4)
+    if (M - m >= 4) at(std::integral_constant<int, 4>{}), m += 4;
   switch (M - m) {
     case 3: at(std::integral_constant<int, 3>{}); break;
     case 2: at(std::integral_constant<int, 2>{}); break;
