@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from dataclasses import asdict, replace
@@ -133,10 +134,11 @@ def measure(src: SourceModel, folder: Path, eval_tokens: int, ctx: int) -> dict:
 
 
 def step(n: int, text: str, started: float) -> None:
-    """One line per stage (with the time and peak RSS so far); the long stages then show their own
-    bar with the time left."""
+    """One line per stage (with the time and peak RSS so far) on stderr, as the bars: a caller's stdout
+    (`latentkv serve` converting on first use, a script reading the folder's path) carries only results.
+    The long stages then show their own bar with the time left."""
     so_far = f"{time.perf_counter() - started:.0f} s, peak RSS {peak_rss() / 2**30:.2f} GiB so far"
-    tqdm.write(f"latentkv convert [{n}/5] {text} ({so_far})")
+    tqdm.write(f"latentkv convert [{n}/5] {text} ({so_far})", file=sys.stderr)
 
 
 def convert(source=None, out="converted", options: ConvertOptions = DEFAULTS, stats=None) -> Path:
