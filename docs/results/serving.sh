@@ -14,10 +14,12 @@ git log -1 --format='commit %h %cd' --date=short
 SAMPLINGS=${SAMPLINGS:-default chat greedy}
 PORT=8000
 wait_up() { for i in $(seq 1 600); do curl -sf http://127.0.0.1:$PORT/v1/models >/dev/null && return 0; sleep 1; done; return 1; }
-client() {  # $1 tokenizer, $2 prompts, $3 concurrency, $4 sampling
-  .venv-vllm/bin/python scripts/vllm_bench_client.py --port $PORT --model bench --tokenizer "$1" \
-      --num-prompts "$2" --max-concurrency "$3" --sampling "$4" --random-input-len 256 --random-output-len 128 \
-      2>&1 | grep -E "^(Successful|Failed|Benchmark duration|Output token throughput|Mean TTFT|Median TTFT|Mean TPOT|Median ITL)"
+client() {  # $1 tokenizer, $2 prompts, $3 concurrency, $4 sampling; a client that reports nothing shows its last lines
+  local out
+  out=$(.venv-vllm/bin/python scripts/vllm_bench_client.py --port $PORT --model bench --tokenizer "$1" \
+      --num-prompts "$2" --max-concurrency "$3" --sampling "$4" --random-input-len 256 --random-output-len 128 2>&1)
+  echo "$out" | grep -E "^(Successful|Failed|Benchmark duration|Output token throughput|Mean TTFT|Median TTFT|Mean TPOT|Median ITL)" ||
+    { echo "client failed:"; echo "$out" | tail -n 5; }
 }
 stop() {  # a server is gone once its process is and its port answers no more (latentkv drains on SIGTERM)
   kill "$1" 2>/dev/null
