@@ -67,7 +67,7 @@ else
     stop $PID
   done
   [[ " $SYSTEMS " == *" vllm "* ]] || exit 0
-  echo "== vLLM-CPU 0.32 on the same folder (bf16, block 32: its AMX_MLA backend)"
+  echo "== vLLM-CPU 0.32 on the same folder (bf16, --block-size 32: AMX_MLA on AMX; elsewhere CPU_MLA, block 16)"
   PID=$(vllm "$MODEL" --dtype bfloat16 --block-size 32 --max-model-len 2048 --max-num-seqs 32)
   wait_up && for S in $SAMPLINGS; do echo "-- sampling $S, 32 in flight"; client "$MODEL" 64 32 $S;
                                       echo "-- sampling $S, 1 in flight"; client "$MODEL" 6 1 $S; done
