@@ -78,8 +78,8 @@ static inline void dot_panels(const uint8_t* __restrict packed, int64_t G, int64
     for (int m = 0; m < MB; ++m) store_lanes(out + m * ldo, (first + p) * W, N, tot[p][m]);  // qlinear_impl.h
 }
 
-// One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB rows (the rest: 3, 2,
-// 1) over one block at a time: its records stream in order, and the totals fit the registers.
+// One unit of U blocks (16 U output rows) times all M rows, in passes of DOT_MB rows (the rest: 4 where
+// DOT_MB is 8, then 3, 2, 1) over one block at a time: its records stream in order, and the totals fit the registers.
 template <class D, int U>
 static void dot_unit(const uint8_t* packed, int64_t G, int64_t block, const int8_t* xq, int64_t M, int64_t ldq,
                      const float* xd, const float* xs, const int32_t* xi, float* out, int64_t ldo, int64_t N) {
