@@ -23,9 +23,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from latentkv import LLM, SamplingParams
 from latentkv.kernels import qlinear
 from latentkv.kernels.build import NONE, Capabilities, allowed_caps, best_path
 from latentkv.model.quant import quantize_int4, quantize_int8
+from latentkv.resolve import resolve_model
 
 # SmolLM2-135M converted to MLA (hidden 576, intermediate 1536): (name, N, K)
 # (the bundled conversion: q 1314 + kv_a 336 fused, kv rank 240)
@@ -70,9 +72,6 @@ def timed(fn, reps: int) -> float:
 
 
 def prefill(tokens: int, repeats: int, quantization: str | None) -> None:
-    from latentkv import LLM, SamplingParams
-    from latentkv.resolve import resolve_model
-
     llm = LLM(model=str(resolve_model(None).path), enable_prefix_caching=False, quantization=quantization)
     params = SamplingParams(temperature=0.0, max_tokens=1)
     gen = torch.Generator().manual_seed(0)

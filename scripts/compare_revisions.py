@@ -20,6 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from latentkv import LLM, SamplingParams
+from latentkv.facts import CACHE_DTYPES
+
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 MODELS = ("v2_dense", "v3_moe_sigmoid", "v3_yarn_halves_tied")
 DTYPES = ("float32", "bfloat16")
@@ -43,9 +46,6 @@ def run(path: str) -> None:
     sys.path.insert(0, str(TESTS))
     import torch
     from tiny_lm import save_tiny_lm
-
-    from latentkv import LLM, SamplingParams
-    from latentkv.facts import CACHE_DTYPES
 
     torch.manual_seed(0)
     results = {}

@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from latentkv.resolve import default_gguf_path
+
 BATCH = 32
 SCHEMA = {
     "type": "object",
@@ -35,7 +37,6 @@ SCHEMA = {
 
 def tokenizer():
     from transformers import AutoTokenizer
-    from latentkv.resolve import default_gguf_path
 
     path = default_gguf_path()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
