@@ -275,11 +275,15 @@ at::Tensor mla_decode_coded(at::Tensor query, at::Tensor codes, at::Tensor scale
   TORCH_CHECK(0 < latent_values && latent_values <= tc.values, "mla_decode_coded: ", latent_values,
               " latent values of a row of ", tc.values);
   const int32_t* rp = tc.runs;
-  for (int k = 0; k < tc.n_runs; ++k, rp += TC_RUN)  // every run's load, bits and columns inside the row
+  tc.inner = 0;
+  for (int k = 0; k < tc.n_runs; ++k, rp += TC_RUN) {  // every run's load, bits and columns inside the row
     TORCH_CHECK(rp[0] >= 0 && rp[0] < tc.code_bytes && rp[1] >= 0 && rp[1] < 8 && rp[2] >= 1 && rp[2] <= 8 &&
                     rp[3] >= 1 && rp[3] <= 16 && rp[1] + rp[2] * rp[3] <= 8 * std::min(16, tc.code_bytes - rp[0]) &&
-                    rp[4] >= 0 && rp[4] + rp[3] <= tc.values && rp[5] >= 0 && rp[5] < tc.groups,
-                "mla_decode_coded: run ", k, " lies outside the token's codes, scales or row");
+                    rp[4] >= 0 && rp[4] + rp[3] <= tc.values && rp[5] >= 0 && rp[5] < tc.groups &&
+                    (k == 0 || rp[0] >= rp[-TC_RUN]),
+                "mla_decode_coded: run ", k, " lies outside the token's codes, scales or row, or before run ", k - 1);
+    if (rp[0] + 24 <= tc.code_bytes) tc.inner = k + 1;  // (in byte order: the first ones)
+  }
   const int64_t* ctx = context_lens.data_ptr<int64_t>();
   for (int64_t b = 0; b < context_lens.numel(); ++b)
     TORCH_CHECK(ctx[b] <= tc.cs_rows, "mla_decode_coded: a context of ", ctx[b], " beyond cs's ", tc.cs_rows, " positions");

@@ -33,7 +33,7 @@ struct Bf16Scratch {
 // A thread's Bf16Scratch, owned: Dp = D rounded up to 32.
 struct Bf16Buffers {
   std::vector<uint16_t> tile, pairs, zero;
-  Bf16Buffers(int64_t D, int64_t r) : tile(64 * ((D + 31) / 32 * 32)), pairs(64 * r), zero((D + 31) / 32 * 32, 0) {}
+  Bf16Buffers(int64_t D, int64_t r) : tile(64 * ((D + 31) / 32 * 32) + TC_SLACK), pairs(64 * r), zero((D + 31) / 32 * 32, 0) {}
   Bf16Scratch scratch() { return {tile.data(), pairs.data(), zero.data()}; }
 };
 
@@ -155,8 +155,8 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
       const TcLayout& tc = job.tc;
       tc_runs(tc, (const uint8_t*)job.latent + slot * tc.code_bytes, job.scale16 + slot * tc.groups,
               [dst](const int32_t* r, const uint8_t* src, float off, float step) {
-                const __m256i v = (__m256i)_mm512_cvtneps_pbh(tc_run16(src, r[1], r[2], off, step));
-                _mm256_mask_storeu_epi16(dst + r[4], (__mmask16)((1u << r[3]) - 1), v);
+                // all 16 lanes, unmasked (widen_tc): the tile has TC_SLACK values of room
+                _mm256_storeu_si256((__m256i*)(dst + r[4]), (__m256i)_mm512_cvtneps_pbh(tc_run16(src, r[1], r[2], off, step)));
               });
       const float* cs = tc.cs + (j0 + t) * tc.cs_width;
       for (int i = 0; i < tc.cs_width; ++i) dst[tc.values + i] = to_bf16(cs[i]);

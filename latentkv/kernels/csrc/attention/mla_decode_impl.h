@@ -72,9 +72,10 @@ static inline void widen_q4(const uint8_t* __restrict src, const uint16_t* __res
 
 // A transform-coded token (TcLayout): codes [code_bytes], scales float16 [groups] -> dst [values]
 // float32 in packed order, each value (code - offset) x step x its group's scale, as cache/coded.py decodes
-// before its groups are turned back (the query was turned instead). On AVX-512 a run writes its count of
-// values (masked); elsewhere its 16 lanes always: the lanes past its count land on the next run's
-// columns, which that run writes after (the row has TC_SLACK floats of room at its end for the last).
+// before its groups are turned back (the query was turned instead). A run writes its 16 lanes always,
+// unmasked (a masked store cost more than the run's arithmetic): the lanes past its count land on the next
+// run's columns, which that run writes after, or past the stored values, on columns written after them (the
+// row's cos and sin, the next row; a tile has TC_SLACK values of room at its end for the last).
 
 // The shifts of 8 values of b bits in one word (value i at bit i * b), one vector load.
 alignas(64) static const uint64_t TC_SHIFTS[9][8] = {
@@ -133,7 +134,9 @@ static inline __m512 tc_run16(const uint8_t* src, int shift, int b, float off, f
 #endif
 
 // Calls run(r, src, off, step) for each run r (TC_RUN fields) of a token: src its bytes (24 readable),
-// off and step (STEP[bits] x its group's scale) its values' arithmetic.
+// off and step (STEP[bits] x its group's scale) its values' arithmetic. The runs before tc.inner read their
+// 24 bytes inside the token's codes, in place; the last few (at most two: a run spans 16 bytes) from a
+// copy with room, so that nothing past the codes is read (the cache's last slot ends there).
 template <class Run>
 static inline void tc_runs(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc, Run run) {
   float scale[TC_MAX_GROUPS];  // the token's group scales, widened once (not once per run)
@@ -146,24 +149,23 @@ static inline void tc_runs(const TcLayout& tc, const uint8_t* __restrict codes, 
 #pragma omp simd
   for (int g = 0; g < tc.groups; ++g) scale[g] = f16_to_f32(sc[g]);
 #endif
-  for (int k = 0; k < tc.n_runs; ++k) {
-    const int32_t* r = tc.runs + (int64_t)k * TC_RUN;
-    const int at = r[0];
-    alignas(16) uint8_t tail[24] = {};
-    const uint8_t* src = codes + at;
-    if (at + 24 > tc.code_bytes) {  // the token's last bytes: no read past its codes (the cache's last slot ends there)
-      for (int i = 0; at + i < tc.code_bytes && i < 16; ++i) tail[i] = codes[at + i];
-      src = tail;
-    }
-    run(r, src, tc.steps[2 * k + 1], tc.steps[2 * k] * scale[r[5]]);
-  }
+  const int32_t* __restrict r = tc.runs;
+  const float* __restrict steps = tc.steps;
+  const int inner = tc.inner, n_runs = tc.n_runs, code_bytes = tc.code_bytes;  // (in registers: run's stores may alias tc)
+  int k = 0;
+  for (; k < inner; ++k, r += TC_RUN, steps += 2) run(r, codes + r[0], steps[1], steps[0] * scale[r[5]]);
+  if (k == n_runs) return;
+  alignas(16) uint8_t tail[48] = {};  // the codes from the first outer run's byte (< 24), and room
+  const int at = r[0];
+  for (int i = 0; at + i < code_bytes; ++i) tail[i] = codes[at + i];
+  for (; k < n_runs; ++k, r += TC_RUN, steps += 2) run(r, tail + (r[0] - at), steps[1], steps[0] * scale[r[5]]);
 }
 
 static inline void widen_tc(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc,
                             float* __restrict dst) {
   tc_runs(tc, codes, sc, [dst](const int32_t* r, const uint8_t* src, float off, float step) {
 #ifdef LATENTKV_TC_AVX512
-    _mm512_mask_storeu_ps(dst + r[4], (__mmask16)((1u << r[3]) - 1), tc_run16(src, r[1], r[2], off, step));
+    _mm512_storeu_ps(dst + r[4], tc_run16(src, r[1], r[2], off, step));  // all 16 lanes: see above
 #else
     widen_tc8(src, r[1], r[2], off, step, dst + r[4]);
     widen_tc8(src, r[1] + 8 * r[2], r[2], off, step, dst + r[4] + 8);

@@ -40,6 +40,7 @@ struct TcLayout {
   const int32_t* runs;  // [n_runs, TC_RUN]
   const float* steps;   // [n_runs, 2]: the code's step (STEP[bits]) and its offset (2^(bits-1) - 1/2)
   int n_runs, code_bytes, groups, values;  // values: the stored values of both sides (the row's first columns)
+  int inner;            // the runs (the first ones) whose 24 bytes lie inside the token's codes
   const float* cs;      // [cs_rows, cs_width] float32: cos then sin (times the RoPE factor) of position j
   int cs_width;
   int64_t cs_rows;
