@@ -209,6 +209,35 @@ def kernel_view(code: LayerCode) -> KernelView:
     )
 
 
+@functools.cache
+@torch.inference_mode(False)  # (kept across calls, as kernel_view)
+def native_code(code: LayerCode, module):
+    """The layer's code as the native writer and the decode plan take it: `module` (kernels/decode_ops.py's
+    extension) PlanCoded (csrc/decode_ops/plan_layer.h): encode's side maps and means, the packed widths,
+    and kernel_view's reader tables."""
+    view = kernel_view(code)
+
+    def side(bits: tuple[int, ...]):
+        m = tc.side_maps(bits, code.group)
+        return module.PlanCodedSide(
+            turn=m.turn, group=m.group, sizes=m.sizes, step=m.step, half=m.half, top=2 * m.half - 1
+        )
+
+    return module.PlanCoded(
+        latent_side=side(code.latent_bits),
+        rope_side=side(code.rope_bits),
+        latent_mean=view.latent_mean,
+        rope_mean=None if code.rope_mean is None else torch.tensor(code.rope_mean, dtype=torch.float32),
+        interleaved=code.interleaved,
+        widths=torch.tensor(code.widths, dtype=torch.uint8),
+        runs=view.runs,
+        steps=view.steps,
+        query_map=view.query_map,
+        out_map=view.out_map,
+        latent_columns=view.latent_columns,
+    )
+
+
 def layer_codes(cfg: ModelConfig) -> list[LayerCode]:
     """The folder's transform code (latentkv.cache_format) per layer, with each layer's RoPE; a folder
     without one is an error naming what it records instead."""

@@ -106,13 +106,13 @@ class CacheFormat:
     @property
     def native_write(self) -> bool:
         """Whether the native writer (decode_ops write_latent) stores this format (q4_0: the reference
-        writes it; a transform code: the reference writer, cache/coded.py)."""
+        writes it; a transform code: its own native writer, decode_ops coded_write, cache/coded.py's ops)."""
         return not self.q4 and not self.coded
 
     @property
     def native_read(self) -> bool:
-        """Whether mla_decode and the decode plan read this format (a transform code: its own kernel,
-        mla_decode_coded, through attention/native_backend.py CodedBackend, layer by layer; not the plan)."""
+        """Whether mla_decode reads this format (a transform code: its own kernel, mla_decode_coded, through
+        attention/native_backend.py CodedBackend, and the decode plan's coded_decode)."""
         return not self.coded
 
     @property

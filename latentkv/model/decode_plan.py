@@ -24,15 +24,17 @@ import torch
 from ..attention.backend import choose_path
 from ..attention.metadata import AttentionMetadata
 from .. import invariant
+from ..cache import coded
 from ..kernels import attention as attention_kernels, decode_ops, qlinear
 from .deepseek import rope_tables
 from .route import KERNEL_DTYPES
 
 
 class DecodePlan:
-    def __init__(self, model, step):
+    def __init__(self, model, step, cs_views: list):
         self.model = model
         self.step = step  # decode_ops' DecodePlan (decode_step.cpp)
+        self.cs_views = cs_views  # a transform-coded cache's kernel views, one per distinct cos / sin table
         layers = model.model.layers
         self.specs = [layer.spec for layer in layers]  # what the modules were built from
         # one per distinct shape: what choose_path reads (heads, ranks, head dims)
@@ -57,9 +59,12 @@ class DecodePlan:
         """input_ids, positions [B] -> final hidden states [B, hidden] (as model(...) returns)."""
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_factor)
         x = self.model.model.embed_tokens(input_ids)
+        cs = [
+            view.cs(int(meta.context_lens.max())) for view in self.cs_views
+        ]  # (grown as coded_latent_attention grows it)
         # the final RMSNorm too (model.model.norm's kernel, in the native call)
         return self.step.run(
-            x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens, torch.get_num_threads()
+            x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens, cs, torch.get_num_threads()
         )
 
 
@@ -69,9 +74,11 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
     if reason:
         return None, reason
     plan = decode_ops.extension()
+    tables: dict = {}  # a coded layer's cos / sin table: one per distinct RoPE (frequencies, factor)
     with torch.no_grad():
         layers = [
-            layer_entry(plan, layer, cache, model.route.dtype) for layer, cache in zip(model.model.layers, caches)
+            layer_entry(plan, layer, cache, model.route.dtype, tables)
+            for layer, cache in zip(model.model.layers, caches)
         ]
     norm = model.model.norm
     step = plan.DecodePlan(
@@ -83,11 +90,12 @@ def build(model, caches) -> tuple[DecodePlan | None, str | None]:
         qlinear.extension().moe_capsule,
         qlinear.extension().route_capsule,
         attention_kernels.extension().mla_decode_capsule,
+        attention_kernels.extension().mla_decode_coded_capsule,
         decode_ops.EXT.caps.mask,
         qlinear.EXT.caps.mask,
         attention_kernels.EXT.caps.mask,
     )
-    return DecodePlan(model, step), None
+    return DecodePlan(model, step, list(tables.values())), None
 
 
 def unsupported(model, caches) -> str | None:
@@ -96,8 +104,6 @@ def unsupported(model, caches) -> str | None:
     route = model.route
     if route.device != "cpu" or route.dtype not in KERNEL_DTYPES:
         return f"runs on CPU float32 / bf16 only (model: {route.device}, {route.dtype})"
-    if not route.cache_format.native_read:
-        return f"the plan reads no {route.cache_format.label} cache yet: its decode kernel runs layer by layer"
     if not route.fused:
         return f"the fused ops do not run ({decode_ops.unavailable_reason()})"
     if route.attention != "native":
@@ -109,7 +115,7 @@ def unsupported(model, caches) -> str | None:
         spec = layer.spec
         if spec.moe and layer.mlp.native is None:
             return f"layer {spec.index}: MoE experts without their native call"
-        if not cache.format.native_write:
+        if not (cache.format.native_write or cache.format.coded):
             return (
                 f"layer {spec.index}: its {cache.format.name} cache is written and read by the per-layer path "
                 f"(no native {cache.format.name} write)"
@@ -165,10 +171,11 @@ def mlp_entry(plan, mlp, moe: bool, dtype: torch.dtype) -> dict:
 SPEC_FIELDS = ("n_heads", "dn", "dr", "dv", "kv_rank", "scale", "interleaved", "norm_eps", "latent_eps")
 
 
-def layer_entry(plan, layer, cache, dtype: torch.dtype):
+def layer_entry(plan, layer, cache, dtype: torch.dtype, tables: dict):
     """One layer's weights and cache tensors, and the shapes and constants of the spec its modules
     were built from (model/spec.py), as decode_step.cpp takes them (plan_layer.h PlanLayer: a field
-    misnamed, mistyped or missing is refused here); dtype: the activations'."""
+    misnamed, mistyped or missing is refused here); dtype: the activations'. tables: the coded layers' cos /
+    sin tables so far (a kernel view per RoPE), this layer's added."""
     spec, attn = layer.spec, layer.self_attn
     w_uk, w_uv_t = attn.split_kv_b()
     groups = attn.rope_groups() if attn.folded else None  # the un-mixed rope query, mixed back (MLAttention.project)
@@ -197,7 +204,20 @@ def layer_entry(plan, layer, cache, dtype: torch.dtype):
         latent=latent,
         cache_scale=cache_scale,
         cache_rope=cache_rope,
-        cache_kind=attention_kernels.cache_kind(cache.format.storage),
+        cache_kind=-1 if cache.format.coded else attention_kernels.cache_kind(cache.format.storage),
         qmax=cache.format.qmax,
         block_size=cache.block_size,
+        **coded_entry(plan, cache, tables),
     )
+
+
+def coded_entry(plan, cache, tables: dict) -> dict:
+    """A transform-coded cache's code (coded.native_code) and the index of its cos / sin table among
+    `tables` (added where its RoPE is new), as PlanLayer's fields; none for any other cache."""
+    if not cache.format.coded:
+        return {}
+    code = cache.format.code
+    view = coded.kernel_view(code)
+    key = (code.inv_freq, code.rope_factor)
+    tables.setdefault(key, view)
+    return {"coded": coded.native_code(code, plan), "cs_index": list(tables).index(key)}

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.paged import write
+from ..cache import coded
 from ..cache.latent_cache import LatentCache
 from ..kernels import decode_ops
 from ..rope import apply_rope
@@ -109,11 +110,17 @@ def write_latent(
     cache (the layer's, and the decode plan's native step calls the same kernel). rope (cos, sin [T, dr/2],
     interleaved): k_r is not yet rotated, and is rotated here; else angles (cos, sin) are the ones k_r was
     rotated by (a transform-coded cache turns its rope key's mean by them). Where the route runs the native
-    ops (`kernel`) and the format has a native writer, one native pass rotates, quantizes and stores; else
-    the reference rope and attention.paged.write (the format's layout in torch ops)."""
+    ops (`kernel`) and the format has a native writer, one native pass rotates, quantizes and stores (a
+    transform code: one native call running the reference's torch ops, the same bits); else the reference
+    rope and attention.paged.write (the format's layout in torch ops)."""
     fmt = cache.format
     if runs(kernel) and rope is not None and fmt.native_write and c.dtype == cache.dtype:
         EXT.state["module"].write_latent(c, k_r, *rope, slot_mapping, *cache.kernel_tensors(), fmt.qmax, EXT.caps.mask)
+        return
+    if runs(kernel) and rope is not None and fmt.coded and rope[2] == fmt.code.interleaved and c.dtype == k_r.dtype:
+        module = EXT.state["module"]
+        code = coded.native_code(fmt.code, module)
+        module.coded_write(c, k_r, rope[0], rope[1], slot_mapping, cache.latent, cache.scale, code)
         return
     if rope is not None:
         cos, sin, interleaved = rope

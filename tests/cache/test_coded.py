@@ -16,6 +16,7 @@ from latentkv.cache.accounting import latent_bytes_per_token
 from latentkv.cache.latent_cache import LatentCache, allocate_caches
 from latentkv.config import ModelConfig
 from latentkv.facts import TRANSFORM_CODE
+from latentkv.model import fused
 from latentkv.rope import apply_rope, cos_sin
 
 R, DR, BS = 12, 8, 4
@@ -87,6 +88,27 @@ def test_every_reader_gives_back_the_simulated_round_trip(centred, factor):
     assert torch.equal(torch.cat(pieces, dim=1)[0], want)
     with pytest.raises(ValueError, match="RoPE angles"):
         paged.write(cache, c, k_r, slots)
+
+
+@pytest.mark.skipif(not fused.available(), reason="the fused ops are not built here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed,centred,factor", [(1, True, 1.0), (2, True, 1.25), (4, False, 1.0), (5, True, 1.0)])
+@torch.no_grad()
+def test_the_native_writer_stores_the_reference_writers_bits(dtype, seed, centred, factor):
+    """decode_ops coded_write (the layers' and the decode plan's writer: rope on k_r, then the code) stores
+    the codes and scales the reference stores (rope.apply_rope, then paged.write: coded.encode and pack),
+    bit for bit: it runs their torch ops in their order and packs the same bits."""
+    code = layer_code(seed, centred, factor)
+    ours, ref = (LatentCache(8, BS, R, DR, dtype, TRANSFORM_CODE, code=code) for _ in range(2))
+    gen = torch.Generator().manual_seed(seed)
+    kv = (torch.randn(19, R + DR + 3, generator=gen) * 3).to(dtype)  # c and k_r: strided views
+    c, k_r = kv[:, :R], kv[:, R : R + DR]
+    positions = torch.randint(0, 5000, (19,), generator=gen)
+    slots = torch.randperm(8 * BS, generator=gen)[:19]
+    cos, sin = code.angles(positions)
+    fused.write_latent(ours, c, k_r, slots, (cos, sin, code.interleaved), kernel=True)
+    paged.write(ref, c, apply_rope(k_r[:, None], cos, sin, code.interleaved)[:, 0], slots, (cos, sin))
+    assert ref.latent.any() and torch.equal(ours.latent, ref.latent) and torch.equal(ours.scale, ref.scale)
 
 
 def tiny_config(code: tc.TransformCode | None) -> ModelConfig:

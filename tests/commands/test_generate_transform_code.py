@@ -28,7 +28,7 @@ def test_a_kv_bytes_folder_is_served_by_generate(tmp_path, capsys):
     printed = capsys.readouterr()
     assert f"{code.bytes_per_token()} bytes/token, transform_code" in printed.err
     assert "attention native coded" in printed.err and "decode native coded kernel" in printed.err
-    assert "decode plan off (the plan reads no transform_code" in printed.err
+    assert "decode plan on" in printed.err
     llm = LLM(str(out), dtype="float32", kv_cache_memory="32MiB")
     params = SamplingParams(temperature=0, max_tokens=12)
     answer = llm.chat([{"role": "user", "content": PROMPT}], params, use_tqdm=False)[0].outputs[0].text

@@ -1,5 +1,6 @@
 """A folder that records a transform-coded cache (latentkv.cache_format) served by the engine: the format
-comes from the folder, the cache holds its bytes, its native decode kernel reads it, and what it computes is
+comes from the folder, the cache holds its bytes, its native decode kernel reads it (all-decode steps in the
+decode plan, the others in the layers: tokens written by one are read by the other), and what it computes is
 the simulated reference's (convert/simulated.py, the conversion's measurements): prompt logprobs within
 float noise, greedy tokens identical alone / batched / chunked / prefix-cached, and through the KV store."""
 
@@ -74,14 +75,14 @@ def test_the_folder_is_served_in_its_format_with_its_bytes(coded_folder, capsys)
     llm = make_llm(folder)
     engine = llm.llm_engine
     assert engine.args.kv_cache_dtype == TRANSFORM_CODE and engine.model.route.attention == "native"
-    assert engine.runner.plan is None
+    assert engine.runner.plan is not None  # all-decode steps in one native call (model/decode_plan.py)
     assert engine.kv_bytes_per_token == code.bytes_per_token() == latent_bytes_per_token(engine.cfg, TRANSFORM_CODE)
     assert [c.nbytes() // engine.capacity_tokens for c in engine.runner.caches] == [
         code.layer_bytes(i) for i in range(len(code.latent_bits))
     ]
     route = [line for line in capsys.readouterr().err.splitlines() if "route:" in line][-1]
     assert "cache transform_code" in route and "decode native coded kernel" in route
-    assert "decode plan off (the plan reads no transform_code cache yet" in route
+    assert "decode plan on" in route
 
 
 def test_prompt_logprobs_and_greedy_tokens_are_the_simulated_references(coded_folder):

@@ -2,6 +2,7 @@
 order, without the Python between them."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from latentkv import LLM, SamplingParams
 from latentkv.attention.metadata import build_metadata
+from latentkv.cache import transform_code as tc
 from latentkv.cache.latent_cache import allocate_caches
 from latentkv.kernels import attention as attention_kernels, decode_ops, qlinear
 from latentkv.model import decode_plan
@@ -53,11 +55,30 @@ def model_for(folder, dtype, weights, latent_norm=True, bias=False, tmp_path=Non
     return load_model(str(folder), route=route)
 
 
+def coded_variant(folder, out):
+    """The tiny checkpoint with a centred transform code of 0-8 bits a direction, layers apart, in its
+    config (latentkv.cache_format: the engine serves the folder in that format)."""
+    raw = json.loads((folder / "config.json").read_text())
+    rng = random.Random(1)
+    layers, r, dr = raw["num_hidden_layers"], raw["kv_lora_rank"], raw["qk_rope_head_dim"]
+    bits = ([[rng.choice((0, 3, 4, 8)) for _ in range(n)] for _ in range(layers)] for n in (r, dr))
+    code = tc.TransformCode(*(tuple(map(tuple, side)) for side in bits), 8)
+    means = ([[rng.uniform(-0.2, 0.2) for _ in range(n)] for _ in range(layers)] for n in (r, dr))
+    raw["latentkv"] = {"version": 1, "cache_format": code.centred(*means).to_dict()}
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(raw))
+    (out / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    return out
+
+
 def random_caches(model, cache_dtype, blocks):
     caches = allocate_caches(model.config, blocks, BLOCK, model.dtype, cache_dtype, "cpu")
     gen = torch.Generator().manual_seed(3)
     for cache in caches:
-        if cache.quantized:
+        if cache.format.coded:  # codes of every width and positive float16 scales
+            cache.latent.copy_(torch.randint(0, 256, cache.latent.shape, generator=gen, dtype=torch.uint8))
+            cache.scale.copy_((torch.rand(cache.scale.shape, generator=gen) * 0.5 + 0.05).half())
+        elif cache.quantized:
             cache.latent.copy_(torch.randint(-127, 128, cache.latent.shape, generator=gen, dtype=torch.int8))
             cache.scale.copy_(torch.rand(cache.scale.shape, generator=gen) * 0.02 + 0.001)
             cache.rope.copy_(torch.randn(cache.rope.shape, generator=gen).to(cache.rope.dtype))
@@ -67,7 +88,7 @@ def random_caches(model, cache_dtype, blocks):
 
 
 def cache_tensors(caches):
-    return [t.clone() for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]
+    return [t.clone() for c in caches for t in c.tensors()]
 
 
 @pytest.mark.parametrize(
@@ -123,19 +144,44 @@ def assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta
     before = cache_tensors(caches)
     by_modules = model(ids, positions, meta, caches)
     after_modules = cache_tensors(caches)
-    for saved, cache_t in zip(
-        before, [t for c in caches for t in ((c.latent, c.scale, c.rope) if c.quantized else (c.kv,))]
-    ):
+    for saved, cache_t in zip(before, [t for c in caches for t in c.tensors()]):
         cache_t.copy_(saved)
     by_plan = plan(ids, positions, meta)
     assert torch.equal(by_plan, by_modules), rows
     assert all(torch.equal(a, b) for a, b in zip(cache_tensors(caches), after_modules))  # the same latents written
 
 
+@pytest.mark.parametrize(
+    "name,dtype,weights",
+    [
+        ("v2_dense", "float32", "fixed-order"),
+        ("v3_dense_qlora", "bfloat16", "fixed-order"),
+        ("v2_dense", "bfloat16", "w4a8"),
+    ],
+)
+@pytest.mark.parametrize("invariant_meta", [True, False])
+@torch.no_grad()
+def test_plan_gives_the_modules_bits_over_a_transform_coded_cache(
+    tiny_checkpoints, tmp_path, name, dtype, weights, invariant_meta
+):
+    """A folder that records a transform code: the plan writes each token's codes with the layers' writer
+    (decode_ops coded_write) and reads them with the query and output maps around mla_decode_coded, as
+    the modules do (attention/native_backend.py CodedBackend): the same codes, scales and output bits."""
+    folder, _ = tiny_checkpoints(name)
+    model = model_for(coded_variant(folder, tmp_path / "coded"), dtype, weights)
+    caches = random_caches(model, "transform_code", 24)
+    assert all(cache.format.coded for cache in caches)
+    plan, reason = decode_plan.build(model, caches)
+    assert plan is not None, reason
+    assert len(plan.cs_views) == 1  # the layers share their RoPE: one cos / sin table a step
+    for rows in (4, 3):
+        assert_plan_gives_the_modules_bits(model, plan, caches, rows, invariant_meta)
+
+
 def test_the_plan_checks_the_type_of_each_kernel_it_calls():
     """decode_step.cpp calls qlinear's linear, swiglu_linear, moe and moe_route and attention's mla_decode
-    through capsules of the types kernels/csrc/common/kernel_fns.h declares (each named by its type): one
-    of another type is refused when the plan is built, never called."""
+    and mla_decode_coded through capsules of the types kernels/csrc/common/kernel_fns.h declares (each named
+    by its type): one of another type is refused when the plan is built, never called."""
     ext = qlinear.extension()
     fns = {
         "qlinear's linear": ext.linear_capsule,
@@ -143,6 +189,7 @@ def test_the_plan_checks_the_type_of_each_kernel_it_calls():
         "qlinear's moe": ext.moe_capsule,
         "qlinear's moe_route": ext.route_capsule,
         "attention's mla_decode": attention_kernels.extension().mla_decode_capsule,
+        "attention's mla_decode_coded": attention_kernels.extension().mla_decode_coded_capsule,
     }
     step, norm = decode_ops.extension().DecodePlan, torch.ones(8)
     step([], norm, 1e-6, *fns.values(), 0, 0, 0)

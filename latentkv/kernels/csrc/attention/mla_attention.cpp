@@ -368,7 +368,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mla_decode_coded", &mla_decode_coded, py::call_guard<py::gil_scoped_release>(),
         "paged MLA decode over a transform-coded layer (see mla_attention.cpp)");
   // for the decode plan (decode_ops/decode_step.cpp), which calls the kernel without Python between
-  m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the type kernel_fns.h declares
+  m.attr("mla_decode_capsule") = export_fn<DecodeFn>(&mla_decode);  // of the types kernel_fns.h declares
+  m.attr("mla_decode_coded_capsule") = export_fn<CodedDecodeFn>(&mla_decode_coded);
   m.def("cache_kinds", [] {
     std::vector<std::string> names;
     for (const CacheKind& k : CACHE_KINDS) names.emplace_back(k.name);

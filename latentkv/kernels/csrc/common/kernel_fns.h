@@ -31,6 +31,11 @@ using RouteFn = std::tuple<at::Tensor, at::Tensor> (*)(at::Tensor, at::Tensor, b
 using DecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, at::Tensor,
                                 at::Tensor, at::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t);
 
+// query, codes, scales, runs, steps, cs, latent_values, block_tables, context_lens, query_pos, heads, block_size,
+// caps, threads -> o_lat in the code's turned basis (attention/mla_attention.cpp `mla_decode_coded`)
+using CodedDecodeFn = at::Tensor (*)(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
+                                     at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, int64_t);
+
 template <typename F>
 inline const char* fn_type_name() {
   static const std::string name = std::string("latentkv:") + typeid(F).name();  // lives as long as the library

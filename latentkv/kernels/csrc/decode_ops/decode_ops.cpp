@@ -16,6 +16,7 @@
 // caps: the capabilities that serve (cpu_isa.h); each op runs the best of its paths (PATHS) they include.
 // Work is split with at::parallel_for: the same threads as torch (torch.set_num_threads). Each path's
 // loops are their own unit (decode_ops_<isa>.cpp), reached through decode_ops_paths.h.
+#include "coded_ops.h"  // a transform-coded cache's writer (its own unit: coded_ops.cpp)
 #include "decode_ops.h"
 #include "decode_ops_paths.h"
 #include "decode_step.h"  // the whole decode step in one call, over the ops here (its own unit: decode_step.cpp)
@@ -385,6 +386,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_pack", &head_pack, py::call_guard<py::gil_scoped_release>(), "w [H, K, C] in head_matmul's AMX layout, or empty where that path does not apply");
   m.def("rope", &rope, py::call_guard<py::gil_scoped_release>(), "rotate [N, G, d] by cos/sin [N, d/2]");
   m.def("write_latent", &write_latent, py::call_guard<py::gil_scoped_release>(), "rope on k_r + quantization + write into the paged cache");
+  m.def("coded_write", &coded_write, py::call_guard<py::gil_scoped_release>(), "rope on k_r + transform code + write into a coded paged cache (see coded_ops.cpp)");
   m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up");
   def_isa_paths(m, PATHS);

@@ -3,5 +3,6 @@
 #pragma once
 #include "torch_lite.h"
 
-// Binds DecodePlan and its typed inputs (plan_layer.h: PlanLinear, PlanMoe, PlanLayer) into the module.
+// Binds DecodePlan and its typed inputs (plan_layer.h: PlanLinear, PlanMoe, PlanCodedSide, PlanCoded, PlanLayer)
+// into the module.
 void register_decode_plan(py::module_& m);

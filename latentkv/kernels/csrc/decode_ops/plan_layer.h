@@ -54,8 +54,52 @@ struct PlanMoe {
   LATENTKV_FIELDS(LATENTKV_PLAN_MOE)
 };
 
+// One side (latent or rope key) of a transform-coded layer, as transform_code.SideMaps holds it: turn
+// [stored, n] float32, each stored value's group int64 [stored], the groups' sizes float32 [groups], STEP and
+// 2^(b-1) of each value float32 [stored], and top = 2 half - 1 (the largest code).
+#define LATENTKV_PLAN_CODED_SIDE(X) \
+  X(at::Tensor, turn, true)         \
+  X(at::Tensor, group, true)        \
+  X(at::Tensor, sizes, true)        \
+  X(at::Tensor, step, true)         \
+  X(at::Tensor, half, true)         \
+  X(at::Tensor, top, true)
+
+struct PlanCodedSide {
+  static constexpr const char* NAME = "PlanCodedSide";
+  bool defined = false;
+  LATENTKV_FIELDS(LATENTKV_PLAN_CODED_SIDE)
+};
+template <>
+struct plan_fields::From<PlanCodedSide> : plan_fields::FromStruct<PlanCodedSide> {};  // (before PlanCoded uses it)
+
+// A transform-coded layer's cache (cache/coded.py native_code): the writer's sides, means (undefined: not
+// centred; both float32, the rope key's before RoPE), RoPE layout and each packed value's width uint8
+// [stored, both sides]; the reader's runs and steps (kernels/attention.py coded_runs), query and output maps
+// float32, the latent's mean float32 (undefined: none) and the kernel's output columns.
+#define LATENTKV_PLAN_CODED(X)          \
+  X(PlanCodedSide, latent_side, true)   \
+  X(PlanCodedSide, rope_side, true)     \
+  X(at::Tensor, latent_mean, false)     \
+  X(at::Tensor, rope_mean, false)       \
+  X(bool, interleaved, true)            \
+  X(at::Tensor, widths, true)           \
+  X(at::Tensor, runs, true)             \
+  X(at::Tensor, steps, true)            \
+  X(at::Tensor, query_map, true)        \
+  X(at::Tensor, out_map, true)          \
+  X(int64_t, latent_columns, true)
+
+struct PlanCoded {
+  static constexpr const char* NAME = "PlanCoded";
+  bool defined = false;  // false: the layer's cache is not transform-coded
+  LATENTKV_FIELDS(LATENTKV_PLAN_CODED)
+};
+
 template <>
 struct plan_fields::From<PlanLinear> : plan_fields::FromStruct<PlanLinear> {};
+template <>
+struct plan_fields::From<PlanCoded> : plan_fields::FromStruct<PlanCoded> {};
 template <>
 struct plan_fields::From<PlanMoe> : plan_fields::FromStruct<PlanMoe> {};
 
@@ -63,7 +107,8 @@ struct plan_fields::From<PlanMoe> : plan_fields::FromStruct<PlanMoe> {};
 // packs (empty off AMX), a folded query projection's rope slots and mix (model/rope_groups.py; undefined
 // without), the spec's shapes and constants, and the layer's cache as the kernels take it
 // (LatentCache.kernel_tensors: kv, or latent + scale + rope; the others empty), its format's code for the
-// attention kernel (kernels/attention.py cache_kind) and its qmax.
+// attention kernel (kernels/attention.py cache_kind) and its qmax; a transform-coded cache: its code
+// (`coded`; cache_kind unused) and which of the step's cos / sin tables (`cs`) its reader takes.
 #define LATENTKV_PLAN_LAYER(X)          \
   X(at::Tensor, w_in, true)             \
   X(at::Tensor, w_post, true)           \
@@ -98,14 +143,16 @@ struct plan_fields::From<PlanMoe> : plan_fields::FromStruct<PlanMoe> {};
   X(at::Tensor, cache_rope, true)       \
   X(int64_t, cache_kind, true)          \
   X(double, qmax, true)                 \
-  X(int64_t, block_size, true)
+  X(int64_t, block_size, true)          \
+  X(PlanCoded, coded, false)            \
+  X(int64_t, cs_index, false)
 
 struct PlanLayer {
   static constexpr const char* NAME = "PlanLayer";
   LATENTKV_FIELDS(LATENTKV_PLAN_LAYER)
 };
 
-// The three as Python classes built from keywords (PlanLayer(w_in=..., ...)); FIELDS lists each one's names.
+// Each as a Python class built from keywords (PlanLayer(w_in=..., ...)); FIELDS lists each one's names.
 template <typename S>
 void bind_plan_struct(py::module_& m) {
   py::class_<S>(m, S::NAME)
