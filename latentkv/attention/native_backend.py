@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import invariant
 from ..cache import coded, q4
 from ..kernels.attention import (
     available,
@@ -166,7 +165,7 @@ def coded_latent_attention(query, cache, meta: AttentionMetadata, path: str | No
     view = coded.kernel_view(cache.format.code)
     b, rows, width = query.shape
     heads = rows // meta.max_query_len
-    turned = invariant.linear(query.reshape(-1, width).float(), view.query_map).view(b, rows, -1)
+    turned = view.turn_query(query.reshape(-1, width)).view(b, rows, -1)
     turned = turned.to(query.dtype)  # bf16 rows take the bf16 dot-product and tile loops
     cs = view.cs(int(meta.context_lens.max()))
     args = (cache.latent, cache.scale, view.runs, view.steps, cs, view.latent_columns, meta.block_tables)
@@ -187,7 +186,4 @@ def coded_latent_attention(query, cache, meta: AttentionMetadata, path: str | No
             ],
             dim=1,
         )
-    o_lat = invariant.linear(out.view(b * rows, -1).float(), view.out_map)
-    if view.latent_mean is not None:
-        o_lat += view.latent_mean
-    return o_lat.view(b, rows, -1).to(query.dtype)
+    return view.turn_back(out.view(b * rows, -1)).view(b, rows, -1).to(query.dtype)

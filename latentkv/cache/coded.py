@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from latentkv import invariant
 from latentkv.cache import transform_code as tc
 from latentkv.config import ModelConfig
+from latentkv.kernels import qlinear
 from latentkv.kernels.attention import coded_runs
 from latentkv.rope import apply_rope, attention_factor, cos_sin, layer_inv_freq
 
@@ -144,7 +146,9 @@ class KernelView:
     basis (a group's values are R x, so q . x = (R q) . y) and weighs cos and sin by the rope key's turned
     mean (linear in them); `out_map` [r, latent columns] turns the kernel's output back (Rᵀ per group, 0
     for a direction with no bits), to which the latent's mean is added (the weights sum to 1; in the
-    scores it is one constant per row, which the softmax drops)."""
+    scores it is one constant per row, which the softmax drops). Both maps run latentkv's fixed-order
+    float32 kernel where it is built (query_packed, out_packed: qlinear.pack_f32; the decode plan runs the
+    same), else invariant.linear."""
 
     runs: torch.Tensor
     steps: torch.Tensor
@@ -154,7 +158,20 @@ class KernelView:
     latent_columns: int  # the kernel's output width: the latent values and their padding
     freqs: torch.Tensor  # [f] the distinct RoPE frequencies
     factor: float
+    query_packed: torch.Tensor | None
+    out_packed: torch.Tensor | None
     _cs: torch.Tensor | None = None
+
+    def turn_query(self, query: torch.Tensor) -> torch.Tensor:
+        """query [N, r + dr] -> [N, row width] float32 (query_map)."""
+        return _map(query.float(), self.query_map, self.query_packed)
+
+    def turn_back(self, out: torch.Tensor) -> torch.Tensor:
+        """The kernel's output [N, latent columns] -> [N, r] float32 (out_map), the latent's mean added."""
+        o_lat = _map(out.float(), self.out_map, self.out_packed)
+        if self.latent_mean is not None:
+            o_lat += self.latent_mean
+        return o_lat
 
     def cs(self, positions: int) -> torch.Tensor:
         """[>= positions, 2f] float32: cos then sin (times the RoPE factor) of positions 0, 1, ... at the
@@ -164,6 +181,12 @@ class KernelView:
             cos, sin = cos_sin(torch.arange(n), self.freqs)
             self._cs = (torch.cat((cos, sin), dim=-1) * self.factor).contiguous()
         return self._cs
+
+
+def _map(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    if packed is None:
+        return invariant.linear(x, weight)
+    return qlinear.linear(x, packed, 32, weight.shape[0])
 
 
 def _pad32(n: int) -> int:
@@ -197,15 +220,19 @@ def kernel_view(code: LayerCode) -> KernelView:
         qmap[r:, cs_at + f :].index_add_(1, slot, weights[:, half:])
     runs, steps = coded_runs(parts)
     mean = None if code.latent_mean is None else torch.tensor(code.latent_mean, dtype=torch.float32)
+    query_map, out_map = qmap.T.contiguous(), qmap[:r, :latent_columns].contiguous()
+    packed = qlinear.available()
     return KernelView(
         runs,
         steps,
-        qmap.T.contiguous(),
-        qmap[:r, :latent_columns].contiguous(),
+        query_map,
+        out_map,
         mean,
         latent_columns,
         freqs,
         code.rope_factor,
+        qlinear.pack_f32(query_map) if packed else None,
+        qlinear.pack_f32(out_map) if packed else None,
     )
 
 
@@ -234,6 +261,8 @@ def native_code(code: LayerCode, module):
         steps=view.steps,
         query_map=view.query_map,
         out_map=view.out_map,
+        query_packed=view.query_packed,
+        out_packed=view.out_packed,
         latent_columns=view.latent_columns,
     )
 

@@ -48,6 +48,12 @@ std::pair<at::Tensor, at::Tensor> encode_side(const at::Tensor& x, const PlanCod
   return {codes, scale};
 }
 
+// A coded map: x [M, K] float32 @ w [N, K]ᵀ by qlinear's float32 record where packed, else invariant_linear
+// (KernelView._map).
+at::Tensor map_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed, LinearFn linear, int64_t caps) {
+  return packed.defined() ? linear(x, packed, 32, w.size(0), caps) : invariant_linear(x, w);
+}
+
 }  // namespace
 
 // c [T, r], k_r [T, dr] (not yet rotated) in the model dtype, cos / sin [T, dr/2] float32, slots [T] int64 ->
@@ -99,15 +105,17 @@ void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, a
 // coded_latent_attention for one decode token a row: query [B, H, r + dr] (absorbed, scaled) -> o_lat
 // [B, H, r] in the query's dtype: the query turned into the code's row (float32, then its dtype), the kernel
 // over the layer's codes and scales with cs [positions, width] float32, its output turned back (+ the
-// latent's mean) in float32.
-at::Tensor coded_decode(CodedDecodeFn kernel, const at::Tensor& query, const at::Tensor& codes, const at::Tensor& scales,
-                        const at::Tensor& cs, const at::Tensor& block_tables, const at::Tensor& context_lens,
-                        int64_t heads, int64_t block_size, const PlanCoded& code, int64_t caps, int64_t threads) {
+// latent's mean) in float32; the maps through `linear` (qlinear's) where the code holds them packed.
+at::Tensor coded_decode(CodedDecodeFn kernel, LinearFn linear, int64_t caps_linear, const at::Tensor& query,
+                        const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& cs,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t heads,
+                        int64_t block_size, const PlanCoded& code, int64_t caps, int64_t threads) {
   const int64_t B = query.size(0), rows = query.size(1), width = query.size(2);
-  at::Tensor turned = invariant_linear(query.reshape({-1, width}).to(at::kFloat), code.query_map).view({B, rows, -1});
+  at::Tensor turned = map_rows(query.reshape({-1, width}).to(at::kFloat), code.query_map, code.query_packed, linear,
+                               caps_linear).view({B, rows, -1});
   at::Tensor out = kernel(turned.to(query.scalar_type()), codes, scales, code.runs, code.steps, cs, code.latent_columns,
                           block_tables, context_lens, context_lens.new_empty(0), heads, block_size, caps, threads);
-  at::Tensor o_lat = invariant_linear(out.view({B * rows, -1}).to(at::kFloat), code.out_map);
+  at::Tensor o_lat = map_rows(out.view({B * rows, -1}).to(at::kFloat), code.out_map, code.out_packed, linear, caps_linear);
   if (code.latent_mean.defined()) o_lat.add_(code.latent_mean);
   return o_lat.view({B, rows, -1}).to(query.scalar_type());
 }

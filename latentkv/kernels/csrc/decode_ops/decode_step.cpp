@@ -96,8 +96,8 @@ class DecodePlan {
       if (l.coded.defined) {
         TORCH_CHECK(l.cs_index < (int64_t)cs.size(), "DecodePlan.run: layer ", i, " reads cos / sin table ", l.cs_index,
                     " of ", cs.size());
-        o_lat = coded_decode(coded_decode_, query, l.latent, l.cache_scale, cs[l.cs_index], block_tables, context_lens,
-                             l.n_heads, l.block_size, l.coded, caps_attention_, threads);
+        o_lat = coded_decode(coded_decode_, linear_, caps_linear_, query, l.latent, l.cache_scale, cs[l.cs_index],
+                             block_tables, context_lens, l.n_heads, l.block_size, l.coded, caps_attention_, threads);
       } else {
         o_lat = decode_(query, l.kv, l.latent, l.cache_scale, l.cache_rope, l.cache_kind, block_tables, context_lens,
                         context_lens.new_empty(0), l.n_heads, l.kv_rank, l.block_size, caps_attention_, threads);

@@ -76,7 +76,8 @@ struct plan_fields::From<PlanCodedSide> : plan_fields::FromStruct<PlanCodedSide>
 // A transform-coded layer's cache (cache/coded.py native_code): the writer's sides, means (undefined: not
 // centred; both float32, the rope key's before RoPE), RoPE layout and each packed value's width uint8
 // [stored, both sides]; the reader's runs and steps (kernels/attention.py coded_runs), query and output maps
-// float32, the latent's mean float32 (undefined: none) and the kernel's output columns.
+// float32 and the same packed for qlinear's float32 record (undefined: invariant.linear's padded sgemm), the
+// latent's mean float32 (undefined: none) and the kernel's output columns.
 #define LATENTKV_PLAN_CODED(X)          \
   X(PlanCodedSide, latent_side, true)   \
   X(PlanCodedSide, rope_side, true)     \
@@ -88,6 +89,8 @@ struct plan_fields::From<PlanCodedSide> : plan_fields::FromStruct<PlanCodedSide>
   X(at::Tensor, steps, true)            \
   X(at::Tensor, query_map, true)        \
   X(at::Tensor, out_map, true)          \
+  X(at::Tensor, query_packed, false)    \
+  X(at::Tensor, out_packed, false)      \
   X(int64_t, latent_columns, true)
 
 struct PlanCoded {
