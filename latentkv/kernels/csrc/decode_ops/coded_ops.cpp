@@ -1,23 +1,25 @@
 // A transform-coded cache (cache/coded.py) in native calls: its writer, which the layers (model/fused.py
 // write_latent) and the decode plan both call, and the plan's reader around attention's mla_decode_coded.
-// Both run torch's own ops in the order the reference runs them (cache/coded.py encode, cache/transform_code.py
-// encode, rope.py rotate; attention/native_backend.py coded_latent_attention), so their bits are the
-// reference's: the codes the simulation of the conversion measured (tests/cache/test_coded.py), and a
-// plan step equal to a module step (tests/model/test_decode_plan.py). What goes is the Python between the
-// ops; the bits are packed here in one loop instead of the reference's index_add.
+// Both give the reference's bits (cache/coded.py encode, cache/transform_code.py encode, rope.py rotate;
+// attention/native_backend.py coded_latent_attention): the matmuls are the reference's own (torch's, or
+// qlinear's where the reference runs qlinear), and every other step is the reference's operation, value by
+// value, rounded where torch rounds (this unit is compiled for the baseline ISA: no FMA, nothing contracts).
+// So the codes are those the conversion's simulation measured (tests/cache/test_coded.py) and a plan step
+// equals a module step (tests/model/test_decode_plan.py); what goes is the Python and the torch ops between.
 #include "coded_ops.h"
 
-#include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
-#include <ATen/ops/floor.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/stack.h>
-#include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
+#include <cmath>
 #include <cstring>
-#include <utility>
+#include <vector>
 
 namespace {
+
+constexpr int64_t TC_WRITE_GROUPS = 512;  // scale groups a side may have (mla_decode_coded's TC_MAX_GROUPS a token)
 
 // invariant.linear on float32 rows: x [M, K] @ w [N, K]ᵀ with M padded by zero rows to a multiple of 4 below
 // invariant.SAFE_ROWS (MKL's small-M kernels round otherwise), the padding's rows dropped.
@@ -28,24 +30,72 @@ at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(at::constant_pad_nd(x, {0, 0, 0, padded - m}), w).narrow(0, 0, m);
 }
 
-// rope.rotate of x [..., d] float32 by cos / sin [..., d/2] (broadcast): interleaved pairs or halves.
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
-  const int64_t d = x.size(-1);
-  const at::Tensor a = interleaved ? x.slice(-1, 0, d, 2) : x.slice(-1, 0, d / 2);
-  const at::Tensor b = interleaved ? x.slice(-1, 1, d, 2) : x.slice(-1, d / 2, d);
-  at::Tensor re = a.mul(cos).sub(b.mul(sin)), im = b.mul(cos).add(a.mul(sin));
-  return interleaved ? at::stack({re, im}, -1).flatten(-2) : at::cat({re, im}, -1);
+// Rounds a float32 value to the model dtype T and back, as torch's `.to(T)` then `.float()` do (bf16: to
+// nearest even; float32: nothing).
+template <typename T>
+inline float in_dtype(float v) {
+  return static_cast<float>(static_cast<T>(v));
 }
 
-// transform_code.encode of one side: x [T, n] -> (codes [T, stored] uint8, scales [T, groups] float16).
-std::pair<at::Tensor, at::Tensor> encode_side(const at::Tensor& x, const PlanCodedSide& s) {
-  const at::Tensor y = invariant_linear(x.to(at::kFloat), s.turn);
-  at::Tensor ms = at::zeros({x.size(0), s.sizes.size(0)}, y.options()).index_add_(1, s.group, y.square());
-  at::Tensor scale = ms.div(s.sizes).sqrt().to(at::kHalf);
-  constexpr double FLOAT16_TINY = 6.103515625e-05;  // torch.finfo(torch.float16).tiny
-  at::Tensor step = scale.to(at::kFloat).clamp_min(FLOAT16_TINY).index_select(1, s.group).mul(s.step);
-  at::Tensor codes = at::floor(y.div(step)).add(s.half).clamp_min_(0).minimum(s.top).to(at::kByte);
-  return {codes, scale};
+// The rows the code quantizes, float32: each token's c less the latent's mean (in the model dtype T) ->
+// xl [T, r], and its k_r rotated by its angles (rope.rotate: float32 products, rounded to T) less the rope
+// key's mean turned the same way -> xr [T, dr]. Each value the reference's: its operations one by one, each
+// rounded as torch rounds it (this unit compiles without FMA: nothing contracts).
+template <typename T>
+void centred_rows(const at::Tensor& c, const at::Tensor& k_r, const at::Tensor& cos, const at::Tensor& sin,
+                  const PlanCoded& code, float* xl, float* xr) {
+  const int64_t n = c.size(0), r = c.size(1), dr = k_r.size(1), half = dr / 2;
+  const T* cp = c.data_ptr<T>();
+  const T* kp = k_r.data_ptr<T>();
+  const float* cosp = cos.data_ptr<float>();
+  const float* sinp = sin.data_ptr<float>();
+  const bool centred = code.latent_mean.defined();
+  const float* lm = centred ? code.latent_mean.data_ptr<float>() : nullptr;
+  const float* rm = centred ? code.rope_mean.data_ptr<float>() : nullptr;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < r; ++i) {
+      const float v = static_cast<float>(cp[t * c.stride(0) + i * c.stride(1)]);
+      xl[t * r + i] = centred ? in_dtype<T>(v - in_dtype<T>(lm[i])) : v;
+    }
+    for (int64_t p = 0; p < half; ++p) {
+      const int64_t ia = code.interleaved ? 2 * p : p, ib = code.interleaved ? 2 * p + 1 : p + half;
+      const float a = static_cast<float>(kp[t * k_r.stride(0) + ia * k_r.stride(1)]);
+      const float b = static_cast<float>(kp[t * k_r.stride(0) + ib * k_r.stride(1)]);
+      const float cs = cosp[t * cos.stride(0) + p * cos.stride(1)], sn = sinp[t * sin.stride(0) + p * sin.stride(1)];
+      float re = in_dtype<T>(a * cs - b * sn), im = in_dtype<T>(b * cs + a * sn);
+      if (centred) {
+        re = in_dtype<T>(re - in_dtype<T>(rm[ia] * cs - rm[ib] * sn));
+        im = in_dtype<T>(im - in_dtype<T>(rm[ib] * cs + rm[ia] * sn));
+      }
+      xr[t * dr + ia] = re, xr[t * dr + ib] = im;
+    }
+  }
+}
+
+// transform_code.encode's steps after the turn, for token row y [stored] of one side: each group's RMS (its
+// squares summed in index order, as index_add_ sums them) as float16 -> scale [groups], and each value's
+// code floor(y / (max(scale, float16 tiny) x STEP)) + half, clamped to [0, top] -> codes [stored].
+void quantize_side(const float* y, const PlanCodedSide& s, at::Half* scale, uint8_t* codes) {
+  const int64_t stored = s.group.numel(), groups = s.sizes.numel();
+  const int64_t* group = s.group.data_ptr<int64_t>();
+  const float* sizes = s.sizes.data_ptr<float>();
+  const float* step = s.step.data_ptr<float>();
+  const float* half = s.half.data_ptr<float>();
+  const float* top = s.top.data_ptr<float>();
+  float ms[TC_WRITE_GROUPS] = {};
+  for (int64_t i = 0; i < stored; ++i) ms[group[i]] += y[i] * y[i];
+  float wide[TC_WRITE_GROUPS];
+  constexpr float FLOAT16_TINY = 6.103515625e-05f;  // torch.finfo(torch.float16).tiny
+  for (int64_t g = 0; g < groups; ++g) {
+    scale[g] = at::Half(std::sqrt(ms[g] / sizes[g]));
+    const float f = static_cast<float>(scale[g]);
+    wide[g] = f > FLOAT16_TINY || f != f ? f : FLOAT16_TINY;  // clamp(min=tiny): NaN stays NaN
+  }
+  for (int64_t i = 0; i < stored; ++i) {
+    float q = std::floor(y[i] / (wide[group[i]] * step[i])) + half[i];
+    q = q > 0.0f ? q : 0.0f;  // (NaN: 0)
+    codes[i] = (uint8_t)(q < top[i] ? q : top[i]);
+  }
 }
 
 // A coded map: x [M, K] float32 @ w [N, K]ᵀ by qlinear's float32 record where packed, else invariant_linear
@@ -58,47 +108,65 @@ at::Tensor map_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
 
 // c [T, r], k_r [T, dr] (not yet rotated) in the model dtype, cos / sin [T, dr/2] float32, slots [T] int64 ->
 // each token's codes (bits packed least significant first, coded.pack's layout) and float16 scales written
-// at its slot of codes [blocks, bs, code_bytes] uint8 and scales [blocks, bs, groups] float16.
+// at its slot of codes [blocks, bs, code_bytes] uint8 and scales [blocks, bs, groups] float16. The rows'
+// turns are torch's matmul (invariant.linear, as the reference); the rest one pass a token.
 void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, at::Tensor slots, at::Tensor codes,
                  at::Tensor scales, const PlanCoded& code) {
-  const int64_t T = c.size(0);
-  TORCH_CHECK(c.dim() == 2 && k_r.dim() == 2 && k_r.size(0) == T && c.scalar_type() == k_r.scalar_type(),
-              "coded_write: c [T, r] and k_r [T, dr] of one dtype");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == T, "coded_write: slots int64 [T]");
+  const int64_t T = c.size(0), r = c.size(1), dr = k_r.size(1);
+  TORCH_CHECK(c.dim() == 2 && k_r.dim() == 2 && k_r.size(0) == T && c.scalar_type() == k_r.scalar_type() &&
+                  (c.scalar_type() == at::kFloat || c.scalar_type() == at::kBFloat16),
+              "coded_write: c [T, r] and k_r [T, dr], both float32 or both bf16");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 2 && sin.dim() == 2 &&
+                  cos.size(0) == T && sin.size(0) == T && cos.size(1) == dr / 2 && sin.size(1) == dr / 2 && dr % 2 == 0,
+              "coded_write: cos and sin float32 [T, dr/2]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T, "coded_write: slots int64 [T]");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
                   scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 3,
               "coded_write: codes uint8 and scales float16 [blocks, bs, n], contiguous");
+  const PlanCodedSide* sides[2] = {&code.latent_side, &code.rope_side};
+  const int64_t stored[2] = {code.latent_side.group.numel(), code.rope_side.group.numel()};
+  const int64_t groups[2] = {code.latent_side.sizes.numel(), code.rope_side.sizes.numel()};
   const at::Tensor widths = code.widths;
-  TORCH_CHECK(widths.scalar_type() == at::kByte && widths.is_contiguous(), "coded_write: widths uint8");
+  TORCH_CHECK(widths.scalar_type() == at::kByte && widths.is_contiguous() && widths.numel() == stored[0] + stored[1],
+              "coded_write: widths uint8, one a stored value");
+  TORCH_CHECK(code.latent_side.turn.size(1) == r && code.rope_side.turn.size(1) == dr &&
+                  groups[0] <= TC_WRITE_GROUPS && groups[1] <= TC_WRITE_GROUPS && groups[0] + groups[1] == scales.size(2),
+              "coded_write: the code's turns take ", code.latent_side.turn.size(1), " + ", code.rope_side.turn.size(1),
+              " values and its groups ", groups[0], " + ", groups[1], "; the rows give ", r, " + ", dr, ", the cache holds ",
+              scales.size(2), " scales");
+  TORCH_CHECK(!code.latent_mean.defined() || (code.latent_mean.numel() == r && code.rope_mean.numel() == dr),
+              "coded_write: means of ", r, " and ", dr, " values");
   int64_t bits = 0;
   const uint8_t* w = widths.data_ptr<uint8_t>();
   for (int64_t i = 0; i < widths.numel(); ++i) bits += w[i];
-  const int64_t code_bytes = codes.size(2), groups = scales.size(2), capacity = codes.size(0) * codes.size(1);
+  const int64_t code_bytes = codes.size(2), capacity = codes.size(0) * codes.size(1), G = scales.size(2);
   TORCH_CHECK((bits + 7) / 8 == code_bytes, "coded_write: ", bits, " bits a token, the cache holds ", code_bytes, " bytes");
-  // rope.apply_rope on k_r, then coded.encode: each side less its mean (the rope key's turned), in the model dtype
-  k_r = rotate(k_r.to(at::kFloat), cos, sin, code.interleaved).to(c.scalar_type());
-  if (code.latent_mean.defined()) {
-    c = c.sub(code.latent_mean.to(c.scalar_type()));
-    k_r = k_r.sub(rotate(code.rope_mean, cos, sin, code.interleaved).to(k_r.scalar_type()));
-  }
-  auto [lc, ls] = encode_side(c, code.latent_side);
-  auto [rc, rs] = encode_side(k_r, code.rope_side);
-  const at::Tensor values = at::cat({lc, rc}, 1).contiguous(), scale = at::cat({ls, rs}, 1).contiguous();
-  TORCH_CHECK(values.size(1) == widths.numel() && scale.size(1) == groups, "coded_write: ", values.size(1), " values and ",
-              scale.size(1), " scales a token; the code packs ", widths.numel(), ", the cache holds ", groups);
   const int64_t* slot = slots.data_ptr<int64_t>();
-  const int64_t n = values.size(1);
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(0 <= slot[t] && slot[t] < capacity, "coded_write: slot ", slot[t], " outside the cache's ", capacity);
+
+  const auto f32 = c.options().dtype(at::kFloat);
+  at::Tensor x[2] = {at::empty({T, r}, f32), at::empty({T, dr}, f32)};
+  if (c.scalar_type() == at::kBFloat16)
+    centred_rows<at::BFloat16>(c, k_r, cos, sin, code, x[0].data_ptr<float>(), x[1].data_ptr<float>());
+  else
+    centred_rows<float>(c, k_r, cos, sin, code, x[0].data_ptr<float>(), x[1].data_ptr<float>());
+  at::Tensor y[2];
+  for (int k = 0; k < 2; ++k) y[k] = invariant_linear(x[k], sides[k]->turn).contiguous();  // transform_code.encode's turn
+
+  std::vector<uint8_t> values(stored[0] + stored[1]);
+  std::vector<at::Half> scale(G);
+  for (int64_t t = 0; t < T; ++t) {
+    quantize_side(y[0].data_ptr<float>() + t * stored[0], *sides[0], scale.data(), values.data());
+    quantize_side(y[1].data_ptr<float>() + t * stored[1], *sides[1], scale.data() + groups[0], values.data() + stored[0]);
     uint8_t* dst = codes.data_ptr<uint8_t>() + slot[t] * code_bytes;
     std::memset(dst, 0, code_bytes);
-    const uint8_t* v = values.data_ptr<uint8_t>() + t * n;
-    for (int64_t i = 0, at = 0; i < n; at += w[i], ++i) {  // a value of b <= 8 bits spans two bytes at most
-      const uint32_t shifted = (uint32_t)v[i] << (at & 7);
+    for (int64_t i = 0, at = 0; i < (int64_t)values.size(); at += w[i], ++i) {  // b <= 8 bits: two bytes at most
+      const uint32_t shifted = (uint32_t)values[i] << (at & 7);
       dst[at >> 3] |= (uint8_t)shifted;
       if (shifted >> 8) dst[(at >> 3) + 1] |= (uint8_t)(shifted >> 8);
     }
-    std::memcpy(scales.data_ptr<at::Half>() + slot[t] * groups, scale.data_ptr<at::Half>() + t * groups, groups * 2);
+    std::memcpy(scales.data_ptr<at::Half>() + slot[t] * G, scale.data(), G * sizeof(at::Half));
   }
 }
 
