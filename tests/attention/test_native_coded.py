@@ -1,7 +1,7 @@
 """The native decode over a transform-coded layer (kernels/attention.py mla_decode_coded, attention/native_backend.py
 coded_latent_attention) against the reference backend, which dequantizes the same cache (cache/coded.py
-decode): every path this machine runs, float32 and bf16 rows, one and several query tokens, the same bits
-alone as batched."""
+decode): every path this machine runs (on AVX-512 32 columns at a time, or run by run), float32 and bf16 rows,
+one and several query tokens, the same bits alone as batched."""
 
 from __future__ import annotations
 
@@ -101,6 +101,22 @@ def test_every_width_is_read_at_every_bit_offset(isa):
             got = coded_latent_attention(query, cache, meta, path=isa)
             want = TorchBackend().whole_latent_attention(query, cache, meta)
             assert ((got - want).abs().max() / want.abs().max()).item() <= TOL[torch.float32], (lead, b)
+
+
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_more_scale_groups_than_a_chunk_reads_take_the_runs(isa, dtype):
+    """On AVX-512 a token's columns are read 32 at a time where its scale groups fit two vectors (32); a
+    code of more groups (here one a value) is read run by run, on every path as the reference reads it."""
+    code = layer_code(9, group=1)
+    assert len(code.widths) > 32  # (one group a stored value)
+    lengths = [70, 9]
+    cache, tables = filled(code, lengths, dtype, seed=6)
+    meta, _ = build_metadata([1, 1], lengths, tables, BS, split=False)
+    query = query_for(lengths, 1, dtype)
+    got = coded_latent_attention(query, cache, meta, path=isa).float()
+    want = TorchBackend().whole_latent_attention(query, cache, meta).float()
+    assert ((got - want).abs().max() / want.abs().max()).item() <= TOL[dtype]
 
 
 @pytest.mark.parametrize("isa", attention_kernels.supported_isas())

@@ -153,11 +153,22 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
     }
     if (job.kind == KIND_TC) {  // values rounded to bf16, as the reference dequantizes into a bf16 model's rows
       const TcLayout& tc = job.tc;
-      tc_runs(tc, (const uint8_t*)job.latent + slot * tc.code_bytes, job.scale16 + slot * tc.groups,
-              [dst](const int32_t* r, const uint8_t* src, float off, float step) {
-                // all 16 lanes, unmasked (widen_tc): the tile has TC_SLACK values of room
-                _mm256_storeu_si256((__m256i*)(dst + r[4]), (__m256i)_mm512_cvtneps_pbh(tc_run16(src, r[1], r[2], off, step)));
-              });
+      const uint8_t* codes = (const uint8_t*)job.latent + slot * tc.code_bytes;
+      if (tc.n_chunks) {  // 32 columns at a time (tc_chunk32), rounded to bf16 as a run's are
+        __m512 m_lo, m_hi, lo, hi;
+        tc_group_steps(tc, job.scale16 + slot * tc.groups, m_lo, m_hi);
+        const TcChunk* chunks = tc.chunks;
+        const int n_chunks = tc.n_chunks;  // (in registers: the stores may alias tc)
+        for (int c = 0; c < n_chunks; ++c) {
+          tc_chunk32(chunks[c], codes, m_lo, m_hi, lo, hi);
+          _mm512_storeu_si512((void*)(dst + 32 * c), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+      } else {
+        tc_runs(tc, codes, job.scale16 + slot * tc.groups, [dst](const int32_t* r, const uint8_t* src, float off, float step) {
+          // all 16 lanes, unmasked (widen_tc): the tile has TC_SLACK values of room
+          _mm256_storeu_si256((__m256i*)(dst + r[4]), (__m256i)_mm512_cvtneps_pbh(tc_run16(src, r[1], r[2], off, step)));
+        });
+      }
       const float* cs = tc.cs + (j0 + t) * tc.cs_width;
       for (int i = 0; i < tc.cs_width; ++i) dst[tc.values + i] = to_bf16(cs[i]);
       continue;

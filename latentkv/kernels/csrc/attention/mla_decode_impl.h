@@ -131,6 +131,31 @@ static inline __m512 tc_run16(const uint8_t* src, int shift, int b, float off, f
   const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(words));
   return _mm512_mul_ps(_mm512_sub_ps(v, _mm512_set1_ps(off)), _mm512_set1_ps(step));
 }
+
+// One chunk of a token's row (TcChunk) from its codes -> columns 0-15 and 16-31 of it, float32: (code -
+// off) x m[group], m_lo / m_hi the token's STEP x scale of groups 0-15 / 16-31. Two masked loads, one word
+// permute, one shift; the same arithmetic as a run's.
+static inline void tc_chunk32(const TcChunk& ch, const uint8_t* codes, __m512 m_lo, __m512 m_hi, __m512& lo, __m512& hi) {
+  const __m512i a = _mm512_maskz_loadu_epi8(ch.load_a, codes + ch.base);
+  const __m512i b = _mm512_maskz_loadu_epi8(ch.load_b, codes + ch.base + 1);
+  __m512i w = _mm512_permutex2var_epi16(a, _mm512_load_si512((const void*)ch.index), b);
+  w = _mm512_and_si512(_mm512_srlv_epi16(w, _mm512_load_si512((const void*)ch.shift)), _mm512_load_si512((const void*)ch.mask));
+  const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)));
+  const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)));
+  const __m512 s0 = _mm512_permutex2var_ps(m_lo, _mm512_load_si512((const void*)ch.group), m_hi);
+  const __m512 s1 = _mm512_permutex2var_ps(m_lo, _mm512_load_si512((const void*)(ch.group + 16)), m_hi);
+  lo = _mm512_mul_ps(_mm512_sub_ps(v0, _mm512_load_ps(ch.off)), s0);
+  hi = _mm512_mul_ps(_mm512_sub_ps(v1, _mm512_load_ps(ch.off + 16)), s1);
+}
+
+// A token's STEP x scale of every group (the chunks' m_lo, m_hi), as a run's step is: STEP times the float16
+// scale widened.
+static inline void tc_group_steps(const TcLayout& tc, const uint16_t* __restrict sc, __m512& m_lo, __m512& m_hi) {
+  const int g = tc.groups;
+  const __mmask16 k0 = (__mmask16)(g >= 16 ? 0xFFFF : (1u << g) - 1), k1 = (__mmask16)(g >= 32 ? 0xFFFF : g > 16 ? (1u << (g - 16)) - 1 : 0);
+  m_lo = _mm512_mul_ps(_mm512_load_ps(tc.group_step), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k0, sc)));
+  m_hi = _mm512_mul_ps(_mm512_load_ps(tc.group_step + 16), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k1, sc + 16)));
+}
 #endif
 
 // Calls run(r, src, off, step) for each run r (TC_RUN fields) of a token: src its bytes (24 readable),
@@ -163,6 +188,20 @@ static inline void tc_runs(const TcLayout& tc, const uint8_t* __restrict codes, 
 
 static inline void widen_tc(const TcLayout& tc, const uint8_t* __restrict codes, const uint16_t* __restrict sc,
                             float* __restrict dst) {
+#ifdef LATENTKV_TC_AVX512
+  if (tc.n_chunks) {
+    __m512 m_lo, m_hi, lo, hi;
+    tc_group_steps(tc, sc, m_lo, m_hi);
+    const TcChunk* chunks = tc.chunks;
+    const int n_chunks = tc.n_chunks;  // (in registers: the stores may alias tc)
+    for (int c = 0; c < n_chunks; ++c) {
+      tc_chunk32(chunks[c], codes, m_lo, m_hi, lo, hi);
+      _mm512_storeu_ps(dst + 32 * c, lo);
+      _mm512_storeu_ps(dst + 32 * c + 16, hi);
+    }
+    return;
+  }
+#endif
   tc_runs(tc, codes, sc, [dst](const int32_t* r, const uint8_t* src, float off, float step) {
 #ifdef LATENTKV_TC_AVX512
     _mm512_storeu_ps(dst + r[4], tc_run16(src, r[1], r[2], off, step));  // all 16 lanes: see above

@@ -36,11 +36,28 @@ inline void prefetch_l2(const void* p) {
 constexpr int TC_RUN = 6;            // int32 fields of a run: byte, shift, bits, count, column, scale group
 constexpr int TC_SLACK = 16;         // floats past a row that a run's unused lanes may write
 constexpr int TC_MAX_GROUPS = 512;   // scale groups a coded token may have (mla_decode_coded checks)
+// 32 columns of a transform-coded row read in one pass on AVX-512 (tc_chunk32, mla_decode_impl.h): the
+// codes' 64-byte window from `base` (and again from base + 1), which bytes of each lie inside the token's
+// codes (masked loads: no read past them), and per column the window word vpermi2w takes (byte k: word k/2
+// of the first window, or 32 + (k-1)/2 of the second when k is odd), its shift and mask in that word, its
+// scale group and offset (2^(b-1) - 1/2; 0 and mask 0 for a column with no code: the value 0).
+struct alignas(64) TcChunk {
+  uint16_t index[32], shift[32], mask[32];
+  int32_t group[32];
+  float off[32];
+  uint64_t load_a, load_b;
+  int32_t base;
+};
+constexpr int TC_CHUNK_GROUPS = 32;  // scale groups the chunks read (vpermi2ps over two vectors); more: runs
+
 struct TcLayout {
   const int32_t* runs;  // [n_runs, TC_RUN]
   const float* steps;   // [n_runs, 2]: the code's step (STEP[bits]) and its offset (2^(bits-1) - 1/2)
   int n_runs, code_bytes, groups, values;  // values: the stored values of both sides (the row's first columns)
   int inner;            // the runs (the first ones) whose 24 bytes lie inside the token's codes
+  const TcChunk* chunks;  // [n_chunks]: columns [0, 32 n_chunks) by chunks (AVX-512; 0: by runs)
+  int n_chunks;
+  const float* group_step;  // [TC_CHUNK_GROUPS]: each scale group's STEP (0 past the groups)
   const float* cs;      // [cs_rows, cs_width] float32: cos then sin (times the RoPE factor) of position j
   int cs_width;
   int64_t cs_rows;
