@@ -71,8 +71,7 @@ class AttentionBackend:
         else:
             q_nope, q_rope = q_nope[meta.query_index], q_rope[meta.query_index]  # [B, Qmax, H, *]
         if choose_path(layer, meta) == "absorbed":
-            o_lat = self.latent_attention(layer.absorb(q_nope, q_rope), cache, meta)
-            out = layer.unabsorb(o_lat, q_nope.shape[1])
+            out = self.absorbed_attention(layer, q_nope, q_rope, cache, meta)
         else:
             key, value = layer.expand(self.context(cache, meta))
             out = self.dense_attention(
@@ -105,6 +104,12 @@ class AttentionBackend:
         """One sequence's prompt rows q_nope [n,H,dn], q_rope [n,H,dr] -> [n,H,dv], batch-invariant
         (attention/prefill.py); a backend with a faster invariant kernel overrides it."""
         return invariant_prefill(layer, q_nope, q_rope, cache, meta)
+
+    def absorbed_attention(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        """q_nope [B, Q, H, dn], q_rope [B, Q, H, *] (padded batch) -> [B, Q, H, dv] by the absorbed path:
+        the latent query, latent_attention, W_UV."""
+        o_lat = self.latent_attention(layer.absorb(q_nope, q_rope), cache, meta)
+        return layer.unabsorb(o_lat, q_nope.shape[1])
 
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
         """query [B, Q*H, r+dr] (absorbed, scaled) -> o_lat [B, Q*H, r]; causal by meta.key_mask."""

@@ -30,6 +30,21 @@ class GroupedRopeKeys(Protocol):
 
 
 @runtime_checkable
+class LatentTurn(Protocol):
+    """A cache that holds the latent in another basis, read there (a transform code: cache/coded.py
+    KernelView): the layer folds the turn into its absorbed weights (the query comes out in the cache's
+    basis, the values go back from it), so no query or output is turned on its own."""
+
+    latent_map: torch.Tensor  # [C, r] float32: the latent query's C columns in the cache's basis (q' = M q)
+    out_map: torch.Tensor  # [r, C] float32: a latent output back from the cache's basis (o = M o')
+    latent_mean: torch.Tensor | None  # [r] float32: what each value row adds back (None: nothing)
+
+    def turn_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
+        """The rope query [..., dr] -> its columns in the cache's basis [..., E], in its dtype."""
+        ...
+
+
+@runtime_checkable
 class AttentionLayer(Protocol):
     """One MLA layer as a backend sees it."""
 
@@ -40,13 +55,15 @@ class AttentionLayer(Protocol):
     dv: int  # the value
     scale: float  # the softmax scale (YaRN's mscale² included)
 
-    def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
+    def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor, turn: LatentTurn | None = None) -> torch.Tensor:
         """q_nope [B, Q, H, dn], q_rope [B, Q, H, dr] (as the layer projected it) -> the latent
-        query [B, Q*H, r + dr]: W_UKᵀ q_nope beside the rope query, the softmax scale applied."""
+        query [B, Q*H, r + dr]: W_UKᵀ q_nope beside the rope query, the softmax scale applied; with a
+        turn, in its basis [B, Q*H, C + E]."""
         ...
 
-    def unabsorb(self, o_lat: torch.Tensor, q: int) -> torch.Tensor:
-        """o_lat [B, Q*H, r] (attention output in latent space), Q = q -> W_UV o_lat [B, Q, H, dv]."""
+    def unabsorb(self, o_lat: torch.Tensor, q: int, turn: LatentTurn | None = None) -> torch.Tensor:
+        """o_lat [B, Q*H, r] (attention output in latent space; with a turn [B, Q*H, C] in its basis),
+        Q = q -> W_UV o_lat [B, Q, H, dv]."""
         ...
 
     def expand(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -152,8 +152,22 @@ class CodedBackend(NativeBackend):
             return super().decode_route(dtype, device, invariant)
         return f"native coded kernel ({kernel_path(dtype)})"
 
+    @staticmethod
+    def runs_kernel(query: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether these rows take the native kernel (else the reference over dequantized rows)."""
+        return query.device.type == "cpu" and (meta.max_query_len <= MAX_QUERY_LEN or meta.invariant)
+
+    def absorbed_attention(self, layer: AttentionLayer, q_nope, q_rope, cache, meta: AttentionMetadata) -> torch.Tensor:
+        # the layer folds the code's turn into W_UK and W_UV (layer_api.LatentTurn): the query comes out in
+        # the kernel's row, the kernel's output goes straight to the values, with no turn of its own
+        if not self.runs_kernel(q_nope, meta):
+            return super().absorbed_attention(layer, q_nope, q_rope, cache, meta)
+        view = coded.kernel_view(cache.format.code)
+        out = coded_kernel(layer.absorb(q_nope, q_rope, view), cache, meta)
+        return layer.unabsorb(out, q_nope.shape[1], view)
+
     def latent_attention(self, query, cache, meta: AttentionMetadata) -> torch.Tensor:
-        if query.device.type != "cpu" or meta.max_query_len > MAX_QUERY_LEN and not meta.invariant:
+        if not self.runs_kernel(query, meta):
             return TorchBackend.latent_attention(self, query, cache, meta)
         return coded_latent_attention(query, cache, meta)
 
@@ -161,12 +175,21 @@ class CodedBackend(NativeBackend):
 def coded_latent_attention(query, cache, meta: AttentionMetadata, path: str | None = None) -> torch.Tensor:
     """query [B, Q*H, r+dr] (absorbed, scaled) over a transform-coded layer -> o_lat [B, Q*H, r] in the query
     dtype: the query turned into the kernel's row (coded.kernel_view, in float32, then the query dtype), the
-    kernel (`path`: a named path instead of the one that serves), its output turned back in float32."""
+    kernel (`path`: a named path instead of the one that serves), its output turned back in float32. (The
+    layers fold the turns into their weights instead: CodedBackend.absorbed_attention.)"""
     view = coded.kernel_view(cache.format.code)
     b, rows, width = query.shape
-    heads = rows // meta.max_query_len
     turned = view.turn_query(query.reshape(-1, width)).view(b, rows, -1)
     turned = turned.to(query.dtype)  # bf16 rows take the bf16 dot-product and tile loops
+    out = coded_kernel(turned, cache, meta, path)
+    return view.turn_back(out.view(b * rows, -1)).view(b, rows, -1).to(query.dtype)
+
+
+def coded_kernel(turned, cache, meta: AttentionMetadata, path: str | None = None) -> torch.Tensor:
+    """turned [B, Q*H, row width] (the query in the code's row: coded.kernel_view) -> the kernel's output
+    [B, Q*H, latent columns] in the code's basis, in the query dtype; `path`: as coded_latent_attention."""
+    view = coded.kernel_view(cache.format.code)
+    heads = turned.shape[1] // meta.max_query_len
     cs = view.cs(int(meta.context_lens.max()))
     args = (cache.latent, cache.scale, view.runs, view.steps, cs, view.latent_columns, meta.block_tables)
     if meta.max_query_len == 1:
@@ -186,4 +209,4 @@ def coded_latent_attention(query, cache, meta: AttentionMetadata, path: str | No
             ],
             dim=1,
         )
-    return view.turn_back(out.view(b * rows, -1)).view(b, rows, -1).to(query.dtype)
+    return out

@@ -160,7 +160,15 @@ class KernelView:
     factor: float
     query_packed: torch.Tensor | None
     out_packed: torch.Tensor | None
+    latent_map: torch.Tensor  # [latent columns, r]: query_map's latent block (a layer folds it: LatentTurn)
+    rope_map: torch.Tensor  # [row width - latent columns, dr]: its rope block (the rope key's and cos / sin columns)
+    rope_packed: torch.Tensor | None
     _cs: torch.Tensor | None = None
+
+    def turn_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
+        """The rope query [..., dr] -> its row columns [..., E] in its dtype (rope_map, float32; LatentTurn)."""
+        flat = _map(q_rope.reshape(-1, q_rope.shape[-1]).float(), self.rope_map, self.rope_packed)
+        return flat.to(q_rope.dtype).view(*q_rope.shape[:-1], -1)
 
     def turn_query(self, query: torch.Tensor) -> torch.Tensor:
         """query [N, r + dr] -> [N, row width] float32 (query_map)."""
@@ -221,6 +229,7 @@ def kernel_view(code: LayerCode) -> KernelView:
     runs, steps = coded_runs(parts)
     mean = None if code.latent_mean is None else torch.tensor(code.latent_mean, dtype=torch.float32)
     query_map, out_map = qmap.T.contiguous(), qmap[:r, :latent_columns].contiguous()
+    rope_map = qmap[r:, latent_columns:].T.contiguous()  # (the latent's rows map to its columns only, and back)
     packed = qlinear.available()
     return KernelView(
         runs,
@@ -233,6 +242,9 @@ def kernel_view(code: LayerCode) -> KernelView:
         code.rope_factor,
         qlinear.pack_f32(query_map) if packed else None,
         qlinear.pack_f32(out_map) if packed else None,
+        qmap[:r, :latent_columns].T.contiguous(),
+        rope_map,
+        qlinear.pack_f32(rope_map) if packed else None,
     )
 
 
@@ -241,7 +253,7 @@ def kernel_view(code: LayerCode) -> KernelView:
 def native_code(code: LayerCode, module):
     """The layer's code as the native writer and the decode plan take it: `module` (kernels/decode_ops.py's
     extension) PlanCoded (csrc/decode_ops/plan_layer.h): encode's side maps and means, the packed widths,
-    and kernel_view's reader tables."""
+    and kernel_view's reader tables and rope map."""
     view = kernel_view(code)
 
     def side(bits: tuple[int, ...]):
@@ -259,10 +271,8 @@ def native_code(code: LayerCode, module):
         widths=torch.tensor(code.widths, dtype=torch.uint8),
         runs=view.runs,
         steps=view.steps,
-        query_map=view.query_map,
-        out_map=view.out_map,
-        query_packed=view.query_packed,
-        out_packed=view.out_packed,
+        rope_map=view.rope_map,
+        rope_packed=view.rope_packed,
         latent_columns=view.latent_columns,
     )
 

@@ -177,10 +177,12 @@ def layer_entry(plan, layer, cache, dtype: torch.dtype, tables: dict):
     misnamed, mistyped or missing is refused here); dtype: the activations'. tables: the coded layers' cos /
     sin tables so far (a kernel view per RoPE), this layer's added."""
     spec, attn = layer.spec, layer.self_attn
-    w_uk, w_uv_t = attn.split_kv_b()
     groups = attn.rope_groups() if attn.folded else None  # the un-mixed rope query, mixed back (MLAttention.project)
     mix, mix_packed = groups.mix_weights(dtype) if groups else (None, None)
-    uk_packed, uv_packed = attn.head_packs()
+    if cache.format.coded:  # W_UK and W_UV turned into the code's basis (CodedBackend.absorbed_attention)
+        (w_uk, w_uv_t), (uk_packed, uv_packed), bias = attn.turned_heads(coded.kernel_view(cache.format.code))
+    else:
+        (w_uk, w_uv_t), (uk_packed, uv_packed), bias = attn.split_kv_b(), attn.head_packs(), None
     kv, latent, cache_scale, cache_rope = cache.kernel_tensors()
     return plan.PlanLayer(
         w_in=layer.input_layernorm.weight,
@@ -208,6 +210,7 @@ def layer_entry(plan, layer, cache, dtype: torch.dtype, tables: dict):
         qmax=cache.format.qmax,
         block_size=cache.block_size,
         **coded_entry(plan, cache, tables),
+        uv_bias=None if bias is None else bias.to(dtype),
     )
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import invariant
 from ..attention.backend import AttentionBackend
+from ..attention.layer_api import LatentTurn
 from ..attention.metadata import AttentionMetadata
 from ..config import ModelConfig
 from . import fused
@@ -60,6 +61,7 @@ class MLAttention(ConvertedStructure, nn.Module):
             None,
             (None, None),
         )  # (weight version, contiguous W_UK / W_UVᵀ, their head_packs) for inference
+        self._turned = (None, None, None)  # (W_UK it was folded from, the turn, turned_heads' weights)
         # their storage dtype for inference (None: the weight's); bf16 beside quantized linears, with
         # kv_b_proj's values on the bf16 grid (pack_weights), so both paths use the same weights
         self.absorbed_dtype = route.absorbed_dtype
@@ -142,18 +144,41 @@ class MLAttention(ConvertedStructure, nn.Module):
         self._absorbed = (version, (w_uk, w_uv_t), packs)  # loaded or trained: refreshed
         return self._absorbed[1:]
 
-    def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
+    def turned_heads(self, turn: LatentTurn):
+        """W_UK and W_UVᵀ folded with a cache's turn (attention/layer_api.py LatentTurn): W_UK Mᵀ [H, dn, C]
+        and Mᵀ W_UVᵀ [H, C, dv] (products in float32, stored in the weight's dtype), their head_packs, and
+        W_UV's image of the turn's mean [H, dv] float32 (None without) -> ((w_uk, w_uv_t), (packs), bias).
+        Cached while the weights and the turn stay."""
+        (w_uk, w_uv_t), _ = self._split_and_packs()
+        if self._turned[0] is w_uk and self._turned[1] is turn:
+            return self._turned[2]
+        dtype = self.kv_b_proj.weight.dtype  # (not the absorbed dtype's grid: the products are not on it)
+        uk = (w_uk.float() @ turn.latent_map.T).to(dtype).contiguous()
+        uv = (turn.out_map.T @ w_uv_t.float()).to(dtype).contiguous()
+        packs = (fused.head_pack(uk), fused.head_pack(uv)) if self.fused else (None, None)
+        bias = None if turn.latent_mean is None else turn.latent_mean @ w_uv_t.float()
+        turned = ((uk, uv), packs, bias)
+        if not torch.is_grad_enabled():
+            self._turned = (w_uk, turn, turned)
+        return turned
+
+    def absorb(self, q_nope: torch.Tensor, q_rope: torch.Tensor, turn: LatentTurn | None = None) -> torch.Tensor:
         """q_nope [B,Q,H,dn], q_rope [B,Q,H,dr] (as project() gives it) -> the latent query [B, Q*H, kv_rank + dr]
-        (q_lat = W_UKᵀ q_nope beside q_rope), softmax scale included."""
+        (q_lat = W_UKᵀ q_nope beside q_rope), softmax scale included; with a turn, in its basis: the turned
+        W_UK's columns beside turn.turn_rope of the rope query [B, Q*H, C + E]."""
         b, q, h, _ = q_nope.shape
         q_rope = self.full_rope(q_rope)
-        (w_uk, _), (uk_packed, _) = self._split_and_packs()
+        if turn is None:
+            (w_uk, _), (uk_packed, _) = self._split_and_packs()
+        else:
+            (w_uk, _), (uk_packed, _), _ = self.turned_heads(turn)
+            q_rope = turn.turn_rope(q_rope)
         if fused.runs(self.fused):  # one native call; each row reduces in a fixed order (batch-invariant)
             rows = fused.head_matmul(
                 q_nope.reshape(b * q, h, self.dn),
                 w_uk,
                 self.scale,
-                q_rope.reshape(b * q, h, self.dr),
+                q_rope.reshape(b * q, h, -1),
                 kernel=True,
                 packed=uk_packed,
             )
@@ -161,22 +186,26 @@ class MLAttention(ConvertedStructure, nn.Module):
         q_lat = invariant.bmm(
             q_nope.permute(2, 0, 1, 3).reshape(h, b * q, self.dn), w_uk.to(q_nope.dtype)
         )  # [H, B*Q, r]
-        q_lat = q_lat.view(h, b, q, self.kv_rank).permute(1, 2, 0, 3)
+        q_lat = q_lat.view(h, b, q, -1).permute(1, 2, 0, 3)
         # the softmax scale goes on the small query, not on the [B, Q*H, L] scores
         return (torch.cat((q_lat, q_rope), dim=-1) * self.scale).view(b, q * h, -1)
 
-    def unabsorb(self, o_lat: torch.Tensor, q: int) -> torch.Tensor:
-        """o_lat [B, Q*H, kv_rank] (attention output in latent space) -> W_UV o_lat [B,Q,H,dv]."""
+    def unabsorb(self, o_lat: torch.Tensor, q: int, turn: LatentTurn | None = None) -> torch.Tensor:
+        """o_lat [B, Q*H, kv_rank] (attention output in latent space; with a turn, [B, Q*H, C] in its basis)
+        -> W_UV o_lat [B,Q,H,dv] (with a turn: the turned W_UV's, plus its image of the turn's mean)."""
         b, h = o_lat.shape[0], self.n_heads
-        (_, w_uv_t), (_, uv_packed) = self._split_and_packs()
+        bias = None
+        if turn is None:
+            (_, w_uv_t), (_, uv_packed) = self._split_and_packs()
+        else:
+            (_, w_uv_t), (_, uv_packed), bias = self.turned_heads(turn)
+        width = o_lat.shape[-1]
         if fused.runs(self.fused):
-            return fused.head_matmul(o_lat.reshape(b * q, h, self.kv_rank), w_uv_t, kernel=True, packed=uv_packed).view(
-                b, q, h, self.dv
-            )
-        out = invariant.bmm(
-            o_lat.reshape(b * q, h, self.kv_rank).transpose(0, 1), w_uv_t.to(o_lat.dtype)
-        )  # [H, B*Q, dv]
-        return out.transpose(0, 1).reshape(b, q, h, self.dv)
+            out = fused.head_matmul(o_lat.reshape(b * q, h, width), w_uv_t, kernel=True, packed=uv_packed)
+        else:
+            out = invariant.bmm(o_lat.reshape(b * q, h, width).transpose(0, 1), w_uv_t.to(o_lat.dtype)).transpose(0, 1)
+        out = out.reshape(b, q, h, self.dv)
+        return out if bias is None else out + bias.to(out.dtype)
 
     def expand(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached rows [B, L, kv_rank + dr] -> per-head keys [B,L,H,dn+dr] and values [B,L,H,dv]."""

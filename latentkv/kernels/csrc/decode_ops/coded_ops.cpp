@@ -1,5 +1,5 @@
 // A transform-coded cache (cache/coded.py) in native calls: its writer, which the layers (model/fused.py
-// write_latent) and the decode plan both call, and the plan's reader around attention's mla_decode_coded.
+// write_latent) and the decode plan both call, and the plan's map of the rope query into the kernel's row.
 // Both give the reference's bits (cache/coded.py encode, cache/transform_code.py encode, rope.py rotate;
 // attention/native_backend.py coded_latent_attention): the matmuls are the reference's own (torch's, or
 // qlinear's where the reference runs qlinear), and every other step is the reference's operation, value by
@@ -170,20 +170,11 @@ void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, a
   }
 }
 
-// coded_latent_attention for one decode token a row: query [B, H, r + dr] (absorbed, scaled) -> o_lat
-// [B, H, r] in the query's dtype: the query turned into the code's row (float32, then its dtype), the kernel
-// over the layer's codes and scales with cs [positions, width] float32, its output turned back (+ the
-// latent's mean) in float32; the maps through `linear` (qlinear's) where the code holds them packed.
-at::Tensor coded_decode(CodedDecodeFn kernel, LinearFn linear, int64_t caps_linear, const at::Tensor& query,
-                        const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& cs,
-                        const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t heads,
-                        int64_t block_size, const PlanCoded& code, int64_t caps, int64_t threads) {
-  const int64_t B = query.size(0), rows = query.size(1), width = query.size(2);
-  at::Tensor turned = map_rows(query.reshape({-1, width}).to(at::kFloat), code.query_map, code.query_packed, linear,
-                               caps_linear).view({B, rows, -1});
-  at::Tensor out = kernel(turned.to(query.scalar_type()), codes, scales, code.runs, code.steps, cs, code.latent_columns,
-                          block_tables, context_lens, context_lens.new_empty(0), heads, block_size, caps, threads);
-  at::Tensor o_lat = map_rows(out.view({B * rows, -1}).to(at::kFloat), code.out_map, code.out_packed, linear, caps_linear);
-  if (code.latent_mean.defined()) o_lat.add_(code.latent_mean);
-  return o_lat.view({B, rows, -1}).to(query.scalar_type());
+// KernelView.turn_rope: the rope query [B, H, dr] -> its columns of the kernel's row [B, H, E] in its dtype
+// (the map in float32, through `linear` where the code holds it packed).
+at::Tensor coded_rope_query(const at::Tensor& q_rope, const PlanCoded& code, LinearFn linear, int64_t caps_linear) {
+  const at::Tensor flat = q_rope.reshape({-1, q_rope.size(-1)}).to(at::kFloat);
+  return map_rows(flat, code.rope_map, code.rope_packed, linear, caps_linear)
+      .to(q_rope.scalar_type())
+      .view({q_rope.size(0), q_rope.size(1), -1});
 }

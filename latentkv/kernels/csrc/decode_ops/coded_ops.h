@@ -10,6 +10,4 @@
 void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, at::Tensor slots, at::Tensor codes,
                  at::Tensor scales, const PlanCoded& code);
 
-at::Tensor coded_decode(CodedDecodeFn kernel, LinearFn linear, int64_t caps_linear, const at::Tensor& query, const at::Tensor& codes, const at::Tensor& scales,
-                        const at::Tensor& cs, const at::Tensor& block_tables, const at::Tensor& context_lens,
-                        int64_t heads, int64_t block_size, const PlanCoded& code, int64_t caps, int64_t threads);
+at::Tensor coded_rope_query(const at::Tensor& q_rope, const PlanCoded& code, LinearFn linear, int64_t caps_linear);

@@ -91,18 +91,24 @@ class DecodePlan {
       }
       if (l.coded.defined) coded_write(c, k_r, cos_i, sin_i, slots, l.latent, l.cache_scale, l.coded);
       else write_latent(c, k_r, cos_i, sin_i, l.interleaved, slots, l.kv, l.latent, l.cache_scale, l.cache_rope, l.qmax, caps_ops_);
+      // a transform-coded cache: w_uk and w_uv_t come turned into its basis (MLAttention.absorb / unabsorb with
+      // the code's turn), the rope query mapped into the kernel's row beside them
+      if (l.coded.defined) q_rope = coded_rope_query(q_rope, l.coded, linear_, caps_linear_);
       at::Tensor query = head_matmul(q.narrow(2, 0, l.dn), l.w_uk, l.scale, q_rope, caps_ops_, l.uk_packed).view({B, l.n_heads, -1});
       at::Tensor o_lat;
       if (l.coded.defined) {
         TORCH_CHECK(l.cs_index < (int64_t)cs.size(), "DecodePlan.run: layer ", i, " reads cos / sin table ", l.cs_index,
                     " of ", cs.size());
-        o_lat = coded_decode(coded_decode_, linear_, caps_linear_, query, l.latent, l.cache_scale, cs[l.cs_index],
-                             block_tables, context_lens, l.n_heads, l.block_size, l.coded, caps_attention_, threads);
+        o_lat = coded_decode_(query, l.latent, l.cache_scale, l.coded.runs, l.coded.steps, cs[l.cs_index],
+                              l.coded.latent_columns, block_tables, context_lens, context_lens.new_empty(0), l.n_heads,
+                              l.block_size, caps_attention_, threads);
       } else {
         o_lat = decode_(query, l.kv, l.latent, l.cache_scale, l.cache_rope, l.cache_kind, block_tables, context_lens,
                         context_lens.new_empty(0), l.n_heads, l.kv_rank, l.block_size, caps_attention_, threads);
       }
-      at::Tensor attn = head_matmul(o_lat, l.w_uv_t, 1.0, e, caps_ops_, l.uv_packed).view({B, l.n_heads * l.dv});
+      at::Tensor attn = head_matmul(o_lat, l.w_uv_t, 1.0, e, caps_ops_, l.uv_packed);
+      if (l.uv_bias.defined()) attn = at::add(attn, l.uv_bias);  // (MLAttention.unabsorb's, with a turn)
+      attn = attn.view({B, l.n_heads * l.dv});
       std::vector<at::Tensor> post = rms_norm(x, l.w_post, l.norm_eps, linear(l.o, attn), caps_ops_);
       x = post[0];
       if (l.moe.defined) {  // MoE.forward: the router, then the experts in one call

@@ -75,9 +75,10 @@ struct plan_fields::From<PlanCodedSide> : plan_fields::FromStruct<PlanCodedSide>
 
 // A transform-coded layer's cache (cache/coded.py native_code): the writer's sides, means (undefined: not
 // centred; both float32, the rope key's before RoPE), RoPE layout and each packed value's width uint8
-// [stored, both sides]; the reader's runs and steps (kernels/attention.py coded_runs), query and output maps
-// float32 and the same packed for qlinear's float32 record (undefined: invariant.linear's padded sgemm), the
-// latent's mean float32 (undefined: none) and the kernel's output columns.
+// [stored, both sides]; the reader's runs and steps (kernels/attention.py coded_runs), the rope query's map
+// into the kernel's row float32 [E, dr] and the same packed for qlinear's float32 record (undefined:
+// invariant.linear's padded sgemm), and the kernel's output columns. The layer's W_UK and W_UVᵀ come
+// turned (PlanLayer's w_uk, w_uv_t and uv_bias: MLAttention.turned_heads).
 #define LATENTKV_PLAN_CODED(X)          \
   X(PlanCodedSide, latent_side, true)   \
   X(PlanCodedSide, rope_side, true)     \
@@ -87,10 +88,8 @@ struct plan_fields::From<PlanCodedSide> : plan_fields::FromStruct<PlanCodedSide>
   X(at::Tensor, widths, true)           \
   X(at::Tensor, runs, true)             \
   X(at::Tensor, steps, true)            \
-  X(at::Tensor, query_map, true)        \
-  X(at::Tensor, out_map, true)          \
-  X(at::Tensor, query_packed, false)    \
-  X(at::Tensor, out_packed, false)      \
+  X(at::Tensor, rope_map, true)         \
+  X(at::Tensor, rope_packed, false)     \
   X(int64_t, latent_columns, true)
 
 struct PlanCoded {
@@ -111,7 +110,8 @@ struct plan_fields::From<PlanMoe> : plan_fields::FromStruct<PlanMoe> {};
 // without), the spec's shapes and constants, and the layer's cache as the kernels take it
 // (LatentCache.kernel_tensors: kv, or latent + scale + rope; the others empty), its format's code for the
 // attention kernel (kernels/attention.py cache_kind) and its qmax; a transform-coded cache: its code
-// (`coded`; cache_kind unused) and which of the step's cos / sin tables (`cs`) its reader takes.
+// (`coded`; cache_kind unused), which of the step's cos / sin tables (`cs`) its reader takes, and W_UV's
+// image of the latent's mean [H, dv] in the activations' dtype, added to the values (undefined: none).
 #define LATENTKV_PLAN_LAYER(X)          \
   X(at::Tensor, w_in, true)             \
   X(at::Tensor, w_post, true)           \
@@ -148,7 +148,8 @@ struct plan_fields::From<PlanMoe> : plan_fields::FromStruct<PlanMoe> {};
   X(double, qmax, true)                 \
   X(int64_t, block_size, true)          \
   X(PlanCoded, coded, false)            \
-  X(int64_t, cs_index, false)
+  X(int64_t, cs_index, false)           \
+  X(at::Tensor, uv_bias, false)
 
 struct PlanLayer {
   static constexpr const char* NAME = "PlanLayer";
