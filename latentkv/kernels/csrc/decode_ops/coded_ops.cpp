@@ -19,6 +19,7 @@
 
 namespace {
 
+constexpr int64_t ROWS_GRAIN = 64;  // tokens a thread takes at least (a prompt's rows split; a decode step's not)
 constexpr int64_t TC_WRITE_GROUPS = 512;  // scale groups a side may have (mla_decode_coded's TC_MAX_GROUPS a token)
 
 // invariant.linear on float32 rows: x [M, K] @ w [N, K]ᵀ with M padded by zero rows to a multiple of 4 below
@@ -52,24 +53,26 @@ void centred_rows(const at::Tensor& c, const at::Tensor& k_r, const at::Tensor& 
   const bool centred = code.latent_mean.defined();
   const float* lm = centred ? code.latent_mean.data_ptr<float>() : nullptr;
   const float* rm = centred ? code.rope_mean.data_ptr<float>() : nullptr;
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < r; ++i) {
-      const float v = static_cast<float>(cp[t * c.stride(0) + i * c.stride(1)]);
-      xl[t * r + i] = centred ? in_dtype<T>(v - in_dtype<T>(lm[i])) : v;
-    }
-    for (int64_t p = 0; p < half; ++p) {
-      const int64_t ia = code.interleaved ? 2 * p : p, ib = code.interleaved ? 2 * p + 1 : p + half;
-      const float a = static_cast<float>(kp[t * k_r.stride(0) + ia * k_r.stride(1)]);
-      const float b = static_cast<float>(kp[t * k_r.stride(0) + ib * k_r.stride(1)]);
-      const float cs = cosp[t * cos.stride(0) + p * cos.stride(1)], sn = sinp[t * sin.stride(0) + p * sin.stride(1)];
-      float re = in_dtype<T>(a * cs - b * sn), im = in_dtype<T>(b * cs + a * sn);
-      if (centred) {
-        re = in_dtype<T>(re - in_dtype<T>(rm[ia] * cs - rm[ib] * sn));
-        im = in_dtype<T>(im - in_dtype<T>(rm[ib] * cs + rm[ia] * sn));
+  at::parallel_for(0, n, ROWS_GRAIN, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t i = 0; i < r; ++i) {
+        const float v = static_cast<float>(cp[t * c.stride(0) + i * c.stride(1)]);
+        xl[t * r + i] = centred ? in_dtype<T>(v - in_dtype<T>(lm[i])) : v;
       }
-      xr[t * dr + ia] = re, xr[t * dr + ib] = im;
+      for (int64_t p = 0; p < half; ++p) {
+        const int64_t ia = code.interleaved ? 2 * p : p, ib = code.interleaved ? 2 * p + 1 : p + half;
+        const float a = static_cast<float>(kp[t * k_r.stride(0) + ia * k_r.stride(1)]);
+        const float b = static_cast<float>(kp[t * k_r.stride(0) + ib * k_r.stride(1)]);
+        const float cs = cosp[t * cos.stride(0) + p * cos.stride(1)], sn = sinp[t * sin.stride(0) + p * sin.stride(1)];
+        float re = in_dtype<T>(a * cs - b * sn), im = in_dtype<T>(b * cs + a * sn);
+        if (centred) {
+          re = in_dtype<T>(re - in_dtype<T>(rm[ia] * cs - rm[ib] * sn));
+          im = in_dtype<T>(im - in_dtype<T>(rm[ib] * cs + rm[ia] * sn));
+        }
+        xr[t * dr + ia] = re, xr[t * dr + ib] = im;
+      }
     }
-  }
+  });
 }
 
 // transform_code.encode's steps after the turn, for token row y [stored] of one side: each group's RMS (its
@@ -154,20 +157,22 @@ void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, a
   at::Tensor y[2];
   for (int k = 0; k < 2; ++k) y[k] = invariant_linear(x[k], sides[k]->turn).contiguous();  // transform_code.encode's turn
 
-  std::vector<uint8_t> values(stored[0] + stored[1]);
-  std::vector<at::Half> scale(G);
-  for (int64_t t = 0; t < T; ++t) {
-    quantize_side(y[0].data_ptr<float>() + t * stored[0], *sides[0], scale.data(), values.data());
-    quantize_side(y[1].data_ptr<float>() + t * stored[1], *sides[1], scale.data() + groups[0], values.data() + stored[0]);
-    uint8_t* dst = codes.data_ptr<uint8_t>() + slot[t] * code_bytes;
-    std::memset(dst, 0, code_bytes);
-    for (int64_t i = 0, at = 0; i < (int64_t)values.size(); at += w[i], ++i) {  // b <= 8 bits: two bytes at most
-      const uint32_t shifted = (uint32_t)values[i] << (at & 7);
-      dst[at >> 3] |= (uint8_t)shifted;
-      if (shifted >> 8) dst[(at >> 3) + 1] |= (uint8_t)(shifted >> 8);
+  at::parallel_for(0, T, ROWS_GRAIN, [&](int64_t begin, int64_t end) {  // (tokens apart: each its own slot)
+    std::vector<uint8_t> values(stored[0] + stored[1]);
+    std::vector<at::Half> scale(G);
+    for (int64_t t = begin; t < end; ++t) {
+      quantize_side(y[0].data_ptr<float>() + t * stored[0], *sides[0], scale.data(), values.data());
+      quantize_side(y[1].data_ptr<float>() + t * stored[1], *sides[1], scale.data() + groups[0], values.data() + stored[0]);
+      uint8_t* dst = codes.data_ptr<uint8_t>() + slot[t] * code_bytes;
+      std::memset(dst, 0, code_bytes);
+      for (int64_t i = 0, at = 0; i < (int64_t)values.size(); at += w[i], ++i) {  // b <= 8 bits: two bytes at most
+        const uint32_t shifted = (uint32_t)values[i] << (at & 7);
+        dst[at >> 3] |= (uint8_t)shifted;
+        if (shifted >> 8) dst[(at >> 3) + 1] |= (uint8_t)(shifted >> 8);
+      }
+      std::memcpy(scales.data_ptr<at::Half>() + slot[t] * G, scale.data(), G * sizeof(at::Half));
     }
-    std::memcpy(scales.data_ptr<at::Half>() + slot[t] * G, scale.data(), G * sizeof(at::Half));
-  }
+  });
 }
 
 // KernelView.turn_rope: the rope query [B, H, dr] -> its columns of the kernel's row [B, H, E] in its dtype
