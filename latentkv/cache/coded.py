@@ -20,7 +20,7 @@ import torch
 from latentkv import invariant
 from latentkv.cache import transform_code as tc
 from latentkv.config import ModelConfig
-from latentkv.kernels import qlinear
+from latentkv.kernels import decode_ops, qlinear
 from latentkv.kernels.attention import coded_runs
 from latentkv.rope import apply_rope, attention_factor, cos_sin, layer_inv_freq
 
@@ -119,7 +119,21 @@ def decode(
     code: LayerCode, packed: torch.Tensor, scales: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """packed [N, code_bytes], scales [N, scales] of tokens at positions [N] -> [c ; k_r] rows [N, r + dr]
-    in `dtype`, the means added back as transform_code.round_trip adds them (in `dtype`)."""
+    in `dtype`, the means added back as transform_code.round_trip adds them (in `dtype`): one native call
+    where the fused ops run (decode_ops coded_read: reference_decode's bits), else reference_decode."""
+    if decode_ops.available() and packed.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        module = decode_ops.extension()
+        out = torch.empty(packed.shape[0], len(code.latent_bits) + len(code.rope_bits), dtype=dtype)
+        rows = (packed.contiguous(), scales.contiguous(), positions.contiguous())
+        module.coded_read(*rows, out, native_code(code, module))
+        return out
+    return reference_decode(code, packed, scales, positions, dtype)
+
+
+def reference_decode(
+    code: LayerCode, packed: torch.Tensor, scales: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """decode in torch ops (the format's definition)."""
     r = len(code.latent_bits)
     values = unpack(packed, code.widths).to(torch.uint8) if code.widths else packed[:, :0]
     latent = tc.side_maps(code.latent_bits, code.group)
@@ -259,7 +273,7 @@ def native_code(code: LayerCode, module):
     def side(bits: tuple[int, ...]):
         m = tc.side_maps(bits, code.group)
         return module.PlanCodedSide(
-            turn=m.turn, group=m.group, sizes=m.sizes, step=m.step, half=m.half, top=2 * m.half - 1
+            turn=m.turn, back=m.back, group=m.group, sizes=m.sizes, step=m.step, half=m.half, top=2 * m.half - 1
         )
 
     return module.PlanCoded(
@@ -268,6 +282,8 @@ def native_code(code: LayerCode, module):
         latent_mean=view.latent_mean,
         rope_mean=None if code.rope_mean is None else torch.tensor(code.rope_mean, dtype=torch.float32),
         interleaved=code.interleaved,
+        inv_freq=torch.tensor(code.inv_freq, dtype=torch.float32),
+        rope_factor=code.rope_factor,
         widths=torch.tensor(code.widths, dtype=torch.uint8),
         runs=view.runs,
         steps=view.steps,

@@ -111,6 +111,21 @@ def test_the_native_writer_stores_the_reference_writers_bits(dtype, seed, centre
     assert ref.latent.any() and torch.equal(ours.latent, ref.latent) and torch.equal(ours.scale, ref.scale)
 
 
+@pytest.mark.skipif(not fused.available(), reason="the fused ops are not built here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed,centred,factor", [(1, True, 1.0), (2, True, 1.25), (4, False, 1.0), (5, True, 1.0)])
+def test_the_native_reader_gives_the_reference_readers_rows(dtype, seed, centred, factor):
+    """coded.decode (decode_ops coded_read where the fused ops run, as every reader of the cache calls it)
+    gives reference_decode's rows bit for bit: random codes of every width, scales, positions."""
+    code = layer_code(seed, centred, factor)
+    gen = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (37, code.code_bytes), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(37, code.scales, generator=gen) * 3 + 0.01).half()
+    positions = torch.randint(0, 70000, (37,), generator=gen)
+    got = coded.decode(code, packed, scales, positions, dtype)
+    assert got.dtype == dtype and torch.equal(got, coded.reference_decode(code, packed, scales, positions, dtype))
+
+
 def tiny_config(code: tc.TransformCode | None) -> ModelConfig:
     extensions = {"kv_lora_ranks": [R, R - 2]} | ({} if code is None else {"cache_format": code.to_dict()})
     return ModelConfig.from_dict(

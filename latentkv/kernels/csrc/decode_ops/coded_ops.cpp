@@ -175,6 +175,89 @@ void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, a
   });
 }
 
+// coded.reference_decode: codes [N, code_bytes] uint8, scales [N, groups] float16 of rows at positions [N]
+// int64 -> out [N, r + dr] (float32 or bf16: the model dtype), each row [c ; k_r] with the means added back.
+// The unpacking, (code - half + 1/2) x scale x STEP and the means value by value as the reference rounds
+// them; the turns back, and the cos / sin of the positions, torch's own ops as the reference runs them.
+void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::Tensor out, const PlanCoded& code) {
+  const PlanCodedSide* sides[2] = {&code.latent_side, &code.rope_side};
+  const int64_t N = codes.size(0), stored[2] = {sides[0]->group.numel(), sides[1]->group.numel()};
+  const int64_t groups[2] = {sides[0]->sizes.numel(), sides[1]->sizes.numel()};
+  const int64_t n[2] = {sides[0]->turn.size(1), sides[1]->turn.size(1)}, width = n[0] + n[1];
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2 &&
+                  scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 2 &&
+                  scales.size(0) == N && scales.size(1) == groups[0] + groups[1],
+              "coded_read: codes uint8 [N, code bytes] and scales float16 [N, ", groups[0] + groups[1], "], contiguous");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == N,
+              "coded_read: positions int64 [N]");
+  TORCH_CHECK((out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16) && out.is_contiguous() &&
+                  out.dim() == 2 && out.size(0) == N && out.size(1) == width,
+              "coded_read: out float32 or bf16 [N, ", width, "], contiguous");
+  const uint8_t* w = code.widths.data_ptr<uint8_t>();
+  int64_t bits = 0;
+  for (int64_t i = 0; i < code.widths.numel(); ++i) bits += w[i];
+  TORCH_CHECK(code.widths.numel() == stored[0] + stored[1] && (bits + 7) / 8 == codes.size(1), "coded_read: ", bits,
+              " bits a token, the codes hold ", codes.size(1), " bytes");
+  const auto f32 = codes.options().dtype(at::kFloat);
+  at::Tensor y[2] = {at::empty({N, stored[0]}, f32), at::empty({N, stored[1]}, f32)};
+  at::parallel_for(0, N, ROWS_GRAIN, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* src = codes.data_ptr<uint8_t>() + t * codes.size(1);
+      const at::Half* sc = scales.data_ptr<at::Half>() + t * scales.size(1);
+      int64_t at = 0, i = 0;
+      for (int k = 0; k < 2; ++k) {
+        const PlanCodedSide& s = *sides[k];
+        const int64_t* group = s.group.data_ptr<int64_t>();
+        const float* step = s.step.data_ptr<float>();
+        const float* half = s.half.data_ptr<float>();
+        float* dst = y[k].data_ptr<float>() + t * stored[k];
+        for (int64_t j = 0; j < stored[k]; at += w[i], ++i, ++j) {  // pack's layout: b <= 8 bits in two bytes
+          const uint32_t pair = src[at >> 3] | ((at >> 3) + 1 < codes.size(1) ? (uint32_t)src[(at >> 3) + 1] << 8 : 0u);
+          const float c = (float)((pair >> (at & 7)) & ((1u << w[i]) - 1));
+          dst[j] = (c - half[j] + 0.5f) * (static_cast<float>(sc[group[j]]) * step[j]);
+        }
+        sc += groups[k];
+      }
+    }
+  });
+  at::Tensor x[2];
+  for (int k = 0; k < 2; ++k) x[k] = invariant_linear(y[k], sides[k]->back).contiguous();  // transform_code.decode's
+  const bool centred = code.latent_mean.defined();
+  at::Tensor cos, sin;
+  if (centred) {  // LayerCode.angles: rope.cos_sin of the positions, times the factor
+    const at::Tensor angles = positions.to(at::kFloat).unsqueeze(1).mul(code.inv_freq.unsqueeze(0));
+    cos = angles.cos(), sin = angles.sin();
+    if (code.rope_factor != 1.0) cos = cos.mul(code.rope_factor), sin = sin.mul(code.rope_factor);
+    cos = cos.contiguous(), sin = sin.contiguous();
+  }
+  const int64_t r = n[0], dr = n[1], half = dr / 2;
+  auto fill = [&](auto* o, auto tag) {
+    using T = decltype(tag);
+    const float* lm = centred ? code.latent_mean.data_ptr<float>() : nullptr;
+    const float* rm = centred ? code.rope_mean.data_ptr<float>() : nullptr;
+    at::parallel_for(0, N, ROWS_GRAIN, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* xl = x[0].data_ptr<float>() + t * r;
+        const float* xr = x[1].data_ptr<float>() + t * dr;
+        T* row = o + t * width;
+        for (int64_t i = 0; i < r; ++i) row[i] = centred ? T(in_dtype<T>(xl[i]) + in_dtype<T>(lm[i])) : T(xl[i]);
+        if (!centred) {
+          for (int64_t i = 0; i < dr; ++i) row[r + i] = T(xr[i]);
+          continue;
+        }
+        for (int64_t p = 0; p < half; ++p) {  // the rope key's mean turned (LayerCode.turned_mean), added in T
+          const int64_t ia = code.interleaved ? 2 * p : p, ib = code.interleaved ? 2 * p + 1 : p + half;
+          const float cs = cos.data_ptr<float>()[t * half + p], sn = sin.data_ptr<float>()[t * half + p];
+          row[r + ia] = T(in_dtype<T>(xr[ia]) + in_dtype<T>(rm[ia] * cs - rm[ib] * sn));
+          row[r + ib] = T(in_dtype<T>(xr[ib]) + in_dtype<T>(rm[ib] * cs + rm[ia] * sn));
+        }
+      }
+    });
+  };
+  if (out.scalar_type() == at::kBFloat16) fill(out.data_ptr<at::BFloat16>(), at::BFloat16());
+  else fill(out.data_ptr<float>(), 0.0f);
+}
+
 // KernelView.turn_rope: the rope query [B, H, dr] -> its columns of the kernel's row [B, H, E] in its dtype
 // (the map in float32, through `linear` where the code holds it packed).
 at::Tensor coded_rope_query(const at::Tensor& q_rope, const PlanCoded& code, LinearFn linear, int64_t caps_linear) {

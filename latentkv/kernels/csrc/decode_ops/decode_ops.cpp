@@ -386,6 +386,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_pack", &head_pack, py::call_guard<py::gil_scoped_release>(), "w [H, K, C] in head_matmul's AMX layout, or empty where that path does not apply");
   m.def("rope", &rope, py::call_guard<py::gil_scoped_release>(), "rotate [N, G, d] by cos/sin [N, d/2]");
   m.def("write_latent", &write_latent, py::call_guard<py::gil_scoped_release>(), "rope on k_r + quantization + write into the paged cache");
+  m.def("coded_read", &coded_read, py::call_guard<py::gil_scoped_release>(), "a transform-coded cache's rows dequantized, the means added back (see coded_ops.cpp)");
   m.def("coded_write", &coded_write, py::call_guard<py::gil_scoped_release>(), "rope on k_r + transform code + write into a coded paged cache (see coded_ops.cpp)");
   m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "(x + residual, rms_norm(x + residual)); without residual (x, rms_norm(x))");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up");
