@@ -50,20 +50,23 @@ void centred_rows(const at::Tensor& c, const at::Tensor& k_r, const at::Tensor& 
   const T* kp = k_r.data_ptr<T>();
   const float* cosp = cos.data_ptr<float>();
   const float* sinp = sin.data_ptr<float>();
-  const bool centred = code.latent_mean.defined();
+  const bool centred = code.latent_mean.defined(), interleaved = code.interleaved;
   const float* lm = centred ? code.latent_mean.data_ptr<float>() : nullptr;
   const float* rm = centred ? code.rope_mean.data_ptr<float>() : nullptr;
+  // (strides read once: the rows may be views of the projection's output)
+  const int64_t c0 = c.stride(0), c1 = c.stride(1), k0 = k_r.stride(0), k1 = k_r.stride(1);
+  const int64_t cos0 = cos.stride(0), cos1 = cos.stride(1), sin0 = sin.stride(0), sin1 = sin.stride(1);
   at::parallel_for(0, n, ROWS_GRAIN, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i = 0; i < r; ++i) {
-        const float v = static_cast<float>(cp[t * c.stride(0) + i * c.stride(1)]);
+        const float v = static_cast<float>(cp[t * c0 + i * c1]);
         xl[t * r + i] = centred ? in_dtype<T>(v - in_dtype<T>(lm[i])) : v;
       }
       for (int64_t p = 0; p < half; ++p) {
-        const int64_t ia = code.interleaved ? 2 * p : p, ib = code.interleaved ? 2 * p + 1 : p + half;
-        const float a = static_cast<float>(kp[t * k_r.stride(0) + ia * k_r.stride(1)]);
-        const float b = static_cast<float>(kp[t * k_r.stride(0) + ib * k_r.stride(1)]);
-        const float cs = cosp[t * cos.stride(0) + p * cos.stride(1)], sn = sinp[t * sin.stride(0) + p * sin.stride(1)];
+        const int64_t ia = interleaved ? 2 * p : p, ib = interleaved ? 2 * p + 1 : p + half;
+        const float a = static_cast<float>(kp[t * k0 + ia * k1]);
+        const float b = static_cast<float>(kp[t * k0 + ib * k1]);
+        const float cs = cosp[t * cos0 + p * cos1], sn = sinp[t * sin0 + p * sin1];
         float re = in_dtype<T>(a * cs - b * sn), im = in_dtype<T>(b * cs + a * sn);
         if (centred) {
           re = in_dtype<T>(re - in_dtype<T>(rm[ia] * cs - rm[ib] * sn));
@@ -200,19 +203,26 @@ void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::T
               " bits a token, the codes hold ", codes.size(1), " bytes");
   const auto f32 = codes.options().dtype(at::kFloat);
   at::Tensor y[2] = {at::empty({N, stored[0]}, f32), at::empty({N, stored[1]}, f32)};
+  // every pointer and size read once, outside the rows' loops (each accessor call checks the tensor)
+  const uint8_t* all_codes = codes.data_ptr<uint8_t>();
+  const at::Half* all_scales = scales.data_ptr<at::Half>();
+  const int64_t code_bytes = codes.size(1), scale_count = scales.size(1);
+  const int64_t* group_of[2] = {sides[0]->group.data_ptr<int64_t>(), sides[1]->group.data_ptr<int64_t>()};
+  const float* step_of[2] = {sides[0]->step.data_ptr<float>(), sides[1]->step.data_ptr<float>()};
+  const float* half_of[2] = {sides[0]->half.data_ptr<float>(), sides[1]->half.data_ptr<float>()};
+  float* y_of[2] = {y[0].data_ptr<float>(), y[1].data_ptr<float>()};
   at::parallel_for(0, N, ROWS_GRAIN, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const uint8_t* src = codes.data_ptr<uint8_t>() + t * codes.size(1);
-      const at::Half* sc = scales.data_ptr<at::Half>() + t * scales.size(1);
+      const uint8_t* src = all_codes + t * code_bytes;
+      const at::Half* sc = all_scales + t * scale_count;
       int64_t at = 0, i = 0;
       for (int k = 0; k < 2; ++k) {
-        const PlanCodedSide& s = *sides[k];
-        const int64_t* group = s.group.data_ptr<int64_t>();
-        const float* step = s.step.data_ptr<float>();
-        const float* half = s.half.data_ptr<float>();
-        float* dst = y[k].data_ptr<float>() + t * stored[k];
+        const int64_t* group = group_of[k];
+        const float* step = step_of[k];
+        const float* half = half_of[k];
+        float* dst = y_of[k] + t * stored[k];
         for (int64_t j = 0; j < stored[k]; at += w[i], ++i, ++j) {  // pack's layout: b <= 8 bits in two bytes
-          const uint32_t pair = src[at >> 3] | ((at >> 3) + 1 < codes.size(1) ? (uint32_t)src[(at >> 3) + 1] << 8 : 0u);
+          const uint32_t pair = src[at >> 3] | ((at >> 3) + 1 < code_bytes ? (uint32_t)src[(at >> 3) + 1] << 8 : 0u);
           const float c = (float)((pair >> (at & 7)) & ((1u << w[i]) - 1));
           dst[j] = (c - half[j] + 0.5f) * (static_cast<float>(sc[group[j]]) * step[j]);
         }
@@ -235,10 +245,15 @@ void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::T
     using T = decltype(tag);
     const float* lm = centred ? code.latent_mean.data_ptr<float>() : nullptr;
     const float* rm = centred ? code.rope_mean.data_ptr<float>() : nullptr;
+    const float* cosp = centred ? cos.data_ptr<float>() : nullptr;
+    const float* sinp = centred ? sin.data_ptr<float>() : nullptr;
+    const float* x0 = x[0].data_ptr<float>();
+    const float* x1 = x[1].data_ptr<float>();
+    const bool interleaved = code.interleaved;
     at::parallel_for(0, N, ROWS_GRAIN, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const float* xl = x[0].data_ptr<float>() + t * r;
-        const float* xr = x[1].data_ptr<float>() + t * dr;
+        const float* xl = x0 + t * r;
+        const float* xr = x1 + t * dr;
         T* row = o + t * width;
         for (int64_t i = 0; i < r; ++i) row[i] = centred ? T(in_dtype<T>(xl[i]) + in_dtype<T>(lm[i])) : T(xl[i]);
         if (!centred) {
@@ -246,8 +261,8 @@ void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::T
           continue;
         }
         for (int64_t p = 0; p < half; ++p) {  // the rope key's mean turned (LayerCode.turned_mean), added in T
-          const int64_t ia = code.interleaved ? 2 * p : p, ib = code.interleaved ? 2 * p + 1 : p + half;
-          const float cs = cos.data_ptr<float>()[t * half + p], sn = sin.data_ptr<float>()[t * half + p];
+          const int64_t ia = interleaved ? 2 * p : p, ib = interleaved ? 2 * p + 1 : p + half;
+          const float cs = cosp[t * half + p], sn = sinp[t * half + p];
           row[r + ia] = T(in_dtype<T>(xr[ia]) + in_dtype<T>(rm[ia] * cs - rm[ib] * sn));
           row[r + ib] = T(in_dtype<T>(xr[ib]) + in_dtype<T>(rm[ib] * cs + rm[ia] * sn));
         }
