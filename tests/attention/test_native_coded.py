@@ -19,6 +19,7 @@ from latentkv.cache.coded import LayerCode
 from latentkv.cache.latent_cache import LatentCache
 from latentkv.facts import TRANSFORM_CODE
 from latentkv.kernels import attention as attention_kernels
+from latentkv.kernels.attention import coded_runs, mla_decode_coded
 from latentkv.rope import cos_sin
 
 pytestmark = pytest.mark.skipif(
@@ -144,6 +145,26 @@ def test_a_sequence_gets_the_same_bits_alone_and_batched(isa, dtype):
     for b in range(3):
         alone, _ = build_metadata([1], [lengths[b]], [tables[b]], BS, split=False)
         assert torch.equal(coded_latent_attention(query[b : b + 1], cache, alone, path=isa)[0], batched[b])
+
+
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_of_any_width_reads_as_on_the_scalar_path(isa, dtype):
+    """The kernel called with a row whose width is no multiple of 32 (33 values and 2 cos / sin columns;
+    kernel_view pads its rows, a direct caller need not): where a 32-column chunk would pass the row's
+    end the runs read it, and every path gives the scalar path's output within float noise."""
+    groups = [(3, 20, 0.586, 0), (7, 13, 0.057, 20)]
+    runs, steps = coded_runs(groups)
+    gen = torch.Generator().manual_seed(8)
+    code_bytes = -(-sum(b * n for b, n, _, _ in groups) // 8)
+    codes = torch.randint(0, 256, (5, BS, code_bytes), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(5, BS, len(groups), generator=gen) + 0.5).half()
+    cs = torch.randn(64, 2, generator=gen)
+    tables, lens = torch.tensor([[4, 2, 1], [3, 0, 0]]), torch.tensor([40, 9])
+    query = (torch.randn(2, HEADS, 35, generator=gen) * 0.3).to(dtype)
+    got = mla_decode_coded(query, codes, scales, runs, steps, cs, 33, tables, lens, None, HEADS, isa).float()
+    want = mla_decode_coded(query, codes, scales, runs, steps, cs, 33, tables, lens, None, HEADS, "scalar").float()
+    assert ((got - want).abs().max() / want.abs().max()).item() <= TOL[dtype]
 
 
 def test_the_runs_cover_every_code_once_inside_its_load():

@@ -8,11 +8,12 @@
 #include <vector>
 
 // The layer's runs as chunks of 32 columns (TcChunk), and each scale group's STEP; none (chunks left
-// empty: the kernels read the runs) where a chunk's codes span more than its window or the token has more
-// scale groups than the chunks read.
+// empty: the kernels read the runs) where a chunk's codes span more than its window, the token has more
+// scale groups than the chunks read, or the last chunk would pass the row's end (a float32 tile's rows are
+// the row's width apart; coded.kernel_view's rows are multiples of 32 wide, so it never does there).
 inline void tc_chunks(const TcLayout& tc, std::vector<TcChunk>& chunks, float* group_step) {
-  if (tc.groups > TC_CHUNK_GROUPS) return;
   const int n = (tc.values + 31) / 32;
+  if (tc.groups > TC_CHUNK_GROUPS || 32 * n > tc.values + tc.cs_width) return;
   std::vector<int64_t> bit(32 * n, -1);  // each column's first bit (-1: no code)
   std::vector<int> width(32 * n, 0), group(32 * n, 0);
   std::vector<float> off(32 * n, 0.0f);
