@@ -160,9 +160,11 @@ class KernelView:
     basis (a group's values are R x, so q . x = (R q) . y) and weighs cos and sin by the rope key's turned
     mean (linear in them); `out_map` [r, latent columns] turns the kernel's output back (Rᵀ per group, 0
     for a direction with no bits), to which the latent's mean is added (the weights sum to 1; in the
-    scores it is one constant per row, which the softmax drops). Both maps run latentkv's fixed-order
-    float32 kernel where it is built (query_packed, out_packed: qlinear.pack_f32; the decode plan runs the
-    same), else invariant.linear."""
+    scores it is one constant per row, which the softmax drops). Served decode rows never take these two
+    maps: a layer folds `latent_map` and `out_map` into its absorbed weights (attention/layer_api.py
+    LatentTurn) and maps only the rope query, `rope_map` (latentkv's fixed-order float32 kernel where it
+    is built: rope_packed; the decode plan runs the same), so turn_query and turn_back (the unfolded form,
+    attention/native_backend.py coded_latent_attention) stay invariant.linear's."""
 
     runs: torch.Tensor
     steps: torch.Tensor
@@ -172,8 +174,6 @@ class KernelView:
     latent_columns: int  # the kernel's output width: the latent values and their padding
     freqs: torch.Tensor  # [f] the distinct RoPE frequencies
     factor: float
-    query_packed: torch.Tensor | None
-    out_packed: torch.Tensor | None
     latent_map: torch.Tensor  # [latent columns, r]: query_map's latent block (a layer folds it: LatentTurn)
     rope_map: torch.Tensor  # [row width - latent columns, dr]: its rope block (the rope key's and cos / sin columns)
     rope_packed: torch.Tensor | None
@@ -181,16 +181,20 @@ class KernelView:
 
     def turn_rope(self, q_rope: torch.Tensor) -> torch.Tensor:
         """The rope query [..., dr] -> its row columns [..., E] in its dtype (rope_map, float32; LatentTurn)."""
-        flat = _map(q_rope.reshape(-1, q_rope.shape[-1]).float(), self.rope_map, self.rope_packed)
+        flat = q_rope.reshape(-1, q_rope.shape[-1]).float()
+        if self.rope_packed is None:
+            flat = invariant.linear(flat, self.rope_map)
+        else:
+            flat = qlinear.linear(flat, self.rope_packed, 32, self.rope_map.shape[0])
         return flat.to(q_rope.dtype).view(*q_rope.shape[:-1], -1)
 
     def turn_query(self, query: torch.Tensor) -> torch.Tensor:
         """query [N, r + dr] -> [N, row width] float32 (query_map)."""
-        return _map(query.float(), self.query_map, self.query_packed)
+        return invariant.linear(query.float(), self.query_map)
 
     def turn_back(self, out: torch.Tensor) -> torch.Tensor:
         """The kernel's output [N, latent columns] -> [N, r] float32 (out_map), the latent's mean added."""
-        o_lat = _map(out.float(), self.out_map, self.out_packed)
+        o_lat = invariant.linear(out.float(), self.out_map)
         if self.latent_mean is not None:
             o_lat += self.latent_mean
         return o_lat
@@ -203,12 +207,6 @@ class KernelView:
             cos, sin = cos_sin(torch.arange(n), self.freqs)
             self._cs = (torch.cat((cos, sin), dim=-1) * self.factor).contiguous()
         return self._cs
-
-
-def _map(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    if packed is None:
-        return invariant.linear(x, weight)
-    return qlinear.linear(x, packed, 32, weight.shape[0])
 
 
 def _pad32(n: int) -> int:
@@ -244,7 +242,6 @@ def kernel_view(code: LayerCode) -> KernelView:
     mean = None if code.latent_mean is None else torch.tensor(code.latent_mean, dtype=torch.float32)
     query_map, out_map = qmap.T.contiguous(), qmap[:r, :latent_columns].contiguous()
     rope_map = qmap[r:, latent_columns:].T.contiguous()  # (the latent's rows map to its columns only, and back)
-    packed = qlinear.available()
     return KernelView(
         runs,
         steps,
@@ -254,11 +251,9 @@ def kernel_view(code: LayerCode) -> KernelView:
         latent_columns,
         freqs,
         code.rope_factor,
-        qlinear.pack_f32(query_map) if packed else None,
-        qlinear.pack_f32(out_map) if packed else None,
         qmap[:r, :latent_columns].T.contiguous(),
         rope_map,
-        qlinear.pack_f32(rope_map) if packed else None,
+        qlinear.pack_f32(rope_map) if qlinear.available() else None,
     )
 
 

@@ -112,7 +112,7 @@ class CacheFormat:
     @property
     def native_read(self) -> bool:
         """Whether mla_decode reads this format (a transform code: its own kernel, mla_decode_coded, through
-        attention/native_backend.py CodedBackend, and the decode plan's coded_decode)."""
+        attention/native_backend.py CodedBackend, and the decode plan)."""
         return not self.coded
 
     @property

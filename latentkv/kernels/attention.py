@@ -272,8 +272,9 @@ def mla_decode_coded(
     """query [B, M, values + cs width] float32 or bf16 (turned into the code's groups; its last columns weigh
     cos and sin of each key's position, cs [positions, cs width] float32) over one transform-coded layer:
     codes uint8 [blocks, bs, code bytes], scales float16 [blocks, bs, groups], read by `coded_runs`' runs
-    and steps -> [B, M, latent_values] in the query dtype, in the turned basis (attention/native_backend.py
-    coded_latent_attention turns it back). query_pos, heads, path, threads: as mla_decode."""
+    and steps -> [B, M, latent_values] in the query dtype, in the turned basis (the layer's turned W_UV takes
+    it as it is: attention/native_backend.py CodedBackend; coded_latent_attention turns it back).
+    query_pos, heads, path, threads: as mla_decode."""
     pos = query_pos if query_pos is not None else context_lens.new_empty(0)
     return extension().mla_decode_coded(
         query,

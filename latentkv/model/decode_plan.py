@@ -61,7 +61,7 @@ class DecodePlan:
         x = self.model.model.embed_tokens(input_ids)
         cs = [
             view.cs(int(meta.context_lens.max())) for view in self.cs_views
-        ]  # (grown as coded_latent_attention grows it)
+        ]  # (grown as native_backend.coded_kernel grows it)
         # the final RMSNorm too (model.model.norm's kernel, in the native call)
         return self.step.run(
             x, cos, sin, meta.slot_mapping, meta.block_tables, meta.context_lens, cs, torch.get_num_threads()

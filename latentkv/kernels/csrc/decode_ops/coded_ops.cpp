@@ -104,12 +104,6 @@ void quantize_side(const float* y, const PlanCodedSide& s, at::Half* scale, uint
   }
 }
 
-// A coded map: x [M, K] float32 @ w [N, K]ᵀ by qlinear's float32 record where packed, else invariant_linear
-// (KernelView._map).
-at::Tensor map_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed, LinearFn linear, int64_t caps) {
-  return packed.defined() ? linear(x, packed, 32, w.size(0), caps) : invariant_linear(x, w);
-}
-
 }  // namespace
 
 // c [T, r], k_r [T, dr] (not yet rotated) in the model dtype, cos / sin [T, dr/2] float32, slots [T] int64 ->
@@ -277,7 +271,8 @@ void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::T
 // (the map in float32, through `linear` where the code holds it packed).
 at::Tensor coded_rope_query(const at::Tensor& q_rope, const PlanCoded& code, LinearFn linear, int64_t caps_linear) {
   const at::Tensor flat = q_rope.reshape({-1, q_rope.size(-1)}).to(at::kFloat);
-  return map_rows(flat, code.rope_map, code.rope_packed, linear, caps_linear)
-      .to(q_rope.scalar_type())
-      .view({q_rope.size(0), q_rope.size(1), -1});
+  const at::Tensor& w = code.rope_map;
+  const at::Tensor mapped = code.rope_packed.defined() ? linear(flat, code.rope_packed, 32, w.size(0), caps_linear)
+                                                       : invariant_linear(flat, w);
+  return mapped.to(q_rope.scalar_type()).view({q_rope.size(0), q_rope.size(1), -1});
 }

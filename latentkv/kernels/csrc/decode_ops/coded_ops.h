@@ -1,5 +1,5 @@
-// A transform-coded cache's writer and the decode plan's reader (coded_ops.cpp), declared for decode_ops.cpp
-// (which binds the writer) and decode_step.cpp (which calls both).
+// A transform-coded cache's writer, reader and the decode plan's rope-query map (coded_ops.cpp), declared
+// for decode_ops.cpp (which binds the writer and the reader) and decode_step.cpp (the writer and the map).
 #pragma once
 #include "kernel_fns.h"
 #include "plan_layer.h"
