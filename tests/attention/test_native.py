@@ -108,13 +108,18 @@ def exact_attention(query, rows, query_lens, lengths, heads):
     return out
 
 
-def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, query_lens=None, isa=None, seed=0):
+def run_case(
+    lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, query_lens=None, isa=None, seed=0, zero_latent=None
+):
+    """zero_latent: a bool mask [B, Q*H] of query rows whose latent part is zero (an exact conversion's)."""
     query_lens = query_lens or [1] * len(lengths)
     cache, tables, rows = filled_cache(lengths, heads, rank, rope, dtype, cache_dtype, block_size, seed)
     meta, _ = build_metadata(query_lens, lengths, tables, block_size, split=False)
     q_max = meta.max_query_len
     gen = torch.Generator().manual_seed(seed + 1)
     query = (torch.randn(len(lengths), q_max * heads, rank + rope, generator=gen) * (rank + rope) ** -0.5 * 2).to(dtype)
+    if zero_latent is not None:
+        query[..., :rank][zero_latent] = 0
     pos = None if q_max == 1 else meta.query_pos
     turned = kernel_query(query, cache)
     got = attention_kernels.mla_decode(turned, cache, meta.block_tables, meta.context_lens, pos, heads, path=isa)
@@ -146,6 +151,25 @@ def run_case(lengths, heads, rank, rope, dtype, cache_dtype, block_size=16, quer
 )
 def test_batch_of_lengths_ending_mid_block_every_isa(isa, dtype, cache_dtype):
     run_case([1, 17, 300, 45], heads=9, rank=64, rope=32, dtype=dtype, cache_dtype=cache_dtype, isa=isa)
+
+
+@pytest.mark.parametrize("isa", attention_kernels.supported_isas())
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [(torch.bfloat16, "auto"), (torch.bfloat16, "int8"), (torch.bfloat16, "int8_rope8"), (torch.float32, "int8_rope8")],
+)
+@pytest.mark.parametrize("rank", [192, 240])  # 240: the latent ends mid-chunk (scored in full)
+def test_rows_whose_latent_query_is_zero_score_the_rope_key_alone(isa, dtype, cache_dtype, rank):
+    """An exact conversion's query has a zero latent part (W_UK all zero): the kernel may skip the
+    latent's scores for a group of rows that are all such, and only then. Sequence 0: every row
+    zero; sequence 1: rows 0, 4 and 8 (one per group of three) nonzero; sequence 2: none zero."""
+    zero = torch.zeros(3, 9, dtype=torch.bool)
+    zero[0] = True
+    zero[1] = True
+    zero[1, [0, 4, 8]] = False
+    run_case(
+        [300, 45, 70], heads=9, rank=rank, rope=192, dtype=dtype, cache_dtype=cache_dtype, isa=isa, zero_latent=zero
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 // Paged MLA decode with bf16 dot products (avx512_bf16: vdpbf16ps), for bf16 queries. Included
 // by attention_avx512_bf16.cpp (and the amx units) inside its namespace under a target pragma, after
-// exp_poly.h (e^x) and mla_decode_impl.h (the float32 fallback). Its one include is mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here.
+// exp_poly.h (e^x) and mla_decode_impl.h (the float32 fallback). Its includes: mla_job.h (Job, TILE, the cache kinds, prefetch), guarded: a no-op here; widen_bf16.h
+// (codes to bf16).
 //
 // Same work items, online softmax and merge as mla_decode_impl.h; what differs is the inner
 // arithmetic. Per tile of BT tokens:
@@ -11,7 +12,8 @@
 //   scores: q (bf16, as the model computed it) . row with vdpbf16ps: bf16 x bf16 products are
 //           exact in float32 and summed in float32, so scores are as exact as the float32 path.
 //           Three query rows (heads) at a time share each row load, eight tokens per pass share
-//           each q load (24 accumulators); a 16-way transpose-add gives 16 scores. (One row at a
+//           each q load (24 accumulators); a 16-way transpose-add gives 16 scores. Rows whose
+//           latent query is zero (an exact conversion's: W_UK all zero) skip the latent's chunks. (One row at a
 //           time loaded every latent chunk once per head: 1.7x slower at 8K, in cache.)
 //   values: the tile's rows are interleaved in pairs (token 2p, 2p+1) once, for all heads; then
 //           for three query rows at a time, acc += (p_2p, p_2p+1) . (c_2p, c_2p+1) with one vdpbf16ps per 16
@@ -21,6 +23,7 @@
 // Requires kv_rank % 32 == 0, or % 16 == 0 with the latent ending inside a full 32-value chunk
 // (mla_attention.cpp decode_loops falls back to the float32 path otherwise).
 #include "mla_job.h"
+#include "widen_bf16.h"
 
 constexpr int BT = 32;  // tokens per tile: 32 rows of 576 bf16 (36 KB) + their pairs stay in L1/L2
 
@@ -36,13 +39,6 @@ struct Bf16Buffers {
   Bf16Buffers(int64_t D, int64_t r) : tile(64 * ((D + 31) / 32 * 32) + TC_SLACK), pairs(64 * r), zero((D + 31) / 32 * 32, 0) {}
   Bf16Scratch scratch() { return {tile.data(), pairs.data(), zero.data()}; }
 };
-
-static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 // 16 vectors -> one vector of their 16 horizontal sums (lane j = sum of v[j]).
 static inline __m512 reduce16(__m512* v) {
@@ -82,42 +78,6 @@ static inline float softmax_tile(float* sc, int nv, const float* tscale, float* 
   *wmax = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));
   _mm512_storeu_ps(wt, p0), _mm512_storeu_ps(wt + 16, p1);
   return alpha;
-}
-
-// 32 int8 codes -> their values as bf16 (exact), lanes in order; mlo / mhi: the codes of each half
-// that are read (the others zero, never loaded).
-static inline __m512i widen_i8x32(const int8_t* c, __mmask16 mlo = 0xFFFF, __mmask16 mhi = 0xFFFF) {
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mlo, c)));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mhi, c + 16)));
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-}
-
-// n int8 codes (or e4m3 bits: fp8) -> their values as bf16 in dst, exactly (an int8 or an e4m3
-// value fits bf16's 8-bit significand); 32 at a time, a last partial chunk masked (no byte past
-// src + n read, no word past dst + n written).
-static inline void widen_codes(const void* src, uint16_t* dst, int n, bool fp8) {
-  for (int i = 0; i < n; i += 32) {
-    const int left = n - i;
-    const __mmask16 mlo = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-    const __mmask16 mhi = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : (__mmask16)0;
-    __m512i v;
-    if (!fp8) {
-      v = widen_i8x32((const int8_t*)src + i, mlo, mhi);
-    } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
-      const uint8_t* c = (const uint8_t*)src + i;
-      __m512i b0 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mlo, c));
-      __m512i b1 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mhi, c + 16));
-      const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
-      const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
-      const __m512 lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
-                                                                                 _mm512_slli_epi32(_mm512_and_si512(b0, mag), 20))));
-      const __m512 hi = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b1, sign), 24),
-                                                                                 _mm512_slli_epi32(_mm512_and_si512(b1, mag), 20))));
-      v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    }
-    const __mmask32 out = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1ull << left) - 1);
-    _mm512_mask_storeu_epi16((void*)(dst + i), out, v);
-  }
 }
 
 // Rows of tokens [j0, j0 + n) as bf16 pointers (in place for a bf16 cache, else widened into
@@ -179,8 +139,7 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
       rscale[t] = job.scale[slot * 2 + 1];
       widen_codes((const int8_t*)job.rope + slot * dr, dst + r, dr, false);
     } else if (job.rope_i8) {  // values in bf16 (codes times the token's rope scale), as the reference dequantizes
-      const float rs = job.scale[slot * 2 + 1];
-      for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(rs * (float)((const int8_t*)job.rope)[slot * dr + i]);
+      scale_codes((const int8_t*)job.rope + slot * dr, job.scale[slot * 2 + 1], dst + r, dr);
     } else
       for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(((const float*)job.rope)[slot * dr + i]);
   }
@@ -230,12 +189,13 @@ static inline void pair_rows(const uint16_t* const* rows, int r, uint16_t* pairs
 }
 
 // sc[g][0..n) = tscale[t] * (q_g . row[t]) over the first r values + q_g . row[t] over the rest
-// (n <= BT) for G query rows q_g = q + g * D at once: each row chunk is loaded once for the G rows
-// (G x 8 accumulators), eight tokens per pass. A row's lanes and sums are the same whatever G
+// (n <= BT) for G query rows q_g = q + g * D at once, chunks c0.. (c0 = r / 32 where the G rows' latent
+// parts are all zero: a zero part adds exact zeros, so the sums are the same): each row chunk is
+// loaded once for the G rows (G x 8 accumulators), eight tokens per pass. A row's lanes and sums are the same whatever G
 // (batch-invariant). r % 16 == 0; where r % 32 == 16 the chunk the latent ends in is a full one (mla_decode's rule).
 template <int G>
 static inline void scores_bf16(const uint16_t* q, const uint16_t* const* rows, int n, int D, int r, bool scaled,
-                               const float* tscale, float* sc) {
+                               const float* tscale, float* sc, int c0) {
   const int full = D / 32, lat = r / 32;
   const bool mixed = r % 32 != 0;  // chunk lat holds the latent's last 16 values and 16 of the rope (a full chunk)
   const __mmask32 tail = (__mmask32)((1ull << (D % 32)) - 1);
@@ -246,7 +206,7 @@ static inline void scores_bf16(const uint16_t* q, const uint16_t* const* rows, i
     __m512 a[G][8];
     for (int k = 0; k < G; ++k)
       for (int i = 0; i < 8; ++i) a[k][i] = _mm512_setzero_ps();
-    for (int c = 0; c < full; ++c) {
+    for (int c = c0; c < full; ++c) {
       if (scaled && c == lat && mixed) {  // latent values 0..15 of the chunk, the scale, then the rope's 16
         for (int part = 0; part < 2; ++part) {
           const __mmask32 lanes = part ? 0xFFFF0000u : 0x0000FFFFu;
@@ -319,7 +279,7 @@ static inline void values_block(float* const* acc, int off, const uint16_t* pair
 template <int G>
 static inline void attend_tile_rows(const Job& job, int m0, int64_t j0, int n, const uint16_t* q, const int64_t* lim,
                                     const uint16_t* const* rows, const float* tscale, const uint16_t* pairs, bool scaled,
-                                    float* acc, float* mx, float* sum) {
+                                    const char* lat_zero, float* acc, float* mx, float* sum) {
   const int D = job.D, r = job.r;
   int nv[G], most = 0;
   for (int k = 0; k < G; ++k) {
@@ -328,8 +288,10 @@ static inline void attend_tile_rows(const Job& job, int m0, int64_t j0, int n, c
     most = nv[k] > most ? nv[k] : most;
   }
   if (most == 0) return;
+  bool skip = r % 32 == 0;
+  for (int k = 0; k < G; ++k) skip = skip && lat_zero[m0 + k];
   alignas(64) float sc[G * BT];
-  scores_bf16<G>(q + (int64_t)m0 * D, rows, most, D, r, scaled, tscale, sc);
+  scores_bf16<G>(q + (int64_t)m0 * D, rows, most, D, r, scaled, tscale, sc, skip ? r / 32 : 0);
   alignas(64) uint16_t w16[G * BT];
   float alpha[G];
   float* am[G];
@@ -381,6 +343,13 @@ static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, 
   const uint16_t* rows[BT];
   float tscale[BT];
   const bool scaled = job.kind == KIND_I8 || job.kind == KIND_FP8;
+  // rows whose latent query is zero (an exact conversion's: W_UK all zero) score the rope part alone
+  std::vector<char> lat_zero(M);
+  for (int m = 0; m < M; ++m) {
+    uint16_t bits = 0;
+    for (int i = 0; i < r; ++i) bits |= q[(int64_t)m * D + i] & 0x7FFFu;  // +-0 alike
+    lat_zero[m] = bits == 0;
+  }
   for (int64_t j0 = t0; j0 < t1; j0 += BT) {
     int n = (int)(t1 - j0 < BT ? t1 - j0 : BT);
     const int64_t p0 = j0 + BT, p1 = j0 + 2 * BT < t1 ? j0 + 2 * BT : t1;  // the next tile
@@ -390,11 +359,11 @@ static void attend_span_bf16(const Job& job, int64_t b, int64_t t0, int64_t t1, 
     const int groups = M / 3;
     for (int g = 0; g < groups; ++g) {
       prefetch_rows(job, table, p0, p1, g, groups + M % 3);
-      attend_tile_rows<3>(job, 3 * g, j0, n, q, lim, rows, tscale, s.pairs, scaled, acc, mx, sum);
+      attend_tile_rows<3>(job, 3 * g, j0, n, q, lim, rows, tscale, s.pairs, scaled, lat_zero.data(), acc, mx, sum);
     }
     for (int m = 3 * groups; m < M; ++m) {
       prefetch_rows(job, table, p0, p1, groups + m - 3 * groups, groups + M % 3);
-      attend_tile_rows<1>(job, m, j0, n, q, lim, rows, tscale, s.pairs, scaled, acc, mx, sum);
+      attend_tile_rows<1>(job, m, j0, n, q, lim, rows, tscale, s.pairs, scaled, lat_zero.data(), acc, mx, sum);
     }
   }
   for (int m = 0; m < M; ++m) unpermute(acc + (int64_t)m * r, r);

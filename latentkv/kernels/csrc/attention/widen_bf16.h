@@ -1,0 +1,57 @@
+// Cache codes widened to bf16 in registers for the bf16 dot-product decode (mla_decode_bf16.h, and the
+// amx units through it). Included by mla_decode_bf16.h inside its ISA namespace, under that unit's
+// target pragma (AVX-512 BW / BF16 intrinsics): each namespace compiles its own copy, so no guard.
+
+static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// 32 int8 codes -> their values as bf16 (exact), lanes in order; mlo / mhi: the codes of each half
+// that are read (the others zero, never loaded).
+static inline __m512i widen_i8x32(const int8_t* c, __mmask16 mlo = 0xFFFF, __mmask16 mhi = 0xFFFF) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mlo, c)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mhi, c + 16)));
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// n int8 codes (or e4m3 bits: fp8) -> their values as bf16 in dst, exactly (an int8 or an e4m3
+// value fits bf16's 8-bit significand); 32 at a time, a last partial chunk masked (no byte past
+// src + n read, no word past dst + n written).
+static inline void widen_codes(const void* src, uint16_t* dst, int n, bool fp8) {
+  for (int i = 0; i < n; i += 32) {
+    const int left = n - i;
+    const __mmask16 mlo = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    const __mmask16 mhi = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : (__mmask16)0;
+    __m512i v;
+    if (!fp8) {
+      v = widen_i8x32((const int8_t*)src + i, mlo, mhi);
+    } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
+      const uint8_t* c = (const uint8_t*)src + i;
+      __m512i b0 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mlo, c));
+      __m512i b1 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mhi, c + 16));
+      const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
+      const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
+      const __m512 lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
+                                                                                 _mm512_slli_epi32(_mm512_and_si512(b0, mag), 20))));
+      const __m512 hi = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b1, sign), 24),
+                                                                                 _mm512_slli_epi32(_mm512_and_si512(b1, mag), 20))));
+      v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    }
+    const __mmask32 out = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1ull << left) - 1);
+    _mm512_mask_storeu_epi16((void*)(dst + i), out, v);
+  }
+}
+
+// n int8 codes times scale, each product rounded to bf16 (as to_bf16: nearest even) into dst; 16 at
+// a time, a last partial vector masked.
+static inline void scale_codes(const int8_t* src, float scale, uint16_t* dst, int n) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src + i))), s);
+    _mm256_mask_storeu_epi16((void*)(dst + i), m, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
