@@ -27,24 +27,22 @@ static inline __m512i widen_i8x32(const int8_t* c, __mmask16 mlo, __mmask16 mhi)
 }
 
 // n int8 codes (or e4m3 bits: fp8) -> their values as bf16 in dst, exactly (an int8 or an e4m3
-// value fits bf16's 8-bit significand); 32 at a time, a last partial chunk masked (no byte past
-// src + n read, no word past dst + n written).
+// value fits bf16's 8-bit significand); 32 at a time, plain loads and stores for whole chunks, a last
+// partial one masked (no byte past src + n read, no word past dst + n written).
 static inline void widen_codes(const void* src, uint16_t* dst, int n, bool fp8) {
   for (int i = 0; i < n; i += 32) {
     const int left = n - i;
-    if (!fp8 && left >= 32) {
-      _mm512_storeu_si512((void*)(dst + i), widen_i8x32((const int8_t*)src + i));
-      continue;
-    }
+    const bool whole = left >= 32;
     const __mmask16 mlo = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-    const __mmask16 mhi = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : (__mmask16)0;
+    const __mmask16 mhi = whole ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : (__mmask16)0;
     __m512i v;
     if (!fp8) {
-      v = widen_i8x32((const int8_t*)src + i, mlo, mhi);
+      v = whole ? widen_i8x32((const int8_t*)src + i) : widen_i8x32((const int8_t*)src + i, mlo, mhi);
     } else {  // e4m3 bits -> f32 bits 31, 26..20, times 2^120 (see widen_fp8)
       const uint8_t* c = (const uint8_t*)src + i;
-      __m512i b0 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mlo, c));
-      __m512i b1 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mhi, c + 16));
+      const __m128i c0 = whole ? _mm_loadu_si128((const __m128i*)c) : _mm_maskz_loadu_epi8(mlo, c);
+      const __m128i c1 = whole ? _mm_loadu_si128((const __m128i*)(c + 16)) : _mm_maskz_loadu_epi8(mhi, c + 16);
+      __m512i b0 = _mm512_cvtepu8_epi32(c0), b1 = _mm512_cvtepu8_epi32(c1);
       const __m512i sign = _mm512_set1_epi32(0x80), mag = _mm512_set1_epi32(0x7F);
       const __m512 e120 = _mm512_set1_ps(1.329227995784916e36f);  // 2^120: see widen_fp8
       const __m512 lo = _mm512_mul_ps(e120, _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b0, sign), 24),
@@ -53,8 +51,10 @@ static inline void widen_codes(const void* src, uint16_t* dst, int n, bool fp8) 
                                                                                  _mm512_slli_epi32(_mm512_and_si512(b1, mag), 20))));
       v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
     }
-    const __mmask32 out = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1ull << left) - 1);
-    _mm512_mask_storeu_epi16((void*)(dst + i), out, v);
+    if (whole)
+      _mm512_storeu_si512((void*)(dst + i), v);
+    else
+      _mm512_mask_storeu_epi16((void*)(dst + i), (__mmask32)((1ull << left) - 1), v);
   }
 }
 
