@@ -107,8 +107,7 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
     uint16_t* dst = s.tile + (int64_t)t * Dp;
     rows[t] = dst;
     if (job.kind == KIND_F32) {
-      const float* src = (const float*)job.kv + slot * D;
-      for (int i = 0; i < D; ++i) dst[i] = to_bf16(src[i]);
+      round_bf16((const float*)job.kv + slot * D, dst, D);
       continue;
     }
     if (job.kind == KIND_TC) {  // values rounded to bf16, as the reference dequantizes into a bf16 model's rows
@@ -129,8 +128,7 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
           _mm256_storeu_si256((__m256i*)(dst + r[4]), (__m256i)_mm512_cvtneps_pbh(tc_run16(src, r[1], r[2], off, step)));
         });
       }
-      const float* cs = tc.cs + (j0 + t) * tc.cs_width;
-      for (int i = 0; i < tc.cs_width; ++i) dst[tc.values + i] = to_bf16(cs[i]);
+      round_bf16(tc.cs + (j0 + t) * tc.cs_width, dst + tc.values, tc.cs_width);
       continue;
     }
     widen_codes((const char*)job.latent + slot * r, dst, r, job.kind == KIND_FP8);
@@ -141,7 +139,7 @@ static void tile_rows(const Job& job, const int64_t* table, int64_t j0, int n, i
     } else if (job.rope_i8) {  // values in bf16 (codes times the token's rope scale), as the reference dequantizes
       scale_codes((const int8_t*)job.rope + slot * dr, job.scale[slot * 2 + 1], dst + r, dr);
     } else
-      for (int i = 0; i < dr; ++i) dst[r + i] = to_bf16(((const float*)job.rope)[slot * dr + i]);
+      round_bf16((const float*)job.rope + slot * dr, dst + r, dr);
   }
 }
 

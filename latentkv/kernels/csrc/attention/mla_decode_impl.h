@@ -133,11 +133,15 @@ static inline __m512 tc_run16(const uint8_t* src, int shift, int b, float off, f
 }
 
 // One chunk of a token's row (TcChunk) from its codes -> columns 0-15 and 16-31 of it, float32: (code -
-// off) x m[group], m_lo / m_hi the token's STEP x scale of groups 0-15 / 16-31. Two masked loads, one word
+// off) x m[group], m_lo / m_hi the token's STEP x scale of groups 0-15 / 16-31. Two loads, one word
 // permute, one shift; the same arithmetic as a run's.
 static inline void tc_chunk32(const TcChunk& ch, const uint8_t* codes, __m512 m_lo, __m512 m_hi, __m512& lo, __m512& hi) {
-  const __m512i a = _mm512_maskz_loadu_epi8(ch.load_a, codes + ch.base);
-  const __m512i b = _mm512_maskz_loadu_epi8(ch.load_b, codes + ch.base + 1);
+  // plain loads where both 64-byte windows lie inside the token's codes (every lane set: a masked load
+  // costs more on Zen 4 all the same)
+  const bool inside = (ch.load_a & ch.load_b) == ~0ull;
+  const __m512i a = inside ? _mm512_loadu_si512((const void*)(codes + ch.base)) : _mm512_maskz_loadu_epi8(ch.load_a, codes + ch.base);
+  const __m512i b =
+      inside ? _mm512_loadu_si512((const void*)(codes + ch.base + 1)) : _mm512_maskz_loadu_epi8(ch.load_b, codes + ch.base + 1);
   __m512i w = _mm512_permutex2var_epi16(a, _mm512_load_si512((const void*)ch.index), b);
   w = _mm512_and_si512(_mm512_srlv_epi16(w, _mm512_load_si512((const void*)ch.shift)), _mm512_load_si512((const void*)ch.mask));
   const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)));

@@ -2,13 +2,6 @@
 // amx units through it). Included by mla_decode_bf16.h inside its ISA namespace, under that unit's
 // target pragma (AVX-512 BW / BF16 intrinsics): each namespace compiles its own copy, so no guard.
 
-static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does (no NaN here)
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
 // 32 int8 codes -> their values as bf16 (exact), lanes in order. Unmasked loads where the codes are
 // whole: on Zen 4 masked loads and stores cost more than plain ones even with every lane set
 // (~7% of the SmolLM2-shaped decode at 32 x 512).
@@ -58,7 +51,8 @@ static inline void widen_codes(const void* src, uint16_t* dst, int n, bool fp8) 
   }
 }
 
-// n int8 codes times scale, each product rounded to bf16 (as to_bf16: nearest even) into dst; 16 at
+// n int8 codes times scale, each product rounded to bf16 (nearest even, as torch rounds; a
+// denormal product, which needs a scale below 2^-126, vcvtneps2bf16 would flush to zero) into dst; 16 at
 // a time, a last partial vector masked.
 static inline void scale_codes(const int8_t* src, float scale, uint16_t* dst, int n) {
   const __m512 s = _mm512_set1_ps(scale);
@@ -71,5 +65,22 @@ static inline void scale_codes(const int8_t* src, float scale, uint16_t* dst, in
     const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src + i))), s);
     _mm256_mask_storeu_epi16((void*)(dst + i), m, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
+// n floats rounded to bf16 as torch rounds them (nearest even on the bits, denormals kept; no NaN here)
+// into dst, 16 at a time, a last partial vector masked.
+static inline __m256i round_bf16x16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16));
+}
+
+static inline void round_bf16(const float* src, uint16_t* dst, int n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i*)(dst + i), round_bf16x16(_mm512_loadu_ps(src + i)));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16((void*)(dst + i), m, round_bf16x16(_mm512_maskz_loadu_ps(m, src + i)));
   }
 }
