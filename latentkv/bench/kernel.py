@@ -53,7 +53,10 @@ def random_cache(batch: int, context: int, rank: int, rope: int, dtype: torch.dt
         if cache_dtype == "fp8_e4m3":  # random bytes include NaN codes; use real ones
             cache.latent.copy_(torch.randn(cache.latent.shape, generator=gen).to(torch.float8_e4m3fn).view(torch.uint8))
         cache.scale.uniform_(0.001, 0.01, generator=gen)
-        cache.rope.normal_(generator=gen)
+        if cache.rope8:  # int8 rope codes, their scale the token's second
+            cache.rope.copy_(torch.randint(-127, 128, cache.rope.shape, generator=gen, dtype=torch.int8))
+        else:
+            cache.rope.normal_(generator=gen)
     else:
         cache.kv.normal_(generator=gen)
     blocks = (torch.randperm(batch * per_seq, generator=gen) + 1).view(batch, per_seq).tolist()
@@ -73,6 +76,8 @@ def measure(batch: int, context: int, args, dtype: torch.dtype, cache_dtype: str
     nbytes = batch * context * per_token
     layers = min(-(-2 * llc // nbytes), MAX_LAYERS)  # one round reads at least twice the last-level cache
     query = (torch.randn(batch, args.heads, args.rank + args.rope) * (args.rank + args.rope) ** -0.5).to(dtype)
+    if getattr(args, "zero_latent_query", False):  # an exact GQA conversion's: W_UK all zero
+        query[..., : args.rank] = 0
     isas = [
         isa
         for isa in getattr(args, "compare_isas", None) or []
@@ -139,6 +144,7 @@ def run(args) -> dict:
         return sampler_kernel.run(args)
     out = Path(args.out)
     default_shape(args)
+    zero_query = getattr(args, "zero_latent_query", False)
     threads = torch.get_num_threads()
     dtype = resolve_dtype("auto", torch.device("cpu"))
     isa = attention_kernels.chosen_isa() if attention_kernels.available() else None
@@ -167,8 +173,9 @@ def run(args) -> dict:
         rows.append(row)
     shown = [{k: v for k, v in r.items() if k != "bytes"} for r in rows]
     print_table(
-        f"Paged MLA decode attention, one layer (H={args.heads}, rank {args.rank}, rope {args.rope}; "
-        f"median of {args.repeats} x {args.calls} calls)",
+        f"Paged MLA decode attention, one layer (H={args.heads}, rank {args.rank}, rope {args.rope}"
+        + ("; the query's latent part zero, as an exact conversion's" if zero_query else "")
+        + f"; median of {args.repeats} x {args.calls} calls)",
         list(shown[0].keys()),
         shown,
     )
@@ -183,6 +190,7 @@ def run(args) -> dict:
         "heads": args.heads,
         "rank": args.rank,
         "rope": args.rope,
+        "zero_latent_query": zero_query,
         "results": rows,
     }
     write_json(out, "kernel", payload)

@@ -258,8 +258,15 @@ def register(subparsers) -> None:
         "--latents",
         nargs="+",
         default=["bf16", "int8"],
-        choices=["bf16", "int8", "fp8_e4m3"],
-        help="latent dtypes (bf16: the latent in the model dtype, which 'auto' picks for this CPU)",
+        choices=["bf16", "int8", "fp8_e4m3", "int8_rope8"],
+        help="latent dtypes (bf16: the latent in the model dtype, which 'auto' picks for this CPU; int8_rope8: "
+        "the rope key in int8 too, the bundled model's default conversion's cache)",
+    )
+    p.add_argument(
+        "--zero-latent-query",
+        action="store_true",
+        help="queries with a zero latent part, as an exact conversion of a GQA model makes them (W_UK all zero: "
+        "the bundled model's default conversion); the kernel then scores the rope key alone",
     )
     p.add_argument("--heads", type=int, help="query heads (default: the bundled model's default conversion, as served)")
     p.add_argument("--rank", type=int, help="latent rank (default: the bundled model's default conversion)")

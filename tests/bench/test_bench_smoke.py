@@ -119,6 +119,22 @@ def test_bench_kernel(tmp_path):
             assert positive(row["native GB/s"]) and positive(row["native speed-up"])
 
 
+def test_bench_kernel_times_the_default_conversions_cache_and_query(tmp_path):
+    """int8_rope8 (codes and two scales a token, the rope key in int8 too) with the query an exact
+    conversion makes (its latent part zero)."""
+    out = tmp_path / "kernel"
+    argv = ["bench", "kernel", "--quick", "--heads", "3", "--rank", "32", "--rope", "32", "--latents", "int8_rope8"]
+    assert main(argv + ["--zero-latent-query", "--threads", "1", "--out", str(out)]) == 0
+    data = json.loads((out / "kernel.json").read_text())
+    assert data["zero_latent_query"] is True
+    assert {r["latent"] for r in data["results"]} == {"int8_rope8"}
+    for row in data["results"]:
+        assert row["bytes"] == row["batch"] * row["context"] * (32 + 2 * 4 + 32)  # codes, two scales, rope codes
+        assert positive(row["reference GB/s"])
+        if data["isa"]:
+            assert positive(row["native GB/s"])
+
+
 def test_bench_kernel_moe(tmp_path):
     """--moe: a MoE layer's experts, the native call beside the per-expert loop, by weight kind and batch."""
     if not qlinear.available():
