@@ -124,8 +124,11 @@ def decode(
     if decode_ops.available() and packed.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         module = decode_ops.extension()
         out = torch.empty(packed.shape[0], len(code.latent_bits) + len(code.rope_bits), dtype=dtype)
-        rows = (packed.contiguous(), scales.contiguous(), positions.contiguous())
-        module.coded_read(*rows, out, native_code(code, module))
+        none = torch.empty(0)
+        cos, sin = (none, none) if code.latent_mean is None else code.angles(positions)
+        module.coded_read(
+            packed.contiguous(), scales.contiguous(), cos.contiguous(), sin.contiguous(), out, native_code(code, module)
+        )
         return out
     return reference_decode(code, packed, scales, positions, dtype)
 
@@ -277,8 +280,6 @@ def native_code(code: LayerCode, module):
         latent_mean=view.latent_mean,
         rope_mean=None if code.rope_mean is None else torch.tensor(code.rope_mean, dtype=torch.float32),
         interleaved=code.interleaved,
-        inv_freq=torch.tensor(code.inv_freq, dtype=torch.float32),
-        rope_factor=code.rope_factor,
         widths=torch.tensor(code.widths, dtype=torch.uint8),
         runs=view.runs,
         steps=view.steps,

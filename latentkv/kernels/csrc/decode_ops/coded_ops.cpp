@@ -172,11 +172,12 @@ void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, a
   });
 }
 
-// coded.reference_decode: codes [N, code_bytes] uint8, scales [N, groups] float16 of rows at positions [N]
-// int64 -> out [N, r + dr] (float32 or bf16: the model dtype), each row [c ; k_r] with the means added back.
-// The unpacking, (code - half + 1/2) x scale x STEP and the means value by value as the reference rounds
-// them; the turns back, and the cos / sin of the positions, torch's own ops as the reference runs them.
-void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::Tensor out, const PlanCoded& code) {
+// coded.reference_decode: codes [N, code_bytes] uint8, scales [N, groups] float16 of rows at angles cos, sin
+// [N, dr/2] float32 (LayerCode.angles of their positions; empty where the code is not centred) -> out [N, r +
+// dr] (float32 or bf16: the model dtype), each row [c ; k_r] with the means added back. The unpacking,
+// (code - half + 1/2) x scale x STEP and the means value by value as the reference rounds them; the turns
+// back torch's own op as the reference runs it.
+void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor cos, at::Tensor sin, at::Tensor out, const PlanCoded& code) {
   const PlanCodedSide* sides[2] = {&code.latent_side, &code.rope_side};
   const int64_t N = codes.size(0), stored[2] = {sides[0]->group.numel(), sides[1]->group.numel()};
   const int64_t groups[2] = {sides[0]->sizes.numel(), sides[1]->sizes.numel()};
@@ -185,8 +186,13 @@ void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::T
                   scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 2 &&
                   scales.size(0) == N && scales.size(1) == groups[0] + groups[1],
               "coded_read: codes uint8 [N, code bytes] and scales float16 [N, ", groups[0] + groups[1], "], contiguous");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == N,
-              "coded_read: positions int64 [N]");
+  const bool centred = code.latent_mean.defined();
+  const int64_t half = n[1] / 2;
+  for (const at::Tensor* a : {&cos, &sin})
+    TORCH_CHECK(centred ? a->scalar_type() == at::kFloat && a->is_contiguous() && a->dim() == 2 && a->size(0) == N &&
+                              a->size(1) == half
+                        : a->numel() == 0,
+                "coded_read: cos and sin float32 [N, ", half, "], contiguous, for a centred code; empty otherwise");
   TORCH_CHECK((out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16) && out.is_contiguous() &&
                   out.dim() == 2 && out.size(0) == N && out.size(1) == width,
               "coded_read: out float32 or bf16 [N, ", width, "], contiguous");
@@ -226,15 +232,7 @@ void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::T
   });
   at::Tensor x[2];
   for (int k = 0; k < 2; ++k) x[k] = invariant_linear(y[k], sides[k]->back).contiguous();  // transform_code.decode's
-  const bool centred = code.latent_mean.defined();
-  at::Tensor cos, sin;
-  if (centred) {  // LayerCode.angles: rope.cos_sin of the positions, times the factor
-    const at::Tensor angles = positions.to(at::kFloat).unsqueeze(1).mul(code.inv_freq.unsqueeze(0));
-    cos = angles.cos(), sin = angles.sin();
-    if (code.rope_factor != 1.0) cos = cos.mul(code.rope_factor), sin = sin.mul(code.rope_factor);
-    cos = cos.contiguous(), sin = sin.contiguous();
-  }
-  const int64_t r = n[0], dr = n[1], half = dr / 2;
+  const int64_t r = n[0], dr = n[1];
   auto fill = [&](auto* o, auto tag) {
     using T = decltype(tag);
     const float* lm = centred ? code.latent_mean.data_ptr<float>() : nullptr;

@@ -10,6 +10,6 @@
 void coded_write(at::Tensor c, at::Tensor k_r, at::Tensor cos, at::Tensor sin, at::Tensor slots, at::Tensor codes,
                  at::Tensor scales, const PlanCoded& code);
 
-void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor positions, at::Tensor out, const PlanCoded& code);
+void coded_read(at::Tensor codes, at::Tensor scales, at::Tensor cos, at::Tensor sin, at::Tensor out, const PlanCoded& code);
 
 at::Tensor coded_rope_query(const at::Tensor& q_rope, const PlanCoded& code, LinearFn linear, int64_t caps_linear);

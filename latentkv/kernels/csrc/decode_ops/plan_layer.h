@@ -76,8 +76,7 @@ template <>
 struct plan_fields::From<PlanCodedSide> : plan_fields::FromStruct<PlanCodedSide> {};  // (before PlanCoded uses it)
 
 // A transform-coded layer's cache (cache/coded.py native_code): the writer's sides, means (undefined: not
-// centred; both float32, the rope key's before RoPE), RoPE (layout, frequencies float32 [dr/2], factor on
-// cos / sin: a reader turns the rope key's mean by each row's position) and each packed value's width uint8
+// centred; both float32, the rope key's before RoPE), RoPE layout and each packed value's width uint8
 // [stored, both sides]; the reader's runs and steps (kernels/attention.py coded_runs), the rope query's map
 // into the kernel's row float32 [E, dr] and the same packed for qlinear's float32 record (undefined:
 // invariant.linear's padded sgemm), and the kernel's output columns. The layer's W_UK and W_UVᵀ come
@@ -88,8 +87,6 @@ struct plan_fields::From<PlanCodedSide> : plan_fields::FromStruct<PlanCodedSide>
   X(at::Tensor, latent_mean, false)     \
   X(at::Tensor, rope_mean, false)       \
   X(bool, interleaved, true)            \
-  X(at::Tensor, inv_freq, true)         \
-  X(double, rope_factor, true)          \
   X(at::Tensor, widths, true)           \
   X(at::Tensor, runs, true)             \
   X(at::Tensor, steps, true)            \
