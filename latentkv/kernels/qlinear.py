@@ -5,9 +5,10 @@ F.linear on an AVX2-only EPYC (1 thread, K=576 N=1536: 4.6 / 2.6 ms against 0.33
 weights bought nothing there. This kernel reads the packed weight once per call, keeps the rows of
 a 16-row block in the SIMD lanes (AVX2: 8, AVX-512: 16, scalar: 1, one template) and reduces each
 output element over K in one fixed order, whatever M, the threads or the ISA (all paths give the
-same bits): batch-invariant by construction. M < 4 reads codes straight from the packed weight
-(decode); larger M (prefill) runs a GEMM-like blocked loop: rows in L2-sized blocks, K in blocks of
-8 groups whose dequantized float tile stays in L1 across the rows (float32 weights: read as packed).
+same bits): batch-invariant by construction. Few rows (M < 4; with AVX-512's 32 registers M < 12: a
+MoE expert's tokens in a decode step) read codes straight from the packed weight; more (prefill) run
+a GEMM-like blocked loop: rows in L2-sized blocks, K in blocks of 8 groups whose dequantized float
+tile stays in L1 across the rows (float32 and bf16 weights: read as packed).
 
 Built, its paths (qlinear_paths.h) self-checked and the capabilities that serve chosen by
 kernels/build.py; `LATENTKV_QLINEAR=0` switches it off (ATen's kernels, on purpose: model/quant.py),

@@ -53,7 +53,7 @@ def test_matches_the_dequantized_weights(bits, isa, n, k, dtype, monkeypatch):
     if isa not in isas():
         pytest.skip(f"this CPU does not run {isa}")
     packed, w = quantized(bits, n, k)
-    for m in (1, 2, 3, 5, 8, 13):  # the direct (M < 4) and the tile passes
+    for m in (1, 2, 3, 5, 8, 13):  # the direct (M < 4; AVX-512: M < 12) and the tile passes
         x = torch.randn(m, k + 3, generator=torch.Generator().manual_seed(m))[:, 1 : k + 1].to(dtype)  # strided rows
         y = run(x, packed, bits, n, isa, monkeypatch)
         assert y.shape == (m, n) and y.dtype == dtype
@@ -89,8 +89,8 @@ def test_every_isa_gives_the_same_bits(bits, monkeypatch):
 @pytest.mark.parametrize("bits", KINDS)
 @pytest.mark.parametrize("isa", ["scalar", "best"])
 def test_rows_do_not_depend_on_the_batch_or_threads(bits, isa, monkeypatch):
-    """A row alone, in a batch of 1..33 rows (both kernels: direct below 4 rows, tile above) and
-    on 1 or 2 threads gives identical bits: no padding needed in invariant.py."""
+    """A row alone, in a batch of 1..33 rows (both kernels: direct below 4 rows, 12 on AVX-512, tile
+    above) and on 1 or 2 threads gives identical bits: no padding needed in invariant.py."""
     isa = isas()[-1] if isa == "best" else isa
     packed, _ = quantized(bits, 200, 96, seed=3)
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))

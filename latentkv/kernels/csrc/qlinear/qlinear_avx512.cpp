@@ -33,7 +33,7 @@ struct Vec : isa_avx512::Vec {
   static inline T dp(T w, T x, T acc) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
 };
 // 4 blocks x 6 rows: 24 accumulators of 32 registers (each weight vector feeds 6 rows, each x pair 4 panels)
-constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 4, TILE_P = 4, MB_TILE = 6;
+constexpr int TILE_MIN = 12, DIRECT_P = 4, DIRECT_MB = 6, TILE_BLOCKS = 4, TILE_P = 4, MB_TILE = 6;
 #include "qlinear_impl.h"
 LinearPath linear_path() { return {nullptr, nullptr, linear_units<BF16>, nullptr, linear_unit_count}; }
 }  // namespace isa_avx512bf16
@@ -56,7 +56,7 @@ namespace isa_avx2 {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace isa_avx512vnni {
-using isa_avx512::Vec, isa_avx512::BLOCK, isa_avx512::GROUP, isa_avx512::AHEAD, isa_avx512::store_lanes;
+using isa_avx512::Vec, isa_avx512::BLOCK, isa_avx512::GROUP, isa_avx512::store_lanes;
 using isa_avx2::quantize_group;
 #include "qlinear_dot_vnni.h"
 #include "qlinear_dot_impl.h"

@@ -1,6 +1,6 @@
 // Integer-dot linears y = x · Wᵀ with int8 activations (w4a8, w4a8_g128: int4 weights; w8a8: int8
 // weights), one instruction set. Included by each qlinear_<isa>.cpp inside `namespace <isa>` after
-// qlinear_impl.h (BLOCK, AHEAD, Vec with mul, store_lanes; qlinear_common.h: DOT_SUB) and that namespace's
+// qlinear_impl.h (BLOCK, Vec with mul, store_lanes; qlinear_common.h: DOT_SUB) and that namespace's
 // quantize_group and weight formats W4 (groups of 32), W4G (of 128), W8, each giving
 //   SUBS (sub-blocks of 32 inputs a group), SUB (code bytes a sub-block), REC (bytes a record), MIN (a min
 //   term follows the scales), scale(rec, lane) and min(rec, lane) -> Vec::T: the W rows lane.. of the

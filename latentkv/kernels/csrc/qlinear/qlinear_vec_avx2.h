@@ -28,4 +28,4 @@ struct Vec {
   }
   static constexpr bool DPBF16 = false;
 };
-constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE = 4;
+constexpr int TILE_MIN = 4, DIRECT_P = 4, DIRECT_MB = 3, TILE_BLOCKS = 3, TILE_P = 3, MB_TILE = 4;

@@ -27,4 +27,4 @@ struct Vec {
   }
   static constexpr bool DPBF16 = false;
 };
-constexpr int TILE_MIN = 4, DIRECT_P = 4, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;
+constexpr int TILE_MIN = 12, DIRECT_P = 4, DIRECT_MB = 6, TILE_BLOCKS = 2, TILE_P = 2, MB_TILE = 6;

@@ -21,4 +21,4 @@ struct Vec {  // one lane: the same operations, so the same bits as the SIMD pat
   static inline T bf16_hi(const int32_t* w) { return __builtin_bit_cast(float, (uint32_t)*w & 0xffff0000u); }
   static constexpr bool DPBF16 = false;
 };
-constexpr int TILE_MIN = 4, DIRECT_P = 16, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE = 6;
+constexpr int TILE_MIN = 4, DIRECT_P = 16, DIRECT_MB = 3, TILE_BLOCKS = 1, TILE_P = 16, MB_TILE = 6;
