@@ -11,7 +11,7 @@ TOML key and the flag (`kv_cache_dtype`, `kv_cache_dtype = "int8"`, `--kv-cache-
     # kv_cache_blocks = 4096         # ... in blocks (not both)
     max_model_len = 2048
     max_num_seqs = 64
-    max_num_batched_tokens = 2048
+    max_num_batched_tokens = 1024
     enable_prefix_caching = true
     nan_check = true                 # a NaN/Inf in the logits fails that request
     batch_invariant = true           # same greedy tokens alone, batched, chunked or prefix-cached
@@ -106,7 +106,7 @@ class Settings:
     max_model_len: int | None = option(None, "longest prompt + output in tokens", "scheduler.max_model_len", type=int)
     max_num_seqs: int = option(64, "sequences running at once (default 64)", "scheduler.max_num_seqs", type=int)
     max_num_batched_tokens: int | None = option(
-        None, "tokens per engine step (default max(2048, max_num_seqs))", type=int
+        None, "tokens per engine step (default max(1024, max_num_seqs))", type=int
     )
     enable_prefix_caching: bool = option(
         True, "reuse cached prompt prefixes (default on)", "latent_attention.prefix_caching"

@@ -24,7 +24,7 @@ from latentkv import invariant
 from latentkv.cache.block_pool import BlockPool
 from latentkv.config import ModelConfig
 from latentkv.cpu import default_threads, threads_from_env
-from latentkv.engine.args import EngineArgs
+from latentkv.engine.args import BATCHED_TOKENS, EngineArgs
 from latentkv.engine.detokenizer import detokenize_incrementally, find_stop_string, visible_text
 from latentkv.engine.folder import find_eos_token_ids, load_tokenizer, with_folder_cache
 from latentkv.engine.isolation import describe_failure, run_isolated
@@ -83,7 +83,7 @@ class LLMEngine:
         self.bytes_per_block = per_block
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks, args.block_size, args.enable_prefix_caching)
-        batched = args.max_num_batched_tokens or max(2048, args.max_num_seqs)
+        batched = args.max_num_batched_tokens or max(BATCHED_TOKENS, args.max_num_seqs)
         self.scheduler = Scheduler(KVManager(self.pool), args.max_num_seqs, batched)
         self.eos_token_ids = find_eos_token_ids(Path(args.model), self.cfg, tokenizer)
         self.runner = ModelRunner(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from latentkv import LLM, SamplingParams
+from latentkv.engine.args import BATCHED_TOKENS
 from latentkv.model.quant import Int4Linear, Int8Linear, W4A8Linear, W8A8Linear
 
 GREEDY = dict(temperature=0.0)
@@ -177,6 +178,18 @@ def test_default_cache_budget_is_capped_by_what_can_be_used(tiny_lm, capsys):
     # a fraction of free memory, but never more than 4 sequences x 100 tokens need
     assert llm.engine.stats()["capacity_tokens"] == 4 * 112
     assert "448 tokens" in capsys.readouterr().err
+
+
+def test_the_default_token_budget_chunks_a_long_prompt(tiny_lm):
+    """No max_num_batched_tokens: a step takes BATCHED_TOKENS tokens (a longer prompt in chunks), or
+    max_num_seqs where that is more."""
+    folder, _, _ = tiny_lm()
+    for seqs, budget in ((4, BATCHED_TOKENS), (BATCHED_TOKENS + 8, BATCHED_TOKENS + 8)):
+        llm = make_llm(folder, max_num_seqs=seqs, kv_cache_memory="16MiB", max_model_len=3 * BATCHED_TOKENS)
+        engine = llm.engine
+        prompt = [2 + i % 300 for i in range(2 * BATCHED_TOKENS + 5)]
+        engine.add_request("long", prompt, SamplingParams(max_tokens=1, **GREEDY))
+        assert engine.scheduler.schedule().num_tokens == budget
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4", "w4a8", "w8a8"])
