@@ -178,40 +178,47 @@ static inline void panels(const int32_t* __restrict packed, int64_t G, int64_t f
     for (int m = 0; m < MB; ++m) store_lanes(out + m * ldo, col0 + p * W, N, tot[p][m]);
 }
 
-// M < TILE_MIN: the rows in passes of up to DIRECT_MB (as even as they go: 5 rows in passes of 3 are
-// 3 + 2), codes read straight from the packed records; units of DIRECT_P panels (the packed rows are a
-// multiple of 64, so a unit never runs past them). A pass of several rows runs the unit's panels in two
-// halves, so that its accumulators and totals stay in registers; a unit's later passes read its records
-// from L2. With 32 registers (AVX-512) a pass takes up to 6 rows: on Zen 4 a 32-token MoE step's
-// experts of 4-11 rows read their weights ~1.5x faster this way than by the tile path, whose one
-// block at a time keeps too few sums in flight to hide the dot product's latency.
+// Rows 0..rows in passes of up to MB rows, as even as they go (8 rows in passes of 6 are 4 + 4, not
+// 6 + 2): fn(std::integral_constant<int, r>, first row) per pass, r its rows as a compile-time count.
+template <int MB, class Fn>
+static inline void row_passes(int64_t rows, Fn&& fn) {
+  static_assert(MB >= 1 && MB <= 6, "passes of 1..6 rows");
+  const int64_t passes = (rows + MB - 1) / MB;
+  for (int64_t i = 0, m = 0; i < passes; ++i) {
+    const int64_t r = rows / passes + (i < rows % passes);
+    switch (r) {
+      case 6: if constexpr (MB >= 6) fn(std::integral_constant<int, 6>{}, m); break;
+      case 5: if constexpr (MB >= 5) fn(std::integral_constant<int, 5>{}, m); break;
+      case 4: if constexpr (MB >= 4) fn(std::integral_constant<int, 4>{}, m); break;
+      case 3: if constexpr (MB >= 3) fn(std::integral_constant<int, 3>{}, m); break;
+      case 2: if constexpr (MB >= 2) fn(std::integral_constant<int, 2>{}, m); break;
+      default: fn(std::integral_constant<int, 1>{}, m); break;
+    }
+    m += r;
+  }
+}
+
+// M < TILE_MIN: the rows in row_passes of up to DIRECT_MB, codes read straight from the packed records;
+// units of DIRECT_P panels (the packed rows are a multiple of 64, so a unit never runs past them). A pass
+// of several rows runs the unit's panels in two halves, so that its accumulators and totals stay in
+// registers; a unit's later passes read its records from L2. With 32 registers (AVX-512) a pass takes
+// up to 6 rows: on Zen 4 a 32-token MoE step's experts of 4-11 rows read their weights ~1.5x faster this
+// way than by the tile path, whose one block at a time keeps too few sums in flight to hide the dot
+// product's latency.
 template <class F, int P>
 static void direct_unit(const int32_t* packed, int64_t G, int64_t first, const float* x, int64_t M, int64_t ldx,
                         const float* xsum, float* out, int64_t ldo, int64_t N) {
-  static_assert(DIRECT_MB >= 2 && DIRECT_MB <= 6, "passes of 2..6 rows");
   constexpr int H = P / 2, W = Vec::W;
   if (M == 1) {
     panels<F, P, 1>(packed, G, first, first * W, x, ldx, xsum, out, ldo, N);
     return;
   }
-  const int64_t passes = (M + DIRECT_MB - 1) / DIRECT_MB;
-  for (int64_t i = 0, m = 0; i < passes; ++i) {
-    const int64_t r = M / passes + (i < M % passes);
-    const float* xm = x + m * ldx;
-    const float* sm = xsum + m * G;
-    float* om = out + m * ldo;
+  row_passes<DIRECT_MB>(M, [&](auto rows, int64_t m) {
     for (int h = 0; h < 2; ++h) {
       const int64_t f = first + h * H;
-      switch (r) {
-        case 6: if constexpr (DIRECT_MB >= 6) panels<F, H, 6>(packed, G, f, f * W, xm, ldx, sm, om, ldo, N); break;
-        case 5: if constexpr (DIRECT_MB >= 5) panels<F, H, 5>(packed, G, f, f * W, xm, ldx, sm, om, ldo, N); break;
-        case 4: if constexpr (DIRECT_MB >= 4) panels<F, H, 4>(packed, G, f, f * W, xm, ldx, sm, om, ldo, N); break;
-        case 3: if constexpr (DIRECT_MB >= 3) panels<F, H, 3>(packed, G, f, f * W, xm, ldx, sm, om, ldo, N); break;
-        default: panels<F, H, 2>(packed, G, f, f * W, xm, ldx, sm, om, ldo, N); break;
-      }
+      panels<F, H, decltype(rows)::value>(packed, G, f, f * W, x + m * ldx, ldx, xsum + m * G, out + m * ldo, ldo, N);
     }
-    m += r;
-  }
+  });
 }
 
 // The many-row (tile) path, blocked like a BLIS GEMM so that each operand is read from a near cache:
@@ -251,28 +258,13 @@ static inline void tile_pass(const int32_t* const* base, const int* lane, int gn
   }
 }
 
-// Rows 0..rows of an M block (passes of up to MB rows, as even as they go: 8 rows in passes of 6
-// are 4 + 4, not 6 + 2) times P panels over one k block of gn groups.
+// Rows 0..rows of an M block (row_passes of up to MB rows) times P panels over one k block of gn groups.
 template <class S, int P, int MB>
 static void tile_rows(const int32_t* const* base, const int* lane, int gn, const float* x, int64_t ldx, const float* xsum,
                       int64_t G, int64_t rows, float* tot, int64_t ldt) {
-  static_assert(MB >= 1 && MB <= 6, "passes of 1..6 rows");
-  const int64_t passes = (rows + MB - 1) / MB;
-  for (int64_t i = 0, m = 0; i < passes; ++i) {
-    const int64_t r = rows / passes + (i < rows % passes);
-    const float* xm = x + m * ldx;
-    const float* sm = xsum + m * G;
-    float* tm = tot + m * ldt;
-    switch (r) {
-      case 6: if constexpr (MB >= 6) tile_pass<S, P, 6>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
-      case 5: if constexpr (MB >= 5) tile_pass<S, P, 5>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
-      case 4: if constexpr (MB >= 4) tile_pass<S, P, 4>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
-      case 3: if constexpr (MB >= 3) tile_pass<S, P, 3>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
-      case 2: if constexpr (MB >= 2) tile_pass<S, P, 2>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
-      default: tile_pass<S, P, 1>(base, lane, gn, xm, ldx, sm, G, tm, ldt); break;
-    }
-    m += r;
-  }
+  row_passes<MB>(rows, [&](auto r, int64_t m) {
+    tile_pass<S, P, decltype(r)::value>(base, lane, gn, x + m * ldx, ldx, xsum + m * G, G, tot + m * ldt, ldt);
+  });
 }
 
 // Units u0..u1 (TILE_BLOCKS blocks each) times all M rows: the blocked loops. Quantized weights are
