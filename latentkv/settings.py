@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from latentkv.engine.args import (
+    BATCHED_TOKENS,
     OPTION_CHECKS,
     STORE_MAX_SIZE,
     WARM_FRACTION,
@@ -106,7 +107,7 @@ class Settings:
     max_model_len: int | None = option(None, "longest prompt + output in tokens", "scheduler.max_model_len", type=int)
     max_num_seqs: int = option(64, "sequences running at once (default 64)", "scheduler.max_num_seqs", type=int)
     max_num_batched_tokens: int | None = option(
-        None, "tokens per engine step (default max(1024, max_num_seqs))", type=int
+        None, f"tokens per engine step (default max({BATCHED_TOKENS}, max_num_seqs))", type=int
     )
     enable_prefix_caching: bool = option(
         True, "reuse cached prompt prefixes (default on)", "latent_attention.prefix_caching"
