@@ -6,7 +6,10 @@ its tokens use and each sequence's cache: the dense weights, and of each MoE lay
 only those the step's tokens route to (counted on a step of this run: 8 tokens of DeepSeek-V2-Lite
 touch ~35 of 64 a layer, so batch 8 cannot be 8x batch 1). floor = those bytes / the measured
 bandwidth; `step / floor` says how far a step is from the memory's limit, `x batch 1` how the step
-scales, and `ceiling x batch 1` what the floor allows.
+scales, and `ceiling x batch 1` what the floor allows. The bandwidth is measured just before and just
+after each batch's timed steps, and that batch's floor takes their mean: on a shared machine (a cloud
+VM) the copy bandwidth moved by up to 1.8x between processes minutes apart (31-59 GB/s on a 2-vCPU
+Zen 4), so one reading at the start could misstate a later batch's floor by as much.
 
 One engine serves every batch size (the weights are loaded once); the peak resident memory of the
 process is reported with it (the cache as asked, or the engine's default)."""
@@ -49,13 +52,17 @@ def run(args) -> dict:
     model = engine.runner.model
     cfg = engine.cfg
     per_token = latent_bytes_per_token(cfg, engine.args.kv_cache_dtype, dtype_name(engine.runner.dtype))
-    bandwidth = measure_bandwidth()
-    results = []
+    results, probes = [], []
     for n in args.batches:
+        before = measure_bandwidth()
         times, touched = measure_batch(engine, n, args)
+        after = measure_bandwidth()
+        probes += [before, after]
+        bandwidth = (before + after) / 2
         context = args.context + WARM_STEPS + args.steps / 2  # the mean context of a timed step
         weights = step_weight_bytes(model, touched)
-        floor = (weights + n * context * per_token) / bandwidth
+        cache = n * context * per_token
+        floor = (weights + cache) / bandwidth
         step = median(times)
         results.append(
             {
@@ -64,6 +71,9 @@ def run(args) -> dict:
                 "tok_s": n / step,
                 "experts_touched": touched,
                 "weight_bytes": weights,
+                "cache_bytes": cache,
+                "bandwidth_gbs": bandwidth / 1e9,
+                "bandwidth_probes_gbs": [before / 1e9, after / 1e9],
                 "floor_ms": 1e3 * floor,
                 "step_over_floor": step / floor,
             }
@@ -80,7 +90,8 @@ def run(args) -> dict:
         "model_dtype": dtype_name(engine.runner.dtype),
         "context": args.context,
         "steps": args.steps,
-        "bandwidth_gbs": bandwidth / 1e9,
+        "bandwidth_gbs": median(probes) / 1e9,
+        "bandwidth_range_gbs": [min(probes) / 1e9, max(probes) / 1e9],
         "threads": torch.get_num_threads(),
         "peak_rss_gib": peak_rss() / 2**30,
         "results": results,
@@ -139,10 +150,11 @@ def count_experts(engine) -> list[int]:
 
 
 def show(payload: dict) -> None:
+    low, high = payload["bandwidth_range_gbs"]
     print(
         f"{payload['model']}: weights {payload['weights']}, cache {payload['kv_cache_dtype']}, model dtype "
-        f"{payload['model_dtype']}; context {payload['context']}; memory bandwidth {payload['bandwidth_gbs']:.1f} "
-        f"GB/s ({payload['threads']} threads); peak RSS {payload['peak_rss_gib']:.2f} GiB"
+        f"{payload['model_dtype']}; context {payload['context']}; memory bandwidth {low:.1f}-{high:.1f} GB/s "
+        f"(copy, before and after each batch; {payload['threads']} threads); peak RSS {payload['peak_rss_gib']:.2f} GiB"
     )
     rows = [
         {
@@ -152,6 +164,7 @@ def show(payload: dict) -> None:
             "x first": r["x_first"],
             "experts/layer": sum(r["experts_touched"]) / len(r["experts_touched"]) if r["experts_touched"] else None,
             "weights MiB": r["weight_bytes"] / 2**20,
+            "GB/s": r["bandwidth_gbs"],
             "floor ms": r["floor_ms"],
             "step / floor": r["step_over_floor"],
             "ceiling x first": r["ceiling_x_first"],
@@ -159,7 +172,7 @@ def show(payload: dict) -> None:
         for r in payload["results"]
     ]
     print_table(
-        "Decode step by batch (median of the timed steps); floor: the bytes the step reads / bandwidth",
+        "Decode step by batch (median of the timed steps); floor: the bytes the step reads / the batch's bandwidth",
         list(rows[0]),
         rows,
     )

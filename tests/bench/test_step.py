@@ -25,6 +25,14 @@ def test_bench_step_counts_the_experts_each_batch_touches(tiny_checkpoints, tmp_
         assert all(math.isfinite(r[key]) and r[key] > 0 for key in ("step_ms", "floor_ms", "tok_s", "step_over_floor"))
     assert rows[8]["weight_bytes"] >= rows[3]["weight_bytes"] >= rows[1]["weight_bytes"]
     assert rows[1]["x_first"] == 1.0 and rows[1]["ceiling_x_first"] == 1.0
+    for r in rows.values():  # each batch's floor is its bytes over the mean of the probes around it
+        before, after = r["bandwidth_probes_gbs"]
+        assert math.isclose(r["bandwidth_gbs"], (before + after) / 2, rel_tol=1e-12)
+        assert math.isclose(
+            r["floor_ms"] * r["bandwidth_gbs"] * 1e6, r["weight_bytes"] + r["cache_bytes"], rel_tol=1e-9
+        )
+    low, high = data["bandwidth_range_gbs"]
+    assert low <= data["bandwidth_gbs"] <= high
     assert data["weights"] == "w4a8" and data["kv_cache_dtype"] == "int8" and data["peak_rss_gib"] > 0
 
 
