@@ -10,6 +10,7 @@ import os
 import re
 import resource
 import sys
+from pathlib import Path
 
 import torch
 
@@ -63,9 +64,26 @@ def available_memory(device: torch.device) -> int:
 
 
 def peak_rss() -> int:
-    """This process's peak resident set size in bytes (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    """This process's peak resident set size in bytes, since it started or since reset_peak_rss: VmHWM
+    of /proc/self/status (Linux), else ru_maxrss (KiB on Linux, bytes on macOS; it cannot be reset)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Restart peak_rss from the resident size now (Linux: "5" to /proc/self/clear_refs), so that what a
+    measurement allocates for itself can be left out of the peak it reports; False where it cannot."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 @functools.cache

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from latentkv.sizes import parse_memory
+import torch
+
+from latentkv.sizes import parse_memory, peak_rss, reset_peak_rss
 
 
 def test_memory_sizes():
@@ -59,3 +61,15 @@ def test_a_step_reuses_the_memory_the_last_one_freed():
     fewest of up to three runs: a busy machine (the suite's other worker) has faulted ~2,700 pages
     back into a kept heap once, which the policy cannot prevent and a broken policy never dips below."""
     assert any(_faults_over_five_steps(keep=True) < 500 for _ in range(3))
+
+
+def test_peak_rss_restarts_from_the_resident_size_now():
+    if not reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs here: the peak cannot be restarted")
+    base = peak_rss()
+    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched: resident
+    grown = peak_rss()
+    del block  # a mapping of its own (above glibc's largest mmap threshold): given back at once
+    assert grown >= base + (60 << 20)
+    assert reset_peak_rss()
+    assert peak_rss() < grown
