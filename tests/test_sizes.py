@@ -3,7 +3,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import torch
 
 from latentkv.sizes import parse_memory, peak_rss, reset_peak_rss

@@ -8,8 +8,8 @@ touch ~35 of 64 a layer, so batch 8 cannot be 8x batch 1). floor = those bytes /
 bandwidth; `step / floor` says how far a step is from the memory's limit, `x batch 1` how the step
 scales, and `ceiling x batch 1` what the floor allows. The bandwidth is measured just before and just
 after each batch's timed steps, and that batch's floor takes their mean: on a shared machine (a cloud
-VM) the copy bandwidth moved by up to 1.8x between processes minutes apart (31-59 GB/s on a 2-vCPU
-Zen 4), so one reading at the start could misstate a later batch's floor by as much.
+VM) the copy bandwidth moved between 26 and 59 GB/s within one hour, within one run too (a 2-vCPU Zen 4),
+so one reading at the start could misstate a later batch's floor by as much.
 
 One engine serves every batch size (the weights are loaded once); the peak resident memory of the
 process is reported with it (the cache as asked, or the engine's default), less the bandwidth probes'
@@ -105,8 +105,8 @@ def run(args) -> dict:
 
 def probe_bandwidth(peaks: list[int]) -> float:
     """The copy bandwidth now (bytes/s), its buffers (512 MiB) left out of the peak RSS reported: the peak
-    so far goes to `peaks` first and restarts after (after a 32-sequence step the probe on top of the
-    engine's kept heap raised DeepSeek-V2-Lite's reported peak by 0.3 GiB)."""
+    so far goes to `peaks` first and restarts after (a probe between batches sits on top of whatever heap
+    the engine kept from its last step: the engine's peak, not the bench's, is what the run reports)."""
     peaks.append(peak_rss())
     bandwidth = measure_bandwidth()
     reset_peak_rss()
