@@ -104,7 +104,7 @@ def run(args) -> dict:
 
 
 def probe_bandwidth(peaks: list[int]) -> float:
-    """The copy bandwidth now (bytes/s), its buffers (512 MiB) left out of the peak RSS reported: the peak
+    """The copy bandwidth now (bytes/s), measure_bandwidth's buffers left out of the peak RSS reported: the peak
     so far goes to `peaks` first and restarts after (a probe between batches sits on top of whatever heap
     the engine kept from its last step: the engine's peak, not the bench's, is what the run reports)."""
     peaks.append(peak_rss())
