@@ -9,7 +9,9 @@ bandwidth; `step / floor` says how far a step is from the memory's limit, `x bat
 scales, and `ceiling x batch 1` what the floor allows. The bandwidth is measured just before and just
 after each batch's timed steps, and that batch's floor takes their mean: on a shared machine (a cloud
 VM) the copy bandwidth moved between 26 and 59 GB/s within one hour, within one run too (a 2-vCPU Zen 4),
-so one reading at the start could misstate a later batch's floor by as much.
+so one reading at the start could misstate a later batch's floor by as much. `--rounds R` measures every
+batch size R times in turn and reports medians, `x batch 1` taken within each round (a batch 1 timed in a
+slow minute once made batch 8 read 2.7x batch 1, where two other runs read 1.6-1.8x).
 
 One engine serves every batch size (the weights are loaded once); the peak resident memory of the
 process is reported with it (the cache as asked, or the engine's default), less the bandwidth probes'
@@ -53,37 +55,23 @@ def run(args) -> dict:
     model = engine.runner.model
     cfg = engine.cfg
     per_token = latent_bytes_per_token(cfg, engine.args.kv_cache_dtype, dtype_name(engine.runner.dtype))
-    results, probes, peaks = [], [], []
-    for n in args.batches:
-        before = probe_bandwidth(peaks)
-        times, touched = measure_batch(engine, n, args)
-        after = probe_bandwidth(peaks)
-        probes += [before, after]
-        bandwidth = (before + after) / 2
-        context = args.context + WARM_STEPS + args.steps / 2  # the mean context of a timed step
-        weights = step_weight_bytes(model, touched)
-        cache = n * context * per_token
-        floor = (weights + cache) / bandwidth
-        step = median(times)
-        results.append(
-            {
-                "batch": n,
-                "step_ms": 1e3 * step,
-                "tok_s": n / step,
-                "experts_touched": touched,
-                "weight_bytes": weights,
-                "cache_bytes": cache,
-                "bandwidth_gbs": bandwidth / 1e9,
-                "bandwidth_probes_gbs": [before / 1e9, after / 1e9],
-                "floor_ms": 1e3 * floor,
-                "step_over_floor": step / floor,
-            }
-        )
-        print(f"batch {n}: step {1e3 * step:.1f} ms, floor {1e3 * floor:.1f} ms", flush=True)
-    base = results[0]
-    for r in results:  # against the first batch size (batch 1 by default)
-        r["x_first"] = r["tok_s"] / base["tok_s"]
-        r["ceiling_x_first"] = (r["batch"] / r["floor_ms"]) / (base["batch"] / base["floor_ms"])
+    rounds, probes, peaks = [], [], []
+    for i in range(args.rounds):  # every batch size once a round, so that the machine's drift reaches all alike
+        points = []
+        for n in args.batches:
+            before = probe_bandwidth(peaks)
+            times, touched = measure_batch(engine, n, args)
+            after = probe_bandwidth(peaks)
+            probes += [before, after]
+            points.append(point(model, n, times, touched, before, after, args, per_token))
+            last = points[-1]
+            print(
+                f"round {i + 1}, batch {n}: step {last['step_ms']:.1f} ms, floor {last['floor_ms']:.1f} ms", flush=True
+            )
+        rounds.append(points)
+    results = [
+        combine([points[j] for points in rounds], [points[0] for points in rounds]) for j in range(len(args.batches))
+    ]
     payload = {
         "model": str(args.model),
         "weights": args.weights,
@@ -91,6 +79,7 @@ def run(args) -> dict:
         "model_dtype": dtype_name(engine.runner.dtype),
         "context": args.context,
         "steps": args.steps,
+        "rounds": args.rounds,
         "bandwidth_gbs": median(probes) / 1e9,
         "bandwidth_range_gbs": [min(probes) / 1e9, max(probes) / 1e9],
         "threads": torch.get_num_threads(),
@@ -101,6 +90,47 @@ def run(args) -> dict:
     plot(payload, out)
     write_json(out, "step", payload)
     return payload
+
+
+def point(model, n: int, times: list[float], touched: list[int], before: float, after: float, args, per_token: int):
+    """One batch size measured once: its step (the median of the timed steps) against its floor, the bytes
+    it reads over the mean of the bandwidth probed just before and just after it."""
+    bandwidth = (before + after) / 2
+    context = args.context + WARM_STEPS + args.steps / 2  # the mean context of a timed step
+    weights = step_weight_bytes(model, touched)
+    cache = n * context * per_token
+    floor = (weights + cache) / bandwidth
+    step = median(times)
+    return {
+        "batch": n,
+        "step_ms": 1e3 * step,
+        "tok_s": n / step,
+        "experts_touched": touched,
+        "weight_bytes": weights,
+        "cache_bytes": cache,
+        "bandwidth_gbs": bandwidth / 1e9,
+        "bandwidth_probes_gbs": [before / 1e9, after / 1e9],
+        "floor_ms": 1e3 * floor,
+        "step_over_floor": step / floor,
+    }
+
+
+def combine(points: list[dict], firsts: list[dict]) -> dict:
+    """One batch size over the rounds (points, and the first batch size's points of the same rounds): each
+    figure the median over rounds; `x first` and `ceiling x first` taken within a round, then the median."""
+    last = points[-1]
+    out = {
+        key: median([p[key] for p in points])
+        for key in ("step_ms", "floor_ms", "step_over_floor", "bandwidth_gbs", "weight_bytes", "cache_bytes")
+    }
+    out["tok_s"] = last["batch"] / out["step_ms"] * 1e3
+    out["x_first"] = median([p["tok_s"] / f["tok_s"] for p, f in zip(points, firsts)])
+    out["ceiling_x_first"] = median(
+        [(p["batch"] / p["floor_ms"]) / (f["batch"] / f["floor_ms"]) for p, f in zip(points, firsts)]
+    )
+    out["bandwidth_probes_gbs"] = [g for p in points for g in p["bandwidth_probes_gbs"]]
+    out["round_step_ms"] = [p["step_ms"] for p in points]
+    return {"batch": last["batch"], "experts_touched": last["experts_touched"], **out}
 
 
 def probe_bandwidth(peaks: list[int]) -> float:
@@ -164,7 +194,8 @@ def show(payload: dict) -> None:
     low, high = payload["bandwidth_range_gbs"]
     print(
         f"{payload['model']}: weights {payload['weights']}, cache {payload['kv_cache_dtype']}, model dtype "
-        f"{payload['model_dtype']}; context {payload['context']}; memory bandwidth {low:.1f}-{high:.1f} GB/s "
+        f"{payload['model_dtype']}; context {payload['context']}; {payload['rounds']} round(s); memory bandwidth "
+        f"{low:.1f}-{high:.1f} GB/s "
         f"(copy, before and after each batch; {payload['threads']} threads); peak RSS {payload['peak_rss_gib']:.2f} GiB"
     )
     rows = [

@@ -22,6 +22,13 @@ def register(sub) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="sequences per step")
     p.add_argument("--context", type=int, default=512, help="prompt tokens of each sequence (default 512)")
     p.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size (default 16)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="times every batch size is measured, in turn (each figure the median over rounds; `x first` "
+        "against the first batch size of the same round): the machine's drift then reaches every batch alike",
+    )
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG (default: bench-results/)")
     add_threads_arg(p)
     p.set_defaults(func=run_step)

@@ -3,6 +3,7 @@ assertions: that the measurements exist, and that the experts counted are those 
 
 import json
 import math
+import statistics
 
 from latentkv.cli import main
 from latentkv.config import ModelConfig
@@ -43,3 +44,17 @@ def test_bench_step_on_a_dense_model_counts_no_experts(tiny_checkpoints, tmp_pat
                  "--out", str(out)]) == 0  # fmt: skip
     data = json.loads((out / "step.json").read_text())
     assert [r["experts_touched"] for r in data["results"]] == [[], []]
+
+
+def test_bench_step_rounds_measure_every_batch_in_turn_and_report_medians(tiny_checkpoints, tmp_path):
+    folder = tiny_checkpoints("v3_dense_qlora")[0]
+    out = tmp_path / "rounds"
+    assert main(["bench", "step", "--model", str(folder), "--batches", "1", "2", "--context", "12", "--steps", "2",
+                 "--rounds", "2", "--out", str(out)]) == 0  # fmt: skip
+    data = json.loads((out / "step.json").read_text())
+    assert data["rounds"] == 2
+    for r in data["results"]:
+        assert len(r["round_step_ms"]) == 2 and len(r["bandwidth_probes_gbs"]) == 4  # probed around each round
+        assert math.isclose(r["step_ms"], statistics.median(r["round_step_ms"]), rel_tol=1e-12)
+        assert math.isclose(r["tok_s"], r["batch"] / r["step_ms"] * 1e3, rel_tol=1e-12)
+    assert data["results"][0]["x_first"] == 1.0  # each round's first batch against itself
