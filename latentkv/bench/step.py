@@ -92,7 +92,9 @@ def run(args) -> dict:
     return payload
 
 
-def point(model, n: int, times: list[float], touched: list[int], before: float, after: float, args, per_token: int):
+def point(
+    model, n: int, times: list[float], touched: list[int], before: float, after: float, args, per_token: int
+) -> dict:
     """One batch size measured once: its step (the median of the timed steps) against its floor, the bytes
     it reads over the mean of the bandwidth probed just before and just after it."""
     bandwidth = (before + after) / 2

@@ -59,6 +59,13 @@ def register(sub) -> None:
 
 
 def run_step(args) -> int:
+    for name in ("steps", "rounds", "context"):
+        if getattr(args, name) < 1:
+            print(f"latentkv bench step: --{name} must be at least 1 (got {getattr(args, name)})", file=sys.stderr)
+            return 2
+    if min(args.batches) < 1:
+        print(f"latentkv bench step: every --batches size must be at least 1 (got {args.batches})", file=sys.stderr)
+        return 2
     set_threads(args)
     args.model = args.model or default_models(need_stock=False)[0]
     step.run(args)

@@ -58,3 +58,10 @@ def test_bench_step_rounds_measure_every_batch_in_turn_and_report_medians(tiny_c
         assert math.isclose(r["step_ms"], statistics.median(r["round_step_ms"]), rel_tol=1e-12)
         assert math.isclose(r["tok_s"], r["batch"] / r["step_ms"] * 1e3, rel_tol=1e-12)
     assert data["results"][0]["x_first"] == 1.0  # each round's first batch against itself
+
+
+def test_bench_step_refuses_sizes_below_one(tiny_checkpoints, capsys):
+    folder = str(tiny_checkpoints("v3_dense_qlora")[0])
+    for bad in (["--rounds", "0"], ["--steps", "0"], ["--context", "0"], ["--batches", "1", "0"]):
+        assert main(["bench", "step", "--model", folder, *bad]) == 2
+        assert "at least 1" in capsys.readouterr().err
