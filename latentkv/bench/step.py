@@ -7,9 +7,10 @@ only those the step's tokens route to (counted on a step of this run: 8 tokens o
 touch ~35 of 64 a layer, so batch 8 cannot be 8x batch 1). floor = those bytes / the measured
 bandwidth; `step / floor` says how far a step is from the memory's limit, `x batch 1` how the step
 scales, and `ceiling x batch 1` what the floor allows. The bandwidth is measured just before and just
-after each batch's timed steps, and that batch's floor takes their mean: on a shared machine (a cloud
-VM) the copy bandwidth moved between 26 and 59 GB/s within one hour, within one run too (a 2-vCPU Zen 4),
-so one reading at the start could misstate a later batch's floor by as much. `--rounds R` measures every
+after each batch's timed steps (one reading between two batches serves both), and that batch's floor
+takes their mean: on a shared machine (a cloud VM) the copy bandwidth moved between 26 and 59 GB/s
+within one hour, within one run too (a 2-vCPU Zen 4), so one reading at the start could misstate a
+later batch's floor by as much. `--rounds R` measures every
 batch size R times in turn and reports medians, `x batch 1` taken within each round (a batch 1 timed in a
 slow minute once made batch 8 read 2.7x batch 1, where two other runs read 1.6-1.8x).
 
@@ -55,15 +56,15 @@ def run(args) -> dict:
     model = engine.runner.model
     cfg = engine.cfg
     per_token = latent_bytes_per_token(cfg, engine.args.kv_cache_dtype, dtype_name(engine.runner.dtype))
-    rounds, probes, peaks = [], [], []
+    peaks: list[int] = []
+    probes = [probe_bandwidth(peaks)]  # one reading between two batches is the after of one, the before of the next
+    rounds = []
     for i in range(args.rounds):  # every batch size once a round, so that the machine's drift reaches all alike
         points = []
         for n in args.batches:
-            before = probe_bandwidth(peaks)
             times, touched = measure_batch(engine, n, args)
-            after = probe_bandwidth(peaks)
-            probes += [before, after]
-            points.append(point(model, n, times, touched, before, after, args, per_token))
+            probes.append(probe_bandwidth(peaks))
+            points.append(point(model, n, times, touched, probes[-2], probes[-1], args, per_token))
             last = points[-1]
             print(
                 f"round {i + 1}, batch {n}: step {last['step_ms']:.1f} ms, floor {last['floor_ms']:.1f} ms", flush=True
