@@ -39,17 +39,21 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _faults_over_five_steps(keep: bool) -> int:
-    # A fresh process: a test worker's heap carries every earlier test's holes, and glibc may
-    # place a step's blocks in them or not (the count then says more about the order of tests).
+def _fresh_process(code: str) -> str:
+    """What `code` prints, run in a fresh process: a test worker's heap carries every earlier test's holes,
+    and glibc may place a block in them (already resident) or not, whatever the code under test does."""
     out = subprocess.run(
-        [sys.executable, "-c", _STEPS.format(keep=keep)],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         check=True,
         cwd=Path(__file__).resolve().parents[1],
     )
-    return int(out.stdout.split()[-1])
+    return out.stdout
+
+
+def _faults_over_five_steps(keep: bool) -> int:
+    return int(_fresh_process(_STEPS.format(keep=keep)).split()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
@@ -65,8 +69,7 @@ def test_a_step_reuses_the_memory_the_last_one_freed():
 _PEAK = """
 import json, mmap
 from latentkv.sizes import peak_rss, reset_peak_rss
-if not reset_peak_rss():
-    raise SystemExit(3)
+assert reset_peak_rss()
 base = peak_rss()
 block = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 block.write(b"x" * (64 << 20))  # 64 MiB of pages of its own, touched: resident
@@ -77,16 +80,8 @@ print(json.dumps([base, grown, peak_rss()]))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/clear_refs")
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS")
 def test_peak_rss_restarts_from_the_resident_size_now():
-    # A fresh process with a mapping of its own: in a test worker a block may land in heap an earlier
-    # test freed but kept resident, and the peak would not move.
-    out = subprocess.run(
-        [sys.executable, "-c", _PEAK], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
-    )
-    if out.returncode == 3:
-        pytest.skip("no /proc/self/clear_refs here: the peak cannot be restarted")
-    assert out.returncode == 0, out.stderr
-    base, grown, after = json.loads(out.stdout)
+    base, grown, after = json.loads(_fresh_process(_PEAK))
     assert grown >= base + (60 << 20)
     assert after < grown

@@ -21,6 +21,7 @@ from latentkv.convert.api import convert
 from latentkv.convert.options import ConvertOptions
 from latentkv.sources.corpus import heldout_text
 from latentkv.sources.readers import read_source
+from latentkv.sizes import peak_rss, reset_peak_rss
 
 folder, calib, out = map(Path, sys.argv[1:4])
 eval_tokens = int(sys.argv[4])
@@ -31,15 +32,11 @@ src = read_source(folder, resident_limit=0)
 src.tokenizer()
 heldout_text()  # the default corpus (built once per process): text, not model memory
 
-def status(key):
-    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key))
-    return int(line.split()[1]) * 1024
-
-Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-before = status("VmRSS:")
+assert reset_peak_rss()  # the peak (VmHWM) restarts from the current RSS
+before = peak_rss()
 convert(src, out, ConvertOptions(rope_dim=32, kv_rank=64, calib=[str(calib)], calib_tokens=256, ctx=64,
                                   eval_tokens=eval_tokens))
-print(json.dumps({"before": before, "peak": status("VmHWM:")}))
+print(json.dumps({"before": before, "peak": peak_rss()}))
 """
 
 

@@ -20,17 +20,14 @@ MEMORY_SCRIPT = r"""
 import json, sys, torch
 from pathlib import Path
 from latentkv.export import export_gguf
+from latentkv.sizes import peak_rss, reset_peak_rss
 
 torch.set_num_threads(1)
 
-def status(key):
-    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key))
-    return int(line.split()[1]) * 1024
-
-Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-before = status("VmRSS:")
+assert reset_peak_rss()  # the peak (VmHWM) restarts from the current RSS
+before = peak_rss()
 export_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
-print(json.dumps({"before": before, "peak": status("VmHWM:")}))
+print(json.dumps({"before": before, "peak": peak_rss()}))
 """
 # 12 MoE layers of 8 experts 512 x 512 (28 MiB of float32 each, 336 MiB in all)
 CONFIG = dict(

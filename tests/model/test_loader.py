@@ -223,21 +223,17 @@ def test_a_tensor_stored_twice_is_named(tiny_checkpoints, tmp_path):
 
 
 RSS_PROBE = """
-import json, re, sys, torch
+import json, sys, torch
 from latentkv.model.loader import load_model
 from latentkv.model.route import decide_route
-
-def status(field):
-    with open("/proc/self/status") as f:
-        return int(re.search(field + r":\\s+(\\d+) kB", f.read()).group(1)) << 10
+from latentkv.sizes import peak_rss, reset_peak_rss
 
 route = decide_route("cpu", torch.bfloat16, "auto", "w4a8")  # the kernels are built and loaded before measuring
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak (VmHWM) restarts from the RSS now
-before = status("VmRSS")
+assert reset_peak_rss()  # the peak (VmHWM) restarts from the RSS now
+before = peak_rss()
 model = load_model(sys.argv[1], route=route)
 held = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-print(json.dumps({"growth": status("VmHWM") - before, "held": sum(t.nbytes for t in held.values())}))
+print(json.dumps({"growth": peak_rss() - before, "held": sum(t.nbytes for t in held.values())}))
 """
 
 
